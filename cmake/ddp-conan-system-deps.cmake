@@ -1,0 +1,16 @@
+# Included by the Conan-generated ddp config: links the system parts (CUDA toolkit, NCCL, MPI) that
+# the Conan package does not carry into the ddp::cuda / ddp::nccl / ddp::mpi components.
+list(PREPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
+if(TARGET ddp::cuda)
+  find_package(CUDAToolkit REQUIRED)
+  set_property(TARGET ddp::cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart CUDA::cublas CUDA::cublasLt)
+endif()
+if(TARGET ddp::nccl)
+  find_package(NCCL REQUIRED)
+  set_property(TARGET ddp::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES NCCL::NCCL)
+endif()
+if(TARGET ddp::mpi)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+  set_property(TARGET ddp::mpi APPEND PROPERTY INTERFACE_LINK_LIBRARIES MPI::MPI_CXX)
+endif()
+list(POP_FRONT CMAKE_MODULE_PATH)

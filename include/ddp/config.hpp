@@ -1,0 +1,46 @@
+// Compile-time configuration: the only header that reads __CUDACC__ and the DDP_WITH_* feature macros.
+// SPDX-License-Identifier: MIT
+//
+// The DDP_WITH_* macros come only from the INTERFACE definitions of the CMake targets
+// (ddp::cuda, ddp::nccl, ddp::mpi), so every translation unit of one program agrees on them.
+// They only add classes; they never change the layout of a class that exists without them.
+#pragma once
+
+#if defined(__CUDACC__)
+#  define DDP_HOST_DEVICE __host__ __device__
+#  define DDP_CUDA_COMPILER 1
+#else
+#  define DDP_HOST_DEVICE
+#  define DDP_CUDA_COMPILER 0
+#endif
+
+#ifndef DDP_WITH_CUDA
+#  define DDP_WITH_CUDA 0
+#endif
+#ifndef DDP_WITH_NCCL
+#  define DDP_WITH_NCCL 0
+#endif
+#ifndef DDP_WITH_MPI
+#  define DDP_WITH_MPI 0
+#endif
+#ifndef DDP_WITH_BLAS
+#  define DDP_WITH_BLAS 0   // 1: CPU GEMM calls CBLAS (OpenBLAS); 0: the portable fallback
+#endif
+
+namespace ddp {
+
+// Which optional parts this translation unit was built with (mirrors the macros for `if constexpr`).
+struct BuildConfig {
+  static constexpr bool cuda_compiler = DDP_CUDA_COMPILER != 0;
+  static constexpr bool with_cuda = DDP_WITH_CUDA != 0;
+  static constexpr bool with_nccl = DDP_WITH_NCCL != 0;
+  static constexpr bool with_mpi = DDP_WITH_MPI != 0;
+  static constexpr bool with_blas = DDP_WITH_BLAS != 0;
+};
+
+namespace detail {
+// For static_assert in a primary template that must never be instantiated.
+template <class...> inline constexpr bool dependent_false = false;
+}  // namespace detail
+
+}  // namespace ddp

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# README command 2: installs dependencies, builds everything (CUDA code too when nvcc is found), runs every
+# test, then builds and tests the Conan package. Exit status 0 only when all of it passed.
+# Environment: DDP_BUILD_DIR (default build/test), DDP_JOBS (default: cores), DDP_CTEST_ARGS (extra ctest args).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+bash scripts/setup.sh
+
+build_dir="${DDP_BUILD_DIR:-build/test}"
+jobs="${DDP_JOBS:-$(nproc)}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build_dir" -j "$jobs"
+# shellcheck disable=SC2086
+ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --timeout 900 ${DDP_CTEST_ARGS:-}
+
+bash scripts/conan_create.sh
+echo "scripts/test.sh: all passed in $(( $(date +%s) - start )) s"

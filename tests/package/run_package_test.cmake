@@ -1,0 +1,18 @@
+# cmake -P script run by the package.find_package test.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "package test: command failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+run(${CMAKE_COMMAND} --install ${DDP_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+set(cuda_arg "")
+if(CUDA_COMPILER)
+  set(cuda_arg -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
+endif()
+run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+    ${cuda_arg})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)

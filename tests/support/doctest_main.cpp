@@ -1,0 +1,4 @@
+// The shared doctest main for every test executable.
+// SPDX-License-Identifier: MIT
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>

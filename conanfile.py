@@ -70,6 +70,12 @@ class DdpConan(ConanFile):
     def package_id(self):
         self.info.clear()
 
+    def _is_platform(self, name):
+        for req, dep in self.dependencies.items():
+            if str(req.ref.name) == name:
+                return getattr(dep, "recipe", None) == "Platform" or str(dep.ref.revision) == "platform"
+        return True  # not in the graph at all: treat as system-provided
+
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "ddp")
         self.cpp_info.set_property("cmake_target_name", "ddp::ddp_all")
@@ -79,7 +85,10 @@ class DdpConan(ConanFile):
 
         core = self.cpp_info.components["ddp"]
         core.set_property("cmake_target_name", "ddp::ddp")
-        core.requires = ["cxxopts::cxxopts", "nlohmann_json::nlohmann_json"]
+        # A dependency provided by the platform ([platform_requires] in a profile, as in CI here) has no Conan
+        # package, and CMakeDeps rejects component requires on it (conan-io/conan#17348); the build module
+        # ddp-conan-system-deps.cmake finds such dependencies with find_package and links them instead.
+        core.requires = [f"{name}::{name}" for name in ("cxxopts", "nlohmann_json") if not self._is_platform(name)]
         core.system_libs = ["pthread"] if self.settings.os == "Linux" else []
         core.bindirs = []
         core.libdirs = []

@@ -4,10 +4,18 @@
 include_guard(GLOBAL)
 include(FindPackageHandleStandardArgs)
 
-set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME} ${CUDAToolkit_ROOT} $ENV{CUDA_HOME} $ENV{CUDA_PATH}
-    ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda)
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+# An explicit NCCL_ROOT is where the user says NCCL is: search only there, so a wrong path is an error
+# rather than a silent pick of some other NCCL.
+if(NCCL_ROOT OR DEFINED ENV{NCCL_ROOT})
+  set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT})
+  set(_nccl_only NO_DEFAULT_PATH)
+else()
+  set(_nccl_hints $ENV{NCCL_HOME} ${CUDAToolkit_ROOT} $ENV{CUDA_HOME} $ENV{CUDA_PATH} ${CUDAToolkit_LIBRARY_ROOT}
+      /usr/local/cuda)
+  set(_nccl_only "")
+endif()
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include ${_nccl_only})
+find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu ${_nccl_only})
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_v REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")

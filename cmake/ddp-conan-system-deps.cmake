@@ -1,6 +1,13 @@
 # Included by the Conan-generated ddp config: links the system parts (CUDA toolkit, NCCL, MPI) that
 # the Conan package does not carry into the ddp::cuda / ddp::nccl / ddp::mpi components.
 list(PREPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
+# cxxopts and nlohmann_json provided by the platform rather than by Conan packages: find the system ones.
+foreach(dep cxxopts nlohmann_json)
+  if(TARGET ddp::ddp AND NOT TARGET ${dep}::${dep})
+    find_package(${dep} CONFIG REQUIRED)
+    set_property(TARGET ddp::ddp APPEND PROPERTY INTERFACE_LINK_LIBRARIES ${dep}::${dep})
+  endif()
+endforeach()
 if(TARGET ddp::cuda)
   find_package(CUDAToolkit REQUIRED)
   set_property(TARGET ddp::cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart CUDA::cublas CUDA::cublasLt)

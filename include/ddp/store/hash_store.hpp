@@ -41,8 +41,8 @@ class HashStore final : public Store {
         auto* first = reinterpret_cast<const char*>(slot.data());
         auto [ptr, ec] = std::from_chars(first, first + slot.size(), value);
         if (ec != std::errc() || ptr != first + slot.size())
-          throw StoreError(detail::str("ddp: store add('", key, "') found a value that is not an integer: ",
-                                       detail::quoted(to_string(slot))));
+          throw StoreError(::ddp::detail::str("ddp: store add('", key, "') found a value that is not an integer: ",
+                                       ::ddp::detail::quoted(to_string(slot))));
       }
       value += delta;
       slot = to_bytes(std::to_string(value));
@@ -107,7 +107,7 @@ class HashStore final : public Store {
   void wait_locked(std::unique_lock<std::mutex>& lock, std::span<const std::string> keys,
                    std::chrono::milliseconds timeout) {
     if (!cv_.wait_for(lock, timeout, [&] { return all_present(keys); }))
-      throw TimeoutError(detail::str("ddp: store wait for [", detail::join(keys, ", "), "] timed out after ",
+      throw TimeoutError(::ddp::detail::str("ddp: store wait for [", ::ddp::detail::join(keys, ", "), "] timed out after ",
                                      timeout.count(), " ms on the in-process HashStore"));
   }
 

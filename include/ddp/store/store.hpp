@@ -65,7 +65,7 @@ class Store {
   }
   virtual void multi_set(std::span<const std::string> keys, std::span<const Bytes> values) {
     if (keys.size() != values.size())
-      throw ValueError(detail::str("ddp: store multi_set got ", keys.size(), " keys but ", values.size(), " values"));
+      throw ValueError(::ddp::detail::str("ddp: store multi_set got ", keys.size(), " keys but ", values.size(), " values"));
     for (std::size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
   }
 

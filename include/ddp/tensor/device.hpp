@@ -1,0 +1,45 @@
+// Device tags (Cpu, Cuda), the Device concept, and Exec<D>: where and how a kernel runs.
+// SPDX-License-Identifier: MIT
+//
+// Code that works on both devices is written once against a tag, never with #ifdef:
+//   template <Device D> void step(Exec<D>& exec, TensorView<float, D> x) { Kernels<D>::relu_forward(exec, ...); }
+// Exec<Cpu> says how many threads CPU kernels may use (a non-owning handle to a ThreadPool, see
+// kernels/cpu/thread_pool.hpp; nullptr runs everything on the calling thread). Exec<Cuda> will carry the
+// CUDA stream (a cudaStream_t stored as void* so that this header needs no CUDA headers).
+#pragma once
+
+#include <concepts>
+#include <string_view>
+
+namespace ddp {
+
+struct Cpu {
+  static constexpr std::string_view name = "cpu";
+};
+struct Cuda {
+  static constexpr std::string_view name = "cuda";
+};
+
+template <class D>
+concept Device = std::same_as<D, Cpu> || std::same_as<D, Cuda>;
+
+namespace kernels::cpu {
+class ThreadPool;  // kernels/cpu/thread_pool.hpp
+}
+
+template <Device D>
+struct Exec;
+
+// CPU execution context: cheap to copy; the pool it points to must outlive every copy.
+template <>
+struct Exec<Cpu> {
+  kernels::cpu::ThreadPool* pool = nullptr;  // nullptr: run on the calling thread
+};
+
+// CUDA execution context: the stream every kernel and copy of this context is enqueued on.
+template <>
+struct Exec<Cuda> {
+  void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+};
+
+}  // namespace ddp

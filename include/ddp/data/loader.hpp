@@ -1,0 +1,169 @@
+// DataLoader: batches of a Dataset in a Sampler's order, assembled ahead of time on a background thread.
+// SPDX-License-Identifier: MIT
+//
+//   DataLoader loader(dataset, sampler, {.batch_size = 32, .prefetch = 2});
+//   for (std::uint64_t epoch = start; epoch < epochs; ++epoch) {
+//     loader.start_epoch(epoch);                  // sampler.set_epoch(epoch), worker starts
+//     while (auto batch = loader.next()) step(batch->images, batch->labels);
+//   }
+// How it works: start_epoch() takes this rank's index list from the sampler, cuts it into batches of
+// batch_size (the last one smaller unless drop_last) and starts one worker thread that assembles them
+// in order (make_batch) into a queue of at most `prefetch` batches; the worker blocks while the queue
+// is full, so memory is bounded by prefetch + 1 batches. next() pops the oldest batch, waiting if it
+// is not ready, and returns nullopt at the end of the epoch. If the worker throws (a corrupt file, a
+// bad index), the batches made before the failure are still delivered and then next() rethrows the
+// worker's exception on the calling thread. start_epoch() during an epoch and the destructor stop the
+// worker (it finishes at most the batch it is assembling) and join it: never a detached thread.
+// Example: 10 indices, batch_size 4: batches of 4, 4, 2 (drop_last: 4, 4). num_batches() says how many.
+// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the worker.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/data/dataset.hpp"
+#include "ddp/data/distributed_sampler.hpp"
+
+namespace ddp::data {
+
+struct LoaderOptions {
+  std::size_t batch_size = 32;
+  bool drop_last = false;    // drop a final batch smaller than batch_size
+  std::size_t prefetch = 2;  // batches assembled ahead; 0 = synchronous, no thread (assembled in next())
+};
+
+class DataLoader {
+ public:
+  // The dataset and sampler must outlive the loader. Throws ValueError for batch_size 0.
+  DataLoader(const Dataset& dataset, Sampler& sampler, const LoaderOptions& options)
+      : dataset_(&dataset), sampler_(&sampler), o_(options) {
+    if (o_.batch_size == 0) throw ValueError("ddp: DataLoader: batch_size must be >= 1, got 0; check --batch_size");
+  }
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+  ~DataLoader() { stop(); }
+
+  // Batches per epoch for the sampler's current size.
+  std::size_t num_batches() const {
+    const std::size_t n = sampler_->size();
+    return o_.drop_last ? n / o_.batch_size : (n + o_.batch_size - 1) / o_.batch_size;
+  }
+  std::uint64_t epoch() const { return epoch_; }
+
+  // Sets the sampler's epoch and starts producing this epoch's batches (stopping any unfinished epoch).
+  void start_epoch(std::uint64_t epoch) {
+    stop();
+    epoch_ = epoch;
+    sampler_->set_epoch(epoch);
+    indices_ = sampler_->indices();
+    total_ = num_batches();
+    produced_ = 0;
+    consumed_ = 0;
+    stop_ = false;
+    error_ = nullptr;
+    queue_.clear();
+    started_ = true;
+    if (o_.prefetch > 0) worker_ = std::thread([this] { run(); });
+  }
+
+  // The next batch of the epoch, or nullopt when it is over. Rethrows the worker's exception (once).
+  // Throws ValueError when no epoch was started.
+  std::optional<Batch> next() {
+    if (!started_) throw ValueError("ddp: DataLoader::next() called before start_epoch(epoch)");
+    if (o_.prefetch == 0) {
+      if (consumed_ == total_) return std::nullopt;
+      return make(consumed_++);
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    ready_.wait(lock, [&] { return !queue_.empty() || error_ || produced_ == total_; });
+    if (!queue_.empty()) {
+      Batch b = std::move(queue_.front());
+      queue_.pop_front();
+      ++consumed_;
+      space_.notify_one();
+      return b;
+    }
+    if (error_) {
+      auto e = std::exchange(error_, nullptr);
+      produced_ = total_;  // the epoch ends with the error
+      std::rethrow_exception(e);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  Batch make(std::size_t b) const {
+    const std::size_t begin = b * o_.batch_size;
+    const std::size_t end = std::min(begin + o_.batch_size, indices_.size());
+    return make_batch(*dataset_, std::span<const std::int64_t>(indices_.data() + begin, end - begin), epoch_, b);
+  }
+
+  void run() {
+    for (std::size_t b = 0; b < total_; ++b) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        space_.wait(lock, [&] { return stop_ || queue_.size() < o_.prefetch; });
+        if (stop_) return;
+      }
+      // The exception is published only after its catch block has ended, so the worker holds no
+      // reference to it any more and the consumer alone owns (and frees) the exception object.
+      std::exception_ptr failure;
+      try {
+        Batch batch = make(b);
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(batch));
+        ++produced_;
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      if (failure) {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::move(failure);
+        ready_.notify_one();
+        return;
+      }
+      ready_.notify_one();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    space_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  const Dataset* dataset_;
+  Sampler* sampler_;
+  LoaderOptions o_;
+  std::uint64_t epoch_ = 0;
+  std::vector<std::int64_t> indices_;  // this epoch's indices for this rank
+  std::size_t total_ = 0;              // batches in this epoch
+  bool started_ = false;
+
+  std::mutex mu_;                  // guards everything below
+  std::condition_variable ready_;  // a batch, an error or the end is available
+  std::condition_variable space_;  // the queue has room, or stop_
+  std::deque<Batch> queue_;
+  std::size_t produced_ = 0;
+  std::size_t consumed_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+}  // namespace ddp::data

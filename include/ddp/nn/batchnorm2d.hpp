@@ -1,0 +1,130 @@
+// BatchNorm2d: per-channel batch normalisation of NHWC activations (torch.nn.BatchNorm2d, affine, tracking stats).
+// SPDX-License-Identifier: MIT
+//
+// Training: y = gamma (x - mean_B) / sqrt(var_B + eps) + beta with the batch's biased variance, and
+//   running_mean = (1 - momentum) running_mean + momentum mean_B
+//   running_var  = (1 - momentum) running_var  + momentum var_B * n / (n - 1)   (n = N*H*W, unbiased)
+//   num_batches_tracked += 1
+// Evaluation: the running statistics replace the batch ones and nothing is updated.
+// state_dict names: weight, bias (parameters); running_mean, running_var, num_batches_tracked (buffers).
+// Initialisation (torchvision): weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/module.hpp"
+
+namespace ddp::nn {
+
+struct BatchNorm2dOptions {
+  std::int64_t num_features = 0;
+  double eps = 1e-5;
+  double momentum = 0.1;
+};
+
+template <class T, Device D>
+class BatchNorm2d : public Module<T, D> {
+ public:
+  explicit BatchNorm2d(const BatchNorm2dOptions& o) : o_(o) {
+    if (o.num_features < 1)
+      throw ValueError(ddp::detail::str("ddp: BatchNorm2d needs num_features >= 1, got ", o.num_features));
+    const Shape c{o.num_features};
+    weight_ = &this->register_parameter("weight", c);
+    bias_ = &this->register_parameter("bias", c);
+    running_mean_ = &this->register_buffer("running_mean", c, DType::F32);
+    running_var_ = &this->register_buffer("running_var", c, DType::F32);
+    num_batches_tracked_ = &this->register_buffer("num_batches_tracked", Shape{}, DType::I64);
+    save_mean_ = Tensor<T, D>(c);
+    save_invstd_ = Tensor<T, D>(c);
+    reset_parameters();
+  }
+
+  // weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0 (torch's reset_parameters()).
+  void reset_parameters() {
+    if constexpr (std::is_same_v<D, Cpu>) {
+      fill(weight_->value(), T(1));
+      fill(bias_->value(), T(0));
+      fill(running_mean_->real(), T(0));
+      fill(running_var_->real(), T(1));
+      num_batches_tracked_->count().data()[0] = 0;
+    }
+  }
+
+  const BatchNorm2dOptions& options() const noexcept { return o_; }
+  Parameter<T, D>& weight() noexcept { return *weight_; }
+  Parameter<T, D>& bias() noexcept { return *bias_; }
+  Tensor<T, D>& running_mean() noexcept { return running_mean_->real(); }
+  Tensor<T, D>& running_var() noexcept { return running_var_->real(); }
+  Tensor<std::int64_t, D>& num_batches_tracked() noexcept { return num_batches_tracked_->count(); }
+
+  std::string describe() const override {
+    return ddp::detail::str("BatchNorm2d(", o_.num_features, ", eps=", o_.eps, ", momentum=", o_.momentum, ")");
+  }
+
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+    if (x.rank() < 2)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be NHWC (N, H, W, C), got shape ",
+                                        x.shape()));
+    if (x.dim(0) == 0)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": batch of zero images (input shape ", x.shape(),
+                                        "); check --batch-size and the loader"));
+    if (x.dim(-1) != o_.num_features)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input has ", x.dim(-1),
+                                        " channels but the layer expects ", o_.num_features, " (input shape ",
+                                        x.shape(), ", NHWC)"));
+    Tensor<T, D> y(x.shape());
+    const bool training = this->is_training();
+    Kernels<D>::batchnorm_forward(exec, kernels::BatchNormForwardArgs<T, D>{
+                                            .x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
+                                            .running_mean = running_mean_->real().view(),
+                                            .running_var = running_var_->real().view(), .y = y.view(),
+                                            .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(),
+                                            .training = training, .momentum = o_.momentum, .eps = o_.eps});
+    if (training) {
+      if constexpr (std::is_same_v<D, Cpu>) num_batches_tracked_->count().data()[0] += 1;
+    }
+    x_ = x;
+    have_x_ = true;
+    forward_training_ = training;
+    return y;
+  }
+
+  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_x_);
+    have_x_ = false;
+    Tensor<T, D> dx(x_.shape());
+    Kernels<D>::batchnorm_backward(exec, kernels::BatchNormBackwardArgs<T, D>{
+                                             .x = x_, .dy = dy, .gamma = weight_->value().cview(),
+                                             .save_mean = save_mean_.cview(), .save_invstd = save_invstd_.cview(),
+                                             .dx = dx.view(), .dgamma = weight_->grad_dest(),
+                                             .dbeta = bias_->grad_dest(), .training = forward_training_});
+    weight_->grad_done(exec);
+    bias_->grad_done(exec);
+    return dx;
+  }
+
+ private:
+  static void fill(Tensor<T, D>& t, T v) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = v;
+  }
+
+  BatchNorm2dOptions o_;
+  Parameter<T, D>* weight_ = nullptr;  // gamma (C)
+  Parameter<T, D>* bias_ = nullptr;    // beta (C)
+  Buffer<T, D>* running_mean_ = nullptr;         // (C)
+  Buffer<T, D>* running_var_ = nullptr;          // (C)
+  Buffer<T, D>* num_batches_tracked_ = nullptr;  // () int64
+  Tensor<T, D> save_mean_;    // (C) statistics of the last forward
+  Tensor<T, D> save_invstd_;  // (C)
+  TensorView<const T, D> x_;  // forward input, owned by the caller
+  bool have_x_ = false;
+  bool forward_training_ = true;
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,207 @@
+// Module: the base of every layer; owns named parameters, buffers and child modules in registration order.
+// SPDX-License-Identifier: MIT
+//
+// Explicit forward and backward, no autograd (DESIGN D6):
+//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (inputs, masks, statistics)
+//     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills parameter grads
+// backward must follow a forward of the same module; calling it twice for one forward is an error.
+//
+// Names. Every parameter and buffer carries its full torchvision state_dict key. A module registers
+// its own tensors under local names ("weight", "running_mean") and children under theirs ("layer1",
+// "0", "downsample"); attaching a child renames its whole subtree with the child's prefix, so a tree
+// built bottom-up ends with names like "layer1.0.downsample.1.running_var".
+// Order. parameters() and buffers() walk the tree depth-first in registration order; state_dict_keys()
+// lists, module by module, its parameters then its buffers, then each child: torch's state_dict order.
+// For a BatchNorm2d at "bn1": bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var, bn1.num_batches_tracked.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/nn/parameter.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/tensor.hpp"
+#include "ddp/tensor/view.hpp"
+
+namespace ddp::nn {
+
+// A non-trainable state tensor (BatchNorm's running statistics and step counter). Exactly one of
+// real() (dtype T) and count() (int64) is in use, as dtype() says; DDP broadcasts both kinds.
+template <class T, Device D>
+class Buffer {
+ public:
+  Buffer(std::string local_name, Shape shape, DType dtype)
+      : local_name_(local_name), name_(std::move(local_name)), dtype_(dtype) {
+    if (dtype == DType::I64) {
+      count_ = Tensor<std::int64_t, D>(shape);
+      detail::zero_fill(count_);
+    } else {
+      real_ = Tensor<T, D>(shape);
+      detail::zero_fill(real_);
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  const std::string& local_name() const noexcept { return local_name_; }
+  DType dtype() const noexcept { return dtype_; }
+  bool is_integer() const noexcept { return dtype_ == DType::I64; }
+  Tensor<T, D>& real() noexcept { return real_; }
+  Tensor<std::int64_t, D>& count() noexcept { return count_; }
+  const Shape& shape() const noexcept { return is_integer() ? count_.shape() : real_.shape(); }
+  // Raw bytes (for broadcasting and checkpoints): pointer and size of whichever tensor is in use.
+  void* data() noexcept { return is_integer() ? static_cast<void*>(count_.data()) : static_cast<void*>(real_.data()); }
+  std::size_t bytes() const noexcept { return is_integer() ? count_.bytes() : real_.bytes(); }
+
+  void set_full_name(std::string prefix) { name_ = std::move(prefix) + local_name_; }
+
+ private:
+  std::string local_name_, name_;
+  DType dtype_;
+  Tensor<T, D> real_;                // (C) running_mean / running_var
+  Tensor<std::int64_t, D> count_;    // () num_batches_tracked
+};
+
+template <class T, Device D>
+class Module {
+ public:
+  using value_type = T;
+  using device_type = D;
+
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  virtual ~Module() = default;
+
+  // y = f(x). Throws ValueError on inputs of the wrong shape (naming this module by its full name).
+  virtual Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) = 0;
+  // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
+  // each parameter's grad-ready hook as soon as its gradient is final.
+  virtual Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) = 0;
+  // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2, padding=1)".
+  virtual std::string describe() const = 0;
+
+  // Full path of this module ("" for the root, "layer1.0.conv1" inside a ResNet).
+  const std::string& path() const noexcept { return path_; }
+  // "module 'layer1.0.conv1' (Conv2d(...))": how errors refer to a module.
+  std::string where() const {
+    return ddp::detail::str("module '", path_.empty() ? std::string("<root>") : path_, "' (", describe(), ")");
+  }
+
+  // All parameters of this subtree, depth-first in registration order (torchvision's parameters() order).
+  std::vector<Parameter<T, D>*> parameters() {
+    std::vector<Parameter<T, D>*> out;
+    visit([&](Module& m) {
+      for (auto& p : m.params_) out.push_back(p.get());
+    });
+    return out;
+  }
+  std::vector<Buffer<T, D>*> buffers() {
+    std::vector<Buffer<T, D>*> out;
+    visit([&](Module& m) {
+      for (auto& b : m.buffers_) out.push_back(b.get());
+    });
+    return out;
+  }
+  // torch's state_dict() keys in its order (per module: parameters, buffers, then children).
+  std::vector<std::string> state_dict_keys() {
+    std::vector<std::string> out;
+    visit([&](Module& m) {
+      for (auto& p : m.params_) out.push_back(p->name());
+      for (auto& b : m.buffers_) out.push_back(b->name());
+    });
+    return out;
+  }
+  // Parameter by full name, or nullptr.
+  Parameter<T, D>* find_parameter(const std::string& name) {
+    for (auto* p : parameters())
+      if (p->name() == name) return p;
+    return nullptr;
+  }
+  Buffer<T, D>* find_buffer(const std::string& name) {
+    for (auto* b : buffers())
+      if (b->name() == name) return b;
+    return nullptr;
+  }
+  std::int64_t num_parameters() {
+    std::int64_t n = 0;
+    for (auto* p : parameters()) n += p->numel();
+    return n;
+  }
+
+  // Training mode (batch statistics in BatchNorm) or evaluation mode (running statistics); recursive.
+  void train(bool on = true) {
+    visit([&](Module& m) { m.training_ = on; });
+  }
+  void eval() { train(false); }
+  bool is_training() const noexcept { return training_; }
+
+  void zero_grad() {
+    for (auto* p : parameters()) p->zero_grad();
+  }
+  // Installs the same hook on every parameter of the subtree (DDP's entry point).
+  void set_grad_ready_hook(const typename Parameter<T, D>::GradReadyHook& hook) {
+    for (auto* p : parameters()) p->set_grad_ready_hook(hook);
+  }
+
+  // Calls f(module) on this module and then on each descendant, depth-first in registration order.
+  template <class F>
+  void visit(F&& f) {
+    f(*this);
+    for (auto& c : children_) c.second->visit(f);
+  }
+  const std::vector<std::pair<std::string, Module*>>& children() const noexcept { return children_view_; }
+
+ protected:
+  Parameter<T, D>& register_parameter(std::string local_name, Shape shape, Layout layout = Layout::Plain) {
+    params_.push_back(std::make_unique<Parameter<T, D>>(std::move(local_name), shape, layout));
+    params_.back()->set_full_name(prefix());
+    return *params_.back();
+  }
+  Buffer<T, D>& register_buffer(std::string local_name, Shape shape, DType dtype) {
+    buffers_.push_back(std::make_unique<Buffer<T, D>>(std::move(local_name), shape, dtype));
+    buffers_.back()->set_full_name(prefix());
+    return *buffers_.back();
+  }
+  // Takes ownership of `child` under `local_name` and renames its subtree; returns it.
+  template <class M>
+  M& register_module(std::string local_name, std::unique_ptr<M> child) {
+    M& ref = *child;
+    child->set_path(path_.empty() ? local_name : path_ + "." + local_name);
+    children_view_.emplace_back(local_name, child.get());
+    children_.emplace_back(std::move(local_name), std::move(child));
+    return ref;
+  }
+
+  // Throws the ValueError backward() raises when no forward state is kept.
+  void require_forward_state(bool have, const char* what = "forward") const {
+    if (!have)
+      throw ValueError(ddp::detail::str("ddp: backward of ", where(), " called without a preceding ", what,
+                                        " (or twice for one forward); call forward(x) before each backward(dy)"));
+  }
+
+ private:
+  std::string prefix() const { return path_.empty() ? std::string() : path_ + "."; }
+  void set_path(std::string path) {
+    path_ = std::move(path);
+    for (auto& p : params_) p->set_full_name(prefix());
+    for (auto& b : buffers_) b->set_full_name(prefix());
+    for (auto& c : children_) c.second->set_path(path_ + "." + c.first);
+  }
+
+  std::string path_;
+  bool training_ = true;
+  std::vector<std::unique_ptr<Parameter<T, D>>> params_;
+  std::vector<std::unique_ptr<Buffer<T, D>>> buffers_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<std::pair<std::string, Module*>> children_view_;
+};
+
+}  // namespace ddp::nn

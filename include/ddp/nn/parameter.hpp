@@ -1,0 +1,140 @@
+// Parameter: a trainable tensor with its gradient, its torchvision name, and the on_grad_ready hook DDP uses.
+// SPDX-License-Identifier: MIT
+//
+// Gradient protocol (DESIGN D6). A module's backward computes each of its parameters' gradients and
+// hands every one over as soon as it is final:
+//     auto dw = p.grad_dest(exec);     // where to write: grad() itself, or scratch when accumulating
+//     Kernels<D>::conv2d_backward(exec, {..., .dw = dw, ...});
+//     p.grad_done(exec);               // grad += scratch if needed, then calls the on_grad_ready hook
+// Gradients accumulate across backward calls until zero_grad(), exactly like PyTorch's .grad (that is
+// what no_sync() gradient accumulation relies on). The first backward after zero_grad() writes grad()
+// directly, so the common case costs no extra pass. The hook runs on the thread that runs backward;
+// DDP uses it to mark the parameter ready in its bucket and to launch the bucket's all-reduce while
+// backward carries on with earlier layers.
+//
+// Layout. value() is in ddp's layout: conv weights are KRSC (C_out, kH, kW, C_in); everything else is
+// the shape PyTorch uses. torch_shape() is the shape in torchvision's state_dict (OIHW for convs), which
+// is what checkpoints write (train/checkpoint.hpp converts).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/shape.hpp"
+#include "ddp/tensor/tensor.hpp"
+#include "ddp/tensor/view.hpp"
+
+namespace ddp::nn {
+
+// How value() relates to the state_dict tensor of the same name.
+enum class Layout : std::uint8_t {
+  Plain,  // same shape and element order as PyTorch (BN weight/bias, Linear weight/bias)
+  Krsc,   // conv weight: ours (C_out, kH, kW, C_in), PyTorch's (C_out, C_in, kH, kW)
+};
+
+namespace detail {
+// Sets a tensor to zero. CPU only here; the CUDA layer zeroes device tensors with its own memset.
+template <class T, Device D>
+void zero_fill(Tensor<T, D>& t) {
+  if constexpr (std::is_same_v<D, Cpu>) {
+    if (t.numel()) std::memset(t.data(), 0, t.bytes());
+  } else {
+    static_assert(std::is_same_v<D, Cpu>, "ddp: nn::detail::zero_fill has no CUDA overload yet");
+  }
+}
+// a += b elementwise (same shape), on any device.
+template <class T, Device D>
+void add_into(Exec<D>& exec, TensorView<T, D> a, TensorView<const T, D> b) {
+  Kernels<D>::axpy(exec, T(1), b, a);
+}
+}  // namespace detail
+
+template <class T, Device D>
+class Parameter {
+ public:
+  using GradReadyHook = std::function<void(Parameter&)>;
+
+  // `local_name` is the name inside its module ("weight"); the owning module sets the full name.
+  Parameter(std::string local_name, Shape shape, Layout layout = Layout::Plain)
+      : local_name_(local_name), name_(std::move(local_name)), layout_(layout), value_(shape), grad_(shape) {
+    detail::zero_fill(value_);
+    detail::zero_fill(grad_);
+  }
+  Parameter(const Parameter&) = delete;
+  Parameter& operator=(const Parameter&) = delete;
+
+  // Full torchvision state_dict name, e.g. "layer1.0.conv1.weight".
+  const std::string& name() const noexcept { return name_; }
+  const std::string& local_name() const noexcept { return local_name_; }
+  Layout layout() const noexcept { return layout_; }
+
+  Tensor<T, D>& value() noexcept { return value_; }
+  const Tensor<T, D>& value() const noexcept { return value_; }
+  Tensor<T, D>& grad() noexcept { return grad_; }
+  const Tensor<T, D>& grad() const noexcept { return grad_; }
+  const Shape& shape() const noexcept { return value_.shape(); }
+  std::int64_t numel() const noexcept { return value_.numel(); }
+
+  // The shape of this tensor in torchvision's state_dict (OIHW for a KRSC conv weight).
+  Shape torch_shape() const {
+    const Shape& s = value_.shape();
+    if (layout_ == Layout::Krsc) return Shape{s[0], s[3], s[1], s[2]};
+    return s;
+  }
+
+  // Zeroes the gradient; the next backward overwrites instead of accumulating.
+  void zero_grad() {
+    detail::zero_fill(grad_);
+    fresh_ = true;
+  }
+  // True between zero_grad() and the first grad_done().
+  bool grad_is_zero() const noexcept { return fresh_; }
+
+  // Where backward must write d(loss)/d(value): grad() after zero_grad(), else a scratch buffer that
+  // grad_done() adds into grad().
+  TensorView<T, D> grad_dest() {
+    if (fresh_) return grad_.view();
+    if (scratch_.shape() != value_.shape()) scratch_ = Tensor<T, D>(value_.shape());
+    return scratch_.view();
+  }
+  // Finishes this backward's contribution and reports the gradient as final (calls the hook).
+  void grad_done(Exec<D>& exec) {
+    if (!fresh_) detail::add_into<T, D>(exec, grad_.view(), scratch_.cview());
+    fresh_ = false;
+    ++grad_ready_count_;
+    if (hook_) hook_(*this);
+  }
+
+  // Called with this parameter each time its gradient is final during backward. One hook per
+  // parameter (setting a new one replaces the old; an empty function removes it). Not thread-safe
+  // against a concurrent backward.
+  void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
+  bool has_grad_ready_hook() const noexcept { return static_cast<bool>(hook_); }
+  // How many times grad_done() ran (tests use it to check that every parameter reports once per backward).
+  std::int64_t grad_ready_count() const noexcept { return grad_ready_count_; }
+
+  // Used by Module when the parameter's module is attached under a prefix.
+  void set_full_name(std::string prefix) { name_ = std::move(prefix) + local_name_; }
+
+ private:
+  std::string local_name_;
+  std::string name_;
+  Layout layout_;
+  Tensor<T, D> value_;    // ddp layout (see Layout)
+  Tensor<T, D> grad_;     // same shape as value_
+  Tensor<T, D> scratch_;  // backward output while accumulating; allocated on first need
+  bool fresh_ = true;
+  std::int64_t grad_ready_count_ = 0;
+  GradReadyHook hook_;
+};
+
+}  // namespace ddp::nn

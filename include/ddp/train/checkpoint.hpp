@@ -1,0 +1,301 @@
+// Model state_dicts and training snapshots as safetensors files that PyTorch reads and writes too.
+// SPDX-License-Identifier: MIT
+//
+// State dict (save_state_dict / load_state_dict): one tensor per torchvision state_dict key, in torch's
+// order, float parameters and buffers as F32 (for T = float), num_batches_tracked as I64. Conv weights
+// are converted at the boundary: ddp keeps KRSC (C_out, kH, kW, C_in), the file holds torch's OIHW
+// (C_out, C_in, kH, kW). So in PyTorch
+//     model.load_state_dict(load_file("resnet18.safetensors"))
+// works, and a torchvision state_dict saved with safetensors.torch.save_file loads here.
+// Conversion (how it works): OIHW index ((o * C + c) * kH + r) * kW + s  <->  KRSC ((o * kH + r) * kW + s) * C + c.
+// Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is permuted.
+//
+// Snapshot (save_snapshot / load_snapshot, DESIGN D10): the model's state dict plus, in the same file,
+//   optimizer.momentum_buffer.<param name>   each momentum buffer in the parameter's torch layout
+//   __metadata__: ddp.kind=snapshot, ddp.model, epoch, optimizer.lr, optimizer.steps, rng.seed, rng.rank,
+//                 rng.stream, rng.offset, and any user entries
+// Snapshots are written atomically (safetensors.hpp) and can be serialised to bytes so rank 0 reads the
+// file and broadcasts it (no shared filesystem needed).
+// Errors: a missing tensor, an unexpected tensor (strict), a wrong shape or a dtype other than the one
+// the model holds are IoErrors naming the file and the tensor; a truncated or foreign file is an IoError
+// from the reader. Nothing of the model changes unless the whole file checks out.
+// CPU models only: a GPU model is copied to the host first (the CUDA layer's to<Cpu>).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/parameter.hpp"
+#include "ddp/optim/sgd.hpp"
+#include "ddp/tensor/random.hpp"
+#include "ddp/train/safetensors.hpp"
+
+namespace ddp::train {
+
+inline constexpr const char* kMomentumPrefix = "optimizer.momentum_buffer.";
+
+// What a snapshot holds besides the tensors.
+struct SnapshotInfo {
+  std::int64_t epoch = 0;                       // the next epoch to run on resume
+  RngState rng;                                 // e.g. the data generator's state
+  std::map<std::string, std::string> metadata;  // free-form user entries (no "ddp." prefix)
+};
+
+namespace detail {
+
+template <class T>
+std::vector<std::int64_t> dims(const Shape& s) {
+  return std::vector<std::int64_t>(s.begin(), s.end());
+}
+// KRSC (K, R, S, C) -> OIHW (K, C, R, S).
+template <class T>
+std::vector<T> krsc_to_oihw(const T* src, const Shape& krsc) {
+  const std::int64_t k = krsc[0], r = krsc[1], s = krsc[2], c = krsc[3];
+  std::vector<T> out(static_cast<std::size_t>(k * r * s * c));
+  for (std::int64_t o = 0; o < k; ++o)
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t j = 0; j < s; ++j)
+        for (std::int64_t ch = 0; ch < c; ++ch)
+          out[static_cast<std::size_t>(((o * c + ch) * r + i) * s + j)] = src[((o * r + i) * s + j) * c + ch];
+  return out;
+}
+// OIHW bytes -> KRSC tensor data.
+template <class T>
+void oihw_to_krsc(const T* src, T* dst, const Shape& krsc) {
+  const std::int64_t k = krsc[0], r = krsc[1], s = krsc[2], c = krsc[3];
+  for (std::int64_t o = 0; o < k; ++o)
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t j = 0; j < s; ++j)
+        for (std::int64_t ch = 0; ch < c; ++ch)
+          dst[((o * r + i) * s + j) * c + ch] = src[((o * c + ch) * r + i) * s + j];
+}
+
+// Adds one parameter-shaped tensor (value, grad or momentum buffer) under `name`, in torch layout.
+template <class T>
+void add_param_tensor(SafetensorsWriter& w, const std::string& name, const nn::Parameter<T, Cpu>& p, const T* data) {
+  const Shape ts = p.torch_shape();
+  if (p.layout() == nn::Layout::Krsc)
+    w.add<T>(name, dims<T>(ts), krsc_to_oihw(data, p.shape()));
+  else
+    w.add<T>(name, dims<T>(ts), std::span<const T>(data, static_cast<std::size_t>(p.numel())));
+}
+
+template <class T>
+void add_state_dict(SafetensorsWriter& w, nn::Module<T, Cpu>& model) {
+  std::map<std::string, nn::Parameter<T, Cpu>*> params;
+  std::map<std::string, nn::Buffer<T, Cpu>*> bufs;
+  for (auto* p : model.parameters()) params[p->name()] = p;
+  for (auto* b : model.buffers()) bufs[b->name()] = b;
+  for (const auto& key : model.state_dict_keys()) {
+    if (auto it = params.find(key); it != params.end()) {
+      add_param_tensor(w, key, *it->second, it->second->value().data());
+    } else {
+      nn::Buffer<T, Cpu>* b = bufs.at(key);
+      if (b->is_integer())
+        w.add<std::int64_t>(
+            key, dims<T>(b->shape()),
+            std::span<const std::int64_t>(b->count().data(), static_cast<std::size_t>(b->count().numel())));
+      else
+        w.add<T>(key, dims<T>(b->shape()),
+                 std::span<const T>(b->real().data(), static_cast<std::size_t>(b->real().numel())));
+    }
+  }
+  w.set_metadata("ddp.model", model.describe());
+}
+
+inline std::string model_hint(const SafetensorsFile& f) {
+  auto it = f.metadata.find("ddp.model");
+  return it == f.metadata.end() ? std::string() : ddp::detail::str(" (the file was written for ", it->second, ")");
+}
+
+// Checks that `name` exists with `shape` and dtype `want`; returns its entry.
+inline const TensorEntry& expect_tensor(const SafetensorsFile& f, const std::string& path, const std::string& name,
+                                        const Shape& shape, DType want, const std::string& model) {
+  auto it = f.tensors.find(name);
+  if (it == f.tensors.end())
+    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "' has no tensor '", name, "' that ", model, " needs",
+                                   model_hint(f), "; is it a checkpoint of another architecture?"));
+  const TensorEntry& e = it->second;
+  const std::vector<std::int64_t> want_dims(shape.begin(), shape.end());
+  if (e.shape != want_dims)
+    throw IoError(ddp::detail::str(
+        "ddp: checkpoint '", path, "': tensor '", name, "' has shape [", ddp::detail::join(e.shape, ", "), "] but ",
+        model, " needs [", ddp::detail::join(want_dims, ", "), "]", model_hint(f), "; wrong --arch or --num-classes?"));
+  if (e.dtype != want)
+    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "': tensor '", name, "' has dtype ", dtype_name(e.dtype),
+                                   " but the model holds ", dtype_name(want), "; convert the file (e.g. .float())"));
+  return e;
+}
+
+// Validates every tensor first, then copies: a bad file leaves the model untouched.
+template <class T>
+void load_state_dict_from(const SafetensorsFile& f, const std::string& path, nn::Module<T, Cpu>& model, bool strict,
+                          const std::string& extra_prefix = "") {
+  const std::string model_name = model.describe();
+  std::vector<std::pair<const TensorEntry*, std::function<void(const TensorEntry&)>>> copies;
+  for (auto* p : model.parameters()) {
+    const TensorEntry& e = expect_tensor(f, path, p->name(), p->torch_shape(), dtype_of<T>, model_name);
+    copies.emplace_back(&e, [p](const TensorEntry& t) {
+      const T* src = reinterpret_cast<const T*>(t.data.data());
+      if (p->layout() == nn::Layout::Krsc)
+        oihw_to_krsc(src, p->value().data(), p->shape());
+      else
+        std::memcpy(p->value().data(), src, p->value().bytes());
+    });
+  }
+  for (auto* b : model.buffers()) {
+    const TensorEntry& e =
+        expect_tensor(f, path, b->name(), b->shape(), b->dtype() == DType::I64 ? DType::I64 : dtype_of<T>, model_name);
+    copies.emplace_back(&e, [b](const TensorEntry& t) { std::memcpy(b->data(), t.data.data(), b->bytes()); });
+  }
+  if (strict) {
+    const auto keys = model.state_dict_keys();
+    const std::set<std::string> known(keys.begin(), keys.end());
+    for (const auto& name : f.order)
+      if (!known.count(name) && (extra_prefix.empty() || name.rfind(extra_prefix, 0) != 0))
+        throw IoError(ddp::detail::str("ddp: checkpoint '", path, "' holds tensor '", name, "' that ", model_name,
+                                       " does not have", model_hint(f),
+                                       "; is it a checkpoint of another architecture?"));
+  }
+  for (auto& [entry, copy] : copies) copy(*entry);
+}
+
+inline std::int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end())
+    throw IoError(ddp::detail::str("ddp: snapshot '", path, "' has no metadata '", key,
+                                   "'; it is not a ddp snapshot (a plain state dict loads with load_state_dict)"));
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw IoError(ddp::detail::str("ddp: snapshot '", path, "': metadata '", key,
+                                   "' = ", ddp::detail::quoted(it->second), " is not an integer; the file is corrupt"));
+  }
+}
+
+}  // namespace detail
+
+// ---- state dicts ----
+
+// Writes model's state_dict (torchvision names, OIHW convs) atomically to `path`. Throws IoError.
+template <class T>
+void save_state_dict(const std::string& path, nn::Module<T, Cpu>& model,
+                     const std::map<std::string, std::string>& metadata = {}) {
+  SafetensorsWriter w;
+  detail::add_state_dict(w, model);
+  w.set_metadata("ddp.kind", "state_dict");
+  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
+  w.write(path);
+}
+
+// Loads a state_dict file into `model`. strict: tensors the model lacks are errors too (torch's strict=True).
+template <class T>
+void load_state_dict(const std::string& path, nn::Module<T, Cpu>& model, bool strict = true) {
+  const SafetensorsFile f = read_safetensors(path);
+  detail::load_state_dict_from(f, path, model, strict, kMomentumPrefix);
+}
+
+// ---- snapshots ----
+
+template <class T>
+SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt, const SnapshotInfo& info) {
+  SafetensorsWriter w;
+  detail::add_state_dict(w, model);
+  const auto& params = opt.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (Tensor<T, Cpu>* buf = opt.momentum_buffer(i))
+      detail::add_param_tensor(w, kMomentumPrefix + params[i]->name(), *params[i], buf->data());
+  for (const auto& [k, v] : info.metadata) w.set_metadata(k, v);
+  w.set_metadata("ddp.kind", "snapshot");
+  w.set_metadata("epoch", std::to_string(info.epoch));
+  w.set_metadata("optimizer.lr", ddp::detail::str(opt.lr()));
+  w.set_metadata("optimizer.steps", std::to_string(opt.steps()));
+  w.set_metadata("rng.seed", std::to_string(info.rng.seed));
+  w.set_metadata("rng.rank", std::to_string(info.rng.rank));
+  w.set_metadata("rng.stream", std::to_string(info.rng.stream));
+  w.set_metadata("rng.offset", std::to_string(info.rng.offset));
+  return w;
+}
+
+// Writes model + optimizer state + info atomically; keep_previous keeps the old file as `<path>.prev`.
+template <class T>
+void save_snapshot(const std::string& path, nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt,
+                   const SnapshotInfo& info, const WriteOptions& options = {.keep_previous = true}) {
+  snapshot_writer(model, opt, info).write(path, options);
+}
+// The same file as bytes (rank 0 serialises, broadcasts; the others call load_snapshot_bytes).
+template <class T>
+std::vector<std::uint8_t> serialize_snapshot(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt,
+                                             const SnapshotInfo& info) {
+  return snapshot_writer(model, opt, info).serialize();
+}
+
+// Restores model and optimizer from a parsed snapshot; returns its info. `source` names it in errors.
+template <class T>
+SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& source, nn::Module<T, Cpu>& model,
+                                optim::SGD<T, Cpu>& opt) {
+  auto kind = f.metadata.find("ddp.kind");
+  if (kind == f.metadata.end() || kind->second != "snapshot")
+    throw IoError(
+        ddp::detail::str("ddp: '", source, "' is not a ddp snapshot (metadata ddp.kind is ",
+                         kind == f.metadata.end() ? std::string("missing") : ddp::detail::quoted(kind->second),
+                         "); pass a file written by save_snapshot (--snapshot-path)"));
+  SnapshotInfo info;
+  info.epoch = detail::meta_int(f, source, "epoch");
+  info.rng.seed = static_cast<std::uint64_t>(detail::meta_int(f, source, "rng.seed"));
+  info.rng.rank = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.rank"));
+  info.rng.stream = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.stream"));
+  info.rng.offset = static_cast<std::uint64_t>(detail::meta_int(f, source, "rng.offset"));
+  const std::int64_t steps = detail::meta_int(f, source, "optimizer.steps");
+  // Check the momentum buffers before touching anything.
+  const auto& params = opt.parameters();
+  for (const auto* p : params) {
+    const std::string name = kMomentumPrefix + p->name();
+    if (f.contains(name)) detail::expect_tensor(f, source, name, p->torch_shape(), dtype_of<T>, model.describe());
+  }
+  detail::load_state_dict_from(f, source, model, /*strict=*/true, kMomentumPrefix);
+  opt.clear_momentum_buffers();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string name = kMomentumPrefix + params[i]->name();
+    if (!f.contains(name)) continue;
+    const T* src = reinterpret_cast<const T*>(f.tensors.at(name).data.data());
+    Tensor<T, Cpu>& buf = opt.set_momentum_buffer(i);
+    if (params[i]->layout() == nn::Layout::Krsc)
+      detail::oihw_to_krsc(src, buf.data(), params[i]->shape());
+    else
+      std::memcpy(buf.data(), src, buf.bytes());
+  }
+  opt.set_steps(steps);
+  for (const auto& [k, v] : f.metadata)
+    if (k.rfind("ddp.", 0) != 0 && k.rfind("rng.", 0) != 0 && k.rfind("optimizer.", 0) != 0 && k != "epoch")
+      info.metadata[k] = v;
+  return info;
+}
+
+template <class T>
+SnapshotInfo load_snapshot(const std::string& path, nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt) {
+  return load_snapshot_from(read_safetensors(path), path, model, opt);
+}
+template <class T>
+SnapshotInfo load_snapshot_bytes(std::span<const std::uint8_t> bytes, nn::Module<T, Cpu>& model,
+                                 optim::SGD<T, Cpu>& opt, const std::string& source = "<broadcast snapshot>") {
+  return load_snapshot_from(parse_safetensors(bytes, source), source, model, opt);
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,157 @@
+// Modules: gradient hooks and accumulation, finite differences through a whole ResNet (double), and the
+// errors for bad inputs (messages pinned).
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/nn/conv2d.hpp>
+#include <ddp/nn/loss.hpp>
+#include <ddp/nn/resnet.hpp>
+#include <ddp/nn/sequential.hpp>
+#include <ddp/tensor/random.hpp>
+
+using namespace ddp;
+
+namespace {
+
+template <class T>
+Tensor<T, Cpu> randn(Shape s, std::uint64_t seed) {
+  Tensor<T, Cpu> t(s);
+  Generator g(seed, 0, kStreamData);
+  g.fill_normal(t.view(), 0.0, 1.0);
+  return t;
+}
+
+template <class T>
+double loss_of(Exec<Cpu>& exec, nn::ResNet<T, Cpu>& m, const Tensor<T, Cpu>& x, const Tensor<std::int64_t, Cpu>& y) {
+  auto logits = m.forward(exec, x.cview());
+  nn::CrossEntropyLoss<T, Cpu> ce;
+  return ce.forward(exec, logits.cview(), y.cview());
+}
+
+}  // namespace
+
+TEST_SUITE("nn") {
+  TEST_CASE("every parameter reports its gradient once per backward, last layer first") {
+    kernels::cpu::ThreadPool pool(2);
+    Exec<Cpu> exec{.pool = &pool};
+    nn::ResNet<float, Cpu> m({.arch = "resnet18", .num_classes = 4, .width = 4});
+    std::vector<std::string> order;
+    m.set_grad_ready_hook([&](nn::Parameter<float, Cpu>& p) { order.push_back(p.name()); });
+    auto x = randn<float>({2, 32, 32, 3}, 1);
+    m.zero_grad();
+    auto y = m.forward(exec, x.cview());
+    m.backward(exec, Tensor<float, Cpu>::full({2, 4}, 0.25f).cview());
+    const auto params = m.parameters();
+    REQUIRE(order.size() == params.size());
+    CHECK(order.front() == "fc.weight");
+    CHECK(order.back() == "conv1.weight");
+    for (auto* p : params) CHECK(p->grad_ready_count() == 1);
+  }
+
+  TEST_CASE("gradients accumulate until zero_grad, as in PyTorch") {
+    kernels::cpu::ThreadPool pool(1);
+    Exec<Cpu> exec{.pool = &pool};
+    nn::ResNet<float, Cpu> m({.arch = "resnet18", .num_classes = 3, .width = 4});
+    auto x = randn<float>({2, 32, 32, 3}, 2);
+    const auto dy = Tensor<float, Cpu>::full({2, 3}, 0.5f);
+    m.zero_grad();
+    m.forward(exec, x.cview());
+    m.backward(exec, dy.cview());
+    auto* p = m.find_parameter("layer2.0.conv1.weight");
+    CHECK_FALSE(p->grad_is_zero());
+    auto once = p->grad().clone();
+    m.forward(exec, x.cview());
+    m.backward(exec, dy.cview());
+    double max_diff = 0;
+    for (std::int64_t i = 0; i < once.numel(); ++i)
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(p->grad().data()[i]) - 2.0 * once.data()[i]));
+    CHECK(max_diff < 1e-5);
+    m.zero_grad();
+    CHECK(p->grad_is_zero());
+    CHECK(p->grad().data()[0] == 0.0f);
+  }
+
+  TEST_CASE("finite differences through a whole resnet18 and resnet50 (double)") {
+    kernels::cpu::ThreadPool pool(2);
+    Exec<Cpu> exec{.pool = &pool};
+    for (const char* arch : {"resnet18", "resnet50"}) {
+      nn::ResNet<double, Cpu> m({.arch = arch, .num_classes = 5, .seed = 9, .width = 2});
+      auto x = randn<double>({2, 64, 64, 3}, 3);
+      auto y = Tensor<std::int64_t, Cpu>::from({2}, {1, 4});
+      m.zero_grad();
+      {
+        auto logits = m.forward(exec, x.cview());
+        nn::CrossEntropyLoss<double, Cpu> ce;
+        ce.forward(exec, logits.cview(), y.cview());
+        m.backward(exec, ce.backward(exec).cview());
+      }
+      const std::vector<std::pair<std::string, std::int64_t>> probes = {
+          {"conv1.weight", 5}, {"bn1.weight", 1}, {"layer1.0.conv2.weight", 3}, {"layer2.0.downsample.0.weight", 1},
+          {"layer3.1.bn1.bias", 0}, {"layer4.0.conv1.weight", 7}, {"fc.weight", 2}, {"fc.bias", 3}};
+      for (const auto& [name, i] : probes) {
+        auto* p = m.find_parameter(name);
+        REQUIRE(p != nullptr);
+        const double analytic = p->grad().data()[i];
+        double& v = p->value().data()[i];
+        const double h = 1e-8, saved = v;  // small: a larger step crosses ReLU kinks of near-zero inputs
+        v = saved + h;
+        const double up = loss_of(exec, m, x, y);
+        v = saved - h;
+        const double down = loss_of(exec, m, x, y);
+        v = saved;
+        const double numeric = (up - down) / (2 * h);
+        INFO(arch << " " << name << "[" << i << "]: analytic " << analytic << " numeric " << numeric);
+        CHECK(std::abs(analytic - numeric) <= 1e-6 + 1e-5 * std::abs(numeric));
+      }
+    }
+  }
+
+  TEST_CASE("bad inputs are ValueErrors naming the module") {
+    kernels::cpu::ThreadPool pool(1);
+    Exec<Cpu> exec{.pool = &pool};
+    nn::ResNet<float, Cpu> m({.arch = "resnet18", .num_classes = 10});
+    auto nchw = Tensor<float, Cpu>::zeros({2, 3, 32, 32});
+    CHECK_THROWS_WITH_AS(m.forward(exec, nchw.cview()),
+                         "ddp: module '<root>' (ResNet(resnet18, num_classes=10)): input has 32 channels but the model "
+                         "takes 3 (input shape (2, 3, 32, 32); images must be NHWC, channels last: is the input NCHW?)",
+                         ValueError);
+    auto empty = Tensor<float, Cpu>::zeros({0, 32, 32, 3});
+    CHECK_THROWS_WITH_AS(m.forward(exec, empty.cview()),
+                         "ddp: module '<root>' (ResNet(resnet18, num_classes=10)): batch of zero images (input shape "
+                         "(0, 32, 32, 3)); check --batch-size and the loader",
+                         ValueError);
+    CHECK_THROWS_WITH_AS(m.backward(exec, Tensor<float, Cpu>::zeros({2, 10}).cview()),
+                         "ddp: backward of module '<root>' (ResNet(resnet18, num_classes=10)) called without a "
+                         "preceding forward (or twice for one forward); call forward(x) before each backward(dy)",
+                         ValueError);
+
+    // Two modules whose shapes do not fit: the second conv expects 16 channels, the first makes 8.
+    nn::Sequential<float, Cpu> seq;
+    seq.push_back(std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{.in_channels = 3, .out_channels = 8}));
+    seq.push_back(std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{.in_channels = 16, .out_channels = 4}));
+    auto x = Tensor<float, Cpu>::zeros({1, 8, 8, 3});
+    CHECK_THROWS_WITH_AS(seq.forward(exec, x.cview()),
+                         "ddp: module '1' (Conv2d(16, 4, kernel_size=3, stride=1, padding=0, bias=False)): input has 8 "
+                         "channels but the layer expects 16 (input shape (1, 6, 6, 8), NHWC: channels last; is the "
+                         "input NCHW, or the previous layer mis-sized?)",
+                         ValueError);
+
+    nn::CrossEntropyLoss<float, Cpu> ce;
+    auto logits = Tensor<float, Cpu>::zeros({2, 10});
+    auto labels = Tensor<std::int64_t, Cpu>::from({2}, {3, 10});
+    CHECK_THROWS_WITH_AS(ce.forward(exec, logits.cview(), labels.cview()),
+                         "ddp: cross_entropy: label 10 of sample 1 is out of range for 10 classes (labels must be in "
+                         "[0, 9]); check the dataset's labels against --num-classes",
+                         ValueError);
+    auto short_labels = Tensor<std::int64_t, Cpu>::from({1}, {3});
+    CHECK_THROWS_WITH_AS(ce.forward(exec, logits.cview(), short_labels.cview()),
+                         "ddp: CrossEntropyLoss: 2 rows of logits (2, 10) but 1 labels; the batch and its labels must "
+                         "match",
+                         ValueError);
+  }
+}

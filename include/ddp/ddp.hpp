@@ -21,3 +21,91 @@
 #include "ddp/store/store.hpp"
 // defines: store::HashStore
 #include "ddp/store/hash_store.hpp"
+
+// ---- env: which launcher started this process ----
+// defines: env::Env
+#include "ddp/env/env.hpp"
+// defines: env::LaunchInfo
+#include "ddp/env/launch_info.hpp"
+// defines: env::LauncherPolicy, env::VarNames, env::validate
+#include "ddp/env/policy.hpp"
+// defines: env::expand_hostlist, env::expand_tasks_per_node
+#include "ddp/env/hostlist.hpp"
+// defines: env::Torchrun, env::EnvUrl, env::OpenMpi, env::Pmi, env::Mvapich, env::Slurm
+#include "ddp/env/env_url.hpp"
+#include "ddp/env/mvapich.hpp"
+#include "ddp/env/openmpi.hpp"
+#include "ddp/env/pmi.hpp"
+#include "ddp/env/slurm.hpp"
+#include "ddp/env/torchrun.hpp"
+// defines: env::LaunchFlags, env::extract_launch_flags
+#include "ddp/env/flags.hpp"
+// defines: env::describe, env::log_launch, env::to_json, env::launch_info_from_json
+#include "ddp/env/describe.hpp"
+// defines: env::DetectOptions, env::detect, env::detect_launch
+#include "ddp/env/detect.hpp"
+
+// ---- tensor: devices, shapes, owning tensors and views, copies, random numbers ----
+// defines: Cpu, Cuda, Device, Exec<D>
+#include "ddp/tensor/device.hpp"
+// defines: Shape
+#include "ddp/tensor/shape.hpp"
+// defines: Allocator<D>, Storage<D>
+#include "ddp/tensor/storage.hpp"
+// defines: TensorView<T, D>, expect_shape
+#include "ddp/tensor/view.hpp"
+// defines: Tensor<T, D>
+#include "ddp/tensor/tensor.hpp"
+// defines: copy, convert, to<D>
+#include "ddp/tensor/copy.hpp"
+// defines: Generator (Philox4x32-10), RngState
+#include "ddp/tensor/random.hpp"
+
+// ---- kernels: CPU reference kernels (CUDA kernels: kernels/cuda/kernels.cuh, under nvcc) ----
+// defines: kernels::*Args, conv2d_output_shape, maxpool2d_output_shape
+#include "ddp/kernels/args.hpp"
+// defines: elementwise functors (ReluForward, Add, Axpy, SgdStep, ...)
+#include "ddp/kernels/elementwise.hpp"
+// defines: Kernels<D> (primary)
+#include "ddp/kernels/kernels.hpp"
+// defines: Kernels<Cpu>, kernels::cpu::ThreadPool, kernels::cpu::gemm
+#include "ddp/kernels/cpu/kernels.hpp"
+
+// ---- nn, optim: modules with explicit backward, ResNet, losses, SGD ----
+// defines: nn::Parameter, nn::Buffer, nn::Module, nn::Sequential
+#include "ddp/nn/parameter.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/sequential.hpp"
+// defines: nn::Conv2d, nn::BatchNorm2d, nn::ReLU, nn::MaxPool2d, nn::AdaptiveAvgPool2d, nn::Linear
+#include "ddp/nn/adaptive_avg_pool2d.hpp"
+#include "ddp/nn/batchnorm2d.hpp"
+#include "ddp/nn/conv2d.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/maxpool2d.hpp"
+#include "ddp/nn/relu.hpp"
+// defines: nn::BasicBlock, nn::Bottleneck, nn::ResNet, nn::CrossEntropyLoss, nn::MSELoss
+#include "ddp/nn/basic_block.hpp"
+#include "ddp/nn/bottleneck.hpp"
+#include "ddp/nn/loss.hpp"
+#include "ddp/nn/resnet.hpp"
+// defines: optim::SGD, optim::LrSchedule
+#include "ddp/optim/lr_schedule.hpp"
+#include "ddp/optim/sgd.hpp"
+
+// ---- data, train: datasets, samplers, loader, safetensors files, checkpoints ----
+// defines: data::Sampler, data::DistributedSampler, data::EvalSampler, data::permutation
+#include "ddp/data/distributed_sampler.hpp"
+// defines: data::Dataset, data::Batch, data::make_batch
+#include "ddp/data/dataset.hpp"
+// defines: data::SyntheticDataset
+#include "ddp/data/synthetic.hpp"
+// defines: data::CifarBinaryDataset, data::cifar10_files
+#include "ddp/data/cifar10.hpp"
+// defines: data::DataLoader
+#include "ddp/data/loader.hpp"
+// defines: train::write_file_atomic, train::WriteOptions
+#include "ddp/train/atomic_file.hpp"
+// defines: train::SafetensorsWriter, train::SafetensorsReader, train::read_safetensors, train::parse_safetensors
+#include "ddp/train/safetensors.hpp"
+// defines: train::save_state_dict, load_state_dict, save_snapshot, load_snapshot, serialize_snapshot
+#include "ddp/train/checkpoint.hpp"

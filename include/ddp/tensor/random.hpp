@@ -31,20 +31,31 @@
 
 namespace ddp {
 
-// One Philox4x32-10 evaluation: returns the four output words for `counter` under `key`.
-DDP_HOST_DEVICE inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr,
-                                                                  std::array<std::uint32_t, 2> key) {
+// One Philox4x32-10 evaluation in place: c (the counter) becomes the four output words under key (k0, k1).
+// Plain arrays, not std::array, so that device code can call it (std::array's operator[] is host-only for nvcc).
+DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
   constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments (golden ratio, sqrt 3)
   for (int round = 0; round < 10; ++round) {
-    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * ctr[0];
-    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * ctr[2];
+    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * c[0];
+    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * c[2];
     const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
     const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
-    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
-    key = {key[0] + kW0, key[1] + kW1};
+    const std::uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0;
+    c[1] = lo1;
+    c[2] = n2;
+    c[3] = lo0;
+    k0 += kW0;
+    k1 += kW1;
   }
-  return ctr;
+}
+
+// Host convenience form: returns the four output words for `ctr` under `key`.
+inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
+  std::uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+  philox4x32_10_inplace(c, key[0], key[1]);
+  return {c[0], c[1], c[2], c[3]};
 }
 
 // Stream ids: independent sequences for the same (seed, rank). Users may add their own above 255.

@@ -1,0 +1,425 @@
+// MpiCommunicator: the mpi backend. Rank and size come from MPI itself; every op is a non-blocking MPI
+// call (MPI_Iallreduce, ...) run by a progress thread that tests it against the op's deadline.
+// SPDX-License-Identifier: MIT
+//
+// MPI runtime: if nobody initialised MPI, the first MpiCommunicator calls MPI_Init_thread (asking for
+// MPI_THREAD_MULTIPLE, needing at least MPI_THREAD_SERIALIZED: only one thread at a time calls MPI, the
+// progress thread) and MPI_Finalize runs at process exit.
+// Reductions: float, double and the integers use MPI's built-in ops (Avg = MPI_SUM, then a division);
+// bfloat16 and half travel as 16-bit words and reduce through MPI_Op_create'd ops that widen to float;
+// uint8 reduces through our op too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
+// Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process
+// then ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
+// (DESIGN D9). A rank that dies is handled by mpirun itself (it kills the job). Unlike tcp, this backend
+// does not exchange fingerprints, so mismatched collectives are caught only by MPI's own checks.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/mpi/mpi_check.hpp"
+#include "ddp/comm/reduce.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/log.hpp"
+
+namespace ddp::comm {
+
+namespace mpi {
+
+// The process-wide MPI runtime (see the file comment).
+class Runtime {
+ public:
+  static Runtime& instance() {
+    static Runtime r;
+    return r;
+  }
+  void mark_broken() noexcept { broken_ = true; }
+  ~Runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!owned_ || finalized) return;
+    if (broken_) MPI_Abort(MPI_COMM_WORLD, 1);  // a pending collective would hang MPI_Finalize
+    else MPI_Finalize();
+  }
+
+ private:
+  Runtime() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    int provided = 0;
+    if (!inited) {
+      DDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+      owned_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw ConfigError(ddp::detail::str("ddp: the mpi backend needs MPI_THREAD_SERIALIZED or better, but MPI provides "
+                                         "level ", provided, "; call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+                                         "yourself or use --backend tcp."));
+  }
+  bool owned_ = false;
+  bool broken_ = false;
+};
+
+template <DType D, ReduceOp O>
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_into(inout, in, static_cast<std::size_t>(*len), D, O);
+}
+
+}  // namespace mpi
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A communicator over MPI_COMM_WORLD (duplicated, so our traffic never meets the application's).
+  explicit MpiCommunicator(const CommOptions& opts = {}) : MpiCommunicator(dup_world(), opts) {}
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (!failed_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  std::string_view backend() const noexcept override { return "mpi"; }
+
+  std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+    bool member = false;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= size_ || (i > 0 && ranks[i] <= ranks[i - 1]))
+        throw ValueError(ddp::detail::str(who(), ": new_group needs strictly increasing ranks in [0, ", size_,
+                                          "), got [", ddp::detail::join(ranks, ", "), "]"));
+      member = member || ranks[i] == rank_;
+    }
+    MPI_Comm sub = MPI_COMM_NULL;
+    Fingerprint fp{.kind = OpKind::Barrier};
+    // MPI_Comm_split is collective: it runs in op order on the progress thread like any other op.
+    submit(fp, 0, {}, [&] {
+      DDP_MPI_CHECK(MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank_, &sub));
+      return Pending{};
+    }).wait();
+    if (!member) return nullptr;
+    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, opts_));
+  }
+
+ protected:
+  Work send_impl(Buffer b, int dst, const SendOptions& o) override {
+    check(b);
+    check_peer(dst);
+    Fingerprint fp{.kind = OpKind::Send, .dtype = b.dtype, .root = o.tag, .count = b.count};
+    return submit(fp, b.bytes(), o.timeout, [this, b, dst, tag = o.tag] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Isend(b.data, count_of(b), mpi::datatype_of(b.dtype), dst, tag_of(tag), comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+  Work recv_impl(Buffer b, int src, const SendOptions& o) override {
+    check(b);
+    check_peer(src);
+    Fingerprint fp{.kind = OpKind::Recv, .dtype = b.dtype, .root = o.tag, .count = b.count};
+    return submit(fp, b.bytes(), o.timeout, [this, b, src, tag = o.tag] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Irecv(b.data, count_of(b), mpi::datatype_of(b.dtype), src, tag_of(tag), comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+  Work broadcast_impl(Buffer b, const BroadcastOptions& o) override {
+    check(b);
+    check_root(o.root);
+    Fingerprint fp{.kind = OpKind::Broadcast, .dtype = b.dtype, .root = o.root, .count = b.count};
+    return submit(fp, b.bytes(), o.timeout, [this, b, root = o.root] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Ibcast(b.data, count_of(b), mpi::datatype_of(b.dtype), root, comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+  Work all_reduce_impl(Buffer b, const AllreduceOptions& o) override {
+    check(b);
+    Fingerprint fp{.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count};
+    return submit(fp, b.bytes(), o.timeout, [this, b, op = o.op] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, b.data, count_of(b), mpi::datatype_of(b.dtype), op_of(b.dtype, op),
+                                   comm_, &req));
+      return Pending{req, [this, b, op] {
+                       if (op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
+                     }};
+    });
+  }
+  Work reduce_impl(Buffer b, const ReduceOptions& o) override {
+    check(b);
+    check_root(o.root);
+    Fingerprint fp{.kind = OpKind::Reduce, .dtype = b.dtype, .op = o.op, .root = o.root, .count = b.count};
+    return submit(fp, b.bytes(), o.timeout, [this, b, op = o.op, root = o.root] {
+      MPI_Request req;
+      const bool me = rank_ == root;
+      DDP_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : b.data, me ? b.data : nullptr, count_of(b),
+                                mpi::datatype_of(b.dtype), op_of(b.dtype, op), root, comm_, &req));
+      return Pending{req, [this, b, op, me] {
+                       if (me && op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
+                     }};
+    });
+  }
+  Work all_gather_impl(Buffer in, Buffer out, const AllgatherOptions& o) override {
+    check(in);
+    check(out);
+    check_blocks("all_gather", "out", out.count, "in", in.count);
+    Fingerprint fp{.kind = OpKind::AllGather, .dtype = in.dtype, .count = in.count};
+    return submit(fp, out.bytes(), o.timeout, [this, in, out] {
+      MPI_Request req;
+      const MPI_Datatype t = mpi::datatype_of(in.dtype);
+      DDP_MPI_CHECK(MPI_Iallgather(in.data, count_of(in), t, out.data, count_of(in), t, comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+  Work reduce_scatter_impl(Buffer in, Buffer out, const ReduceScatterOptions& o) override {
+    check(in);
+    check(out);
+    check_blocks("reduce_scatter", "in", in.count, "out", out.count);
+    Fingerprint fp{.kind = OpKind::ReduceScatter, .dtype = in.dtype, .op = o.op, .count = out.count};
+    return submit(fp, in.bytes(), o.timeout, [this, in, out, op = o.op] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi::datatype_of(in.dtype),
+                                              op_of(in.dtype, op), comm_, &req));
+      return Pending{req, [this, out, op] {
+                       if (op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
+                     }};
+    });
+  }
+  Work all_to_all_impl(Buffer in, Buffer out, const AlltoallOptions& o) override {
+    check(in);
+    check(out);
+    if (in.count != out.count || in.count % static_cast<std::size_t>(size_) != 0)
+      throw ValueError(ddp::detail::str(who(), ": all_to_all needs in and out of the same size, a multiple of size() = ",
+                                        size_, "; got in ", in.count, " and out ", out.count, " elements"));
+    Fingerprint fp{.kind = OpKind::AllToAll, .dtype = in.dtype, .count = in.count};
+    return submit(fp, in.bytes(), o.timeout, [this, in, out] {
+      MPI_Request req;
+      const MPI_Datatype t = mpi::datatype_of(in.dtype);
+      const int block = static_cast<int>(in.count / static_cast<std::size_t>(size_));
+      DDP_MPI_CHECK(MPI_Ialltoall(in.data, block, t, out.data, block, t, comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+  Work barrier_impl(const BarrierOptions& o) override {
+    Fingerprint fp{.kind = OpKind::Barrier};
+    return submit(fp, 0, o.timeout, [this] {
+      MPI_Request req;
+      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+      return Pending{req, {}};
+    });
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // A started op: its request and what to do once it completes (the Avg division).
+  struct Pending {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::function<void()> after;
+  };
+  using Body = std::function<Pending()>;  // posts the non-blocking call
+  struct Task {
+    std::shared_ptr<detail::WorkState> state;
+    std::chrono::milliseconds timeout;
+    Body body;
+    Pending pending;
+    Clock::time_point deadline;
+  };
+
+  static MPI_Comm dup_world() {
+    mpi::Runtime::instance();
+    MPI_Comm c;
+    DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
+    return c;
+  }
+
+  MpiCommunicator(MPI_Comm comm, const CommOptions& opts) : comm_(comm), opts_(opts) {
+    DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    create_ops();
+    thread_ = std::thread([this] { progress_loop(); });
+  }
+
+  std::string who() const { return ddp::detail::str("ddp[rank ", rank_, '/', size_, ']'); }
+
+  void check(const Buffer& b) const {
+    if (b.memory != MemoryKind::Cpu)
+      throw ValueError(ddp::detail::str(who(), ": the mpi backend here reaches CPU memory only, but got a CUDA "
+                                               "buffer; copy it to the host or use --backend nccl."));
+    if (b.count > static_cast<std::size_t>(INT_MAX))
+      throw ValueError(ddp::detail::str(who(), ": the mpi backend takes at most ", INT_MAX, " elements per call, got ",
+                                        b.count, "; split the buffer."));
+  }
+  void check_root(int root) const {
+    if (root < 0 || root >= size_)
+      throw ValueError(ddp::detail::str(who(), ": root ", root, " is out of range [0, ", size_, ")"));
+  }
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw ValueError(ddp::detail::str(who(), ": peer ", peer, " is not another rank in [0, ", size_, ")"));
+  }
+  void check_blocks(std::string_view op, std::string_view big, std::size_t big_n, std::string_view small,
+                    std::size_t small_n) const {
+    if (big_n != small_n * static_cast<std::size_t>(size_))
+      throw ValueError(ddp::detail::str(who(), ": ", op, " needs ", big, ".size() == size() * ", small, ".size() = ",
+                                        size_, " * ", small_n, " = ", small_n * static_cast<std::size_t>(size_), ", but ",
+                                        big, " has ", big_n, " elements"));
+  }
+  static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
+  static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
+
+  void create_ops() {
+    auto make = [](MPI_User_function* f) {
+      MPI_Op op;
+      DDP_MPI_CHECK(MPI_Op_create(f, 1, &op));
+      return op;
+    };
+    bf16_ops_[0] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Sum>);
+    bf16_ops_[1] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Min>);
+    bf16_ops_[2] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Max>);
+    bf16_ops_[3] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Product>);
+    f16_ops_[0] = make(&mpi::user_reduce<DType::F16, ReduceOp::Sum>);
+    f16_ops_[1] = make(&mpi::user_reduce<DType::F16, ReduceOp::Min>);
+    f16_ops_[2] = make(&mpi::user_reduce<DType::F16, ReduceOp::Max>);
+    f16_ops_[3] = make(&mpi::user_reduce<DType::F16, ReduceOp::Product>);
+    u8_ops_[0] = make(&mpi::user_reduce<DType::U8, ReduceOp::Sum>);
+    u8_ops_[1] = make(&mpi::user_reduce<DType::U8, ReduceOp::Min>);
+    u8_ops_[2] = make(&mpi::user_reduce<DType::U8, ReduceOp::Max>);
+    u8_ops_[3] = make(&mpi::user_reduce<DType::U8, ReduceOp::Product>);
+  }
+  MPI_Op op_of(DType d, ReduceOp op) const {
+    const int i = op == ReduceOp::Min ? 1 : op == ReduceOp::Max ? 2 : op == ReduceOp::Product ? 3 : 0;
+    if (d == DType::BF16) return bf16_ops_[i];
+    if (d == DType::F16) return f16_ops_[i];
+    if (d == DType::U8) return u8_ops_[i];  // Open MPI's vectorised uint8 sum does not wrap modulo 256
+    constexpr MPI_Op kBuiltin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+    return kBuiltin[i];
+  }
+
+  Work submit(Fingerprint fp, std::size_t, std::chrono::milliseconds timeout, Body body) {
+    std::unique_lock lock(mu_);
+    fp.seq = fp.is_p2p() ? ++p2p_seq_ : ++seq_;
+    Task t{std::make_shared<detail::WorkState>(ddp::detail::str(who(), ": ", fp.label())),
+           timeout.count() > 0 ? timeout : opts_.timeout, std::move(body), {}, {}};
+    Work work(t.state);
+    queue_.push_back(std::move(t));
+    lock.unlock();
+    cv_.notify_all();
+    return work;
+  }
+
+  // How the progress thread works: it posts queued ops in issue order (MPI matches non-blocking
+  // collectives by posting order), keeps them in flight, and tests them all; an op completes when its
+  // request does, so an irecv posted before a send never blocks that send. It naps 20 us between tests
+  // once nothing has progressed for a while, and sleeps on the condition variable when idle.
+  void progress_loop() {
+    std::deque<Task> in_flight;
+    int idle_spins = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        if (in_flight.empty()) cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+        if (stop_ && queue_.empty() && in_flight.empty()) return;
+        while (!queue_.empty()) {
+          in_flight.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+          start(in_flight.back());
+          idle_spins = 0;
+        }
+      }
+      bool progressed = false;
+      for (auto it = in_flight.begin(); it != in_flight.end();) {
+        if (test(*it)) {
+          it = in_flight.erase(it);
+          progressed = true;
+        } else {
+          ++it;
+        }
+      }
+      if (progressed) idle_spins = 0;
+      else if (++idle_spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  void start(Task& t) {
+    t.deadline = Clock::now() + t.timeout;
+    if (failed_)
+      return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
+                                                first_error_)), false);
+    try {
+      t.pending = t.body();
+    } catch (const std::exception& e) {
+      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), true);
+    }
+  }
+
+  // True when the task is finished (completed, failed or timed out).
+  bool test(Task& t) {
+    if (t.state->is_done()) return true;
+    int done = 1;
+    if (t.pending.req != MPI_REQUEST_NULL) {
+      if (const int rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), true);
+        return true;
+      }
+    }
+    if (done) {
+      try {
+        if (t.pending.after) t.pending.after();
+        t.state->complete();
+      } catch (const std::exception& e) {
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), true);
+      }
+      return true;
+    }
+    if (Clock::now() > t.deadline) {
+      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms. MPI cannot "
+                                            "cancel it, so this process ends with MPI_Abort at exit. Raise "
+                                            "--timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")), true);
+      return true;
+    }
+    return false;
+  }
+
+  template <class E>
+  void fail(Task& t, const E& e, bool breaks) {
+    if (breaks && !failed_) {
+      failed_ = true;
+      first_error_ = e.what();
+      mpi::Runtime::instance().mark_broken();
+    }
+    t.state->complete(std::make_exception_ptr(e));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  CommOptions opts_;
+  int rank_ = 0, size_ = 1;
+  MPI_Op bf16_ops_[4] = {}, f16_ops_[4] = {}, u8_ops_[4] = {};
+  bool failed_ = false;       // touched only by the progress thread
+  std::string first_error_;   // ditto
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::uint64_t seq_ = 0, p2p_seq_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ddp::comm

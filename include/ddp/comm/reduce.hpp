@@ -1,0 +1,99 @@
+// Element-wise reduction kernels on CPU memory, shared by the tcp and mpi backends: dst[i] = dst[i] (op) src[i] over a type-erased
+// buffer, and the final division of ReduceOp::Avg. bfloat16 and half are widened to float, combined and
+// rounded back once per call.
+// SPDX-License-Identifier: MIT
+//
+// Every op here is commutative in IEEE arithmetic (a+b == b+a bit for bit, likewise *, min, max), which
+// is what lets two ranks that combine the same pair of partial results in opposite order (recursive
+// doubling) end with bit-identical buffers.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "ddp/comm/types.hpp"
+#include "ddp/core/dtype.hpp"
+
+namespace ddp::comm {
+
+namespace detail {
+
+template <class T>
+struct Widen {
+  using type = T;
+};
+template <>
+struct Widen<bfloat16> {
+  using type = float;
+};
+template <>
+struct Widen<half> {
+  using type = float;
+};
+
+template <class T, class F>
+void combine(T* __restrict dst, const T* __restrict src, std::size_t n, F f) {
+  using W = typename Widen<T>::type;
+  if constexpr (std::is_same_v<W, T>) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = T(f(static_cast<W>(dst[i]), static_cast<W>(src[i])));
+  }
+}
+
+template <class T>
+void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
+  using W = typename Widen<T>::type;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:  // summed here, divided once at the end (divide_by)
+      combine(dst, src, n, [](W a, W b) { return static_cast<W>(a + b); });
+      break;
+    case ReduceOp::Product: combine(dst, src, n, [](W a, W b) { return static_cast<W>(a * b); }); break;
+    case ReduceOp::Min: combine(dst, src, n, [](W a, W b) { return b < a ? b : a; }); break;
+    case ReduceOp::Max: combine(dst, src, n, [](W a, W b) { return a < b ? b : a; }); break;
+  }
+}
+
+template <class T>
+void divide_typed(T* data, std::size_t n, int by) {
+  using W = typename Widen<T>::type;
+  const W d = static_cast<W>(by);
+  for (std::size_t i = 0; i < n; ++i) data[i] = T(static_cast<W>(static_cast<W>(data[i]) / d));
+}
+
+// Calls f(T*) with the buffer cast to the element type of `dtype`.
+template <class F>
+void visit_dtype(DType dtype, void* p, F&& f) {
+  switch (dtype) {
+    case DType::F32: f(static_cast<float*>(p)); break;
+    case DType::F64: f(static_cast<double*>(p)); break;
+    case DType::BF16: f(static_cast<bfloat16*>(p)); break;
+    case DType::F16: f(static_cast<half*>(p)); break;
+    case DType::I32: f(static_cast<std::int32_t*>(p)); break;
+    case DType::I64: f(static_cast<std::int64_t*>(p)); break;
+    case DType::U8: f(static_cast<std::uint8_t*>(p)); break;
+  }
+}
+
+}  // namespace detail
+
+// dst[i] = dst[i] (op) src[i] for i < count. dst and src must not overlap.
+inline void reduce_into(void* dst, const void* src, std::size_t count, DType dtype, ReduceOp op) {
+  detail::visit_dtype(dtype, dst, [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    detail::reduce_typed<T>(d, static_cast<const T*>(src), count, op);
+  });
+}
+
+// data[i] /= by: the last step of ReduceOp::Avg (integer division for integer types).
+inline void divide_by(void* data, std::size_t count, DType dtype, int by) {
+  detail::visit_dtype(dtype, data, [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    detail::divide_typed<T>(d, count, by);
+  });
+}
+
+}  // namespace ddp::comm

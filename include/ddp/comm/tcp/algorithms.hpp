@@ -1,0 +1,210 @@
+// The tcp backend's collective algorithms over a Mesh: ring reduce-scatter / all-gather (bandwidth-
+// optimal all-reduce), recursive doubling (latency-optimal all-reduce), binomial-tree broadcast and
+// reduce, and pairwise all-to-all. Each takes the op's OpContext (fingerprint, deadline) and throws
+// PeerFailure from Mesh::run on failure.
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "ddp/comm/tcp/mesh.hpp"
+#include "ddp/comm/reduce.hpp"
+
+namespace ddp::comm::tcp {
+
+// Two reusable temporary buffers, grown on demand; used only by the thread running the op.
+struct Scratch {
+  std::vector<std::byte> recv, acc;
+  static std::byte* sized(std::vector<std::byte>& v, std::size_t bytes) {
+    if (v.size() < bytes) v.resize(bytes);
+    return v.data();
+  }
+};
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Element offsets of n segments covering count elements: segment i is [offs[i], offs[i+1]); the first
+// count % n segments are one element longer. Example: count 10, n 4 -> 0 3 6 8 10.
+inline std::vector<std::size_t> even_segments(std::size_t count, int n) {
+  std::vector<std::size_t> offs(static_cast<std::size_t>(n) + 1, 0);
+  const std::size_t base = count / static_cast<std::size_t>(n), extra = count % static_cast<std::size_t>(n);
+  for (int i = 0; i < n; ++i)
+    offs[i + 1] = offs[i] + base + (static_cast<std::size_t>(i) < extra ? 1 : 0);
+  return offs;
+}
+
+// ---- ring ----
+// How it works: the buffer is cut into n segments (offs). Reduce-scatter runs n-1 steps; in step s rank r
+// sends its partial segment (r - s + shift) to its right neighbour r+1 and receives segment
+// (r - s - 1 + shift) from its left neighbour r-1, combining it into its own copy while the bytes are still
+// arriving (Transfer::reduce_dst) and while its own send is in flight: every link carries data in both
+// directions at once. After n-1 steps rank r holds the complete reduction of segment (r + 1 + shift).
+// All-gather then circulates the finished segments the same way for n-1 more steps, receiving straight
+// into the destination. Each rank sends 2(n-1)/n of the buffer in total, the minimum possible.
+// Worked example, n = 3, shift 0, segments A B C, rank k's partial values a_k b_k c_k:
+//   RS step 0: r0 sends A, gets C from r2: C = c0+c2 | r1 sends B, gets A: a0+a1 | r2 sends C, gets B: b1+b2
+//   RS step 1: r0 sends C, gets B: b0+b1+b2        | r1: C = c0+c1+c2          | r2: A = a0+a1+a2
+//   now r0 owns B, r1 owns C, r2 owns A (segment r+1); AG steps 0 and 1 pass them on: everyone has A B C.
+// A segment is combined along one chain of ranks and then copied, so every rank ends bit-identical.
+inline void ring_reduce_scatter(Mesh& mesh, const OpContext& ctx, std::byte* data, const std::vector<std::size_t>& offs,
+                                int shift, Scratch& scratch) {
+  const int n = mesh.size(), r = mesh.rank();
+  const std::size_t es = dtype_size(ctx.fp.dtype);
+  std::size_t max_seg = 0;
+  for (int i = 0; i < n; ++i) max_seg = std::max(max_seg, offs[i + 1] - offs[i]);
+  const std::size_t stage = max_seg * es > kStageBytes ? kStageBytes : 0;  // large segments: circular staging
+  std::byte* tmp = Scratch::sized(scratch.recv, stage ? stage : max_seg * es);
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = mod(r - s + shift, n), recv_seg = mod(r - s - 1 + shift, n);
+    Transfer xs[2] = {
+        {.peer = mod(r + 1, n), .is_send = true, .data = data + offs[send_seg] * es,
+         .bytes = (offs[send_seg + 1] - offs[send_seg]) * es},
+        {.peer = mod(r - 1, n), .is_send = false, .data = tmp, .bytes = (offs[recv_seg + 1] - offs[recv_seg]) * es,
+         .reduce_dst = data + offs[recv_seg] * es, .stage_bytes = stage},
+    };
+    mesh.run(xs, ctx);
+  }
+}
+
+inline void ring_all_gather(Mesh& mesh, const OpContext& ctx, std::byte* data, const std::vector<std::size_t>& offs,
+                            int shift) {
+  const int n = mesh.size(), r = mesh.rank();
+  const std::size_t es = dtype_size(ctx.fp.dtype);
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = mod(r + 1 + shift - s, n), recv_seg = mod(r + shift - s, n);
+    Transfer xs[2] = {
+        {.peer = mod(r + 1, n), .is_send = true, .data = data + offs[send_seg] * es,
+         .bytes = (offs[send_seg + 1] - offs[send_seg]) * es},
+        {.peer = mod(r - 1, n), .is_send = false, .data = data + offs[recv_seg] * es,
+         .bytes = (offs[recv_seg + 1] - offs[recv_seg]) * es},
+    };
+    mesh.run(xs, ctx);
+  }
+}
+
+// In-place ring all-reduce of count elements; Avg divides the owned segment before the all-gather.
+inline void ring_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count, Scratch& scratch) {
+  const int n = mesh.size();
+  const auto offs = even_segments(count, n);
+  ring_reduce_scatter(mesh, ctx, data, offs, 0, scratch);
+  if (ctx.fp.op == ReduceOp::Avg) {
+    const int own = mod(mesh.rank() + 1, n);
+    const std::size_t es = dtype_size(ctx.fp.dtype);
+    divide_by(data + offs[own] * es, offs[own + 1] - offs[own], ctx.fp.dtype, n);
+  }
+  ring_all_gather(mesh, ctx, data, offs, 0);
+}
+
+// ---- recursive doubling ----
+// How it works: with p = n a power of two, in round k (mask = 1 << k) rank r swaps its whole buffer with
+// rank r ^ mask and combines: after log2(p) rounds everyone holds the full reduction. That is log2(p)
+// message latencies instead of the ring's 2(n-1), the better choice for small buffers.
+// For other n, let rem = n - p (p the largest power of two below n). First the 2*rem lowest ranks pair up:
+// each even rank r sends its buffer to r+1 and sits out; the odd one combines. The p remaining ranks run
+// the rounds above using new ranks (odd r < 2*rem -> r/2, r >= 2*rem -> r - rem); finally each odd rank
+// sends the result back to the even rank that sat out.
+// Worked example, n = 3 (p = 2, rem = 1): r0 sends x0 to r1 (r1: x0+x1); round 0: r1 (new 0) and r2
+// (new 1) swap and combine: both hold x0+x1+x2; r1 sends it to r0. Partners combine the same two values
+// in opposite order, which IEEE arithmetic makes bit-identical.
+inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count,
+                                          Scratch& scratch) {
+  const int n = mesh.size(), r = mesh.rank();
+  const std::size_t bytes = count * dtype_size(ctx.fp.dtype);
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  const int rem = n - p;
+  std::byte* tmp = Scratch::sized(scratch.recv, bytes);
+  int newrank;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      Transfer x{.peer = r + 1, .is_send = true, .data = data, .bytes = bytes};
+      mesh.run({&x, 1}, ctx);
+      newrank = -1;
+    } else {
+      Transfer x{.peer = r - 1, .is_send = false, .data = tmp, .bytes = bytes, .reduce_dst = data};
+      mesh.run({&x, 1}, ctx);
+      newrank = r / 2;
+    }
+  } else {
+    newrank = r - rem;
+  }
+  if (newrank >= 0) {
+    for (int mask = 1; mask < p; mask <<= 1) {
+      const int pn = newrank ^ mask;
+      const int peer = pn < rem ? pn * 2 + 1 : pn + rem;
+      // Receive into tmp and combine afterwards: `data` is being sent during the exchange.
+      Transfer xs[2] = {{.peer = peer, .is_send = true, .data = data, .bytes = bytes},
+                        {.peer = peer, .is_send = false, .data = tmp, .bytes = bytes}};
+      mesh.run(xs, ctx);
+      reduce_into(data, tmp, count, ctx.fp.dtype, ctx.fp.op);
+    }
+  }
+  if (ctx.fp.op == ReduceOp::Avg) divide_by(data, count, ctx.fp.dtype, n);
+  if (r < 2 * rem) {
+    Transfer x{.peer = r % 2 == 0 ? r + 1 : r - 1, .is_send = r % 2 != 0, .data = data, .bytes = bytes};
+    mesh.run({&x, 1}, ctx);
+  }
+}
+
+// ---- binomial trees ----
+// How it works (broadcast): with ranks renumbered so that root is 0 (vr = r - root mod n), rank vr receives
+// from vr minus its lowest set bit, then sends to vr + 2^k for every 2^k below that bit. Example, n = 4,
+// root 0: round 1: 0 -> 2 ; round 2: 0 -> 1 and 2 -> 3 (all sends of one rank run concurrently).
+// Reduce mirrors it: children send their partial results up, each parent combines them in turn.
+inline void binomial_broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes, int root) {
+  const int n = mesh.size(), vr = mod(mesh.rank() - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      Transfer x{.peer = mod(vr - mask + root, n), .is_send = false, .data = data, .bytes = bytes};
+      mesh.run({&x, 1}, ctx);
+      break;
+    }
+    mask <<= 1;
+  }
+  std::vector<Transfer> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n) sends.push_back({.peer = mod(vr + mask + root, n), .is_send = true, .data = data, .bytes = bytes});
+  if (!sends.empty()) mesh.run(sends, ctx);
+}
+
+// Reduces into acc on root (acc = the rank's own contribution on entry; clobbered on non-roots).
+inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, std::size_t count, int root,
+                            Scratch& scratch) {
+  const int n = mesh.size(), vr = mod(mesh.rank() - root, n);
+  const std::size_t bytes = count * dtype_size(ctx.fp.dtype);
+  std::byte* tmp = Scratch::sized(scratch.recv, bytes);
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      Transfer x{.peer = mod(vr - mask + root, n), .is_send = true, .data = acc, .bytes = bytes};
+      mesh.run({&x, 1}, ctx);
+      return;
+    }
+    if (vr + mask < n) {
+      Transfer x{.peer = mod(vr + mask + root, n), .is_send = false, .data = tmp, .bytes = bytes, .reduce_dst = acc};
+      mesh.run({&x, 1}, ctx);
+    }
+  }
+  if (ctx.fp.op == ReduceOp::Avg) divide_by(acc, count, ctx.fp.dtype, n);
+}
+
+// ---- all-to-all ----
+// Every pair exchanges its blocks directly; all 2(n-1) transfers run in one poll loop, so they overlap.
+inline void pairwise_all_to_all(Mesh& mesh, const OpContext& ctx, const std::byte* in, std::byte* out,
+                                std::size_t block_bytes) {
+  const int n = mesh.size(), r = mesh.rank();
+  std::memcpy(out + static_cast<std::size_t>(r) * block_bytes, in + static_cast<std::size_t>(r) * block_bytes,
+              block_bytes);
+  std::vector<Transfer> xs;
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    const std::size_t off = static_cast<std::size_t>(j) * block_bytes;
+    xs.push_back({.peer = j, .is_send = true, .data = const_cast<std::byte*>(in) + off, .bytes = block_bytes});
+    xs.push_back({.peer = j, .is_send = false, .data = out + off, .bytes = block_bytes});
+  }
+  if (!xs.empty()) mesh.run(xs, ctx);
+}
+
+}  // namespace ddp::comm::tcp

@@ -1,0 +1,406 @@
+// Mesh: the tcp backend's full mesh of sockets (one per peer), built through the store, and the transfer
+// engine that moves framed messages over it full-duplex with failure detection.
+// SPDX-License-Identifier: MIT
+//
+// How the mesh is built (connect): rank r listens on <ip>:0 and publishes "ip:port" at <prefix>addr/<r>.
+// It then (1) connects to every higher rank and sends a hello {magic, rank, size, prefix hash}, (2) accepts
+// one connection from every lower rank and checks its hello, (3) answers each with an ack, (4) reads the
+// acks of the ranks it connected to. Step 1 never waits for a peer (the kernel completes connections in
+// the listen backlog), so no two ranks wait on each other. Example, 3 ranks: 0 connects to 1 and 2, 1
+// connects to 2 and accepts 0, 2 accepts 0 and 1.
+//
+// How a transfer works (run): every message is a 40-byte FrameHeader carrying the op's fingerprint
+// (kind, dtype, reduce op, root/tag, count, sequence number) and the payload size, then the payload.
+// run() takes a set of sends and receives on distinct peers and advances all of them with non-blocking
+// sockets and poll(), so a ring step that sends 64 MiB right while receiving 64 MiB from the left never
+// deadlocks on full socket buffers. A receive checks the header against its own fingerprint first; a
+// difference is a Mismatch naming the peer's op. Received data can be reduced into a destination while
+// the rest is still arriving (Transfer::reduce_dst), overlapping the reduction with the network.
+//
+// Failure detection: every peer socket is polled for POLLRDHUP/POLLHUP/POLLERR during every op, not
+// only the sockets the op uses, so a peer that dies (or that failed and closed its sockets, which is how
+// a failing rank tells the others) fails the op at once instead of after the timeout.
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddp/comm/reduce.hpp"
+#include "ddp/comm/tcp/socket.hpp"
+#include "ddp/comm/types.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::comm::tcp {
+
+inline constexpr std::uint32_t kFrameMagic = 0xDD9C0111u;
+inline constexpr std::uint32_t kHelloMagic = 0xDD9C4E11u;
+inline constexpr std::size_t kReduceGrainBytes = 128 * 1024;  // reduce received data in pieces this large
+inline constexpr std::size_t kStageBytes = 1024 * 1024;        // staging buffer of a reducing receive
+inline constexpr int kSocketBufferBytes = 4 << 20;              // SO_SNDBUF/SO_RCVBUF of mesh sockets
+
+// On-wire frame header; ranks run on the same architecture (native byte order).
+struct FrameHeader {
+  std::uint32_t magic = kFrameMagic;
+  std::uint8_t kind = 0, dtype = 0, op = 0, pad = 0;
+  std::uint64_t seq = 0;
+  std::int64_t root = -1;
+  std::uint64_t count = 0;
+  std::uint64_t bytes = 0;  // payload bytes after this header
+};
+static_assert(sizeof(FrameHeader) == 40);
+
+// What a receive expects on the wire: a Recv matches a Send.
+inline FrameHeader wire_header(const Fingerprint& f, std::uint64_t bytes) {
+  const OpKind k = f.kind == OpKind::Recv ? OpKind::Send : f.kind;
+  return {.magic = kFrameMagic, .kind = static_cast<std::uint8_t>(k), .dtype = static_cast<std::uint8_t>(f.dtype),
+          .op = static_cast<std::uint8_t>(f.op), .pad = 0, .seq = f.seq, .root = f.root, .count = f.count,
+          .bytes = bytes};
+}
+inline Fingerprint fingerprint_of(const FrameHeader& h) {
+  return {.kind = static_cast<OpKind>(h.kind), .dtype = static_cast<DType>(h.dtype), .op = static_cast<ReduceOp>(h.op),
+          .root = h.root, .count = h.count, .seq = h.seq};
+}
+
+// Why a transfer failed; TcpCommunicator turns it into the user's message.
+struct PeerFailure : std::exception {
+  enum class Kind { Closed, Mismatch, Timeout, Protocol };
+  Kind kind = Kind::Closed;
+  int peer = -1;             // the peer concerned; for Timeout the first one still pending
+  std::vector<int> closed;   // Closed: every peer seen closing at that moment (the caller picks the root cause)
+  Fingerprint theirs;        // Mismatch: what the peer ran
+  std::string detail;        // Closed/Protocol: the socket error; Timeout: what was pending
+  const char* what() const noexcept override { return detail.c_str(); }
+};
+
+// One send or receive of a run(). At most one send and one receive per peer in a run.
+struct Transfer {
+  int peer = -1;
+  bool is_send = false;
+  std::byte* data = nullptr;  // send: payload; receive: where the payload lands
+  std::size_t bytes = 0;
+  std::byte* reduce_dst = nullptr;  // receive only: combine the payload into this as it arrives
+  // With reduce_dst: when > 0, `data` is a circular staging buffer of this many bytes (a multiple of
+  // kReduceGrainBytes) instead of room for the whole payload; it keeps a large receive in cache.
+  std::size_t stage_bytes = 0;
+  const Fingerprint* fp = nullptr;  // the op's own fingerprint when run_until_any batches several ops
+  // Progress, owned by the engine.
+  std::size_t done = 0;     // bytes of header + payload moved so far
+  std::size_t reduced = 0;  // payload bytes already combined into reduce_dst
+  FrameHeader header{};
+
+  bool finished() const noexcept { return done == sizeof(FrameHeader) + bytes && (!reduce_dst || reduced == bytes); }
+};
+
+struct OpContext {
+  Fingerprint fp;
+  Clock::time_point deadline{};
+  bool strict_hangup = true;  // false for the shutdown barrier: peers that finished may close early
+};
+
+class Mesh {
+ public:
+  Mesh(int rank, int size) : rank_(rank), size_(size), fds_(static_cast<std::size_t>(size)),
+                             hung_up_(static_cast<std::size_t>(size), false) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  // Builds the mesh (see the file comment). Keys live under `prefix`. Throws CommError/TimeoutError.
+  void connect(store::Store& store, const std::string& prefix, const std::string& listen_ip,
+               Clock::time_point deadline) {
+    if (size_ == 1) return;
+    auto [listener, port] = listen_any_port(listen_ip, size_);
+    store.set(prefix + "addr/" + std::to_string(rank_), ddp::detail::str(listen_ip, ':', port));
+    const std::uint64_t tag = std::hash<std::string>{}(prefix);
+    struct Hello {
+      std::uint32_t magic;
+      std::int32_t rank, size, pad;
+      std::uint64_t tag;
+    };
+    const auto io_timeout = std::chrono::milliseconds(std::max(1, detail::ms_until(deadline)));
+    auto fail = [&](int peer, std::string_view what) {
+      throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: ", what,
+                                       " with rank ", peer, " failed (", detail::errno_text(errno),
+                                       "). Are all ranks running the same program and group calls?"));
+    };
+    for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
+      std::string addr = store.get_string(prefix + "addr/" + std::to_string(j));
+      auto colon = addr.rfind(':');
+      Fd s = connect_until(addr.substr(0, colon), static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))),
+                           deadline);
+      set_io_timeout(s.get(), io_timeout);
+      Hello h{kHelloMagic, rank_, size_, 0, tag};
+      if (!write_all(s.get(), &h, sizeof h)) fail(j, "sending the hello");
+      fds_[j] = std::move(s);
+    }
+    for (int n = 0; n < rank_; ++n) {  // (2) accept from below
+      Fd s = accept_until(listener.get(), deadline);
+      if (!s)
+        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: only ", n, " of the ", rank_,
+                                            " lower ranks connected before the timeout; a rank may have died or "
+                                            "be stuck; raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+      set_io_timeout(s.get(), io_timeout);
+      Hello h{};
+      if (!read_all(s.get(), &h, sizeof h)) fail(-1, "reading a hello");
+      if (h.magic != kHelloMagic || h.size != size_ || h.tag != tag || h.rank < 0 || h.rank >= rank_ || fds_[h.rank])
+        throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: unexpected hello (rank ", h.rank,
+                                         ", size ", h.size, ") while building the tcp mesh; another job may be "
+                                         "using the same store prefix."));
+      fds_[h.rank] = std::move(s);
+    }
+    for (int i = 0; i < rank_; ++i) {  // (3) ack
+      Hello h{kHelloMagic, rank_, size_, 0, tag};
+      if (!write_all(fds_[i].get(), &h, sizeof h)) fail(i, "sending the ack");
+    }
+    for (int j = rank_ + 1; j < size_; ++j) {  // (4) read acks
+      Hello h{};
+      if (!read_all(fds_[j].get(), &h, sizeof h) || h.magic != kHelloMagic || h.rank != j) fail(j, "reading the ack");
+    }
+    for (int p = 0; p < size_; ++p)
+      if (fds_[p]) {
+        set_nodelay(fds_[p].get());
+        set_buffer_sizes(fds_[p].get(), kSocketBufferBytes);
+        set_io_timeout(fds_[p].get(), std::chrono::milliseconds(0));
+        set_nonblocking(fds_[p].get(), true);
+      }
+  }
+
+  // Runs a set of transfers to completion, the op's deadline, or a peer failure (throws PeerFailure).
+  void run(std::span<Transfer> xs, const OpContext& ctx) {
+    for (auto& x : xs) start(x, ctx);
+    for (;;) {
+      bool all = true;
+      for (auto& x : xs)
+        if (!x.finished()) {
+          x.is_send ? advance_send(x) : advance_recv(x, ctx);
+          all = all && x.finished();
+        }
+      if (all) return;
+      wait_ready(xs, ctx);
+    }
+  }
+
+  // Resets a transfer's progress and builds its header; run() does it, run_until_any() callers do it once.
+  void start(Transfer& x, const OpContext& ctx) {
+    x.done = x.reduced = 0;
+    if (x.is_send) x.header = wire_header(x.fp ? *x.fp : ctx.fp, x.bytes);
+  }
+
+  // Advances already started transfers (each with its own Transfer::fp) until at least one finishes or
+  // `wake_fd` (an eventfd) becomes readable: how batched send/recv ops let newly issued ones join.
+  void run_until_any(std::span<Transfer> xs, const OpContext& ctx, int wake_fd) {
+    for (;;) {
+      bool any = false;
+      for (auto& x : xs)
+        if (!x.finished()) {
+          x.is_send ? advance_send(x) : advance_recv(x, ctx);
+          any = any || x.finished();
+        }
+      if (any || wait_ready(xs, ctx, wake_fd)) return;
+    }
+  }
+
+  // Shuts every connection down: peers see the close at once (that is how a failing rank tells them).
+  void close_all() noexcept {
+    for (auto& f : fds_)
+      if (f) {
+        ::shutdown(f.get(), SHUT_RDWR);
+        f.reset();
+      }
+  }
+
+ private:
+  [[noreturn]] void closed(int peer, int err, std::vector<int> all = {}) const {
+    PeerFailure f;
+    f.kind = PeerFailure::Kind::Closed;
+    f.peer = peer;
+    f.closed = all.empty() ? std::vector<int>{peer} : std::move(all);
+    f.detail = err ? detail::errno_text(err) : std::string("end of stream");
+    throw f;
+  }
+
+  void advance_send(Transfer& x) {
+    constexpr std::size_t H = sizeof(FrameHeader);
+    const std::size_t total = H + x.bytes;
+    while (x.done < total) {
+      iovec iov[2];
+      int n = 0;
+      if (x.done < H) iov[n++] = {reinterpret_cast<char*>(&x.header) + x.done, H - x.done};
+      const std::size_t off = x.done > H ? x.done - H : 0;
+      if (x.bytes > off) iov[n++] = {x.data + off, x.bytes - off};
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<std::size_t>(n);
+      ssize_t w = ::sendmsg(fds_[x.peer].get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        x.done += static_cast<std::size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      closed(x.peer, w < 0 ? errno : 0);
+    }
+  }
+
+  void advance_recv(Transfer& x, const OpContext& ctx) {
+    constexpr std::size_t H = sizeof(FrameHeader);
+    const std::size_t total = H + x.bytes;
+    const std::size_t S = x.stage_bytes;
+    while (x.done < total) {
+      iovec iov[2];
+      int n = 0;
+      if (x.done < H) iov[n++] = {reinterpret_cast<char*>(&x.header) + x.done, H - x.done};
+      const std::size_t off = x.done > H ? x.done - H : 0;
+      if (S == 0) {
+        if (x.bytes > off) iov[n++] = {x.data + off, x.bytes - off};
+      } else {  // up to the end of the staging buffer, and never over bytes not yet reduced
+        const std::size_t end = std::min({x.bytes, x.reduced + S, (off / S + 1) * S});
+        if (end > off) iov[n++] = {x.data + off % S, end - off};
+      }
+      if (n == 0) break;  // staging buffer full: reduce below, then come back
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<std::size_t>(n);
+      ssize_t r = ::recvmsg(fds_[x.peer].get(), &m, MSG_DONTWAIT);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (r <= 0) closed(x.peer, r < 0 ? errno : 0);
+      const bool had_header = x.done >= H;
+      x.done += static_cast<std::size_t>(r);
+      if (!had_header && x.done >= H) check_header(x, ctx);
+      if (x.reduce_dst) reduce_ready(x, ctx, false);
+    }
+    if (x.reduce_dst) reduce_ready(x, ctx, true);
+  }
+
+  // Combines the received, not yet reduced bytes into reduce_dst: a grain at a time, or all with `flush`.
+  void reduce_ready(Transfer& x, const OpContext& ctx, bool flush) {
+    constexpr std::size_t H = sizeof(FrameHeader);
+    if (x.done <= H) return;
+    const std::size_t esize = dtype_size(ctx.fp.dtype);
+    const std::size_t avail = (x.done - H) / esize * esize;
+    if (avail == x.reduced || (!flush && avail - x.reduced < kReduceGrainBytes)) return;
+    while (x.reduced < avail) {  // in pieces that do not cross the end of the staging buffer
+      const std::size_t S = x.stage_bytes;
+      const std::size_t end = S ? std::min(avail, (x.reduced / S + 1) * S) : avail;
+      const std::size_t n = (end - x.reduced) / esize;
+      if (n == 0) break;  // an element straddles the wrap: impossible when S is a multiple of esize
+      reduce_into(x.reduce_dst + x.reduced, x.data + (S ? x.reduced % S : x.reduced), n, ctx.fp.dtype, ctx.fp.op);
+      x.reduced += n * esize;
+    }
+  }
+
+  void check_header(const Transfer& x, const OpContext& ctx) const {
+    const FrameHeader want = wire_header(x.fp ? *x.fp : ctx.fp, x.bytes);
+    const FrameHeader& got = x.header;
+    if (got.magic != kFrameMagic) {
+      PeerFailure f;
+      f.kind = PeerFailure::Kind::Protocol;
+      f.peer = x.peer;
+      f.detail = ddp::detail::str("bad frame magic 0x", std::hex, got.magic);
+      throw f;
+    }
+    const bool reduces = (x.fp ? *x.fp : ctx.fp).has_reduce_op();
+    if (got.kind != want.kind || got.dtype != want.dtype || got.seq != want.seq || got.root != want.root ||
+        got.count != want.count || (reduces && got.op != want.op) || got.bytes != want.bytes) {
+      PeerFailure f;
+      f.kind = PeerFailure::Kind::Mismatch;
+      f.peer = x.peer;
+      f.theirs = fingerprint_of(got);
+      throw f;
+    }
+  }
+
+  // Polls the sockets of unfinished transfers plus every peer for hang-ups, until something is ready.
+  // Returns true when woken through wake_fd (drained), false when a socket is ready.
+  bool wait_ready(std::span<Transfer> xs, const OpContext& ctx, int wake_fd = -1) {
+    pfds_.clear();
+    peer_of_.clear();
+    if (wake_fd >= 0) {
+      pfds_.push_back({.fd = wake_fd, .events = POLLIN, .revents = 0});
+      peer_of_.push_back(-1);
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !fds_[p]) continue;
+      short ev = 0;
+      bool active = false;
+      for (const auto& x : xs)
+        if (x.peer == p && !x.finished()) {
+          ev = static_cast<short>(ev | (x.is_send ? POLLOUT : POLLIN));
+          active = true;
+        }
+      if (!active && hung_up_[p]) continue;  // lenient mode: a finished peer already closed
+      pfds_.push_back({.fd = fds_[p].get(), .events = static_cast<short>(ev | POLLRDHUP), .revents = 0});
+      peer_of_.push_back(p);
+    }
+    const int rc = ::poll(pfds_.data(), pfds_.size(), detail::ms_until(ctx.deadline));
+    if (rc < 0 && errno == EINTR) return false;
+    if (rc == 0 && Clock::now() >= ctx.deadline) timeout(xs);
+    bool woken = false;
+    if (wake_fd >= 0 && (pfds_[0].revents & POLLIN)) {
+      std::uint64_t v;
+      woken = ::read(wake_fd, &v, sizeof v) > 0;
+    }
+    std::vector<int> gone;
+    int first_err = 0;
+    for (std::size_t i = 0; i < pfds_.size(); ++i) {
+      const short re = pfds_[i].revents;
+      const int p = peer_of_[i];
+      if (p < 0 || !(re & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+      bool reading = false;
+      for (const auto& x : xs) reading = reading || (x.peer == p && !x.is_send && !x.finished());
+      if (reading && !(re & POLLERR)) continue;  // drain what the peer sent before closing; EOF ends it
+      if (!ctx.strict_hangup && !reading) {
+        hung_up_[p] = true;
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fds_[p].get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (gone.empty()) first_err = err;
+      gone.push_back(p);
+    }
+    if (!gone.empty()) {
+      const int first = gone.front();  // read before the vector is moved into the argument
+      closed(first, first_err, std::move(gone));
+    }
+    return woken;
+  }
+
+  [[noreturn]] void timeout(std::span<Transfer> xs) const {
+    PeerFailure f;
+    f.kind = PeerFailure::Kind::Timeout;
+    std::vector<std::string> pending;
+    for (const auto& x : xs)
+      if (!x.finished()) {
+        if (f.peer < 0) f.peer = x.peer;
+        const std::size_t got = x.done > sizeof(FrameHeader) ? x.done - sizeof(FrameHeader) : 0;
+        pending.push_back(ddp::detail::str(x.is_send ? "sending to rank " : "receiving from rank ", x.peer, " (",
+                                           got, " of ", x.bytes, " bytes)"));
+      }
+    f.detail = ddp::detail::join(pending, ", ");
+    throw f;
+  }
+
+  int rank_, size_;
+  std::vector<Fd> fds_;
+  std::vector<bool> hung_up_;
+  std::vector<pollfd> pfds_;
+  std::vector<int> peer_of_;
+};
+
+}  // namespace ddp::comm::tcp

@@ -1,0 +1,165 @@
+// Vocabulary of the collectives: ReduceOp, the op kinds and their fingerprints, per-call option structs,
+// CommOptions, and the type-erased Buffer that every backend receives.
+// SPDX-License-Identifier: MIT
+//
+// Options are filled with designated initializers; a timeout of 0 means "the communicator's default"
+// (CommOptions::timeout), which is always finite:
+//   comm.all_reduce(std::span(grad), {.op = ddp::comm::ReduceOp::Avg});
+//   comm.broadcast(std::span(weights), {.root = 0, .timeout = std::chrono::seconds(30)});
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/str.hpp"
+
+namespace ddp::comm {
+
+enum class ReduceOp : std::uint8_t { Sum, Avg, Min, Max, Product };
+
+inline constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Product: return "product";
+  }
+  return "?";
+}
+
+// What an op is, for fingerprints and messages. Send and Recv are one kind on the wire (a receive
+// matches a send); Recv exists so that messages read naturally.
+enum class OpKind : std::uint8_t { Send, Recv, Broadcast, AllReduce, Reduce, AllGather, ReduceScatter, AllToAll, Barrier };
+
+inline constexpr std::string_view op_name(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+// Identity of one op as every rank must see it (DESIGN D9). `count` is the per-rank element count of
+// the user's input (all_gather: elements each rank contributes; reduce_scatter: elements each rank
+// receives); `root` is the root rank, the tag of a send/recv, or -1.
+struct Fingerprint {
+  OpKind kind = OpKind::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;
+  std::int64_t root = -1;
+  std::uint64_t count = 0;
+  std::uint64_t seq = 0;  // collectives: per communicator, from 1; send/recv: per (sender, receiver) pair
+
+  bool has_reduce_op() const noexcept {
+    return kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter;
+  }
+  bool is_p2p() const noexcept { return kind == OpKind::Send || kind == OpKind::Recv; }
+
+  // "all_reduce #17 (F32 x 4194304)", "broadcast #3 (F32 x 4, root 0)", "send #2 (I64 x 1, tag 0)".
+  std::string label() const {
+    std::string extra;
+    if (is_p2p()) extra = detail::str(", tag ", root);
+    else if (kind == OpKind::Broadcast || kind == OpKind::Reduce) extra = detail::str(", root ", root);
+    if (kind == OpKind::Barrier) return detail::str(op_name(kind), " #", seq);
+    return detail::str(op_name(kind), " #", seq, " (", dtype_name(dtype), " x ", count, extra, ")");
+  }
+  // The label plus the reduce op, for mismatch messages: "all_reduce #3 (F32 x 4, sum)".
+  std::string full_label() const {
+    if (!has_reduce_op()) return label();
+    std::string l = label();
+    l.insert(l.size() - 1, detail::str(", ", reduce_op_name(op)));
+    return l;
+  }
+};
+
+// Per-call options. timeout 0: the communicator's default.
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::Sum;
+  std::chrono::milliseconds timeout{0};
+};
+struct BroadcastOptions {
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+};
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+};
+struct AllgatherOptions {
+  std::chrono::milliseconds timeout{0};
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::Sum;
+  std::chrono::milliseconds timeout{0};
+};
+struct AlltoallOptions {
+  std::chrono::milliseconds timeout{0};
+};
+struct BarrierOptions {
+  std::chrono::milliseconds timeout{0};
+};
+struct SendOptions {  // also for recv: tags must match
+  std::int64_t tag = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+inline constexpr std::chrono::milliseconds kDefaultCommTimeout{300'000};  // PyTorch's default: 5 minutes
+
+// Communicator-wide settings. Programs fill them from flags: --timeout-ms (DDP_TIMEOUT_MS) and
+// --socket-ifname (DDP_SOCKET_IFNAME).
+struct CommOptions {
+  std::chrono::milliseconds timeout = kDefaultCommTimeout;  // every op's default; must be > 0
+  std::string socket_ifname;  // tcp: the interface to listen on ("eth0"); empty: the one that routes to master_addr
+  // tcp: all-reduce buffers of at most this many bytes use recursive doubling (latency-bound); larger
+  // ones the ring (bandwidth-bound).
+  std::size_t small_allreduce_bytes = 64 * 1024;
+  // tcp: an op of at most this many bytes issued while nothing is queued runs on the calling thread,
+  // saving the hand-off to the progress thread (tens of microseconds); larger ones always run on the
+  // progress thread so that they overlap with the caller's compute. 0 disables inline execution.
+  std::size_t inline_max_bytes = 64 * 1024;
+  // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
+  std::chrono::milliseconds shutdown_timeout{10'000};
+};
+
+// Where a Buffer's memory lives. Backends reject memory they cannot reach with a ValueError.
+enum class MemoryKind : std::uint8_t { Cpu, Cuda };
+
+// The type-erased view every backend receives: pointer + element count + dtype + memory kind.
+// Inputs that the op only reads are passed as Buffer too; backends never write them.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;  // elements
+  DType dtype = DType::F32;
+  MemoryKind memory = MemoryKind::Cpu;
+
+  std::size_t bytes() const noexcept { return count * dtype_size(dtype); }
+  std::byte* bytes_ptr() const noexcept { return static_cast<std::byte*>(data); }
+
+  template <class T>
+  static Buffer of(std::span<T> s, MemoryKind memory = MemoryKind::Cpu) {
+    return {.data = const_cast<std::remove_const_t<T>*>(s.data()), .count = s.size(), .dtype = dtype_of<T>,
+            .memory = memory};
+  }
+};
+
+// Element types the collectives accept: float, double, bfloat16, half, int32, int64, uint8.
+template <class T>
+concept CommElement = requires { DTypeOf<std::remove_cv_t<T>>::value; };
+
+}  // namespace ddp::comm

@@ -1,0 +1,113 @@
+// Checks of every collective against a locally computed reference, for any Communicator: used by the
+// tcp unit tests (ranks as threads) and the mpi test (under mpirun).
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm_harness.hpp"
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/reduce.hpp"
+
+namespace ddp::test {
+
+using comm::ReduceOp;
+
+// Element-wise reduction of every rank's data in rank order, then the Avg division.
+template <class T>
+std::vector<T> reference(const std::vector<std::vector<T>>& all, ReduceOp op) {
+  std::vector<T> out = all[0];
+  for (std::size_t r = 1; r < all.size(); ++r) comm::reduce_into(out.data(), all[r].data(), out.size(), dtype_of<T>, op);
+  if (op == ReduceOp::Avg) comm::divide_by(out.data(), out.size(), dtype_of<T>, static_cast<int>(all.size()));
+  return out;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// Sizes: empty, one element, odd counts not divisible by any world size 2-4, one above the
+// recursive-doubling threshold (ring), and (for F32 and BF16, to keep the test short) a few MiB.
+template <class T>
+std::vector<std::size_t> sizes() {
+  std::vector<std::size_t> s{0, 1, 7, 1001, 64 * 1024 / sizeof(T) + 13};
+  if (dtype_of<T> == DType::F32 || dtype_of<T> == DType::BF16) s.push_back((3u << 20) / sizeof(T) + 1);
+  return s;
+}
+
+constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product};
+
+// Runs every collective on `c` for every size in sizes<T>() with seeded data; returns what differed.
+// Every rank of `c` must call it with the same T.
+template <class T>
+std::vector<std::string> check_collectives(comm::Communicator& c) {
+  std::vector<std::string> failures;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) failures.push_back(what);
+  };
+  const int n = c.size();
+  const int r = c.rank();
+  std::uint64_t salt = 0;
+  for (std::size_t count : sizes<T>()) {
+    const std::string tag = detail::str("n=", n, " ", dtype_name(dtype_of<T>), " count=", count);
+    std::vector<std::vector<T>> all;
+    auto fresh = [&] {
+      ++salt;
+      all.clear();
+      for (int k = 0; k < n; ++k) all.push_back(test::seeded<T>(k, count, salt));
+    };
+    for (ReduceOp op : kOps) {  // all_reduce
+      fresh();
+      std::vector<T> v = all[r];
+      c.all_reduce(std::span(v), {.op = op}).wait();
+      expect(same_bits(v, reference(all, op)), tag + " all_reduce " + std::string(comm::reduce_op_name(op)));
+    }
+    for (int root = count > 100000 ? n - 1 : 0; root < n; ++root) {  // broadcast and reduce from every root
+      fresh();
+      std::vector<T> v = all[r];
+      c.broadcast(std::span(v), {.root = root}).wait();
+      expect(same_bits(v, all[root]), tag + " broadcast root " + std::to_string(root));
+      std::vector<T> w = all[r];
+      c.reduce(std::span(w), {.op = ReduceOp::Sum, .root = root}).wait();
+      expect(same_bits(w, r == root ? reference(all, ReduceOp::Sum) : all[r]), tag + " reduce root " + std::to_string(root));
+    }
+    {  // all_gather: each rank contributes `count`
+      fresh();
+      std::vector<T> out(count * static_cast<std::size_t>(n));
+      c.all_gather(std::span<const T>(all[r]), std::span(out)).wait();
+      std::vector<T> want;
+      for (auto& a : all) want.insert(want.end(), a.begin(), a.end());
+      expect(same_bits(out, want), tag + " all_gather");
+    }
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {  // reduce_scatter: `count` per rank
+      ++salt;
+      std::vector<std::vector<T>> big;
+      for (int k = 0; k < n; ++k) big.push_back(test::seeded<T>(k, count * static_cast<std::size_t>(n), salt));
+      std::vector<T> out(count);
+      c.reduce_scatter(std::span<const T>(big[r]), std::span(out), {.op = op}).wait();
+      auto full = reference(big, op);
+      std::vector<T> want(full.begin() + static_cast<std::ptrdiff_t>(count) * r,
+                          full.begin() + static_cast<std::ptrdiff_t>(count) * (r + 1));
+      expect(same_bits(out, want), tag + " reduce_scatter " + std::string(comm::reduce_op_name(op)));
+    }
+    {  // all_to_all: blocks of `count`
+      ++salt;
+      std::vector<std::vector<T>> big;
+      for (int k = 0; k < n; ++k) big.push_back(test::seeded<T>(k, count * static_cast<std::size_t>(n), salt));
+      std::vector<T> out(count * static_cast<std::size_t>(n));
+      c.all_to_all(std::span<const T>(big[r]), std::span(out)).wait();
+      std::vector<T> want;
+      for (int k = 0; k < n; ++k)
+        want.insert(want.end(), big[k].begin() + static_cast<std::ptrdiff_t>(count) * r,
+                    big[k].begin() + static_cast<std::ptrdiff_t>(count) * (r + 1));
+      expect(same_bits(out, want), tag + " all_to_all");
+    }
+    c.barrier().wait();
+  }
+  return failures;
+}
+
+}  // namespace ddp::test

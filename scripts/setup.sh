@@ -4,7 +4,7 @@
 set -euo pipefail
 
 debian_packages=(
-  cmake ninja-build g++ clang python3
+  cmake ninja-build g++ clang libclang-rt-14-dev python3
   doctest-dev libcxxopts-dev nlohmann-json3-dev libopenblas-dev
   openmpi-bin libopenmpi-dev
   python3-torch python3-torchvision python3-numpy python3-sklearn

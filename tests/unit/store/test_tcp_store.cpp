@@ -1,0 +1,344 @@
+// store: TcpStore client + TcpStoreServer on port 0: every operation, both protocol generations, concurrency,
+// timeouts, and bad clients that must not disturb good ones.
+// SPDX-License-Identifier: MIT
+#include <ddp/core/log.hpp>
+#include <ddp/store/rendezvous.hpp>
+#include <ddp/store/tcp_store.hpp>
+#include <ddp/store/tcp_store_server.hpp>
+#include <algorithm>
+#include <memory>
+#include <mutex>
+
+#include "store_conformance.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ddp::store::Bytes;
+using ddp::store::Clock;
+using ddp::store::Socket;
+using ddp::store::TcpProtocol;
+using ddp::store::TcpStore;
+using ddp::store::TcpStoreServer;
+namespace wire = ddp::store::wire;
+
+// Captures WARN lines from the server so tests can check that a bad client was logged with a reason.
+std::mutex g_log_mu;
+std::vector<std::string> g_log;
+void capture(std::string_view line) {
+  std::lock_guard l(g_log_mu);
+  g_log.emplace_back(line);
+}
+struct LogCapture {
+  LogCapture() {
+    std::lock_guard l(g_log_mu);
+    g_log.clear();
+    ddp::log::set_sink(&capture);
+  }
+  ~LogCapture() { ddp::log::set_sink(nullptr); }
+  // Waits (bounded) for a line containing `needle`: the server logs from its own thread.
+  bool saw(std::string_view needle) {
+    auto deadline = Clock::now() + 2s;
+    while (Clock::now() < deadline) {
+      {
+        std::lock_guard l(g_log_mu);
+        for (const auto& s : g_log)
+          if (s.find(needle) != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+};
+
+Socket raw_connect(std::uint16_t port) { return ddp::store::connect_tcp("127.0.0.1", port, Clock::now() + 2s); }
+
+void raw_send(const Socket& s, const Bytes& b) { ddp::store::write_all(s, b, Clock::now() + 2s, "test"); }
+
+Bytes raw_read(const Socket& s, std::size_t n) {
+  Bytes b(n);
+  ddp::store::read_exact(s, b, Clock::now() + 2s, "test");
+  return b;
+}
+
+// True when the server closed this connection (EOF within 2 s).
+bool closed_by_peer(const Socket& s) {
+  if (!ddp::store::poll_until(s.fd(), POLLIN, Clock::now() + 2s)) return false;
+  std::uint8_t b;
+  return ::recv(s.fd(), &b, 1, 0) <= 0;
+}
+
+Bytes enc(const wire::Request& rq, wire::Protocol p) { return wire::encode_request(rq, p); }
+
+// The client still works: a full set/get round trip.
+void still_serves(std::uint16_t port) {
+  TcpStore c("127.0.0.1", port, {.timeout = 2s});
+  c.set("alive", "yes");
+  CHECK(c.get_string("alive") == "yes");
+}
+
+}  // namespace
+
+TEST_SUITE("store") {
+  TEST_CASE("TcpStore against TcpStoreServer: every operation, each protocol") {
+    for (TcpProtocol p : {TcpProtocol::Auto, TcpProtocol::V1, TcpProtocol::V2}) {
+      CAPTURE(static_cast<int>(p));
+      TcpStoreServer server("127.0.0.1", 0);
+      REQUIRE(server.port() != 0);
+      CHECK(server.host() == "127.0.0.1");
+      TcpStore s("127.0.0.1", server.port(), {.protocol = p, .timeout = 2s});
+      // Our server answers the probe like a 1.x server; Auto then speaks 1.x (every op still works).
+      CHECK(s.protocol() == (p == TcpProtocol::V2 ? wire::Protocol::V2 : wire::Protocol::V1));
+      // A second client sets the key the first one's get() blocks on, and sees the first one's keys.
+      TcpStore other("127.0.0.1", server.port(), {.protocol = p, .timeout = 2s});
+      ddp_test::check_store_semantics(s, &other);
+      CHECK(other.get_string("cas") == "b");
+    }
+  }
+
+  TEST_CASE("Auto picks 2.x when the server closes a connection that does not start with VALIDATE") {
+    // A server that refuses 1.x behaves like PyTorch 2.x's non-libuv backend toward the probe.
+    TcpStoreServer server("127.0.0.1", 0, {.accept_v1 = false});
+    TcpStore s("127.0.0.1", server.port(), {.timeout = 2s});
+    CHECK(s.protocol() == wire::Protocol::V2);
+    TcpStore other("127.0.0.1", server.port(), {.protocol = TcpProtocol::V2, .timeout = 2s});
+    ddp_test::check_store_semantics(s, &other);
+  }
+
+  TEST_CASE("many threads hammering add() get an exact count") {
+    TcpStoreServer server("127.0.0.1", 0);
+    TcpStore shared("127.0.0.1", server.port(), {.timeout = 2s});
+    SUBCASE("one client shared by 8 threads") {
+      ddp_test::hammer_add([&](int) -> ddp::store::Store& { return shared; }, 8, 250, shared);
+    }
+    SUBCASE("8 clients, one per thread, both protocols") {
+      std::vector<std::unique_ptr<TcpStore>> clients;
+      for (int t = 0; t < 8; ++t)
+        clients.push_back(std::make_unique<TcpStore>(
+            "127.0.0.1", server.port(),
+            ddp::store::TcpStoreOptions{.protocol = t % 2 ? TcpProtocol::V2 : TcpProtocol::V1, .timeout = 2s}));
+      ddp_test::hammer_add([&](int t) -> ddp::store::Store& { return *clients[static_cast<std::size_t>(t)]; }, 8, 250,
+                           shared);
+    }
+  }
+
+  TEST_CASE("timeouts name the call, the key, the timeout and host:port") {
+    TcpStoreServer server("127.0.0.1", 0);
+    TcpStore s("127.0.0.1", server.port(), {.timeout = 100ms, .rank = 2, .world_size = 4});
+    const std::string where = "127.0.0.1:" + std::to_string(server.port());
+    auto t0 = Clock::now();
+    CHECK_THROWS_WITH_AS(s.get("rank/0/addr"),
+                         ("ddp[rank 2/4]: store get('rank/0/addr') timed out after 100 ms on " + where +
+                          ". Rank 0 may not have started or the address is unreachable; raise --timeout-ms "
+                          "(DDP_TIMEOUT_MS) if startup is slow.").c_str(),
+                         ddp::TimeoutError);
+    CHECK(Clock::now() - t0 >= 100ms);
+    std::vector<std::string> keys{"a", "b"};
+    CHECK_THROWS_WITH_AS(s.wait(keys, 50ms),
+                         ("ddp[rank 2/4]: store wait(['a', 'b']) timed out after 50 ms on " + where +
+                          ". Rank 0 may not have started or the address is unreachable; raise --timeout-ms "
+                          "(DDP_TIMEOUT_MS) if startup is slow.").c_str(),
+                         ddp::TimeoutError);
+    // The timed-out WAIT must not leak into later calls: the client reconnects and works.
+    s.set("a", "1");
+    s.set("b", "2");
+    s.wait(keys, 1s);
+    CHECK(s.get_string("b") == "2");
+    CHECK(s.add("n", 3) == 3);
+  }
+
+  TEST_CASE("connecting to a port nobody listens on times out naming host:port") {
+    std::uint16_t port = 0;
+    {
+      Socket probe = ddp::store::listen_tcp("127.0.0.1", 0);
+      port = probe.local_port();
+    }  // closed: connections to it are refused
+    auto t0 = Clock::now();
+    const std::string expected = "ddp[rank 1/2]: could not connect to the store at 127.0.0.1:" + std::to_string(port) +
+                                 " before the timeout; last error: Connection refused";
+    CHECK_THROWS_WITH_AS(TcpStore("127.0.0.1", port, {.timeout = 150ms, .rank = 1, .world_size = 2}),
+                         doctest::Contains(expected.c_str()), ddp::TimeoutError);
+    CHECK(Clock::now() - t0 >= 150ms);
+  }
+
+  TEST_CASE("a port in use says what probably holds it") {
+    TcpStoreServer first("127.0.0.1", 0);
+    CHECK_THROWS_WITH_AS(TcpStoreServer("127.0.0.1", first.port()),
+                         ("ddp: cannot listen on 127.0.0.1:" + std::to_string(first.port()) +
+                          ": Address already in use (errno 98). Another process holds the port: most likely torchrun's "
+                          "agent store (under torchrun with TORCHELASTIC_USE_AGENT_STORE=True the agent already serves "
+                          "MASTER_PORT and every rank must be a client) or a previous run that has not exited. Pick a "
+                          "free port with --master-port (MASTER_PORT) or DDP_STORE_PORT, or stop the old process.")
+                             .c_str(),
+                         ddp::StoreError);
+  }
+
+  TEST_CASE("bad bytes close only that connection, logged with a reason; the server keeps serving") {
+    LogCapture log;
+    TcpStoreServer server("127.0.0.1", 0);
+    TcpStore good("127.0.0.1", server.port(), {.timeout = 2s});
+    good.set("before", "1");
+
+    SUBCASE("unknown opcode") {
+      Socket bad = raw_connect(server.port());
+      raw_send(bad, Bytes{0x63});
+      CHECK(closed_by_peer(bad));
+      CHECK(log.saw("malformed request: unknown opcode 99 for PyTorch 1.x (no VALIDATE)"));
+    }
+    SUBCASE("oversized key length") {
+      Socket bad = raw_connect(server.port());
+      raw_send(bad, Bytes{2, 0, 0, 0, 0, 0, 0, 0, 1});  // GET with a key of 2^56 bytes
+      CHECK(closed_by_peer(bad));
+      CHECK(log.saw("GET: key of 72057594037927936 bytes exceeds the limit of 65536 bytes"));
+    }
+    SUBCASE("oversized value length") {
+      Socket bad = raw_connect(server.port());
+      // SET "/k" announcing a value of 2^32 bytes (> 1 GiB).
+      Bytes b{0, 2, 0, 0, 0, 0, 0, 0, 0, '/', 'k', 0, 0, 0, 0, 1, 0, 0, 0};
+      raw_send(bad, b);
+      CHECK(closed_by_peer(bad));
+      CHECK(log.saw("SET: value of 4294967296 bytes exceeds the limit of 1073741824 bytes"));
+    }
+    SUBCASE("wrong VALIDATE magic") {
+      Socket bad = raw_connect(server.port());
+      raw_send(bad, Bytes{0, 0xce, 0xf7, 0x85, 0x3c, 0, 1, 2, 3, 4});  // valid VALIDATE, then a second, wrong one
+      CHECK(closed_by_peer(bad));
+      CHECK(log.saw("VALIDATE with wrong magic"));
+    }
+    SUBCASE("truncated frame, then the client disappears") {
+      Socket bad = raw_connect(server.port());
+      Bytes b = enc({.op = wire::Op::Set, .keys = {"/t"}, .values = {Bytes(100, 7)}}, wire::Protocol::V1);
+      raw_send(bad, Bytes(b.begin(), b.begin() + 30));
+      bad.reset();
+      CHECK(log.saw("peer closed in the middle of a request"));
+      CHECK_FALSE(good.check("t"));
+    }
+    SUBCASE("WATCH_KEY (1.x callbacks) is refused") {
+      Socket bad = raw_connect(server.port());
+      raw_send(bad, enc({.op = wire::Op::WatchKey, .keys = {"/w"}}, wire::Protocol::V1));
+      CHECK(closed_by_peer(bad));
+      CHECK(log.saw("WATCH_KEY"));
+    }
+    CHECK(good.get_string("before") == "1");
+    good.set("after", "2");
+    CHECK(good.get_string("after") == "2");
+    still_serves(server.port());
+  }
+
+  TEST_CASE("a client that sends half a frame does not stall the others") {
+    TcpStoreServer server("127.0.0.1", 0);
+    Socket slow = raw_connect(server.port());
+    Bytes frame = enc({.op = wire::Op::Set, .keys = {"/slow"}, .values = {Bytes{'o', 'k'}}}, wire::Protocol::V1);
+    raw_send(slow, Bytes(frame.begin(), frame.begin() + 5));  // stuck inside the key length
+
+    TcpStore fast("127.0.0.1", server.port(), {.timeout = 2s});
+    auto t0 = Clock::now();
+    for (int i = 0; i < 50; ++i) fast.set(ddp::detail::str("k", i), "v");
+    CHECK(fast.get_string("k49") == "v");
+    CHECK(fast.num_keys() == 50);
+    CHECK(Clock::now() - t0 < 2s);
+
+    raw_send(slow, Bytes(frame.begin() + 5, frame.end()));  // the rest arrives: the request completes
+    CHECK(fast.get_string("slow") == "ok");
+  }
+
+  TEST_CASE("a client that never reads its answers is throttled, not buffered without bound, and others go on") {
+    // A 64 KiB cap (default 16 MiB) keeps the test fast under sanitizers.
+    TcpStoreServer server("127.0.0.1", 0, {.max_backlog_bytes = 64 << 10});
+    TcpStore probe("127.0.0.1", server.port(), {.timeout = 2s});
+    const std::int64_t keys = probe.num_keys();
+    // 300 k GETNUMKEYS requests (300 kB) produce 2.4 MB of answers, far above the backlog cap: once the
+    // kernel's socket buffers are full too, the server pauses reading this client until it drains (the
+    // writer may block), while the other client is still served; every answer arrives, in order.
+    constexpr std::size_t kRequests = 300'000;
+    Socket flood = raw_connect(server.port());
+    std::thread writer([&] { raw_send(flood, Bytes(kRequests, 6)); });
+    // Meanwhile another client is served normally (bounded by its 2 s timeout).
+    probe.set("x", "1");
+    CHECK(probe.get_string("x") == "1");
+    std::size_t answers = 0;
+    bool all_same = true;
+    Bytes chunk(8 * 4096);
+    while (answers < kRequests) {
+      std::size_t n = std::min<std::size_t>(4096, kRequests - answers);
+      ddp::store::read_exact(flood, std::span<std::uint8_t>(chunk.data(), 8 * n), Clock::now() + 10s, "flood");
+      for (std::size_t i = 0; i < n; ++i) {
+        std::int64_t v = wire::decode_i64(std::span<const std::uint8_t, 8>(chunk.data() + 8 * i, 8));
+        all_same = all_same && (v == keys || v == keys + 1);  // before or after "x" was set
+      }
+      answers += n;
+    }
+    writer.join();
+    CHECK(answers == kRequests);
+    CHECK(all_same);
+  }
+
+  TEST_CASE("2.x requests on the raw wire: VALIDATE, PING, WAIT + CANCEL_WAIT, queues") {
+    TcpStoreServer server("127.0.0.1", 0);
+    Socket c = raw_connect(server.port());
+    const auto v2 = wire::Protocol::V2;
+    raw_send(c, enc({.op = wire::Op::Validate, .nonce = wire::kValidationMagic}, v2));
+    raw_send(c, enc({.op = wire::Op::Ping, .nonce = 0x01020304}, v2));
+    CHECK(raw_read(c, 4) == Bytes{4, 3, 2, 1});
+    raw_send(c, enc({.op = wire::Op::Wait, .keys = {"/never"}}, v2));
+    raw_send(c, enc({.op = wire::Op::CancelWait}, v2));
+    CHECK(raw_read(c, 1) == Bytes{wire::kWaitCanceled});
+    raw_send(c, enc({.op = wire::Op::QueuePush, .keys = {"/q"}, .values = {Bytes{'e'}}}, v2));
+    raw_send(c, enc({.op = wire::Op::QueueLen, .keys = {"/q"}}, v2));
+    CHECK(raw_read(c, 8) == Bytes{1, 0, 0, 0, 0, 0, 0, 0});
+    raw_send(c, enc({.op = wire::Op::QueuePop, .keys = {"/q"}}, v2));
+    CHECK(raw_read(c, 17) == Bytes{1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'e'});
+    // A WAIT parked on one connection is answered when another connection sets the key.
+    raw_send(c, enc({.op = wire::Op::Wait, .keys = {"/x", "/y"}}, v2));
+    TcpStore setter("127.0.0.1", server.port(), {.timeout = 2s});
+    setter.set("x", "1");
+    setter.set("y", "2");
+    CHECK(raw_read(c, 1) == Bytes{wire::kStopWaiting});
+    // This raw client and the setter's connection (its Auto probe connection is gone). The count is
+    // published by the server thread after each poll round, so allow it a moment.
+    auto deadline = Clock::now() + 2s;
+    while (server.num_clients() != 2 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    CHECK(server.num_clients() == 2);
+  }
+
+  TEST_CASE("make_store: single process, hosted by rank 0, and client-only under torchrun's agent") {
+    ddp::env::LaunchInfo single;
+    CHECK(dynamic_cast<ddp::store::HashStore*>(ddp::store::make_store(single, 1s).get()) != nullptr);
+
+    ddp::env::LaunchInfo bad{.rank = 1, .world_size = 2, .source = "env"};
+    CHECK_THROWS_WITH_AS(ddp::store::make_store(bad, 1s),
+                         "ddp[rank 1/2]: launched by env with WORLD_SIZE=2 but MASTER_ADDR is not set; the ranks cannot "
+                         "find the store. Export MASTER_ADDR (--master-addr) with the host of rank 0.",
+                         ddp::ConfigError);
+
+    // Rank 0 hosts on the store port; ranks 1 and 2 are clients.
+    std::uint16_t port = 0;
+    {
+      Socket probe = ddp::store::listen_tcp("127.0.0.1", 0);
+      port = probe.local_port();
+    }
+    std::vector<std::unique_ptr<ddp::store::Store>> stores(3);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; ++r)
+      ranks.emplace_back([&, r] {
+        ddp::env::LaunchInfo info{.rank = r, .world_size = 3, .master_addr = "127.0.0.1", .master_port = 1};
+        stores[static_cast<std::size_t>(r)] = ddp::store::make_store(info, 2s, port);
+        stores[static_cast<std::size_t>(r)]->add("joined", 1);
+      });
+    for (auto& t : ranks) t.join();
+    for (auto& s : stores) REQUIRE(s);
+    CHECK(stores[2]->add("joined", 0) == 3);
+
+    // launcher_owns_store: nobody binds; everyone is a client of the existing server.
+    TcpStoreServer agent("127.0.0.1", 0);
+    ddp::env::LaunchInfo t0{.rank = 0, .world_size = 2, .master_addr = "127.0.0.1", .master_port = agent.port(),
+                            .launcher_owns_store = true, .source = "torchrun"};
+    auto s0 = ddp::store::make_store(t0, 2s);
+    auto* tcp = dynamic_cast<TcpStore*>(s0.get());
+    REQUIRE(tcp != nullptr);
+    CHECK(tcp->port() == agent.port());
+    s0->set("from0", "x");
+    TcpStore direct("127.0.0.1", agent.port(), {.timeout = 2s});
+    CHECK(direct.get_string("from0") == "x");
+  }
+}

@@ -378,12 +378,84 @@ def case_probe_mpirun(a):
     check_probe(out, err, "openmpi", False)
 
 
+# ---------------------------------------------------------------- message_passing under every launcher
+
+def check_message_passing(rc, out, err, world=2):
+    expect(rc == 0, f"rc={rc}", out, err)
+    for r in range(1, world):
+        expect(f"Rank 0 sent data to Rank {r}" in out, f"missing 'Rank 0 sent data to Rank {r}'", out, err)
+        expect(f"Rank {r} has received data from rank 0" in out, f"missing receive line of rank {r}", out, err)
+    print(f"message_passing: rc=0, {world} ranks:")
+    for ln in out.splitlines():
+        if "Rank" in ln:
+            print("  ", ln)
+
+
+def case_mp_ddprun(a):
+    rc, out, err = run([a.ddprun, "--nproc-per-node", "2", "--standalone", a.message_passing, "--backend=gloo"],
+                       timeout=30)
+    check_message_passing(rc, out, err)
+
+
+def case_mp_torchrun(a):
+    have_torch()
+    with tempfile.TemporaryDirectory() as logs:
+        rc, out, err = run([PY, "-m", "torch.distributed.run", "--redirects", "9:1", "--tee", "9:1", "--log_dir", logs,
+                            "--nproc_per_node=2", f"--master_port={free_port()}", "--no_python", a.message_passing,
+                            "--backend=gloo"], timeout=90)
+    check_message_passing(rc, out, err)
+
+
+def case_mp_launch_use_env(a):
+    have_torch()
+    with tempfile.TemporaryDirectory() as logs:
+        rc, out, err = run([PY, "-m", "torch.distributed.launch", "-r", "9:1", "-t", "9:1", "--log_dir", logs,
+                            "--nproc_per_node=2", f"--master_port={free_port()}", "--use_env", "--no_python",
+                            a.message_passing, "--backend=gloo"], timeout=90)
+    check_message_passing(rc, out, err)
+
+
+def case_mp_launch_legacy(a):
+    # torch.distributed.launch without --use_env passes --local_rank=N; torch 1.13 refuses --no_python then,
+    # so a two-line Python script execs our binary with the arguments it was given (--local_rank=N included).
+    have_torch()
+    with tempfile.TemporaryDirectory() as tmp:
+        shim = os.path.join(tmp, "shim.py")
+        with open(shim, "w") as f:
+            f.write("import os, sys\nprint('shim argv:', sys.argv[1:], flush=True)\n"
+                    f"os.execv({a.message_passing!r}, [{a.message_passing!r}] + sys.argv[1:])\n")
+        rc, out, err = run([PY, "-m", "torch.distributed.launch", "-r", "9:1", "-t", "9:1", "--log_dir", tmp,
+                            "--nproc_per_node=2", f"--master_port={free_port()}", shim, "--backend=gloo"], timeout=90)
+    expect(re.search(r"--local[-_]rank=1", out), "launch did not pass --local_rank=N", out, err)
+    check_message_passing(rc, out, err)
+
+
+def mpirun_seed(a, backend, np=2):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise Skip("mpirun not found (install openmpi-bin)")
+    return run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np), "-x", "MASTER_ADDR=localhost",
+                "-x", f"MASTER_PORT={free_port()}", "-x", "PATH", "-bind-to", "none", "-map-by", "slot", "-mca", "pml",
+                "ob1", "-mca", "btl", "^openib", a.message_passing, f"--backend={backend}"], timeout=60)
+
+
+def case_mp_mpirun_tcp(a):
+    rc, out, err = mpirun_seed(a, "tcp", np=3)
+    check_message_passing(rc, out, err, world=3)
+
+
+def case_mp_mpirun_mpi(a):
+    rc, out, err = mpirun_seed(a, "mpi")
+    check_message_passing(rc, out, err)
+
+
 def main():
     cases = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=sorted(cases))
     ap.add_argument("--ddprun", required=True)
     ap.add_argument("--probe")
+    ap.add_argument("--message-passing", dest="message_passing")
     a = ap.parse_args()
     try:
         cases[a.case](a)

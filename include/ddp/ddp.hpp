@@ -21,6 +21,20 @@
 #include "ddp/store/store.hpp"
 // defines: store::HashStore
 #include "ddp/store/hash_store.hpp"
+// defines: store::wire::parse_request/encode_request (PyTorch TCPStore protocol, 1.x and 2.x)
+#include "ddp/store/wire.hpp"
+// defines: store::Socket, listen_tcp, connect_tcp, read_exact, write_all
+#include "ddp/store/socket.hpp"
+// defines: store::TcpStoreServer, store::TcpStoreServerOptions
+#include "ddp/store/tcp_store_server.hpp"
+// defines: store::TcpStore, store::TcpStoreOptions, store::TcpProtocol
+#include "ddp/store/tcp_store.hpp"
+// defines: store::PrefixStore
+#include "ddp/store/prefix_store.hpp"
+// defines: store::FileStore
+#include "ddp/store/file_store.hpp"
+// defines: store::make_store, store::RendezvousOptions
+#include "ddp/store/rendezvous.hpp"
 
 // ---- env: which launcher started this process ----
 // defines: env::Env
@@ -109,3 +123,8 @@
 #include "ddp/train/safetensors.hpp"
 // defines: train::save_state_dict, load_state_dict, save_snapshot, load_snapshot, serialize_snapshot
 #include "ddp/train/checkpoint.hpp"
+
+// ---- comm: collectives behind one Communicator (tcp always; mpi with ddp::mpi; nccl with ddp::nccl) ----
+// defines: comm::Communicator, comm::Work, comm::ReduceOp, comm::CommOptions, comm::TcpCommunicator,
+//          comm::make_communicator (+ comm::MpiCommunicator / comm::NcclCommunicator when built with them)
+#include "ddp/comm/factory.hpp"

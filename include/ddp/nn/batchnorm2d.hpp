@@ -10,10 +10,12 @@
 // Initialisation (torchvision): weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
@@ -27,6 +29,14 @@ struct BatchNorm2dOptions {
   double eps = 1e-5;
   double momentum = 0.1;
 };
+
+namespace detail {
+// *count += 1 on the tensor's device (num_batches_tracked lives beside the other buffers).
+struct Increment {
+  std::int64_t* count;
+  DDP_HOST_DEVICE void operator()(std::size_t) const { *count += 1; }
+};
+}  // namespace detail
 
 template <class T, Device D>
 class BatchNorm2d : public Module<T, D> {
@@ -47,13 +57,11 @@ class BatchNorm2d : public Module<T, D> {
 
   // weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0 (torch's reset_parameters()).
   void reset_parameters() {
-    if constexpr (std::is_same_v<D, Cpu>) {
-      fill(weight_->value(), T(1));
-      fill(bias_->value(), T(0));
-      fill(running_mean_->real(), T(0));
-      fill(running_var_->real(), T(1));
-      num_batches_tracked_->count().data()[0] = 0;
-    }
+    detail::fill_value(weight_->value(), T(1));
+    detail::fill_value(bias_->value(), T(0));
+    detail::fill_value(running_mean_->real(), T(0));
+    detail::fill_value(running_var_->real(), T(1));
+    detail::fill_value(num_batches_tracked_->count(), std::int64_t{0});
   }
 
   const BatchNorm2dOptions& options() const noexcept { return o_; }
@@ -87,7 +95,7 @@ class BatchNorm2d : public Module<T, D> {
                                             .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(),
                                             .training = training, .momentum = o_.momentum, .eps = o_.eps});
     if (training) {
-      if constexpr (std::is_same_v<D, Cpu>) num_batches_tracked_->count().data()[0] += 1;
+      Kernels<D>::for_each_index(exec, 1, detail::Increment{.count = num_batches_tracked_->count().data()});
     }
     x_ = x;
     have_x_ = true;
@@ -110,10 +118,6 @@ class BatchNorm2d : public Module<T, D> {
   }
 
  private:
-  static void fill(Tensor<T, D>& t, T v) {
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = v;
-  }
-
   BatchNorm2dOptions o_;
   Parameter<T, D>* weight_ = nullptr;  // gamma (C)
   Parameter<T, D>* bias_ = nullptr;    // beta (C)

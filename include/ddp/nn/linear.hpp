@@ -40,8 +40,9 @@ class Linear : public Module<T, D> {
   // torch.nn.Linear's default: kaiming_uniform_(a = sqrt(5)) == U(-1/sqrt(in), 1/sqrt(in)); bias the same.
   void reset_parameters(Generator& gen) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(o_.in_features));
-    gen.fill_uniform(weight_->value().view(), -bound, bound);
-    if (bias_) gen.fill_uniform(bias_->value().view(), -bound, bound);
+    auto uniform = [&](TensorView<T, Cpu> v) { gen.fill_uniform(v, -bound, bound); };
+    detail::fill_via_host(weight_->value(), uniform);
+    if (bias_) detail::fill_via_host(bias_->value(), uniform);
   }
 
   const LinearOptions& options() const noexcept { return o_; }

@@ -40,6 +40,7 @@
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
 #include "ddp/tensor/random.hpp"
+#include "ddp/tensor/view.hpp"
 
 namespace ddp::nn {
 
@@ -111,7 +112,8 @@ class ResNet : public Module<T, D> {
       if (auto* c = dynamic_cast<Conv2d<T, D>*>(&m)) {
         const auto& co = c->options();
         const double fan_out = static_cast<double>(co.out_channels * co.kernel_size * co.kernel_size);
-        gen.fill_normal(c->weight().value().view(), 0.0, std::sqrt(2.0 / fan_out));
+        detail::fill_via_host(c->weight().value(),
+                              [&](TensorView<T, Cpu> v) { gen.fill_normal(v, 0.0, std::sqrt(2.0 / fan_out)); });
       } else if (auto* bn = dynamic_cast<BatchNorm2d<T, D>*>(&m)) {
         bn->reset_parameters();
       } else if (auto* fc = dynamic_cast<Linear<T, D>*>(&m)) {
@@ -120,7 +122,7 @@ class ResNet : public Module<T, D> {
     });
     if (o_.zero_init_residual)
       for (auto* bn : last_bns_)
-        for (std::int64_t i = 0; i < bn->weight().numel(); ++i) bn->weight().value().data()[i] = T(0);
+        detail::fill_value(bn->weight().value(), T(0));
   }
 
   const ResNetOptions& options() const noexcept { return o_; }

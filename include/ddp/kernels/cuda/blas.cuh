@@ -1,0 +1,65 @@
+// cuBLAS plumbing for the CUDA kernels: one handle per thread and device, and a checked fp32/fp64 GEMM.
+// SPDX-License-Identifier: MIT
+//
+// Handles are created on first use and bound to the exec's stream before each call. They are
+// deliberately never destroyed: destroying them from thread-exit or static destructors after the CUDA
+// context is gone crashes some drivers, and process exit releases them. GEMMs use compute type
+// CUBLAS_COMPUTE_32F (no TF32) unless tf32 is asked for (CUBLAS_COMPUTE_32F_FAST_TF32, tensor cores),
+// so by default results match the CPU's fp32 GEMM to rounding.
+// Shapes are column-major, cuBLAS's convention: C (m x n) = op(A) op(B) + beta C. Row-major callers
+// issue the transposed product (see linear.cuh for the worked mapping).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+
+namespace ddp::kernels::cuda::detail {
+
+inline constexpr int kMaxDevices = 64;
+
+// This thread's cuBLAS handle for the current device, bound to e's stream.
+inline cublasHandle_t cublas_handle(const Exec<Cuda>& e) {
+  thread_local cublasHandle_t handles[kMaxDevices] = {};
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices)
+    throw CudaError(ddp::detail::str("ddp: CUDA device ", device, " is beyond the ", kMaxDevices,
+                                     " devices ddp keeps cuBLAS handles for"));
+  cublasHandle_t& h = handles[device];
+  if (!h) DDP_CUBLAS_CHECK(cublasCreate(&h));
+  DDP_CUBLAS_CHECK(cublasSetStream(h, cuda_stream(e)));
+  return h;
+}
+
+template <class T>
+inline constexpr cudaDataType_t cuda_data_type = CUDA_R_32F;
+template <>
+inline constexpr cudaDataType_t cuda_data_type<double> = CUDA_R_64F;
+
+// Column-major C (m x n) = alpha op(A) op(B) + beta C, int64 sizes checked against cuBLAS's int.
+template <class T>
+void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
+          std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+          bool tf32 = false) {
+  constexpr std::int64_t kIntMax = 2147483647;
+  if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
+    throw ValueError(ddp::detail::str("ddp: linear: GEMM sizes m=", m, " n=", n, " k=", k,
+                                      " exceed cuBLAS's 32-bit limit; split the batch"));
+  const T alpha = T(1);
+  const cublasComputeType_t compute =
+      sizeof(T) == 8 ? CUBLAS_COMPUTE_64F : (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  DDP_CUBLAS_CHECK(cublasGemmEx(cublas_handle(e), ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                static_cast<int>(k), &alpha, a, cuda_data_type<T>, static_cast<int>(lda), b,
+                                cuda_data_type<T>, static_cast<int>(ldb), &beta, c, cuda_data_type<T>,
+                                static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace ddp::kernels::cuda::detail

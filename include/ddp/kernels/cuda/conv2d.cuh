@@ -1,0 +1,349 @@
+// CUDA conv2d in NHWC/KRSC: forward, backward-data and backward-weight as implicit GEMMs (SIMT fp32 tiles).
+// SPDX-License-Identifier: MIT
+//
+// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising col:
+//   fprop  y  (N*P x K)   = col (N*P x RSC) * w^T (RSC x K)      col(m, (r,s,c)) = x at the window, or 0
+//   dgrad  dx (N*HW x C)  = dyc (N*HW x RSK) * wt (RSK x C)      dyc(m, (r,s,k)) = dy[(h+ph-r dh)/sh, ...]
+//                                                                   when that divides and is in range, else 0
+//   wgrad  dw (K x RSC)   = dy^T (K x N*P) * col (N*P x RSC)
+// Each is an ImplicitGemm problem: a(m, k) and b(k, n) compute the operand element from the tensors,
+// store(m, n, v) writes the result (host-callable too, so the index maps are tested without a GPU). implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep
+// slices of A and B in shared memory, and gives each of its 256 threads a 4x4 register tile (rows
+// ty + 16i, columns tx + 16j, so a warp's shared reads hit distinct banks). Edges are predicated, so no
+// size needs to divide the tile. wgrad's reduction dimension (N*P, 50,176 for ResNet's layer1 at batch
+// 16) is long and its output small (64 x 576 = 9 x 1 tiles), so it is split over blockIdx.z into
+// partial products that a second kernel adds in split order (deterministic, no atomics).
+// Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
+// 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
+// Accumulation is fp32 (results match the CPU within fp32 rounding of a different summation order).
+// ConvMath::Tf32 runs the same tiles on tensor cores (wmma m16n16k8 TF32) and cuBLAS in TF32 mode.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ddp/core/cuda_check.hpp"
+#include "ddp/kernels/args.hpp"
+#include "ddp/kernels/cuda/batchnorm.cuh"
+#include "ddp/kernels/cuda/blas.cuh"
+#include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/tensor/cuda/allocator.hpp"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp::kernels::cuda {
+
+// Arithmetic of the conv GEMMs: exact fp32 FMAs (SIMT), or TF32 tensor cores with fp32 accumulation.
+// Kernels<Cuda> uses Fp32 until Exec<Cuda> carries the run's precision; call cuda::conv2d_forward(e, a,
+// ConvMath::Tf32) directly for tensor cores.
+enum class ConvMath : int { Fp32, Tf32 };
+
+namespace detail {
+
+inline constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kGemmThreads = 256;
+
+struct ConvShape {
+  std::int64_t n, h, w, c, k, r, s, ho, wo;
+  Size2 stride, pad, dil;
+};
+
+template <class T>
+struct ConvFprop {
+  const T* x;
+  const T* w;
+  const T* bias;
+  T* y;
+  ConvShape g;
+  __host__ __device__ std::int64_t m_size() const { return g.n * g.ho * g.wo; }
+  __host__ __device__ std::int64_t n_size() const { return g.k; }
+  __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.c; }
+  __host__ __device__ T a(std::int64_t m, std::int64_t kk) const {
+    const std::int64_t p = g.ho * g.wo, img = m / p, pi = m % p, ho = pi / g.wo, wo = pi % g.wo;
+    const std::int64_t r = kk / (g.s * g.c), rem = kk % (g.s * g.c), s = rem / g.c, c = rem % g.c;
+    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
+    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
+    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
+  }
+  __host__ __device__ T b(std::int64_t kk, std::int64_t n) const { return w[n * k_size() + kk]; }
+  __host__ __device__ void store(std::int64_t m, std::int64_t n, T v) const { y[m * g.k + n] = bias ? v + bias[n] : v; }
+};
+
+template <class T>
+struct ConvDgrad {
+  const T* dy;
+  const T* w;
+  T* dx;
+  ConvShape g;
+  __host__ __device__ std::int64_t m_size() const { return g.n * g.h * g.w; }
+  __host__ __device__ std::int64_t n_size() const { return g.c; }
+  __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.k; }
+  __host__ __device__ T a(std::int64_t m, std::int64_t kk) const {
+    const std::int64_t hw = g.h * g.w, img = m / hw, pi = m % hw, h = pi / g.w, wc = pi % g.w;
+    const std::int64_t r = kk / (g.s * g.k), rem = kk % (g.s * g.k), s = rem / g.k, ko = rem % g.k;
+    const std::int64_t th = h + g.pad.h - r * g.dil.h, tw = wc + g.pad.w - s * g.dil.w;
+    if (th < 0 || tw < 0 || th % g.stride.h != 0 || tw % g.stride.w != 0) return T(0);
+    const std::int64_t ho = th / g.stride.h, wo = tw / g.stride.w;
+    if (ho >= g.ho || wo >= g.wo) return T(0);
+    return dy[((img * g.ho + ho) * g.wo + wo) * g.k + ko];
+  }
+  __host__ __device__ T b(std::int64_t kk, std::int64_t c) const {
+    const std::int64_t r = kk / (g.s * g.k), rem = kk % (g.s * g.k), s = rem / g.k, ko = rem % g.k;
+    return w[((ko * g.r + r) * g.s + s) * g.c + c];
+  }
+  __host__ __device__ void store(std::int64_t m, std::int64_t c, T v) const { dx[m * g.c + c] = v; }
+};
+
+template <class T>
+struct ConvWgrad {
+  const T* x;
+  const T* dy;
+  T* dw;
+  ConvShape g;
+  __host__ __device__ std::int64_t m_size() const { return g.k; }
+  __host__ __device__ std::int64_t n_size() const { return g.r * g.s * g.c; }
+  __host__ __device__ std::int64_t k_size() const { return g.n * g.ho * g.wo; }
+  __host__ __device__ T a(std::int64_t ko, std::int64_t np) const { return dy[np * g.k + ko]; }
+  __host__ __device__ T b(std::int64_t np, std::int64_t j) const {
+    const std::int64_t p = g.ho * g.wo, img = np / p, pi = np % p, ho = pi / g.wo, wo = pi % g.wo;
+    const std::int64_t r = j / (g.s * g.c), rem = j % (g.s * g.c), s = rem / g.c, c = rem % g.c;
+    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
+    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
+    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
+  }
+  __host__ __device__ void store(std::int64_t ko, std::int64_t j, T v) const { dw[ko * n_size() + j] = v; }
+};
+
+// C = A * B for problem P over the k-range [z * k_per_split, (z + 1) * k_per_split) of split z = blockIdx.z.
+// partial == nullptr: store through P; else write partial[z][m][n] for implicit_gemm_reduce_kernel.
+template <class T, class P>
+__global__ void __launch_bounds__(kGemmThreads) implicit_gemm_kernel(P p, std::int64_t m_size, std::int64_t n_size,
+                                                                     std::int64_t k_size, std::int64_t k_per_split,
+                                                                     float* __restrict__ partial) {
+  __shared__ float as[kTileK][kTileM + 1];
+  __shared__ float bs[kTileK][kTileN + 1];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x) * kTileM;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.y) * kTileN;
+  const std::int64_t kb = static_cast<std::int64_t>(blockIdx.z) * k_per_split;
+  const std::int64_t ke = kb + k_per_split < k_size ? kb + k_per_split : k_size;
+  float acc[4][4] = {};
+  for (std::int64_t k0 = kb; k0 < ke; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < (kTileM * kTileK) / kGemmThreads; ++i) {
+      const int e = tid + i * kGemmThreads;
+      const int mm = e / kTileK, kk = e % kTileK;  // A: 16 threads read 16 consecutive k of one row
+      const std::int64_t m = m0 + mm, k = k0 + kk;
+      as[kk][mm] = (m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f;
+      const int nn = e % kTileN, kb2 = e / kTileN;  // B: a warp reads 32 consecutive n of one k
+      const std::int64_t n = n0 + nn, k2 = k0 + kb2;
+      bs[kb2][nn] = (n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = as[kk][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv[j] = bs[kk][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+      if (m >= m_size || n >= n_size) continue;
+      if (partial)
+        partial[(static_cast<std::int64_t>(blockIdx.z) * m_size + m) * n_size + n] = acc[i][j];
+      else
+        p.store(m, n, static_cast<T>(acc[i][j]));
+    }
+}
+
+template <class T, class P>
+__global__ void implicit_gemm_reduce_kernel(P p, std::int64_t m_size, std::int64_t n_size, int splits,
+                                            const float* __restrict__ partial) {
+  const std::int64_t total = m_size * n_size;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    float s = 0.f;
+    for (int z = 0; z < splits; ++z) s += partial[z * total + i];
+    p.store(i / n_size, i % n_size, static_cast<T>(s));
+  }
+}
+
+// The same tile on tensor cores (TF32 inputs, fp32 accumulation): operands are rounded to TF32 as they
+// are staged in shared memory; each of the 8 warps owns a 16 x 32 strip of the 64 x 64 tile (two
+// m16n16k8 accumulators: warp w covers rows 16 (w % 4), columns 32 (w / 4)); the accumulators go
+// through shared memory so the epilogue can predicate the edges and call p.store like the SIMT kernel.
+// Relative error vs fp32 ~1e-3 (TF32 keeps 10 mantissa bits).
+template <class T, class P>
+__global__ void __launch_bounds__(kGemmThreads)
+    implicit_gemm_tf32_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
+                              std::int64_t k_per_split, float* __restrict__ partial) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int kLd = kTileM + 4;  // a multiple of 4 floats (wmma) whose 16-row offsets stay 32-byte aligned
+  __shared__ __align__(32) float as[kTileK][kLd];  // as[k][m]: A column-major
+  __shared__ __align__(32) float bs[kTileK][kLd];  // bs[k][n]: B row-major
+  __shared__ __align__(32) float cs[kTileM][kLd];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int fr = warp % 4, fc = (warp / 4) * 2;
+  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x) * kTileM;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.y) * kTileN;
+  const std::int64_t kb = static_cast<std::int64_t>(blockIdx.z) * k_per_split;
+  const std::int64_t ke = kb + k_per_split < k_size ? kb + k_per_split : k_size;
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  for (std::int64_t k0 = kb; k0 < ke; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < (kTileM * kTileK) / kGemmThreads; ++i) {
+      const int e = tid + i * kGemmThreads;
+      const int mm = e / kTileK, kk = e % kTileK;
+      const std::int64_t m = m0 + mm, k = k0 + kk;
+      as[kk][mm] = wmma::__float_to_tf32((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
+      const int nn = e % kTileN, kb2 = e / kTileN;
+      const std::int64_t n = n0 + nn, k2 = k0 + kb2;
+      bs[kb2][nn] = wmma::__float_to_tf32((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 8) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> af;
+      wmma::load_matrix_sync(af, &as[kk][16 * fr], kLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> bf;
+        wmma::load_matrix_sync(bf, &bs[kk][16 * (fc + j)], kLd);
+        wmma::mma_sync(acc[j], af, bf, acc[j]);
+      }
+    }
+    __syncthreads();
+  }
+  wmma::store_matrix_sync(&cs[16 * fr][16 * fc], acc[0], kLd, wmma::mem_row_major);
+  wmma::store_matrix_sync(&cs[16 * fr][16 * (fc + 1)], acc[1], kLd, wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < kTileM * kTileN; e += kGemmThreads) {
+    const std::int64_t m = m0 + e / kTileN, n = n0 + e % kTileN;
+    if (m >= m_size || n >= n_size) continue;
+    const float v = cs[e / kTileN][e % kTileN];
+    if (partial)
+      partial[(static_cast<std::int64_t>(blockIdx.z) * m_size + m) * n_size + n] = v;
+    else
+      p.store(m, n, static_cast<T>(v));
+  }
+}
+
+// Runs problem p; splits the reduction when the output has too few tiles to fill the GPU.
+template <class T, class P>
+void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
+  const std::int64_t m = p.m_size(), n = p.n_size(), k = p.k_size();
+  const std::int64_t tiles = ((m + kTileM - 1) / kTileM) * ((n + kTileN - 1) / kTileN);
+  // Aim for ~512 blocks (about 4 per SM on an H100), each keeping >= 256 of the reduction.
+  std::int64_t splits = std::clamp<std::int64_t>(512 / std::max<std::int64_t>(tiles, 1), 1, 64);
+  splits = std::min(splits, std::max<std::int64_t>(k / 256, 1));
+  const std::int64_t per = ((k + splits - 1) / splits + kTileK - 1) / kTileK * kTileK;
+  splits = (k + per - 1) / per;
+  const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
+                  static_cast<unsigned>(splits));
+  const cudaStream_t s = cuda_stream(e);
+  Tensor<float, Cuda> partial;
+  if (splits > 1) partial = Tensor<float, Cuda>(Shape{splits, m, n});
+  if (math == ConvMath::Tf32)
+    implicit_gemm_tf32_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
+  else
+    implicit_gemm_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
+  DDP_CUDA_CHECK(cudaGetLastError());
+  if (splits == 1) return;
+  implicit_gemm_reduce_kernel<T, P>
+      <<<grid_for(m * n), kThreads, 0, s>>>(p, m, n, static_cast<int>(splits), partial.data());
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+ConvShape conv_shape(const TensorView<const T, Cuda>& x, const TensorView<const T, Cuda>& w, Size2 st, Size2 pd,
+                     Size2 dl) {
+  return {.n = x.dim(0), .h = x.dim(1), .w = x.dim(2), .c = x.dim(3), .k = w.dim(0), .r = w.dim(1), .s = w.dim(2),
+          .ho = conv_out_size(x.dim(1), w.dim(1), st.h, pd.h, dl.h),
+          .wo = conv_out_size(x.dim(2), w.dim(2), st.w, pd.w, dl.w), .stride = st, .pad = pd, .dil = dl};
+}
+
+// out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
+template <class T>
+__global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
+                                            T* __restrict__ out) {
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  double s = 0.0;
+  for (std::int64_t j = 0; j < chunks; ++j) s += partial[j * c + k];
+  out[k] = static_cast<T>(s);
+}
+
+template <class T>
+void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64_t c, T* out) {
+  const BnGrid g = bn_grid(rows, c);
+  Tensor<double, Cuda> partial(Shape{g.chunks, c});
+  const cudaStream_t s = cuda_stream(e);
+  channel_partial_kernel<T, BnSum::X><<<g.grid, g.block, 0, s>>>(v, nullptr, nullptr, nullptr, nullptr, rows, c,
+                                                                   g.rows_per_chunk, partial.data(), nullptr);
+  DDP_CUDA_CHECK(cudaGetLastError());
+  channel_sum_finalize_kernel<T><<<grid_for(c), kThreads, 0, s>>>(partial.data(), g.chunks, c, out);
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+// A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
+// (N*P x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
+inline bool pointwise(const ConvShape& g) {
+  return g.r == 1 && g.s == 1 && g.stride.h == 1 && g.stride.w == 1 && g.pad.h == 0 && g.pad.w == 0 &&
+         g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
+}
+
+}  // namespace detail
+
+template <class T>
+void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, ConvMath math = ConvMath::Fp32) {
+  validate(a);
+  const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
+  if (detail::pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
+    detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
+                    a.y.data(), g.k, math == ConvMath::Tf32);
+    return;
+  }
+  detail::run_implicit_gemm<T>(e, detail::ConvFprop<T>{.x = a.x.data(), .w = a.w.data(),
+                                                       .bias = a.bias.empty() ? nullptr : a.bias.data(),
+                                                       .y = a.y.data(), .g = g}, math);
+}
+
+template <class T>
+void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, ConvMath math = ConvMath::Fp32) {
+  validate(a);
+  const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
+  const bool pw = detail::pointwise(g);
+  const std::int64_t np = g.n * g.ho * g.wo;
+  if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
+                    g.c, math == ConvMath::Tf32);
+  else if (!a.dx.empty())
+    detail::run_implicit_gemm<T>(
+        e, detail::ConvDgrad<T>{.dy = a.dy.data(), .w = a.w.data(), .dx = a.dx.data(), .g = g}, math);
+  if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
+                    g.c, math == ConvMath::Tf32);
+  else if (!a.dw.empty())
+    detail::run_implicit_gemm<T>(
+        e, detail::ConvWgrad<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
+  if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), g.n * g.ho * g.wo, g.k, a.dbias.data());
+}
+
+}  // namespace ddp::kernels::cuda

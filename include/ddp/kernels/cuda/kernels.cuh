@@ -1,0 +1,142 @@
+// Kernels<Cuda>: every op on the GPU, each member forwarding to the op's own file in kernels/cuda/.
+// SPDX-License-Identifier: MIT
+//
+// Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), so a
+// module written against Kernels<D> runs on either device. Contract: members validate their Args on
+// the host (the same ValueError words as the CPU) and then enqueue work on exec.stream and return
+// without waiting, except the losses, which return the loss value and so wait for the stream.
+// Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
+// Thread-safety: concurrent calls on different streams are safe; one stream's calls are ordered.
+// Compiled only by nvcc (a .cu file linked with ddp::cuda).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ddp/kernels/args.hpp"
+#include "ddp/kernels/cuda/batchnorm.cuh"
+#include "ddp/kernels/cuda/conv2d.cuh"
+#include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/linear.cuh"
+#include "ddp/kernels/cuda/loss.cuh"
+#include "ddp/kernels/cuda/pool.cuh"
+#include "ddp/kernels/cuda/sgd.cuh"
+#include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/tensor/cuda/allocator.hpp"
+#include "ddp/tensor/cuda/copy.hpp"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/view.hpp"
+
+namespace ddp::kernels {
+
+template <>
+struct Kernels<Cuda> {
+  using D = Cuda;
+
+  // f(i) for i in [0, n) on the GPU (a grid-stride loop; f must be order-independent and device-callable).
+  template <class F>
+  static void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
+    cuda::for_each_index(e, n, f);
+  }
+
+  // ---- element-wise (x, y of equal shape; checked) ----
+  template <class T>
+  static void relu_forward(const Exec<Cuda>& e, TensorView<const T, D> x, TensorView<T, D> y) {
+    expect_shape(y, x.shape(), "output y", "relu_forward");
+    for_each_index(e, static_cast<std::size_t>(x.numel()), ReluForward<T>{.x = x.data(), .y = y.data()});
+  }
+  // dx = dy where the forward output y > 0 (dx may alias dy).
+  template <class T>
+  static void relu_backward(const Exec<Cuda>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
+                            TensorView<T, D> dx) {
+    expect_shape(dy, y.shape(), "output gradient dy", "relu_backward");
+    expect_shape(dx, y.shape(), "input gradient dx", "relu_backward");
+    for_each_index(e, static_cast<std::size_t>(y.numel()),
+                   ReluBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  }
+  // out = a + b (the residual add; out may alias a or b).
+  template <class T>
+  static void add(const Exec<Cuda>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
+    expect_shape(b, a.shape(), "second operand", "add");
+    expect_shape(out, a.shape(), "output", "add");
+    for_each_index(e, static_cast<std::size_t>(a.numel()), Add<T>{.a = a.data(), .b = b.data(), .out = out.data()});
+  }
+  // y += alpha * x.
+  template <class T>
+  static void axpy(const Exec<Cuda>& e, T alpha, TensorView<const T, D> x, TensorView<T, D> y) {
+    expect_shape(y, x.shape(), "y", "axpy");
+    for_each_index(e, static_cast<std::size_t>(x.numel()), Axpy<T>{.alpha = alpha, .x = x.data(), .y = y.data()});
+  }
+  // x *= alpha.
+  template <class T>
+  static void scale(const Exec<Cuda>& e, T alpha, TensorView<T, D> x) {
+    for_each_index(e, static_cast<std::size_t>(x.numel()), Scale<T>{.alpha = alpha, .x = x.data()});
+  }
+  // x = value.
+  template <class T>
+  static void fill(const Exec<Cuda>& e, TensorView<T, D> x, T value) {
+    for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
+  }
+
+  // ---- layers ----
+  template <class T>
+  static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D>& a) {
+    cuda::conv2d_forward(e, a);
+  }
+  template <class T>
+  static void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, D>& a) {
+    cuda::conv2d_backward(e, a);
+  }
+  template <class T>
+  static void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, D>& a) {
+    cuda::batchnorm_forward(e, a);
+  }
+  template <class T>
+  static void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, D>& a) {
+    cuda::batchnorm_backward(e, a);
+  }
+  template <class T>
+  static void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, D>& a) {
+    cuda::max_pool2d_forward(e, a);
+  }
+  template <class T>
+  static void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, D>& a) {
+    cuda::max_pool2d_backward(e, a);
+  }
+  template <class T>
+  static void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
+    cuda::adaptive_avg_pool2d_forward(e, a);
+  }
+  template <class T>
+  static void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
+    cuda::adaptive_avg_pool2d_backward(e, a);
+  }
+  template <class T>
+  static void linear_forward(const Exec<Cuda>& e, const LinearForwardArgs<T, D>& a) {
+    cuda::linear_forward(e, a);
+  }
+  template <class T>
+  static void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, D>& a) {
+    cuda::linear_backward(e, a);
+  }
+
+  // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested) ----
+  template <class T>
+  static double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, D>& a) {
+    return cuda::cross_entropy(e, a);
+  }
+  template <class T>
+  static double mse(const Exec<Cuda>& e, const MseArgs<T, D>& a) {
+    return cuda::mse(e, a);
+  }
+
+  // ---- optimiser ----
+  template <class T>
+  static void sgd_step(const Exec<Cuda>& e, const SgdArgs<T, D>& a) {
+    cuda::sgd_step(e, a);
+  }
+};
+
+}  // namespace ddp::kernels

@@ -1,0 +1,167 @@
+// CUDA pooling in NHWC: max-pool with argmax, adaptive average pool; forward and backward, all deterministic.
+// SPDX-License-Identifier: MIT
+//
+// Same rules as kernels/cpu/pool.hpp (padding acts as -infinity, first maximum in row-major window order
+// wins, a NaN wins and stays; adaptive cells [floor(i H / Ho), ceil((i + 1) H / Ho))). One thread per
+// output element in the forward passes; the channel index is innermost, so a warp reads 32 adjacent
+// channels (coalesced). Adaptive-pool backward runs one thread per INPUT element and gather from the outputs
+// whose window covers it, instead of scattering with atomics: each dx is then summed in a fixed order
+// (deterministic) and written once; max-pool backward scatters dy to argmax with atomicAdd (its Args
+// carry no window geometry). Example: adaptive 7 -> 3 cells: rows [0,3), [2,5), [4,7); input row 2 is
+// in cells 0 and 1 and receives dy0 / 9 + dy1 / 9 per column pair (3x3 cells).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ddp/core/cuda_check.hpp"
+#include "ddp/kernels/args.hpp"
+#include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+
+namespace ddp::kernels::cuda {
+
+namespace detail {
+
+struct PoolGeom {
+  std::int64_t n, h, w, c, ho, wo;
+  Size2 k, s, p;
+};
+
+template <class T>
+__global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int32_t* __restrict__ am,
+                                          PoolGeom g) {
+  const std::int64_t total = g.n * g.ho * g.wo * g.c;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const std::int64_t k = i % g.c, ow = (i / g.c) % g.wo, oh = (i / (g.c * g.wo)) % g.ho, n = i / (g.c * g.wo * g.ho);
+    const std::int64_t h0 = oh * g.s.h - g.p.h, w0 = ow * g.s.w - g.p.w;
+    const std::int64_t hb = h0 > 0 ? h0 : 0, he = h0 + g.k.h < g.h ? h0 + g.k.h : g.h;
+    const std::int64_t wb = w0 > 0 ? w0 : 0, we = w0 + g.k.w < g.w ? w0 + g.k.w : g.w;
+    T best = -INFINITY;
+    auto arg = static_cast<std::int32_t>(hb * g.w + wb);
+    for (std::int64_t hi = hb; hi < he; ++hi)
+      for (std::int64_t wi = wb; wi < we; ++wi) {
+        const T v = x[((n * g.h + hi) * g.w + wi) * g.c + k];
+        if ((v > best) || ((v != v) && (best == best))) {
+          best = v;
+          arg = static_cast<std::int32_t>(hi * g.w + wi);
+        }
+      }
+    y[i] = best;
+    if (am) am[i] = arg;
+  }
+}
+
+// dx[n][argmax[o]][k] += dy[o] for every output o (dx zeroed first). Windows overlap when stride < kernel,
+// so two outputs may add into one input: atomicAdd, whose order (and so the last bits of such a sum)
+// can vary between runs. MaxPool2dBackwardArgs carries no window geometry, which a gather would need.
+template <class T>
+__global__ void max_pool2d_backward_kernel(const T* __restrict__ dy, const std::int32_t* __restrict__ am,
+                                           T* __restrict__ dx, std::int64_t total, std::int64_t pout, std::int64_t hw,
+                                           std::int64_t c) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += step) {
+    const std::int64_t k = o % c, n = o / (c * pout);
+    atomicAdd(dx + (n * hw + am[o]) * c + k, dy[o]);
+  }
+}
+
+__host__ __device__ inline std::int64_t pool_start(std::int64_t i, std::int64_t in, std::int64_t out) { return (i * in) / out; }
+__host__ __device__ inline std::int64_t pool_end(std::int64_t i, std::int64_t in, std::int64_t out) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+template <class T>
+__global__ void adaptive_avg_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeom g) {
+  const std::int64_t total = g.n * g.ho * g.wo * g.c;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const std::int64_t k = i % g.c, j = (i / g.c) % g.wo, r = (i / (g.c * g.wo)) % g.ho, n = i / (g.c * g.wo * g.ho);
+    const std::int64_t hb = pool_start(r, g.h, g.ho), he = pool_end(r, g.h, g.ho);
+    const std::int64_t wb = pool_start(j, g.w, g.wo), we = pool_end(j, g.w, g.wo);
+    T acc = T(0);
+    for (std::int64_t hi = hb; hi < he; ++hi)
+      for (std::int64_t wi = wb; wi < we; ++wi) acc += x[((n * g.h + hi) * g.w + wi) * g.c + k];
+    y[i] = acc * (T(1) / static_cast<T>((he - hb) * (we - wb)));
+  }
+}
+
+// Cells along one axis that contain input index `v`: start(i) <= v < end(i). Cells are monotone in i,
+// so the range is contiguous; it starts at most one before floor(v * out / in).
+__host__ __device__ inline void cells_covering(std::int64_t v, std::int64_t in, std::int64_t out, std::int64_t& lo,
+                                      std::int64_t& hi_excl) {
+  std::int64_t i = (v * out) / in;
+  if (i > 0 && pool_end(i - 1, in, out) > v) --i;
+  while (i > 0 && pool_end(i - 1, in, out) > v) --i;
+  lo = i;
+  std::int64_t j = i;
+  while (j < out && pool_start(j, in, out) <= v) ++j;
+  hi_excl = j;
+}
+
+template <class T>
+__global__ void adaptive_avg_pool2d_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g) {
+  const std::int64_t total = g.n * g.h * g.w * g.c;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const std::int64_t k = i % g.c, wi = (i / g.c) % g.w, hi = (i / (g.c * g.w)) % g.h, n = i / (g.c * g.w * g.h);
+    std::int64_t r0, r1, j0, j1;
+    cells_covering(hi, g.h, g.ho, r0, r1);
+    cells_covering(wi, g.w, g.wo, j0, j1);
+    T acc = T(0);
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t j = j0; j < j1; ++j) {
+        const std::int64_t cell = (pool_end(r, g.h, g.ho) - pool_start(r, g.h, g.ho)) *
+                                  (pool_end(j, g.w, g.wo) - pool_start(j, g.w, g.wo));
+        acc += dy[((n * g.ho + r) * g.wo + j) * g.c + k] * (T(1) / static_cast<T>(cell));
+      }
+    dx[i] = acc;
+  }
+}
+
+}  // namespace detail
+
+template <class T>
+void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, Cuda>& a) {
+  validate(a);
+  const detail::PoolGeom g{.n = a.x.dim(0), .h = a.x.dim(1), .w = a.x.dim(2), .c = a.x.dim(3), .ho = a.y.dim(1),
+                           .wo = a.y.dim(2), .k = a.kernel, .s = a.stride, .p = a.padding};
+  detail::max_pool2d_forward_kernel<T><<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(
+      a.x.data(), a.y.data(), a.argmax.empty() ? nullptr : a.argmax.data(), g);
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, Cuda>& a) {
+  validate(a);
+  DDP_CUDA_CHECK(cudaMemsetAsync(a.dx.data(), 0, a.dx.bytes(), cuda_stream(e)));
+  const std::int64_t pout = a.dy.dim(1) * a.dy.dim(2), hw = a.dx.dim(1) * a.dx.dim(2), c = a.dx.dim(3);
+  detail::max_pool2d_backward_kernel<T><<<grid_for(a.dy.numel()), kThreads, 0, cuda_stream(e)>>>(
+      a.dy.data(), a.argmax.data(), a.dx.data(), a.dy.numel(), pout, hw, c);
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, Cuda>& a) {
+  validate(a);
+  const detail::PoolGeom g{.n = a.x.dim(0), .h = a.x.dim(1), .w = a.x.dim(2), .c = a.x.dim(3), .ho = a.y.dim(1),
+                           .wo = a.y.dim(2), .k = {}, .s = {}, .p = {}};
+  detail::adaptive_avg_pool2d_forward_kernel<T>
+      <<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(a.x.data(), a.y.data(), g);
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, Cuda>& a) {
+  validate(a);
+  const detail::PoolGeom g{.n = a.dx.dim(0), .h = a.dx.dim(1), .w = a.dx.dim(2), .c = a.dx.dim(3), .ho = a.dy.dim(1),
+                           .wo = a.dy.dim(2), .k = {}, .s = {}, .p = {}};
+  detail::adaptive_avg_pool2d_backward_kernel<T>
+      <<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(a.dy.data(), a.dx.data(), g);
+  DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ddp::kernels::cuda

@@ -1,0 +1,110 @@
+// Whole ResNets on the GPU against the CPU path: identical initial weights, then one training step's
+// forward (logits, loss), backward (every parameter's gradient) and BatchNorm running statistics.
+// SPDX-License-Identifier: MIT
+//
+// Tolerance: each kernel matches the CPU to ~1e-6 relative (tests/unit/kernels/test_cuda_kernels.cu);
+// through 20-50 layers of training-mode BatchNorm the differences grow, so whole-network values are
+// compared with |gpu - cpu| <= 1e-3 * (|cpu| + max|cpu|) per tensor. Skips (exit 77) without a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include <ddp/kernels/cpu/kernels.hpp>
+#include <ddp/kernels/cuda/kernels.cuh>
+#include <ddp/nn/resnet.hpp>
+#include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/random.hpp>
+
+#include "support/gpu.hpp"
+
+namespace {
+
+using ddp::Cpu;
+using ddp::Cuda;
+using ddp::Exec;
+using ddp::Tensor;
+
+// Largest |gpu - cpu| - rtol (|cpu| + max|cpu|) over the tensor; <= 0 means within tolerance.
+double excess(const Tensor<float, Cpu>& ref, const Tensor<float, Cpu>& got, double rtol) {
+  double scale = 0.0, worst = -1.0;
+  for (std::int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, std::fabs(double(ref.data()[i])));
+  for (std::int64_t i = 0; i < ref.numel(); ++i) {
+    const double r = ref.data()[i], g = got.data()[i];
+    const double e = std::fabs(r - g) - rtol * (std::fabs(r) + scale);
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+void compare_one_step(const std::string& arch) {
+  ddp::Stream stream;
+  Exec<Cuda> gpu = stream.exec();
+  ddp::kernels::cpu::ThreadPool pool(2);
+  Exec<Cpu> cpu{.pool = &pool};
+  const std::uint64_t seed = std::random_device{}();
+  INFO(arch, " seed ", seed);
+  const ddp::nn::ResNetOptions o{.arch = arch, .num_classes = 10, .seed = 7};
+  ddp::nn::ResNet<float, Cpu> mc(o);
+  ddp::nn::ResNet<float, Cuda> mg(o);
+  auto pc = mc.parameters();
+  auto pg = mg.parameters();
+  REQUIRE(pc.size() == pg.size());
+  for (std::size_t i = 0; i < pc.size(); ++i) {  // same initialisation, bit for bit
+    INFO(pc[i]->name());
+    CHECK(excess(pc[i]->value(), ddp::to<Cpu>(pg[i]->value().cview(), gpu), 0.0) <= 0.0);
+  }
+
+  const std::int64_t n = 3;
+  Tensor<float, Cpu> x({n, 40, 36, 3});
+  ddp::Generator(seed).fill_normal(x.view(), 0.0, 1.0);
+  Tensor<std::int64_t, Cpu> labels({n});
+  for (std::int64_t i = 0; i < n; ++i) labels.data()[i] = (i * 7 + static_cast<std::int64_t>(seed % 10)) % 10;
+  auto gx = ddp::to<Cuda>(x.cview(), gpu);
+  auto glabels = ddp::to<Cuda>(labels.cview(), gpu);
+
+  auto yc = mc.forward(cpu, x.cview());
+  auto yg = mg.forward(gpu, gx.cview());
+  CHECK(excess(yc, ddp::to<Cpu>(yg.cview(), gpu), 1e-3) <= 0.0);
+  Tensor<float, Cpu> dyc(yc.shape());
+  Tensor<float, Cuda> dyg(yc.shape());
+  const double lc = ddp::kernels::Kernels<Cpu>::cross_entropy(
+      cpu, ddp::kernels::CrossEntropyArgs<float, Cpu>{.logits = yc.cview(), .labels = labels.cview(),
+                                                       .dlogits = dyc.view()});
+  const double lg = ddp::kernels::Kernels<Cuda>::cross_entropy(
+      gpu, ddp::kernels::CrossEntropyArgs<float, Cuda>{.logits = yg.cview(), .labels = glabels.cview(),
+                                                        .dlogits = dyg.view()});
+  CHECK(lg == doctest::Approx(lc).epsilon(1e-4));
+  mc.backward(cpu, dyc.cview());
+  mg.backward(gpu, dyg.cview());
+  for (std::size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i]->name());
+    CHECK(excess(pc[i]->grad(), ddp::to<Cpu>(pg[i]->grad().cview(), gpu), 1e-3) <= 0.0);
+  }
+  auto bc = mc.buffers();
+  auto bg = mg.buffers();
+  REQUIRE(bc.size() == bg.size());
+  for (std::size_t i = 0; i < bc.size(); ++i) {
+    INFO(bc[i]->name());
+    if (bc[i]->is_integer()) {
+      CHECK(ddp::to<Cpu>(bg[i]->count().cview(), gpu).data()[0] == bc[i]->count().data()[0]);
+    } else {
+      CHECK(excess(bc[i]->real(), ddp::to<Cpu>(bg[i]->real().cview(), gpu), 1e-4) <= 0.0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("nn_cuda") {
+  TEST_CASE("resnet18: one training step on the GPU matches the CPU") {
+    ddp::test::require_gpu_or_skip();
+    compare_one_step("resnet18");
+  }
+  TEST_CASE("resnet50: one training step on the GPU matches the CPU") {
+    ddp::test::require_gpu_or_skip();
+    compare_one_step("resnet50");
+  }
+}

@@ -1,0 +1,94 @@
+// The CUDA runtime layer: caching allocator statistics, copies both ways, pinned buffers, streams and events.
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include <ddp/kernels/cuda/kernels.cuh>
+#include <ddp/tensor/cuda/allocator.hpp>
+#include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/cuda/pinned.hpp>
+#include <ddp/tensor/cuda/stream.hpp>
+#include <ddp/tensor/tensor.hpp>
+
+#include "support/gpu.hpp"
+
+using ddp::Cpu;
+using ddp::Cuda;
+using ddp::Tensor;
+
+TEST_SUITE("tensor_cuda") {
+  TEST_CASE("cuda_device_count never throws") { CHECK(ddp::cuda_device_count() >= 0); }
+
+  TEST_CASE("allocator: current and peak bytes follow allocations; freed blocks are reused") {
+    ddp::test::require_gpu_or_skip();
+    DDP_CUDA_CHECK(cudaDeviceSynchronize());
+    ddp::reset_peak_cuda_memory();
+    const auto before = ddp::cuda_memory_stats();
+    constexpr std::int64_t kFloats = std::int64_t{3} << 20;  // 12 MiB
+    {
+      Tensor<float, Cuda> a({kFloats});
+      Tensor<float, Cuda> b({kFloats});
+      DDP_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto during = ddp::cuda_memory_stats();
+      CHECK(during.current_bytes >= before.current_bytes + 2 * kFloats * sizeof(float));
+      CHECK(during.peak_bytes >= during.current_bytes);
+    }
+    DDP_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto after = ddp::cuda_memory_stats();
+    CHECK(after.current_bytes == before.current_bytes);
+    CHECK(after.peak_bytes >= before.current_bytes + 2 * kFloats * sizeof(float));
+    CHECK(after.reserved_bytes >= 2 * kFloats * sizeof(float));  // cached, not returned to the driver
+    ddp::reset_peak_cuda_memory();
+    CHECK(ddp::cuda_memory_stats().peak_bytes == after.current_bytes);
+  }
+
+  TEST_CASE("allocator: out of memory is a CudaError naming the size and the fix") {
+    ddp::test::require_gpu_or_skip();
+    auto huge = [] { return Tensor<float, Cuda>(ddp::Shape{std::int64_t{1} << 38}); };  // 1 TiB
+    CHECK_THROWS_WITH_AS(huge(), doctest::Contains("ddp: out of GPU memory allocating 1099511627776 bytes (1048576 MiB)"),
+                         ddp::CudaError);
+    Tensor<float, Cuda> ok({16});  // the pool still works afterwards
+    CHECK_FALSE(ok.empty());
+  }
+
+  TEST_CASE("copies: host -> device -> device -> host round trip on a stream, from pinned memory too") {
+    ddp::test::require_gpu_or_skip();
+    ddp::Stream stream;
+    auto ex = stream.exec();
+    std::vector<float> values(1000);
+    std::iota(values.begin(), values.end(), -10.0f);
+    auto host = Tensor<float, Cpu>::from({10, 100}, values);
+    auto dev = ddp::to<Cuda>(host.cview(), ex);
+    auto dev2 = ddp::to<Cuda>(dev.cview(), ex);
+    ddp::kernels::Kernels<Cuda>::scale(ex, 2.0f, dev2.view());
+    auto back = ddp::to<Cpu>(dev2.cview(), ex);
+    for (std::int64_t i = 0; i < back.numel(); ++i) REQUIRE(back.data()[i] == 2.0f * values[static_cast<std::size_t>(i)]);
+
+    ddp::PinnedBuffer<float> pinned(1000);
+    auto pv = pinned.view({10, 100});
+    ddp::copy(dev.cview(), pv, ex);
+    for (std::int64_t i = 0; i < pv.numel(); ++i) REQUIRE(pv[i] == values[static_cast<std::size_t>(i)]);
+    CHECK_THROWS_WITH_AS(ddp::copy(dev.cview(), Tensor<float, Cpu>({5}).view(), ex),
+                         "ddp: copy (device to host): source shape (10, 100) differs from destination shape (5); "
+                         "reshape one of the views",
+                         ddp::ValueError);
+  }
+
+  TEST_CASE("events order a second stream after the first without a host wait") {
+    ddp::test::require_gpu_or_skip();
+    ddp::Stream compute, comm;
+    Tensor<float, Cuda> t({1 << 20});
+    ddp::kernels::Kernels<Cuda>::fill(compute.exec(), t.view(), 3.0f);
+    ddp::Event ready;
+    ready.record(compute.exec());
+    ready.wait(comm.exec());
+    ddp::kernels::Kernels<Cuda>::scale(comm.exec(), 2.0f, t.view());
+    auto comm_exec = comm.exec();
+    auto host = ddp::to<Cpu>(t.cview(), comm_exec);
+    CHECK(ready.query());
+    for (std::int64_t i = 0; i < host.numel(); i += 4099) REQUIRE(host.data()[i] == 6.0f);
+  }
+}

@@ -4,7 +4,7 @@
 // Usage:
 //   bench_allreduce --nproc 2                        tcp: forks 2 ranks on 127.0.0.1 (store on a free port)
 //   mpirun -n 2 bench_allreduce --backend mpi        mpi: ranks from mpirun (built with ddp::mpi)
-//   options: --min-bytes 4 --max-bytes 268435456 --iters-scale 1 --inline-max-bytes 65536
+//   options: --min-bytes 4 --max-bytes 268435456 --iters-scale 1 --inline-max-bytes 65536 --shm 1 (DDP_SHM)
 // Expected output: one line per size, from rank 0:
 //   {"backend": "tcp", "ranks": 2, "bytes": 16777216, "time_us": 9800.0, "algbw_GBps": 1.71, "busbw_GBps": 1.71}
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n (what each link carries in a bandwidth-optimal all-reduce).
@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct Flags {
   int nproc;
   std::size_t min_bytes, max_bytes, inline_max_bytes;
   double iters_scale;
+  bool shm;
 };
 
 void run(ddp::comm::Communicator& comm, const Flags& f) {
@@ -61,6 +63,8 @@ int main(int argc, char** argv) {
       "max-bytes", "largest size", cxxopts::value<std::size_t>()->default_value("268435456"))(
       "iters-scale", "multiplies the iteration counts", cxxopts::value<double>()->default_value("1"))(
       "inline-max-bytes", "tcp: CommOptions::inline_max_bytes", cxxopts::value<std::size_t>()->default_value("65536"))(
+      "shm", "tcp: shared memory between local ranks, 1 or 0 (DDP_SHM)",
+      cxxopts::value<int>()->default_value(std::getenv("DDP_SHM") ? std::getenv("DDP_SHM") : "1"))(
       "h,help", "this help");
   try {
     auto a = opts.parse(argc, argv);
@@ -69,8 +73,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     const Flags f{a["backend"].as<std::string>(), a["nproc"].as<int>(), a["min-bytes"].as<std::size_t>(),
-                  a["max-bytes"].as<std::size_t>(), a["inline-max-bytes"].as<std::size_t>(), a["iters-scale"].as<double>()};
-    const ddp::comm::CommOptions copts{.timeout = std::chrono::seconds(120), .inline_max_bytes = f.inline_max_bytes};
+                  a["max-bytes"].as<std::size_t>(), a["inline-max-bytes"].as<std::size_t>(), a["iters-scale"].as<double>(),
+                  a["shm"].as<int>() != 0};
+    const ddp::comm::CommOptions copts{.timeout = std::chrono::seconds(120), .inline_max_bytes = f.inline_max_bytes,
+                                       .shm = f.shm};
     if (f.backend != "tcp") {  // mpi (or an error listing the backends): rank and size come from the backend
       ddp::store::HashStore unused;
       auto comm = ddp::comm::make_communicator(f.backend, ddp::env::LaunchInfo{}, unused, copts);

@@ -23,6 +23,9 @@
 #if DDP_WITH_MPI
 #  include "ddp/comm/mpi/mpi_communicator.hpp"
 #endif
+#if DDP_WITH_NCCL
+#  include "ddp/comm/nccl/nccl_communicator.hpp"
+#endif
 
 namespace ddp::comm {
 
@@ -38,11 +41,6 @@ inline void log_gloo_alias_once() {
 [[noreturn]] inline void not_built(std::string_view backend, std::string_view macro_name, std::string_view cmake_opt) {
   throw ConfigError(ddp::detail::str("ddp: --backend ", backend, " requested but ddp was built without ", macro_name,
                                      "; reconfigure with -D", cmake_opt, "=ON or use --backend tcp"));
-}
-
-[[noreturn]] inline void not_implemented(std::string_view backend) {
-  throw ConfigError(ddp::detail::str("ddp: --backend ", backend, " is not implemented in this version of ddp yet; "
-                                     "use --backend tcp"));
 }
 
 }  // namespace detail
@@ -70,7 +68,7 @@ inline std::unique_ptr<Communicator> make_communicator(std::string_view backend,
   }
   if (backend == "nccl") {
 #if DDP_WITH_NCCL
-    detail::not_implemented(backend);
+    return std::make_unique<NcclCommunicator>(info, store, opts, info.local_rank);  // one GPU per local rank
 #else
     detail::not_built(backend, "NCCL", "DDP_WITH_NCCL");
 #endif

@@ -135,6 +135,10 @@ struct CommOptions {
   std::size_t inline_max_bytes = 64 * 1024;
   // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
   std::chrono::milliseconds shutdown_timeout{10'000};
+  // tcp: when every rank runs on one host, all-reduce, broadcast, all-gather and barrier go through a
+  // shared-memory segment instead of loopback sockets (the sockets stay open to detect dead peers).
+  // Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the same value.
+  bool shm = true;
 };
 
 // Where a Buffer's memory lives. Backends reject memory they cannot reach with a ValueError.

@@ -7,6 +7,9 @@
 // at a time, so ops complete in issue order and overlap with the caller's compute. Small ops
 // (CommOptions::inline_max_bytes) issued while nothing is queued run on the calling thread instead, which
 // saves the thread hand-off.
+// When every rank runs on one host (and CommOptions::shm is on), all-reduce, broadcast, all-gather and
+// barrier move their data through one shared-memory segment instead (shm_collectives.hpp); the sockets
+// stay open and keep detecting dead peers, and the other ops keep using them.
 //
 // How a failure spreads: the rank that sees a failure first (mismatched header, peer closed, timeout)
 // writes its message to <prefix>error/<rank> and its position to <prefix>state/<rank> in the store, then
@@ -35,6 +38,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/tcp/algorithms.hpp"
 #include "ddp/comm/tcp/mesh.hpp"
+#include "ddp/comm/tcp/shm_collectives.hpp"
 #include "ddp/comm/tcp/socket.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
@@ -64,6 +68,7 @@ class TcpCommunicator final : public Communicator {
         Fingerprint fp{.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max};
         std::uint8_t one = 1;
         Work w = submit(fp, 0, opts_.shutdown_timeout, false, -1, [this, &one](const tcp::OpContext& ctx) {
+          if (shm_) return shm_->barrier_op(mesh_, ctx);
           tcp::recursive_doubling_all_reduce(mesh_, ctx, reinterpret_cast<std::byte*>(&one), 1, scratch_);
         });
         w.wait();
@@ -84,6 +89,8 @@ class TcpCommunicator final : public Communicator {
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "tcp"; }
   const std::string& listen_address() const noexcept { return listen_ip_; }
+  // True when collectives go through shared memory (every rank on this host, CommOptions::shm).
+  bool uses_shm() const noexcept { return shm_ != nullptr; }
 
   std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
     const int id = ++groups_;
@@ -120,6 +127,7 @@ class TcpCommunicator final : public Communicator {
     check_cpu(b);
     Fingerprint fp{.kind = OpKind::Broadcast, .dtype = b.dtype, .root = o.root, .count = b.count};
     return submit(fp, b.bytes(), o.timeout, true, -1, [this, b, root = o.root](const tcp::OpContext& ctx) {
+      if (shm_) return shm_->broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), root);
       tcp::binomial_broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), root);
     });
   }
@@ -128,6 +136,7 @@ class TcpCommunicator final : public Communicator {
     Fingerprint fp{.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count};
     return submit(fp, b.bytes(), o.timeout, true, -1, [this, b](const tcp::OpContext& ctx) {
       if (size_ == 1) return;  // Avg over one rank is the identity
+      if (shm_) return shm_->all_reduce(mesh_, ctx, b.bytes_ptr(), b.count);
       if (b.bytes() <= opts_.small_allreduce_bytes)
         tcp::recursive_doubling_all_reduce(mesh_, ctx, b.bytes_ptr(), b.count, scratch_);
       else
@@ -154,6 +163,7 @@ class TcpCommunicator final : public Communicator {
     check_blocks("all_gather", "out", out.count, "in", in.count);
     Fingerprint fp{.kind = OpKind::AllGather, .dtype = in.dtype, .count = in.count};
     return submit(fp, out.bytes(), o.timeout, true, -1, [this, in, out](const tcp::OpContext& ctx) {
+      if (shm_) return shm_->all_gather(mesh_, ctx, in.bytes_ptr(), out.bytes_ptr(), in.bytes());
       std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(), in.bytes_ptr(), in.bytes());
       const auto offs = blocks(in.count);
       tcp::ring_all_gather(mesh_, ctx, out.bytes_ptr(), offs, -1);
@@ -187,6 +197,7 @@ class TcpCommunicator final : public Communicator {
     Fingerprint fp{.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max};
     return submit(fp, 0, o.timeout, true, -1, [this](const tcp::OpContext& ctx) {
       if (size_ == 1) return;
+      if (shm_) return shm_->barrier_op(mesh_, ctx);
       std::uint8_t one = 1;
       tcp::recursive_doubling_all_reduce(mesh_, ctx, reinterpret_cast<std::byte*>(&one), 1, scratch_);
     });
@@ -224,6 +235,11 @@ class TcpCommunicator final : public Communicator {
     }
     prefix_ = std::move(prefix);
     mesh_.connect(store_, prefix_, listen_ip_, tcp::Clock::now() + opts_.timeout);
+    if (size_ > 1 && size_ <= tcp::kShmMaxRanks) {  // collective: every rank takes part, even with shm off
+      auto seg = tcp::ShmSegment::create(store_, prefix_, rank_, size_, opts_.shm,
+                                         tcp::ShmCollectives::segment_bytes(size_), tcp::Clock::now() + opts_.timeout);
+      if (seg) shm_ = std::make_unique<tcp::ShmCollectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+    }
     wake_ = tcp::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     thread_ = std::thread([this] { progress_loop(); });
     DDP_LOG_DEBUG(who(), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_, ")");
@@ -380,6 +396,7 @@ class TcpCommunicator final : public Communicator {
       }
     }
     if (!t.fp.is_p2p()) current_seq_ = t.fp.seq;
+    if (shm_ && !t.fp.is_p2p()) shm_->announce(t.fp);
     tcp::OpContext ctx{.fp = t.fp, .deadline = tcp::Clock::now() + t.timeout, .strict_hangup = t.strict};
     try {
       t.body(ctx);
@@ -442,6 +459,10 @@ class TcpCommunicator final : public Communicator {
     try {
       store_.set(ddp::detail::str(prefix_, "error/", rank_), msg);
       store_.set(ddp::detail::str(prefix_, "state/", rank_), ddp::detail::str(current_seq_, '\t', t.fp.full_label()));
+      // PyTorch's SET has no reply: without a round trip the server may not have applied it yet when the
+      // peers see our sockets close and look for the message. A CHECK on the same connection is answered only
+      // after the SETs before it, so once it returns the message is visible to every rank.
+      (void)store_.check(ddp::detail::str(prefix_, "error/", rank_));
     } catch (const std::exception& e) {
       DDP_LOG_WARN("could not publish the failure in the store: ", e.what());
     }
@@ -496,6 +517,7 @@ class TcpCommunicator final : public Communicator {
   std::string prefix_;
   std::string listen_ip_;
   tcp::Mesh mesh_;
+  std::unique_ptr<tcp::ShmCollectives> shm_;  // all ranks on one host (CommOptions::shm): the shm path
   tcp::Fd wake_;                    // eventfd: new send/recv ops wake a running batch
   tcp::Scratch scratch_;            // used only by the thread running the current op
   std::uint64_t current_seq_ = 0;   // last collective started (ditto)

@@ -1,0 +1,351 @@
+// ShmCollectives: all-reduce, broadcast, all-gather and barrier through one shared-memory segment, for a
+// tcp communicator whose ranks all run on one host. The TCP mesh stays open as the liveness channel.
+// SPDX-License-Identifier: MIT
+//
+// Segment layout (ShmSegment::create maps it on every rank):
+//   [0, 4096)   control: the segment header, then one 128-byte line per rank: its barrier counter
+//               (`arrive`, a futex word), how many ranks sleep on that counter, and the op it announced
+//   then        2 sets x n slots x kShmSlotBytes of data; rank r writes only slot (set, r)
+//
+// How the all-reduce works (one "round" per block of at most kShmSlotBytes of the user's buffer):
+//   1. every rank copies its block into its slot of set (round % 2), then arrives at a barrier;
+//   2. rank r reduces segment r of the block (even_segments: n pieces) across every rank's slot, in
+//      place in its own slot, then arrives at a second barrier;
+//   3. every rank copies each segment j from slot j (where rank j left the result) into its buffer.
+// Example, n = 2, 3 MiB of floats and 1 MiB slots: 3 rounds; in each, rank 0 sums the first 512 KiB of
+// both slots and rank 1 the second, and both copy both halves out. Every segment is reduced by exactly
+// one rank and copied, so all ranks end bit-identical. The data of a round is still in the shared cache
+// when the next step reads it, so main memory sees little more than the user's buffer read and written
+// once. Two sets make two barriers per round enough: a rank writes set s in round k+2 only after every
+// rank passed round k+1's first barrier, which each reaches after its round-k copy-out.
+// Broadcast and all-gather use one barrier per round (the root, or every rank, writes; all copy out), and
+// so does an all-reduce of a small block (CommOptions::small_allreduce_bytes): every rank reduces the
+// whole block from all slots in rank order, trading n times the (tiny) arithmetic for a barrier.
+//
+// Waiting: spin briefly (cores may be shared), then sleep on the peer's futex word for at most
+// kShmNapTime. Between naps the waiter checks the op's deadline, polls the TCP sockets for a peer that
+// died or failed (a failing rank closes them), and compares the op the peer announced with its own, so
+// a rank that runs another collective is reported as a Mismatch instead of waiting for the timeout.
+// Failures are thrown as PeerFailure, exactly like Mesh::run, so TcpCommunicator reports them the same way.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#  include <emmintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/reduce.hpp"
+#include "ddp/comm/tcp/algorithms.hpp"
+#include "ddp/comm/tcp/mesh.hpp"
+#include "ddp/comm/tcp/shm_segment.hpp"
+#include "ddp/comm/types.hpp"
+
+namespace ddp::comm::tcp {
+
+inline constexpr std::size_t kShmSlotBytes = 1 << 20;
+inline constexpr std::size_t kShmControlBytes = 4096;
+inline constexpr std::size_t kShmStreamBytes = 8 << 20;  // ops this large copy results out with streaming stores
+inline constexpr int kShmMaxRanks = 31;  // control lines that fit in kShmControlBytes after the header
+inline constexpr auto kShmNapTime = std::chrono::milliseconds(1);
+inline constexpr int kShmSpins = 200;  // pause loops before the first nap: short, cores may be oversubscribed
+
+// One rank's control line. Written only by its rank, except `sleepers`.
+struct alignas(128) ShmRankLine {
+  std::atomic<std::uint32_t> arrive;    // barriers this rank has arrived at (a futex word)
+  std::atomic<std::uint32_t> sleepers;  // ranks sleeping on `arrive`: its rank wakes them when > 0
+  std::atomic<std::uint64_t> version;   // seqlock over the announced op: odd while being written
+  std::atomic<std::uint64_t> seq, meta, count;  // the collective this rank runs now (see announce)
+};
+static_assert(sizeof(ShmRankLine) == 128);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free && std::atomic<std::uint64_t>::is_always_lock_free);
+
+namespace detail {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline void futex_wait(std::atomic<std::uint32_t>* addr, std::uint32_t expected, std::chrono::microseconds t) {
+  timespec ts{.tv_sec = static_cast<time_t>(t.count() / 1'000'000), .tv_nsec = static_cast<long>(t.count() % 1'000'000 * 1000)};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+inline void futex_wake_all(std::atomic<std::uint32_t>* addr) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
+}
+
+// memcpy whose stores bypass the cache (x86-64: SSE2 streaming stores, then a fence): for buffers far
+// larger than the caches it saves the read-for-ownership of every destination line, a third of the
+// memory traffic of a copy. Elsewhere, or for small copies, plain memcpy.
+inline void copy_streaming(std::byte* dst, const std::byte* src, std::size_t n) {
+#if defined(__x86_64__)
+  std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16;
+  if (n < 4096 || head > n) return static_cast<void>(std::memcpy(dst, src, n));
+  std::memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+  auto* d = reinterpret_cast<__m128i*>(dst);
+  const auto* s = reinterpret_cast<const __m128i*>(src);
+  const std::size_t blocks = n / 64;
+  for (std::size_t i = 0; i < blocks; ++i, d += 4, s += 4) {
+    const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1), c = _mm_loadu_si128(s + 2),
+                  e = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+  std::memcpy(d, s, n % 64);
+  _mm_sfence();  // streaming stores are weakly ordered: publish them before anyone is told
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+inline std::uint64_t pack_meta(const Fingerprint& f) {
+  return static_cast<std::uint64_t>(f.kind) | static_cast<std::uint64_t>(f.dtype) << 8 |
+         static_cast<std::uint64_t>(f.has_reduce_op() ? f.op : ReduceOp::Sum) << 16 |
+         static_cast<std::uint64_t>(static_cast<std::uint32_t>(f.root)) << 32;
+}
+
+}  // namespace detail
+
+class ShmCollectives {
+ public:
+  // Bytes of the segment for n ranks.
+  static std::size_t segment_bytes(int n) {
+    return kShmControlBytes + 2 * static_cast<std::size_t>(n) * kShmSlotBytes;
+  }
+
+  // Blocks of at most small_bytes take the one-barrier all-reduce (CommOptions::small_allreduce_bytes).
+  ShmCollectives(ShmSegment seg, int rank, int size, std::size_t small_bytes)
+      : seg_(std::move(seg)), rank_(rank), size_(size), small_bytes_(small_bytes) {
+    wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  }
+
+  // Publishes the collective this rank is about to run (every collective, shm or TCP), so that a peer
+  // waiting in a shm op can tell a mismatch from a slow rank.
+  void announce(const Fingerprint& f) noexcept {
+    ShmRankLine& l = line(rank_);
+    const std::uint64_t v = l.version.load(std::memory_order_relaxed);
+    l.version.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    l.seq.store(f.seq, std::memory_order_relaxed);
+    l.meta.store(detail::pack_meta(f), std::memory_order_relaxed);
+    l.count.store(f.count, std::memory_order_relaxed);
+    l.version.store(v + 2, std::memory_order_release);
+  }
+
+  // In-place all-reduce of count elements (see the file comment).
+  void all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count) {
+    const std::size_t es = dtype_size(ctx.fp.dtype);
+    const std::size_t per_round = kShmSlotBytes / es;
+    std::size_t off = 0;
+    do {  // at least one round, so that mismatched counts meet (and are reported) even when one is 0
+      const std::size_t blk = std::min(per_round, count - off);
+      const auto seg = even_segments(blk, size_);
+      const int set = next_set();
+      std::memcpy(slot(set, rank_), data + off * es, blk * es);
+      barrier(mesh, ctx);
+      if (off == 0) verify_peers(mesh, ctx);
+      if (blk * es <= small_bytes_) {  // latency-bound: everyone reduces everything, no second barrier
+        std::memcpy(data + off * es, slot(set, 0), blk * es);
+        for (int j = 1; j < size_; ++j) reduce_into(data + off * es, slot(set, j), blk, ctx.fp.dtype, ctx.fp.op);
+        if (ctx.fp.op == ReduceOp::Avg) divide_by(data + off * es, blk, ctx.fp.dtype, size_);
+        off += blk;
+        continue;
+      }
+      std::byte* mine = slot(set, rank_) + seg[rank_] * es;
+      const std::size_t mine_n = seg[rank_ + 1] - seg[rank_];
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_) reduce_into(mine, slot(set, j) + seg[rank_] * es, mine_n, ctx.fp.dtype, ctx.fp.op);
+      if (ctx.fp.op == ReduceOp::Avg) divide_by(mine, mine_n, ctx.fp.dtype, size_);
+      barrier(mesh, ctx);
+      for (int j = 0; j < size_; ++j)
+        copy_out(data + (off + seg[j]) * es, slot(set, j) + seg[j] * es, (seg[j + 1] - seg[j]) * es, count * es);
+      off += blk;
+    } while (off < count);
+  }
+
+  // In-place broadcast of `bytes` from root.
+  void broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes, int root) {
+    std::size_t off = 0;
+    do {
+      const std::size_t blk = std::min(kShmSlotBytes, bytes - off);
+      const int set = next_set();
+      if (rank_ == root) std::memcpy(slot(set, root), data + off, blk);
+      barrier(mesh, ctx);
+      if (off == 0) verify_peers(mesh, ctx);
+      if (rank_ != root) copy_out(data + off, slot(set, root), blk, bytes);
+      off += blk;
+    } while (off < bytes);
+  }
+
+  // out = every rank's `in` (in_bytes each) in rank order.
+  void all_gather(Mesh& mesh, const OpContext& ctx, const std::byte* in, std::byte* out, std::size_t in_bytes) {
+    std::size_t off = 0;
+    do {
+      const std::size_t blk = std::min(kShmSlotBytes, in_bytes - off);
+      const int set = next_set();
+      std::memcpy(slot(set, rank_), in + off, blk);
+      barrier(mesh, ctx);
+      if (off == 0) verify_peers(mesh, ctx);
+      for (int j = 0; j < size_; ++j)
+        copy_out(out + static_cast<std::size_t>(j) * in_bytes + off, slot(set, j), blk, in_bytes * static_cast<std::size_t>(size_));
+      off += blk;
+    } while (off < in_bytes);
+  }
+
+  // The barrier() collective: one barrier plus the fingerprint check.
+  void barrier_op(Mesh& mesh, const OpContext& ctx) {
+    barrier(mesh, ctx);
+    verify_peers(mesh, ctx);
+  }
+
+ private:
+  struct Announced {
+    std::uint64_t seq, meta, count;
+  };
+
+  // Arrives at the next barrier and waits for every other rank to arrive there too.
+  void barrier(Mesh& mesh, const OpContext& ctx) {
+    const std::uint32_t target = ++epoch_;
+    ShmRankLine& me = line(rank_);
+    me.arrive.store(target, std::memory_order_seq_cst);
+    if (me.sleepers.load(std::memory_order_seq_cst) > 0) detail::futex_wake_all(&me.arrive);
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) wait_for(j, target, mesh, ctx);
+  }
+
+  ShmRankLine& line(int r) const {
+    return reinterpret_cast<ShmRankLine*>(seg_.data() + 128)[r];  // the first 128 bytes hold the header
+  }
+  std::byte* slot(int set, int r) const {
+    return seg_.data() + kShmControlBytes + (static_cast<std::size_t>(set) * static_cast<std::size_t>(size_) +
+                                             static_cast<std::size_t>(r)) * kShmSlotBytes;
+  }
+  int next_set() { return static_cast<int>(round_++ & 1); }
+  // Results of ops larger than kShmStreamBytes would not stay in cache anyway: stream them out.
+  static void copy_out(std::byte* dst, const std::byte* src, std::size_t n, std::size_t op_bytes) {
+    if (op_bytes >= kShmStreamBytes) detail::copy_streaming(dst, src, n);
+    else std::memcpy(dst, src, n);
+  }
+
+  static bool reached(std::uint32_t v, std::uint32_t target) noexcept {
+    return static_cast<std::int32_t>(v - target) >= 0;  // wrap-safe
+  }
+
+  void wait_for(int j, std::uint32_t target, Mesh& mesh, const OpContext& ctx) {
+    ShmRankLine& l = line(j);
+    for (int spin = 0; spin < kShmSpins; ++spin) {
+      if (reached(l.arrive.load(std::memory_order_acquire), target)) return;
+      detail::cpu_relax();
+    }
+    for (;;) {
+      check_peer(j, mesh, ctx);
+      l.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const std::uint32_t v = l.arrive.load(std::memory_order_seq_cst);
+      if (!reached(v, target)) detail::futex_wait(&l.arrive, v, kShmNapTime);
+      l.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      if (reached(l.arrive.load(std::memory_order_acquire), target)) return;
+    }
+  }
+
+  Announced read_announce(int j) const {
+    const ShmRankLine& l = line(j);
+    for (;;) {  // seqlock read: retry while the owner is writing
+      const std::uint64_t v1 = l.version.load(std::memory_order_acquire);
+      Announced a{l.seq.load(std::memory_order_relaxed), l.meta.load(std::memory_order_relaxed),
+                  l.count.load(std::memory_order_relaxed)};
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (v1 % 2 == 0 && v1 == l.version.load(std::memory_order_relaxed)) return a;
+      detail::cpu_relax();
+    }
+  }
+  bool matches(const Announced& a, const OpContext& ctx) const {
+    return a.seq == ctx.fp.seq && a.meta == detail::pack_meta(ctx.fp) && a.count == ctx.fp.count;
+  }
+
+  // After an op's first barrier every peer has announced this op (or, when its seq is higher, already
+  // checked ours and moved on). Anything else is a mismatch.
+  void verify_peers(Mesh& mesh, const OpContext& ctx) {
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      const Announced a = read_announce(j);
+      if (a.seq > ctx.fp.seq || matches(a, ctx)) continue;
+      mismatch(j, a, mesh, ctx);
+    }
+  }
+
+  // Both sides of a mismatch see it. So that the messages read like the TCP path's (one rank names the
+  // mismatch, the others quote it), the higher rank reports it when its op also runs here; the lower
+  // one waits for it to fail and close its sockets, which the liveness probe turns into "rank j reported".
+  [[noreturn]] void mismatch(int j, const Announced& a, Mesh& mesh, const OpContext& ctx) {
+    const auto kind = static_cast<OpKind>(a.meta & 0xff);
+    const bool peer_here = kind == OpKind::AllReduce || kind == OpKind::Broadcast || kind == OpKind::AllGather ||
+                           kind == OpKind::Barrier;
+    if (j > rank_ && peer_here && a.seq == ctx.fp.seq)
+      while (Clock::now() < ctx.deadline) {
+        probe_liveness(mesh, ctx);
+        std::this_thread::sleep_for(kShmNapTime);
+      }
+    PeerFailure f;
+    f.kind = PeerFailure::Kind::Mismatch;
+    f.peer = j;
+    f.theirs = {.kind = kind, .dtype = static_cast<DType>((a.meta >> 8) & 0xff),
+                .op = static_cast<ReduceOp>((a.meta >> 16) & 0xff),
+                .root = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.meta >> 32)), .count = a.count,
+                .seq = a.seq};
+    throw f;
+  }
+
+  // Throws PeerFailure when rank j runs another collective, a peer closed its socket, or the deadline passed.
+  void check_peer(int j, Mesh& mesh, const OpContext& ctx) {
+    const Announced a = read_announce(j);
+    if (a.seq == ctx.fp.seq && !matches(a, ctx)) mismatch(j, a, mesh, ctx);
+    if (Clock::now() >= ctx.deadline) {
+      PeerFailure f;
+      f.kind = PeerFailure::Kind::Timeout;
+      f.peer = j;
+      f.detail = ddp::detail::str("waiting for rank ", j, " in shared memory (barrier ", epoch_, ")");
+      throw f;
+    }
+    probe_liveness(mesh, ctx);
+  }
+
+  // Liveness through the mesh: with no transfers and the eventfd already signalled, run_until_any polls
+  // every peer socket once and throws PeerFailure::Closed for one that hung up.
+  void probe_liveness(Mesh& mesh, const OpContext& ctx) {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
+    OpContext probe = ctx;
+    probe.deadline = Clock::time_point::max();
+    mesh.run_until_any(std::span<Transfer>(), probe, wake_.get());
+  }
+
+  ShmSegment seg_;
+  int rank_, size_;
+  std::size_t small_bytes_;
+  Fd wake_;                  // eventfd used by the liveness probe
+  std::uint32_t epoch_ = 0;  // barriers passed; identical on every rank
+  std::uint64_t round_ = 0;  // data rounds run; picks the slot set
+};
+
+}  // namespace ddp::comm::tcp

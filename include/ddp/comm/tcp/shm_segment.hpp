@@ -1,0 +1,204 @@
+// ShmSegment: one POSIX shared-memory segment mapped by every rank of a communicator on one host, set up
+// through the store and unlinked as soon as every rank has mapped it, so nothing is left in /dev/shm
+// even when a process is killed later.
+// SPDX-License-Identifier: MIT
+//
+// How setup works (collective over the communicator's ranks, keys under <prefix>shm/):
+//   1. every rank publishes its host identity (hostname + kernel boot id) at host/<r> and reads all of
+//      them; unless all are equal, every rank returns an empty segment (the caller keeps using TCP);
+//   2. rank 0 creates "/ddp-<pid>-<random>" (O_EXCL, mode 0600), sizes and maps it, writes a header
+//      {magic, random nonce, size}, and publishes "name nonce" at name;
+//   3. the others open and map it and check magic and nonce (a different /dev/shm, e.g. another
+//      container with the same hostname, fails here); every rank publishes ok/<r> = 1 or 0;
+//   4. all wait for every ok/<r>; rank 0 unlinks the name right away. The segment lives on only as long
+//      as some process maps it. Only a kill -9 of rank 0 within this setup (milliseconds) can leave a
+//      /dev/shm/ddp-* entry behind; its name carries the pid that created it.
+// Any failure makes every rank agree on "no shared memory" (with a warning naming the reason), never an
+// error: TCP still works.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/tcp/socket.hpp"
+#include "ddp/core/log.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::comm::tcp {
+
+inline constexpr std::uint64_t kShmMagic = 0xDD9C'5348'4D00'0001ull;
+
+// The first bytes of every segment, written by rank 0 before it publishes the name.
+struct ShmSegmentHeader {
+  std::uint64_t magic;
+  std::uint64_t nonce;
+  std::uint64_t bytes;  // total mapped size
+  std::uint64_t ranks;
+};
+
+class ShmSegment {
+ public:
+  ShmSegment() = default;
+  ShmSegment(ShmSegment&& o) noexcept
+      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), name_(std::move(o.name_)),
+        owner_(std::exchange(o.owner_, false)) {}
+  ShmSegment& operator=(ShmSegment&& o) noexcept {
+    if (this != &o) {
+      release();
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+      name_ = std::move(o.name_);
+      owner_ = std::exchange(o.owner_, false);
+    }
+    return *this;
+  }
+  ~ShmSegment() { release(); }
+
+  explicit operator bool() const noexcept { return base_ != nullptr; }
+  std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+  // Setup (see the file comment). Returns an empty segment on every rank unless all ranks mapped it.
+  // `enabled` false (CommOptions::shm off) publishes a host identity no other rank has, so all fall back.
+  static ShmSegment create(store::Store& store, const std::string& prefix, int rank, int size, bool enabled,
+                           std::size_t bytes, Clock::time_point deadline) {
+    const std::string p = prefix + "shm/";
+    const auto timeout = [&] { return std::chrono::milliseconds(std::max(1, detail::ms_until(deadline))); };
+    store.set(ddp::detail::str(p, "host/", rank), enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
+    std::vector<std::string> host_keys;
+    for (int k = 0; k < size; ++k) host_keys.push_back(ddp::detail::str(p, "host/", k));
+    store.wait(host_keys, timeout());
+    const auto hosts = store.multi_get(host_keys);
+    for (const auto& h : hosts)
+      if (h != hosts.front()) return {};  // not all on one host: every rank sees the same and agrees
+
+    ShmSegment seg;
+    std::string why;
+    if (rank == 0) {
+      std::mt19937_64 gen(std::random_device{}());
+      const std::uint64_t nonce = gen();
+      const std::string name = ddp::detail::str("/ddp-", ::getpid(), '-', std::hex, nonce);
+      why = seg.create_named(name, bytes, nonce, size);
+      store.set(p + "name", seg ? ddp::detail::str(name, ' ', nonce) : std::string());
+    } else {
+      const std::string keys[] = {p + "name"};
+      store.wait(keys, timeout());
+      const std::string v = store.get_string(keys[0]);
+      if (!v.empty()) {
+        const auto sp = v.find(' ');
+        why = seg.open_named(v.substr(0, sp), bytes, std::stoull(v.substr(sp + 1)), size);
+      } else {
+        why = "rank 0 could not create the segment";
+      }
+    }
+    store.set(ddp::detail::str(p, "ok/", rank), seg ? "1" : "0");
+    std::vector<std::string> ok_keys;
+    for (int k = 0; k < size; ++k) ok_keys.push_back(ddp::detail::str(p, "ok/", k));
+    try {
+      store.wait(ok_keys, timeout());
+    } catch (...) {
+      seg.release();  // unlinks on rank 0
+      throw;
+    }
+    seg.unlink();  // rank 0: every rank has mapped it (or given up)
+    int bad = -1;
+    const auto oks = store.multi_get(ok_keys);
+    for (int k = 0; k < size && bad < 0; ++k)
+      if (store::to_string(oks[static_cast<std::size_t>(k)]) != "1") bad = k;
+    if (bad >= 0) {
+      if (!why.empty()) DDP_LOG_WARN("tcp backend: no shared memory between local ranks (", why, "); using TCP");
+      else DDP_LOG_DEBUG("tcp backend: rank ", bad, " could not map the shared memory; using TCP");
+      return {};
+    }
+    return seg;
+  }
+
+  // "hostname/boot-id": equal exactly for processes on one running kernel.
+  static std::string host_identity() {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    return ddp::detail::str(host, '/', boot);
+  }
+
+ private:
+  std::string create_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", detail::errno_text(errno));
+    name_ = name;
+    owner_ = true;
+    Fd guard(fd);
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int e = errno;
+      release();
+      return ddp::detail::str("sizing ", name, " to ", bytes, " bytes failed: ", detail::errno_text(e),
+                              "; /dev/shm may be too small (docker: --shm-size)");
+    }
+    if (std::string why = map(fd, bytes); !why.empty()) return why;
+    auto* h = reinterpret_cast<ShmSegmentHeader*>(base_);
+    *h = {.magic = kShmMagic, .nonce = nonce, .bytes = bytes, .ranks = static_cast<std::uint64_t>(ranks)};
+    return {};
+  }
+
+  std::string open_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", detail::errno_text(errno),
+                                        " (a separate /dev/shm, e.g. another container?)");
+    Fd guard(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes)
+      return ddp::detail::str(name, " has ", st.st_size, " bytes, expected ", bytes);
+    if (std::string why = map(fd, bytes); !why.empty()) return why;
+    const auto* h = reinterpret_cast<const ShmSegmentHeader*>(base_);
+    if (h->magic != kShmMagic || h->nonce != nonce || h->bytes != bytes || h->ranks != static_cast<std::uint64_t>(ranks)) {
+      release();
+      return ddp::detail::str(name, " is not the segment rank 0 created (header mismatch)");
+    }
+    return {};
+  }
+
+  std::string map(int fd, std::size_t bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      release();
+      return ddp::detail::str("mmap of ", bytes, " bytes failed: ", detail::errno_text(e));
+    }
+    base_ = p;
+    bytes_ = bytes;
+    return {};
+  }
+
+  void unlink() noexcept {
+    if (owner_) ::shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+
+  void release() noexcept {
+    unlink();
+    if (base_) ::munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::string name_;
+  bool owner_ = false;  // rank 0 until it unlinked the name
+};
+
+}  // namespace ddp::comm::tcp

@@ -1,0 +1,140 @@
+// kill -9 of one of 4 local ranks in the middle of shared-memory all-reduces: every other rank exits 1
+// within seconds naming the dead rank (its TCP socket is the liveness channel), and /dev/shm keeps no
+// ddp-* entry (the segment was unlinked as soon as every rank mapped it). Killing rank 0, the segment's
+// creator, is tested too. /proc/<pid>/maps shows that every rank really maps a (deleted) segment.
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/core/str.hpp"
+#include "ddp/store/tcp_store.hpp"
+#include "ddp/store/tcp_store_server.hpp"
+
+#ifndef DDP_COMM_WORKER
+#error "DDP_COMM_WORKER must name the comm_worker executable"
+#endif
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Proc {
+  pid_t pid = -1;
+  std::string log;  // stderr file
+  int status = -1;
+};
+
+Proc spawn(int rank, int world, std::uint16_t port, long timeout_ms) {
+  Proc p;
+  p.log = "/tmp/ddp_shm_worker_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".log";
+  const std::string r = std::to_string(rank), w = std::to_string(world), pt = std::to_string(port),
+                    t = std::to_string(timeout_ms);
+  p.pid = ::fork();
+  if (p.pid == 0) {
+    int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 2);
+    ::execl(DDP_COMM_WORKER, DDP_COMM_WORKER, r.c_str(), w.c_str(), pt.c_str(), "allreduce_loop", t.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return p;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Reaps every process by the deadline; kills the ones still running after it and returns false.
+bool reap_all(std::vector<Proc>& procs, std::chrono::steady_clock::time_point deadline) {
+  bool all = true;
+  for (auto& p : procs) {
+    while (p.status == -1) {
+      int st = 0;
+      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
+        p.status = st;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(p.pid, SIGKILL);
+        ::waitpid(p.pid, &st, 0);
+        p.status = st;
+        all = false;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);  // the reaper's polling interval
+    }
+  }
+  return all;
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind("ddp-", 0) == 0) out.insert(e.path().filename().string());
+  return out;
+}
+
+void kill_one_mid_allreduce(int victim) {
+  constexpr long kTimeoutMs = 20000;
+  const auto before = shm_entries();
+  ddp::store::TcpStoreServer server("127.0.0.1", 0);
+  std::vector<Proc> procs;
+  for (int r = 0; r < 4; ++r) procs.push_back(spawn(r, 4, server.port(), kTimeoutMs));
+  ddp::store::TcpStore store("127.0.0.1", server.port(), {.timeout = 30s});
+  store.wait("looping");  // rank 0 finished one all-reduce: the segment is mapped everywhere and unlinked
+  CHECK(shm_entries() == before);
+  for (const auto& p : procs) {  // each rank maps the segment, whose name is already gone
+    const std::string maps = slurp(ddp::detail::str("/proc/", p.pid, "/maps"));
+    const auto at = maps.find("/dev/shm/ddp-");
+    CHECK_MESSAGE(at != std::string::npos, "pid ", p.pid, " maps no ddp shared-memory segment");
+    if (at != std::string::npos) CHECK(maps.substr(at, maps.find('\n', at) - at).find("(deleted)") != std::string::npos);
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(procs[static_cast<std::size_t>(victim)].pid, SIGKILL);
+  const bool reaped = reap_all(procs, killed_at + std::chrono::milliseconds(kTimeoutMs) + 5s);
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  CHECK(reaped);
+  MESSAGE("every rank exited ", std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+          " ms after the kill of rank ", victim);
+  CHECK(took < 5s);
+  CHECK(WIFSIGNALED(procs[static_cast<std::size_t>(victim)].status));
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) continue;
+    const std::string err = slurp(procs[static_cast<std::size_t>(r)].log);
+    INFO("rank ", r, ": ", err);
+    CHECK(WIFEXITED(procs[static_cast<std::size_t>(r)].status));
+    CHECK(WEXITSTATUS(procs[static_cast<std::size_t>(r)].status) == 1);
+    CHECK(err.find(ddp::detail::str("rank ", victim, " closed its connection (process died?)")) != std::string::npos);
+    CHECK(err.find(ddp::detail::str("ddp[rank ", r, "/4]: all_reduce #")) != std::string::npos);
+  }
+  CHECK(shm_entries() == before);  // nothing left behind, even by the killed process
+  for (auto& p : procs) ::unlink(p.log.c_str());
+}
+
+}  // namespace
+
+TEST_SUITE("comm") {
+  TEST_CASE("multiproc shm: kill -9 of rank 2 mid all-reduce fails every other rank promptly, naming rank 2") {
+    kill_one_mid_allreduce(2);
+  }
+
+  TEST_CASE("multiproc shm: kill -9 of rank 0 (the segment's creator) fails the others promptly") {
+    kill_one_mid_allreduce(0);
+  }
+}

@@ -85,6 +85,22 @@
 // defines: Kernels<Cpu>, kernels::cpu::ThreadPool, kernels::cpu::gemm
 #include "ddp/kernels/cpu/kernels.hpp"
 
+// ---- CUDA runtime and kernels: only when nvcc compiles the including file (link ddp::cuda) ----
+#if DDP_CUDA_COMPILER
+// defines: DDP_CUDA_CHECK, DDP_CUDA_CHECK_NOTHROW, DDP_CUBLAS_CHECK
+#  include "ddp/core/cuda_check.hpp"
+// defines: Allocator<Cuda>, CudaMemoryStats, cuda_memory_stats, reset_peak_cuda_memory, release_cached_cuda_memory
+#  include "ddp/tensor/cuda/allocator.hpp"
+// defines: PinnedBuffer
+#  include "ddp/tensor/cuda/pinned.hpp"
+// defines: Stream, Event, cuda_stream, synchronize, cuda_device_count
+#  include "ddp/tensor/cuda/stream.hpp"
+// defines: DeviceCopy<Cuda, *>, copy(..., Exec<Cuda>)
+#  include "ddp/tensor/cuda/copy.hpp"
+// defines: Kernels<Cuda>, kernels::cuda::ConvMath
+#  include "ddp/kernels/cuda/kernels.cuh"
+#endif
+
 // ---- nn, optim: modules with explicit backward, ResNet, losses, SGD ----
 // defines: nn::Parameter, nn::Buffer, nn::Module, nn::Sequential
 #include "ddp/nn/parameter.hpp"
@@ -117,6 +133,16 @@
 #include "ddp/data/cifar10.hpp"
 // defines: data::DataLoader
 #include "ddp/data/loader.hpp"
+// defines: parallel::DistributedDataParallel, parallel::DdpOptions, parallel::GradCompression, parallel::StepTrace
+#include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/reducer.hpp"
+#include "ddp/parallel/ddp.hpp"
+// defines: train::DistFlags, train::add_dist_options, train::read_dist_flags, train::resolve_device
+#include "ddp/train/options.hpp"
+// defines: train::MetricsWriter, train::progress_line
+#include "ddp/train/metrics.hpp"
+// defines: train::read_and_broadcast
+#include "ddp/train/snapshot_sync.hpp"
 // defines: train::write_file_atomic, train::WriteOptions
 #include "ddp/train/atomic_file.hpp"
 // defines: train::SafetensorsWriter, train::SafetensorsReader, train::read_safetensors, train::parse_safetensors

@@ -1,0 +1,112 @@
+// bench_ddp_overlap: how much of DDP's gradient all-reduce hides behind backward (resnet18 on CPU, run under ddprun).
+// SPDX-License-Identifier: MIT
+//
+// Usage: ddprun --nproc-per-node 2 --standalone bench_ddp_overlap [--arch resnet18] [--width 64] [--image_size 64]
+//        [--batch_size 8] [--steps 10] [--threads 1] [--bucket-cap-mb 25]
+// Measures in one run, medians over --steps after one warm-up step:
+//   local_ms  forward + backward + SGD step of the bare model (no communication)
+//   comm_ms   all-reduce (Avg) of every gradient as one flat buffer, alone (the communication to hide)
+//   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward)
+//   ddp_no_sync_ms  the DDP step inside no_sync() (wrapper and buffer broadcast, no gradient all-reduce)
+//   hidden = (local_ms + comm_ms - ddp_ms) / comm_ms, clamped to [0, 1]: 1 = communication fully hidden.
+// Prints one JSON line on rank 0.
+#include <algorithm>
+#include <chrono>
+#include <cxxopts.hpp>
+#include <ddp/comm/factory.hpp>
+#include <ddp/data/synthetic.hpp>
+#include <ddp/env/detect.hpp>
+#include <ddp/env/flags.hpp>
+#include <ddp/nn/loss.hpp>
+#include <ddp/nn/resnet.hpp>
+#include <ddp/optim/sgd.hpp>
+#include <ddp/parallel/ddp.hpp>
+#include <ddp/store/rendezvous.hpp>
+#include <ddp/train/options.hpp>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+using namespace ddp;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  try {
+    const env::Env env = env::Env::process();
+    const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);
+    cxxopts::Options options("bench_ddp_overlap", "DDP step vs local step vs all-reduce alone");
+    options.add_options()("arch", "resnet arch", cxxopts::value<std::string>()->default_value("resnet18"))(
+        "width", "channel width", cxxopts::value<long>()->default_value("64"))(
+        "image_size", "image size", cxxopts::value<long>()->default_value("64"))(
+        "batch_size", "per rank", cxxopts::value<long>()->default_value("8"))(
+        "steps", "timed steps", cxxopts::value<int>()->default_value("10"))(
+        "threads", "CPU threads per rank", cxxopts::value<int>()->default_value("1"));
+    train::add_dist_options(options, env);
+    const auto args = options.parse(argc, argv);
+    log::init();
+    const train::DistFlags dist = train::read_dist_flags(args);
+    const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = true, .backend = dist.backend});
+    log::set_rank(info.rank, info.world_size);
+    auto store = store::make_store(info, dist.timeout, dist.store_port);
+    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options());
+
+    kernels::cpu::ThreadPool pool(args["threads"].as<int>());
+    Exec<Cpu> exec{.pool = &pool};
+    const long hw = args["image_size"].as<long>(), b = args["batch_size"].as<long>();
+    nn::ResNet<float, Cpu> net({.arch = args["arch"].as<std::string>(), .num_classes = 100, .width = args["width"].as<long>()});
+    optim::SGD<float, Cpu> opt(net.parameters(), {.lr = 0.01, .momentum = 0.9});
+    data::SyntheticDataset ds({.size = 64, .height = hw, .width = hw, .num_classes = 100, .distinct = 8});
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(b));
+    for (long i = 0; i < b; ++i) idx[static_cast<std::size_t>(i)] = (comm->rank() * b + i) % 64;
+    auto batch = data::make_batch(ds, idx, 0);
+    nn::CrossEntropyLoss<float, Cpu> ce;
+    const int steps = args["steps"].as<int>();
+
+    auto step = [&](auto& model) {
+      opt.zero_grad();
+      auto y = model.forward(exec, batch.images.cview());
+      ce.forward(exec, y.cview(), batch.labels.cview());
+      model.backward(exec, ce.backward(exec).cview());
+      opt.step(exec);
+    };
+    auto timed = [&](auto&& fn) {
+      std::vector<double> ms;
+      for (int s = 0; s <= steps; ++s) {
+        comm->barrier().wait();
+        const auto t = Clock::now();
+        fn();
+        if (s > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+      }
+      return median(ms);
+    };
+    const double local_ms = timed([&] { step(net); });
+    std::vector<float> flat(static_cast<std::size_t>(net.num_parameters()), 1.0f);
+    const double comm_ms = timed([&] { comm->all_reduce(std::span<float>(flat), {.op = comm::ReduceOp::Avg}).wait(); });
+    parallel::DistributedDataParallel<float, Cpu> model(net, *comm, dist.ddp);
+    const double ddp_ms = timed([&] { step(model); });
+    const double nosync_ms = timed([&] {  // the wrapper without gradient communication (buffers still broadcast)
+      auto guard = model.no_sync();
+      step(model);
+    });
+    const double hidden = std::clamp((local_ms + comm_ms - ddp_ms) / comm_ms, 0.0, 1.0);
+    if (comm->rank() == 0)
+      std::cout << nlohmann::json{{"bench", "ddp_overlap"}, {"arch", args["arch"].as<std::string>()},
+                                  {"width", args["width"].as<long>()}, {"image_size", hw}, {"batch_size", b},
+                                  {"world_size", comm->size()}, {"threads", args["threads"].as<int>()},
+                                  {"parameters", net.num_parameters()}, {"buckets", model.buckets().size()},
+                                  {"local_ms", local_ms}, {"comm_ms", comm_ms}, {"ddp_ms", ddp_ms}, {"ddp_no_sync_ms", nosync_ms},
+                                  {"overhead_ms", ddp_ms - local_ms}, {"hidden_fraction", hidden},
+                                  {"buckets_launched_during_backward", model.last_trace().launched_during_backward()}}
+                       .dump()
+                << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,85 @@
+// Training program flags shared by the examples: backend, timeouts, DDP bucket settings, metrics file (cxxopts).
+// SPDX-License-Identifier: MIT
+//
+//   cxxopts::Options options("resnet", "...");
+//   ddp::train::add_dist_options(options, env);            // --backend, --timeout-ms, --bucket-cap-mb, ...
+//   auto args = options.parse(argc, argv);
+//   ddp::train::DistFlags dist = ddp::train::read_dist_flags(args);
+// Every flag that has an environment variable takes its default from it (DDP_TIMEOUT_MS, DDP_SOCKET_IFNAME,
+// DDP_STORE_PORT), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <cxxopts.hpp>
+
+#include "ddp/comm/types.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/env/env.hpp"
+#include "ddp/parallel/ddp.hpp"
+
+namespace ddp::train {
+
+struct DistFlags {
+  std::string backend = "gloo";
+  std::chrono::milliseconds timeout = comm::kDefaultCommTimeout;
+  std::string socket_ifname;
+  std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
+  parallel::DdpOptions ddp;                 // bucket caps, compression, unused parameters
+  std::string metrics_file;                 // JSON lines; empty: none
+
+  comm::CommOptions comm_options() const { return {.timeout = timeout, .socket_ifname = socket_ifname}; }
+  bool needs_store() const { return backend != "mpi"; }
+};
+
+// Adds the distributed flags to `options` (group "distributed").
+inline void add_dist_options(cxxopts::Options& options, const env::Env& env, const std::string& default_backend = "gloo") {
+  options.add_options("distributed")
+      ("backend", "nccl, gloo (= tcp), tcp or mpi", cxxopts::value<std::string>()->default_value(default_backend))
+      ("timeout-ms", "collective and store timeout in ms (DDP_TIMEOUT_MS)",
+       cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))
+      ("socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
+       cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))
+      ("store-port", "store port when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
+       cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))
+      ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
+      ("grad-compression", "compress gradients for the all-reduce: none, bf16, fp16",
+       cxxopts::value<std::string>()->default_value("none"))
+      ("find-unused-parameters", "parameters without a gradient contribute zeros instead of failing")
+      ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""));
+}
+
+// Reads the flags added by add_dist_options; ConfigError/ValueError on bad values.
+inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
+  DistFlags f;
+  f.backend = args["backend"].as<std::string>();
+  const long t = args["timeout-ms"].as<long>();
+  if (t <= 0) throw ConfigError(ddp::detail::str("ddp: --timeout-ms must be > 0, got ", t, " (DDP_TIMEOUT_MS)"));
+  f.timeout = std::chrono::milliseconds(t);
+  f.socket_ifname = args["socket-ifname"].as<std::string>();
+  const int p = args["store-port"].as<int>();
+  if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p));
+  if (p > 0) f.store_port = static_cast<std::uint16_t>(p);
+  f.ddp.bucket_cap_bytes = parallel::bucket_cap_bytes_from_mb(args["bucket-cap-mb"].as<double>());
+  f.ddp.compression = parallel::parse_grad_compression(args["grad-compression"].as<std::string>());
+  f.ddp.find_unused_parameters = args.count("find-unused-parameters") > 0;
+  f.metrics_file = args["metrics-file"].as<std::string>();
+  return f;
+}
+
+// "cpu" or "cuda"; default cuda for nccl, cpu otherwise. CUDA training is not built in this version.
+inline std::string resolve_device(const std::string& flag, const std::string& backend) {
+  const std::string device = flag.empty() ? (backend == "nccl" ? "cuda" : "cpu") : flag;
+  if (device == "cpu") return device;
+  if (device == "cuda")
+    throw ConfigError(ddp::detail::str("ddp: --device cuda", flag.empty() ? " (the default for --backend nccl)" : "",
+                                       " is not available: this version trains on the CPU only; pass --device cpu "
+                                       "with --backend gloo (or tcp, mpi)"));
+  throw ConfigError(ddp::detail::str("ddp: unknown --device ", ddp::detail::quoted(device), "; valid: cpu, cuda"));
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,44 @@
+// Snapshot distribution without a shared filesystem: rank 0 reads the file, every rank receives its bytes.
+// SPDX-License-Identifier: MIT
+//
+//   auto bytes = ddp::train::read_and_broadcast(*comm, "snapshot.safetensors");   // collective
+//   if (!bytes.empty()) info = ddp::train::load_snapshot_bytes<float>(bytes, net, opt, path);
+// How it works: rank 0 reads the whole file (or nothing when it does not exist), broadcasts the length
+// as one int64, then, when non-zero, the bytes. Other ranks never touch the filesystem (DESIGN D10).
+// A file that exists but cannot be read is an IoError on rank 0; the other ranks then fail their
+// broadcast with a CommError within the timeout (D9), so no rank hangs.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+
+namespace ddp::train {
+
+// Collective over `comm`. Returns the file's bytes on every rank, or an empty vector when rank 0 has no file.
+inline std::vector<std::uint8_t> read_and_broadcast(comm::Communicator& comm, const std::string& path) {
+  std::vector<std::uint8_t> bytes;
+  if (comm.rank() == 0 && std::filesystem::exists(path)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw IoError(ddp::detail::str("ddp: cannot read snapshot ", ddp::detail::quoted(path),
+                                     "; check its permissions or remove it to start from scratch"));
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::int64_t n = static_cast<std::int64_t>(bytes.size());
+  comm.broadcast(std::span<std::int64_t>(&n, 1), {.root = 0}).wait();
+  if (n == 0) return {};
+  bytes.resize(static_cast<std::size_t>(n));
+  comm.broadcast(std::span<std::uint8_t>(bytes), {.root = 0}).wait();
+  return bytes;
+}
+
+}  // namespace ddp::train

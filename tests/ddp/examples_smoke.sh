@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The two training examples under the launchers of DESIGN section 1 that run on one machine: ddprun, torchrun
+# (static and c10d rendezvous), torch.distributed.launch --use_env --no_python, mpirun; the
+# resnet example on synthetic data, with --resume, and on (generated) CIFAR-10 files with evaluation.
+# Usage: examples_smoke.sh ddprun|torch|mpi <ddprun> <multinode> <resnet>
+# Exit 77 (skipped) when the launcher is not installed.
+# SPDX-License-Identifier: MIT
+set -u
+mode=$1 ddprun=$2 multinode=$3 resnet=$4
+work=$(mktemp -d /tmp/ddp_examples_smoke.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+export DDP_TIMEOUT_MS=20000
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fail() { echo "FAIL: $1"; cat "$work/out.log"; exit 1; }
+run() {  # run <description> <expected text> <command...>
+  local what=$1 want=$2; shift 2
+  timeout 120 "$@" > "$work/out.log" 2>&1 || fail "$what exited with $?"
+  grep -q -- "$want" "$work/out.log" || fail "$what: no '$want' in the output"
+  echo "ok: $what"
+}
+tiny=(--backend gloo --use_syn --device cpu --arch resnet18 --batch_size 4 --image_size 32 --steps_syn 3 --width 8
+      --num_classes 10 --threads 1 --model_dir "$work/models")
+case $mode in
+ddprun)
+  run "multinode under ddprun" "Training took" "$ddprun" --nproc-per-node 2 --standalone "$multinode" 2 1 --snapshot_path "$work/s.safetensors"
+  grep -q "\[Rank 1\] Epoch 1 | Batchsize: 32 | Steps: 32" "$work/out.log" || fail "multinode progress line"
+  run "multinode resumes after the last epoch" "Resuming training from snapshot at Epoch 2" "$ddprun" --nproc-per-node 2 --standalone "$multinode" 2 1 --snapshot_path "$work/s.safetensors"
+  run "multinode cross_entropy" "Training took" "$ddprun" --nproc-per-node 2 --standalone "$multinode" 1 1 --loss cross_entropy --snapshot_path "$work/ce.safetensors"
+  run "resnet under ddprun" "samples_per_sec" "$ddprun" --nproc-per-node 2 --standalone "$resnet" "${tiny[@]}"
+  grep -q "epoch 0 step 3/3 loss" "$work/out.log" || fail "resnet progress line"
+  run "resnet --resume" "resumed from $work/models/resnet_distributed.safetensors at epoch 1" "$ddprun" --nproc-per-node 2 --standalone "$resnet" "${tiny[@]}" --num_epochs 2 --resume
+  python3 - "$work/cifar" <<'PY'
+import os, random, sys
+d = sys.argv[1]; os.makedirs(d)
+random.seed(0)
+for name in [f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]:
+    with open(os.path.join(d, name), "wb") as f:
+        for i in range(8):
+            f.write(bytes([i % 10]) + bytes(random.randrange(256) for _ in range(3072)))
+PY
+  run "resnet on CIFAR-10 files" "test accuracy" "$ddprun" --nproc-per-node 2 --standalone "$resnet" --data_dir "$work/cifar" --device cpu --arch resnet18 --width 8 --batch_size 4 --num_classes 10 --threads 1 --model_dir "$work/models2"
+  "$resnet" --backend nccl --use_syn > "$work/out.log" 2>&1 && fail "--backend nccl on a CPU build should fail"
+  grep -q "ddp: " "$work/out.log" || fail "--backend nccl error message"
+  echo "ok: resnet --backend nccl fails with: $(head -c 200 "$work/out.log")"
+  ;;
+torch)
+  /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || { echo "skip: no torchrun"; exit 77; }
+  T=(/usr/bin/python3 -m torch.distributed.run --redirects 9:1 --tee 9:1)
+  run "multinode under torchrun (static)" "Training took" "${T[@]}" --nproc_per_node=2 --master_addr=127.0.0.1 --master_port="$(free_port)" --no_python "$multinode" 2 1 --snapshot_path "$work/a.safetensors"
+  run "multinode under torchrun (c10d rendezvous; torch 1.13 spells the flags with _)" "Training took" "${T[@]}" --nproc_per_node=2 --nnodes=1 --rdzv_id=456 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:"$(free_port)" --no_python "$multinode" 2 1 --snapshot_path "$work/b.safetensors"
+  run "resnet under torchrun" "samples_per_sec" "${T[@]}" --nproc_per_node=2 --master_addr=127.0.0.1 --master_port="$(free_port)" --no_python "$resnet" "${tiny[@]}"
+  L=(/usr/bin/python3 -m torch.distributed.launch -r 9:1 -t 9:1 --nproc_per_node=2 --master_addr=127.0.0.1)
+  run "multinode under torch.distributed.launch --use_env" "Training took" "${L[@]}" --master_port="$(free_port)" --use_env --no_python "$multinode" 1 1 --snapshot_path "$work/c.safetensors"
+  run "resnet under torch.distributed.launch --use_env" "samples_per_sec" "${L[@]}" --master_port="$(free_port)" --use_env --no_python "$resnet" "${tiny[@]}"
+  ;;
+mpi)
+  command -v mpirun > /dev/null || { echo "skip: no mpirun"; exit 77; }
+  M=(mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x PATH -bind-to none -map-by slot -mca pml ob1 -mca btl ^openib)
+  run "multinode under mpirun (tcp)" "Training took" "${M[@]}" -x MASTER_PORT="$(free_port)" "$multinode" 2 1 --snapshot_path "$work/m.safetensors" --backend tcp
+  run "resnet under mpirun (gloo)" "samples_per_sec" "${M[@]}" -x MASTER_PORT="$(free_port)" "$resnet" "${tiny[@]}"
+  if "$multinode" --help | grep -q "mpi"; then
+    if "$multinode" 1 1 --backend mpi --snapshot_path "$work/probe.safetensors" 2>&1 | grep -q "built without MPI"; then
+      echo "note: built without MPI; --backend mpi not checked"
+    else
+      run "multinode under mpirun --backend mpi" "Training took" "${M[@]}" -x MASTER_PORT="$(free_port)" "$multinode" 2 1 --snapshot_path "$work/n.safetensors" --backend mpi
+    fi
+  fi
+  ;;
+esac
+echo "PASS ($mode)"

@@ -21,6 +21,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "support/worker_procs.hpp"
 
 #ifndef DDP_COMM_WORKER
 #error "DDP_COMM_WORKER must name the comm_worker executable"
@@ -30,56 +31,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Proc {
-  pid_t pid = -1;
-  std::string log;  // stderr file
-  int status = -1;
-};
+using ddp::test::Proc;
+using ddp::test::reap_all;
+using ddp::test::slurp;
 
 Proc spawn(int rank, int world, std::uint16_t port, long timeout_ms) {
-  Proc p;
-  p.log = "/tmp/ddp_shm_worker_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".log";
-  const std::string r = std::to_string(rank), w = std::to_string(world), pt = std::to_string(port),
-                    t = std::to_string(timeout_ms);
-  p.pid = ::fork();
-  if (p.pid == 0) {
-    int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 2);
-    ::execl(DDP_COMM_WORKER, DDP_COMM_WORKER, r.c_str(), w.c_str(), pt.c_str(), "allreduce_loop", t.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return p;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Reaps every process by the deadline; kills the ones still running after it and returns false.
-bool reap_all(std::vector<Proc>& procs, std::chrono::steady_clock::time_point deadline) {
-  bool all = true;
-  for (auto& p : procs) {
-    while (p.status == -1) {
-      int st = 0;
-      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
-        p.status = st;
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(p.pid, SIGKILL);
-        ::waitpid(p.pid, &st, 0);
-        p.status = st;
-        all = false;
-        break;
-      }
-      std::this_thread::sleep_for(10ms);  // the reaper's polling interval
-    }
-  }
-  return all;
+  return ddp::test::spawn_worker(DDP_COMM_WORKER, "ddp_shm_worker", rank, world, port, "allreduce_loop", timeout_ms);
 }
 
 std::set<std::string> shm_entries() {

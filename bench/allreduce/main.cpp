@@ -5,6 +5,7 @@
 //   bench_allreduce --nproc 2                        tcp: forks 2 ranks on 127.0.0.1 (store on a free port)
 //   mpirun -n 2 bench_allreduce --backend mpi        mpi: ranks from mpirun (built with ddp::mpi)
 //   options: --min-bytes 4 --max-bytes 268435456 --iters-scale 1 --inline-max-bytes 65536 --shm 1 (DDP_SHM)
+//            --check-fingerprints 1 (mpi)
 // Expected output: one line per size, from rank 0:
 //   {"backend": "tcp", "ranks": 2, "bytes": 16777216, "time_us": 9800.0, "algbw_GBps": 1.71, "busbw_GBps": 1.71}
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n (what each link carries in a bandwidth-optimal all-reduce).
@@ -32,6 +33,7 @@ struct Flags {
   std::size_t min_bytes, max_bytes, inline_max_bytes;
   double iters_scale;
   bool shm;
+  bool check_fingerprints;
 };
 
 void run(ddp::comm::Communicator& comm, const Flags& f) {
@@ -65,6 +67,8 @@ int main(int argc, char** argv) {
       "inline-max-bytes", "tcp: CommOptions::inline_max_bytes", cxxopts::value<std::size_t>()->default_value("65536"))(
       "shm", "tcp: shared memory between local ranks, 1 or 0 (DDP_SHM)",
       cxxopts::value<int>()->default_value(std::getenv("DDP_SHM") ? std::getenv("DDP_SHM") : "1"))(
+      "check-fingerprints", "mpi: all-gather each op's fingerprint first, 1 or 0 (CommOptions::check_fingerprints)",
+      cxxopts::value<int>()->default_value("1"))(
       "h,help", "this help");
   try {
     auto a = opts.parse(argc, argv);
@@ -74,9 +78,9 @@ int main(int argc, char** argv) {
     }
     const Flags f{a["backend"].as<std::string>(), a["nproc"].as<int>(), a["min-bytes"].as<std::size_t>(),
                   a["max-bytes"].as<std::size_t>(), a["inline-max-bytes"].as<std::size_t>(), a["iters-scale"].as<double>(),
-                  a["shm"].as<int>() != 0};
+                  a["shm"].as<int>() != 0, a["check-fingerprints"].as<int>() != 0};
     const ddp::comm::CommOptions copts{.timeout = std::chrono::seconds(120), .inline_max_bytes = f.inline_max_bytes,
-                                       .shm = f.shm};
+                                       .shm = f.shm, .check_fingerprints = f.check_fingerprints};
     if (f.backend != "tcp") {  // mpi (or an error listing the backends): rank and size come from the backend
       ddp::store::HashStore unused;
       auto comm = ddp::comm::make_communicator(f.backend, ddp::env::LaunchInfo{}, unused, copts);

@@ -139,6 +139,10 @@ struct CommOptions {
   // shared-memory segment instead of loopback sockets (the sockets stay open to detect dead peers).
   // Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the same value.
   bool shm = true;
+  // mpi: all-gather each collective's fingerprint before running it, so that mismatched collectives
+  // fail on every rank with a message instead of meeting inside MPI (one 32-byte all-gather per op).
+  // tcp checks fingerprints in every frame header and ignores this. Every rank must pass the same value.
+  bool check_fingerprints = true;
 };
 
 // Where a Buffer's memory lives. Backends reject memory they cannot reach with a ValueError.

@@ -10,13 +10,23 @@
 // uint8 reduces through our op too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
 // Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process
 // then ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
-// (DESIGN D9). A rank that dies is handled by mpirun itself (it kills the job). Unlike tcp, this backend
-// does not exchange fingerprints, so mismatched collectives are caught only by MPI's own checks.
+// (DESIGN D9). A rank that dies is handled by mpirun itself (it kills the job).
+// Fingerprints (DESIGN D9): MPI matches collectives by posting order only, so rank 0's all_reduce and
+// rank 1's broadcast would meet and give garbage or hang. Before each collective's own call, the ranks
+// all-gather its 32-byte fingerprint (kind|dtype|op, root, count, seq) on a second communicator, and
+// every rank compares all of them: a difference fails the op on every rank with the same message,
+// before any data moves. Cost: one small all-gather per collective (a few microseconds on one host;
+// CommOptions::check_fingerprints = false skips it). Send/recv are matched by tag and are not checked.
+// Ordering: fingerprints go out on fp_comm_ in issue order; bodies go out on comm_ in issue order too,
+// each only after its fingerprint matched and every earlier op's body was posted, so all ranks post
+// both communicators' calls in the same order.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <climits>
 #include <condition_variable>
 #include <deque>
@@ -92,7 +102,9 @@ class MpiCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    if (!failed_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (broken_) return;  // a request may still be pending on them
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (fp_comm_ != MPI_COMM_NULL) MPI_Comm_free(&fp_comm_);
   }
 
   int rank() const noexcept override { return rank_; }
@@ -233,12 +245,20 @@ class MpiCommunicator final : public Communicator {
     std::function<void()> after;
   };
   using Body = std::function<Pending()>;  // posts the non-blocking call
+  // Where a task is: its fingerprint all-gather in flight, matched and waiting for earlier bodies to
+  // be posted, or its own MPI call posted.
+  enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
+  static constexpr std::size_t kFpWords = 4;  // packed Fingerprint, see pack()
   struct Task {
     std::shared_ptr<detail::WorkState> state;
     std::chrono::milliseconds timeout;
     Body body;
+    Fingerprint fp;
     Pending pending;
     Clock::time_point deadline;
+    Stage stage = Stage::Posted;
+    MPI_Request fp_req = MPI_REQUEST_NULL;
+    std::vector<std::uint64_t> fps;  // kFpWords per rank: mine first, then everyone's from the all-gather
   };
 
   static MPI_Comm dup_world() {
@@ -252,6 +272,10 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    if (opts_.check_fingerprints) {
+      DDP_MPI_CHECK(MPI_Comm_dup(comm_, &fp_comm_));
+      DDP_MPI_CHECK(MPI_Comm_set_errhandler(fp_comm_, MPI_ERRORS_RETURN));
+    }
     create_ops();
     thread_ = std::thread([this] { progress_loop(); });
   }
@@ -315,8 +339,10 @@ class MpiCommunicator final : public Communicator {
   Work submit(Fingerprint fp, std::size_t, std::chrono::milliseconds timeout, Body body) {
     std::unique_lock lock(mu_);
     fp.seq = fp.is_p2p() ? ++p2p_seq_ : ++seq_;
-    Task t{std::make_shared<detail::WorkState>(ddp::detail::str(who(), ": ", fp.label())),
-           timeout.count() > 0 ? timeout : opts_.timeout, std::move(body), {}, {}};
+    Task t{.state = std::make_shared<detail::WorkState>(ddp::detail::str(who(), ": ", fp.label())),
+           .timeout = timeout.count() > 0 ? timeout : opts_.timeout,
+           .body = std::move(body),
+           .fp = fp};
     Work work(t.state);
     queue_.push_back(std::move(t));
     lock.unlock();
@@ -324,9 +350,11 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  // How the progress thread works: it posts queued ops in issue order (MPI matches non-blocking
-  // collectives by posting order), keeps them in flight, and tests them all; an op completes when its
-  // request does, so an irecv posted before a send never blocks that send. It naps 20 us between tests
+  // How the progress thread works: it starts queued ops in issue order (for a collective, that posts
+  // its fingerprint all-gather; for send/recv, the call itself), keeps them in flight, and tests them
+  // all. A collective whose fingerprints matched posts its own call once every earlier op has posted
+  // its own (MPI matches non-blocking collectives by posting order). An op completes when its request
+  // does, so an irecv posted before a send never blocks that send. The thread naps 20 us between tests
   // once nothing has progressed for a while, and sleeps on the condition variable when idle.
   void progress_loop() {
     std::deque<Task> in_flight;
@@ -339,17 +367,25 @@ class MpiCommunicator final : public Communicator {
         while (!queue_.empty()) {
           in_flight.push_back(std::move(queue_.front()));
           queue_.pop_front();
-          start(in_flight.back());
+          start(in_flight.back(), in_flight);
           idle_spins = 0;
         }
       }
       bool progressed = false;
       for (auto it = in_flight.begin(); it != in_flight.end();) {
-        if (test(*it)) {
+        if (test(*it, in_flight)) {
           it = in_flight.erase(it);
           progressed = true;
         } else {
           ++it;
+        }
+      }
+      // Post the bodies of matched collectives, in issue order, up to the first one still waiting.
+      for (Task& t : in_flight) {
+        if (t.stage == Stage::Fingerprint) break;
+        if (t.stage == Stage::Ready) {
+          post(t, in_flight);
+          progressed = true;
         }
       }
       if (progressed) idle_spins = 0;
@@ -357,51 +393,134 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void start(Task& t) {
+  void start(Task& t, const std::deque<Task>& in_flight) {
     t.deadline = Clock::now() + t.timeout;
     if (failed_)
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
-                                                first_error_)), false);
+                                                first_error_)), in_flight);
+    if (fp_comm_ == MPI_COMM_NULL || t.fp.is_p2p()) return post(t, in_flight);
+    t.stage = Stage::Fingerprint;
+    t.fps.assign(kFpWords * (static_cast<std::size_t>(size_) + 1), 0);
+    pack(t.fp, t.fps.data());
+    if (const int rc = MPI_Iallgather(t.fps.data(), kFpWords, MPI_UINT64_T, t.fps.data() + kFpWords, kFpWords,
+                                      MPI_UINT64_T, fp_comm_, &t.fp_req);
+        rc != MPI_SUCCESS)
+      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+  }
+
+  void post(Task& t, const std::deque<Task>& in_flight) {
+    t.stage = Stage::Posted;
+    if (failed_)
+      return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
+                                                first_error_)), in_flight);
     try {
       t.pending = t.body();
     } catch (const std::exception& e) {
-      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), true);
+      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
     }
   }
 
+  // 32 bytes that every rank must agree on. seq is included so that a rank that skipped an op is seen.
+  static void pack(const Fingerprint& f, std::uint64_t* w) {
+    w[0] = static_cast<std::uint64_t>(f.kind) | static_cast<std::uint64_t>(f.dtype) << 8 |
+           static_cast<std::uint64_t>(f.op) << 16;
+    w[1] = static_cast<std::uint64_t>(f.root);
+    w[2] = f.count;
+    w[3] = f.seq;
+  }
+  static Fingerprint unpack(const std::uint64_t* w) {
+    return {.kind = static_cast<OpKind>(w[0] & 0xff),
+            .dtype = static_cast<DType>((w[0] >> 8) & 0xff),
+            .op = static_cast<ReduceOp>((w[0] >> 16) & 0xff),
+            .root = static_cast<std::int64_t>(w[1]),
+            .count = w[2],
+            .seq = w[3]};
+  }
+
+  // The gathered fingerprints: empty when all agree, else the message every rank raises. It names the
+  // first rank whose op differs from this rank's, and when this rank is the odd one out, says so.
+  std::string compare_fingerprints(const Task& t) const {
+    const std::uint64_t* mine = t.fps.data();
+    const std::uint64_t* all = t.fps.data() + kFpWords;
+    std::vector<int> differ;
+    for (int r = 0; r < size_; ++r)
+      if (!std::equal(mine, mine + kFpWords, all + kFpWords * static_cast<std::size_t>(r))) differ.push_back(r);
+    if (differ.empty()) return {};
+    const int j = differ.front();
+    std::string msg = ddp::detail::str(who(), ": ", t.fp.full_label(), " does not match rank ", j, ", which ran ",
+                                       unpack(all + kFpWords * static_cast<std::size_t>(j)).full_label(),
+                                       " at this point");
+    if (differ.size() > 1)
+      msg += ddp::detail::str(" (", differ.size(), " of ", size_, " ranks differ from this one: ",
+                              ddp::detail::join(differ, ", "), ")");
+    return msg + ". Every rank must call the same collectives in the same order with the same dtype, count, root "
+                 "and op.";
+  }
+
   // True when the task is finished (completed, failed or timed out).
-  bool test(Task& t) {
+  bool test(Task& t, const std::deque<Task>& in_flight) {
     if (t.state->is_done()) return true;
-    int done = 1;
-    if (t.pending.req != MPI_REQUEST_NULL) {
-      if (const int rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
-        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), true);
+    if (t.stage == Stage::Ready) return false;
+    if (t.stage == Stage::Fingerprint) {
+      int done = 0;
+      if (const int rc = MPI_Test(&t.fp_req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+        return true;
+      }
+      if (done) {
+        if (std::string msg = compare_fingerprints(t); !msg.empty()) {
+          fail(t, CommError(msg), in_flight);
+          return true;
+        }
+        t.stage = Stage::Ready;
+        return false;
+      }
+    } else {
+      int done = 1;
+      if (t.pending.req != MPI_REQUEST_NULL) {
+        if (const int rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
+          fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+          return true;
+        }
+      }
+      if (done) {
+        try {
+          if (t.pending.after) t.pending.after();
+          t.state->complete();
+        } catch (const std::exception& e) {
+          fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
+        }
         return true;
       }
     }
-    if (done) {
-      try {
-        if (t.pending.after) t.pending.after();
-        t.state->complete();
-      } catch (const std::exception& e) {
-        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), true);
-      }
-      return true;
-    }
     if (Clock::now() > t.deadline) {
-      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms. MPI cannot "
-                                            "cancel it, so this process ends with MPI_Abort at exit. Raise "
-                                            "--timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")), true);
+      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms",
+                                            t.stage == Stage::Fingerprint ? " waiting for the other ranks to reach it"
+                                                                          : "",
+                                            ". MPI cannot cancel it, so this process ends with MPI_Abort at exit. "
+                                            "Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
+           in_flight);
       return true;
     }
     return false;
   }
 
+  // Fails the task and the communicator. When an MPI request is still pending anywhere (this task's or
+  // another in-flight one's), MPI cannot cancel it, so the runtime is marked broken (MPI_Abort at exit);
+  // a fingerprint mismatch leaves nothing pending, so such a program can still exit normally.
   template <class E>
-  void fail(Task& t, const E& e, bool breaks) {
-    if (breaks && !failed_) {
+  void fail(Task& t, const E& e, const std::deque<Task>& in_flight) {
+    if (!failed_) {
       failed_ = true;
       first_error_ = e.what();
+    }
+    auto pending = [](const Task& x) {
+      return !x.state->is_done() && (x.fp_req != MPI_REQUEST_NULL || x.pending.req != MPI_REQUEST_NULL);
+    };
+    bool any = false;
+    for (const Task& x : in_flight) any = any || pending(x);
+    if (any && !broken_) {
+      broken_ = true;
       mpi::Runtime::instance().mark_broken();
     }
     t.state->complete(std::make_exception_ptr(e));
@@ -411,8 +530,10 @@ class MpiCommunicator final : public Communicator {
   CommOptions opts_;
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_ops_[4] = {}, f16_ops_[4] = {}, u8_ops_[4] = {};
-  bool failed_ = false;       // touched only by the progress thread
-  std::string first_error_;   // ditto
+  MPI_Comm fp_comm_ = MPI_COMM_NULL;  // fingerprints only (see the file comment)
+  bool failed_ = false;               // touched only by the progress thread
+  bool broken_ = false;               // ditto: a request was left pending (see fail)
+  std::string first_error_;           // ditto
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

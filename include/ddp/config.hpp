@@ -27,6 +27,10 @@
 #  define DDP_WITH_BLAS 0   // 1: CPU GEMM calls CBLAS (OpenBLAS); 0: the portable fallback
 #endif
 
+#if DDP_WITH_BLAS
+#  include <cblas.h>
+#endif
+
 namespace ddp {
 
 // Which optional parts this translation unit was built with (mirrors the macros for `if constexpr`).
@@ -42,5 +46,36 @@ namespace detail {
 // For static_assert in a primary template that must never be instantiated.
 template <class...> inline constexpr bool dependent_false = false;
 }  // namespace detail
+
+// CBLAS, when built with it (kernels/cpu/gemm.hpp calls only these, behind BuildConfig::with_blas).
+// Row-major GEMM with CBLAS's int sizes; the caller has checked that every size fits.
+namespace blas {
+inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                 int ldb, float beta, float* c, int ldc) {
+#if DDP_WITH_BLAS
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+#else
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
+      (void)c, (void)ldc;
+#endif
+}
+inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+                 int ldb, double beta, double* c, int ldc) {
+#if DDP_WITH_BLAS
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+#else
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
+      (void)c, (void)ldc;
+#endif
+}
+// OpenBLAS threads its GEMMs by default; ours run inside our own thread pool, so one thread each.
+inline void set_single_threaded() noexcept {
+#if DDP_WITH_BLAS && defined(OPENBLAS_VERSION)
+  openblas_set_num_threads(1);
+#endif
+}
+}  // namespace blas
 
 }  // namespace ddp

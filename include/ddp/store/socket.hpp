@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/fd.hpp"
 #include "ddp/core/str.hpp"
 
 namespace ddp::store {
@@ -71,53 +72,39 @@ inline std::unique_ptr<addrinfo, AddrInfoDeleter> resolve(const std::string& hos
 
 }  // namespace net
 
-// Owns one socket fd; closes it on destruction. Move-only.
+// Owns one socket fd (a ddp::Fd); closes it on destruction. Move-only.
 class Socket {
  public:
   Socket() = default;
   explicit Socket(int fd) noexcept : fd_(fd) {}
-  Socket(Socket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Socket& operator=(Socket&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() { reset(); }
 
-  int fd() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
+  int fd() const noexcept { return fd_.get(); }
+  bool valid() const noexcept { return fd_.valid(); }
+  void reset() noexcept { fd_.reset(); }
 
   // Port the socket is bound to (after listen on port 0).
   std::uint16_t local_port() const {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    if (getsockname(fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0)
       throw StoreError(ddp::detail::str("ddp: getsockname failed: ", net::errno_text(errno)));
     if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   }
 
   void set_nonblocking(bool on) {
-    int flags = fcntl(fd_, F_GETFL, 0);
-    if (flags < 0 || fcntl(fd_, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK) != 0)
+    int flags = fcntl(fd(), F_GETFL, 0);
+    if (flags < 0 || fcntl(fd(), F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK) != 0)
       throw StoreError(ddp::detail::str("ddp: fcntl(O_NONBLOCK) failed: ", net::errno_text(errno)));
   }
   // Store messages are small request/response pairs: Nagle would add up to 40 ms per round trip.
   void set_nodelay() noexcept {
     int one = 1;
-    (void)setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    (void)setsockopt(fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
 
  private:
-  int fd_ = -1;
+  Fd fd_;
 };
 
 // Listens on host:port (port 0 picks a free port; host "" or "0.0.0.0" means every IPv4 interface).

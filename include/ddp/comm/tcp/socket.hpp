@@ -30,36 +30,14 @@
 #include <utility>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/fd.hpp"
 #include "ddp/core/str.hpp"
 
 namespace ddp::comm::tcp {
 
 using Clock = std::chrono::steady_clock;
 
-// An owned file descriptor; closes on destruction. Move-only.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using Fd = ddp::Fd;
 
 namespace detail {
 

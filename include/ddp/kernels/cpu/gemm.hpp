@@ -11,7 +11,7 @@
 // kernels parallelise over images and call gemm_serial per image. Measured on this 2-core machine
 // (ResNet layer1 3x3 conv forward, x (16, 56, 56, 64), 2 threads, under load from other jobs): our
 // per-image split 112-119 ms vs im2col of the whole batch + one sgemm threaded by OpenBLAS 181-182 ms.
-// This is the one kernel header with #if: the CBLAS header exists only when BLAS was found.
+// CBLAS is reached through ddp::blas (config.hpp), so this header has no #if.
 #pragma once
 
 #include <algorithm>
@@ -26,10 +26,6 @@
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
-
-#if DDP_WITH_BLAS
-#  include <cblas.h>
-#endif
 
 namespace ddp::kernels::cpu {
 
@@ -73,10 +69,8 @@ void gemm_portable(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int6
 }
 
 inline void blas_single_threaded_once() {
-#if DDP_WITH_BLAS && defined(OPENBLAS_VERSION)
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-#endif
+  std::call_once(once, [] { ddp::blas::set_single_threaded(); });
 }
 
 }  // namespace detail
@@ -87,23 +81,15 @@ void gemm_serial(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_
                  std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if constexpr (BuildConfig::with_blas && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
-#if DDP_WITH_BLAS
     detail::blas_single_threaded_once();
     constexpr std::int64_t kIntMax = 2147483647;  // CBLAS takes int sizes
     if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
       throw ValueError(ddp::detail::str("ddp: gemm: sizes m=", m, " n=", n, " k=", k,
                                         " exceed CBLAS's 32-bit int; split the batch (smaller --batch-size)"));
-    const auto cta = ta == Trans::No ? CblasNoTrans : CblasTrans;
-    const auto ctb = tb == Trans::No ? CblasNoTrans : CblasTrans;
     // CBLAS wants lda >= 1 even when a dimension is 0.
     const auto ld = [](std::int64_t x) { return static_cast<int>(std::max<std::int64_t>(x, 1)); };
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                  ld(lda), b, ld(ldb), beta, c, ld(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, cta, ctb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                  ld(lda), b, ld(ldb), beta, c, ld(ldc));
-#endif
+    ddp::blas::gemm(ta == Trans::Yes, tb == Trans::Yes, static_cast<int>(m), static_cast<int>(n),
+                    static_cast<int>(k), alpha, a, ld(lda), b, ld(ldb), beta, c, ld(ldc));
   } else {
     detail::gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }

@@ -27,10 +27,6 @@
 #  define DDP_WITH_BLAS 0   // 1: CPU GEMM calls CBLAS (OpenBLAS); 0: the portable fallback
 #endif
 
-#if DDP_WITH_BLAS
-#  include <cblas.h>
-#endif
-
 namespace ddp {
 
 // Which optional parts this translation unit was built with (mirrors the macros for `if constexpr`).
@@ -49,12 +45,31 @@ template <class...> inline constexpr bool dependent_false = false;
 
 // CBLAS, when built with it (kernels/cpu/gemm.hpp calls only these, behind BuildConfig::with_blas).
 // Row-major GEMM with CBLAS's int sizes; the caller has checked that every size fits.
+//
+// We declare the two CBLAS entry points ourselves, under our own names bound to the C symbols with an asm
+// label, instead of including <cblas.h>: OpenBLAS's cblas.h puts `typedef ... bfloat16;` (and blasint,
+// CBLAS_ORDER, ...) in the global namespace, which made `bfloat16` ambiguous in every translation unit that
+// says `using namespace ddp;`. The label declarations do not clash with a <cblas.h> the user includes.
+// Enum arguments are passed as int: CBLAS's enums are C enums with int representation (RowMajor = 101,
+// NoTrans = 111, Trans = 112, fixed by the CBLAS standard).
 namespace blas {
+namespace detail {
+#if DDP_WITH_BLAS
+void cblas_sgemm_sym(int order, int ta, int tb, int m, int n, int k, float alpha, const float* a, int lda,
+                     const float* b, int ldb, float beta, float* c, int ldc) __asm__("cblas_sgemm");
+void cblas_dgemm_sym(int order, int ta, int tb, int m, int n, int k, double alpha, const double* a, int lda,
+                     const double* b, int ldb, double beta, double* c, int ldc) __asm__("cblas_dgemm");
+// OpenBLAS only; weak, so another CBLAS links too and the call is skipped there.
+void openblas_set_num_threads_sym(int n) __asm__("openblas_set_num_threads") __attribute__((weak));
+#endif
+inline constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+}  // namespace detail
+
 inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
                  int ldb, float beta, float* c, int ldc) {
 #if DDP_WITH_BLAS
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
-              b, ldb, beta, c, ldc);
+  detail::cblas_sgemm_sym(detail::kRowMajor, ta ? detail::kTrans : detail::kNoTrans,
+                          tb ? detail::kTrans : detail::kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
       (void)c, (void)ldc;
@@ -63,8 +78,8 @@ inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
                  int ldb, double beta, double* c, int ldc) {
 #if DDP_WITH_BLAS
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
-              b, ldb, beta, c, ldc);
+  detail::cblas_dgemm_sym(detail::kRowMajor, ta ? detail::kTrans : detail::kNoTrans,
+                          tb ? detail::kTrans : detail::kNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
       (void)c, (void)ldc;
@@ -72,8 +87,8 @@ inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const doub
 }
 // OpenBLAS threads its GEMMs by default; ours run inside our own thread pool, so one thread each.
 inline void set_single_threaded() noexcept {
-#if DDP_WITH_BLAS && defined(OPENBLAS_VERSION)
-  openblas_set_num_threads(1);
+#if DDP_WITH_BLAS
+  if (detail::openblas_set_num_threads_sym != nullptr) detail::openblas_set_num_threads_sym(1);
 #endif
 }
 }  // namespace blas

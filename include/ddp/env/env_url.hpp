@@ -19,6 +19,8 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
 #include "ddp/env/env.hpp"
 #include "ddp/env/launch_info.hpp"
 #include "ddp/env/policy.hpp"
@@ -48,6 +50,13 @@ struct EnvUrl {
     info.local_rank = local_rank.value_or(0);
     info.local_world_size = local_world_size.value_or(local_rank ? info.world_size : 1);
     if (auto nnodes = env.int_get("GROUP_WORLD_SIZE", launcher)) {
+      // No launcher promised GROUP_RANK here (env:// is often hand-set), so say what is missing rather than
+      // Env::var's "<launcher> always exports it".
+      if (!env.has("GROUP_RANK"))
+        throw ConfigError(ddp::detail::str("ddp: GROUP_WORLD_SIZE=", *nnodes, " (from ", launcher,
+                                           ") is set but GROUP_RANK is not. Export GROUP_RANK (this node's index, 0 "
+                                           "to ",
+                                           std::int64_t{*nnodes} - 1, ") as well, or neither."));
       info.nnodes = *nnodes;
       info.node_rank = env.int_var("GROUP_RANK", launcher);
     } else {

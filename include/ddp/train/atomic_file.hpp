@@ -89,14 +89,23 @@ inline void write_file_atomic(const std::string& path, std::span<const std::span
     ::unlink(tmp.c_str());
     throw err;
   }
-  if (options.keep_previous && ::access(path.c_str(), F_OK) == 0) {
+  // Only a regular file is kept as .prev: a directory at `path` must not be moved aside by the rename
+  // fallback below; the rename over it then fails with EISDIR, as without keep_previous.
+  std::error_code ec;
+  if (options.keep_previous && std::filesystem::is_regular_file(path, ec)) {
     const std::string prev = path + ".prev";
-    if (::unlink(prev.c_str()) != 0 && errno != ENOENT)
-      throw detail::write_error(what, path, ddp::detail::str("unlink('", prev, "')"));
+    // Every failure here leaves `path` as it was; remove the finished .tmp too, so a full-size copy does
+    // not linger next to it.
+    auto fail = [&](std::string step) {
+      auto err = detail::write_error(what, path, step);
+      ::unlink(tmp.c_str());
+      return err;
+    };
+    if (::unlink(prev.c_str()) != 0 && errno != ENOENT) throw fail(ddp::detail::str("unlink('", prev, "')"));
     if (::link(path.c_str(), prev.c_str()) != 0) {
       // Filesystems without hard links: fall back to a rename (brief window without `path`).
       if (::rename(path.c_str(), prev.c_str()) != 0)
-        throw detail::write_error(what, path, ddp::detail::str("rename('", path, "', '", prev, "')"));
+        throw fail(ddp::detail::str("rename('", path, "', '", prev, "')"));
     }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -12,8 +12,11 @@
 //
 // Snapshot (save_snapshot / load_snapshot, DESIGN D10): the model's state dict plus, in the same file,
 //   optimizer.momentum_buffer.<param name>   each momentum buffer in the parameter's torch layout
-//   __metadata__: ddp.kind=snapshot, ddp.model, epoch, optimizer.lr, optimizer.steps, rng.seed, rng.rank,
-//                 rng.stream, rng.offset, and any user entries
+//   __metadata__: ddp.kind=snapshot, ddp.model, ddp.data_hash, epoch, optimizer.lr, optimizer.steps, rng.seed,
+//                 rng.rank, rng.stream, rng.offset, and any user entries
+// ddp.data_hash (16 hex digits, SafetensorsWriter::data_hash) covers every tensor byte: safetensors has no
+// checksum of its own, so without it a bit flipped on disk inside the data would load as a wrong weight.
+// load_snapshot checks it when present (files written by PyTorch or older ddp versions have none).
 // Snapshots are written atomically (safetensors.hpp) and can be serialised to bytes so rank 0 reads the
 // file and broadcasts it (no shared filesystem needed).
 // Errors: a missing tensor, an unexpected tensor (strict), a wrong shape or a dtype other than the one
@@ -173,6 +176,25 @@ void load_state_dict_from(const SafetensorsFile& f, const std::string& path, nn:
   for (auto& [entry, copy] : copies) copy(*entry);
 }
 
+inline std::string hex64(std::uint64_t v) {
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) out[static_cast<std::size_t>(i)] = "0123456789abcdef"[v & 15];
+  return out;
+}
+
+// Compares the stored ddp.data_hash (if any) with the data as read; IoError naming the file and the fix.
+inline void check_data_hash(const SafetensorsFile& f, const std::string& source) {
+  auto it = f.metadata.find("ddp.data_hash");
+  if (it == f.metadata.end()) return;
+  const std::string computed = hex64(data_hash(f));
+  if (computed != it->second)
+    throw IoError(ddp::detail::str("ddp: snapshot '", source, "' is corrupt: its tensor data does not match the "
+                                   "checksum stored with it (ddp.data_hash ", ddp::detail::quoted(it->second),
+                                   ", computed '", computed, "'), e.g. a bit flipped on disk or in transfer. Restore '",
+                                   source, ".prev' (the snapshot before it) or delete '", source,
+                                   "' to start from scratch."));
+}
+
 inline std::int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
   auto it = f.metadata.find(key);
   if (it == f.metadata.end())
@@ -230,6 +252,7 @@ SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>&
   w.set_metadata("rng.rank", std::to_string(info.rng.rank));
   w.set_metadata("rng.stream", std::to_string(info.rng.stream));
   w.set_metadata("rng.offset", std::to_string(info.rng.offset));
+  w.set_metadata("ddp.data_hash", detail::hex64(w.data_hash()));
   return w;
 }
 
@@ -256,6 +279,7 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
         ddp::detail::str("ddp: '", source, "' is not a ddp snapshot (metadata ddp.kind is ",
                          kind == f.metadata.end() ? std::string("missing") : ddp::detail::quoted(kind->second),
                          "); pass a file written by save_snapshot (--snapshot-path)"));
+  detail::check_data_hash(f, source);
   SnapshotInfo info;
   info.epoch = detail::meta_int(f, source, "epoch");
   info.rng.seed = static_cast<std::uint64_t>(detail::meta_int(f, source, "rng.seed"));

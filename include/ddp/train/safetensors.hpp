@@ -237,6 +237,34 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
                                           data_bytes, "; the file has trailing garbage or a wrong header"));
 }
 
+// A 64-bit hash of a byte string, for detecting corruption (not an adversary): four lanes of
+// multiply-xorshift over 8-byte words, so a ResNet-18 snapshot (~90 MB) hashes in tens of milliseconds.
+// Any single flipped bit changes the result. Tensors are hashed one by one and chained with
+// chain_hash(), so the reader needs no copy of the whole data section.
+inline std::uint64_t hash_bytes(std::span<const std::uint8_t> b) {
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  std::uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+  auto mix = [](std::uint64_t h, std::uint64_t w) {
+    h = (h ^ w) * kMul;
+    return h ^ (h >> 29);
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= b.size(); i += 32)
+    for (int k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, b.data() + i + 8 * static_cast<std::size_t>(k), 8);
+      lane[k] = mix(lane[k], w);
+    }
+  std::uint64_t h = mix(mix(mix(lane[0], lane[1]), lane[2]), lane[3]);
+  for (; i < b.size(); ++i) h = mix(h, b[i] | (std::uint64_t{1} << 8));  // tail bytes, one by one
+  return mix(h, b.size());
+}
+
+inline std::uint64_t chain_hash(std::uint64_t running, std::uint64_t next) {
+  std::uint64_t h = (running ^ next) * 0xC2B2AE3D27D4EB4Full;
+  return h ^ (h >> 31);
+}
+
 inline std::uint64_t read_u64_le(const std::uint8_t* p) {
   std::uint64_t v = 0;
   std::memcpy(&v, p, 8);
@@ -402,6 +430,13 @@ inline std::vector<std::uint8_t> read_file_bytes(const std::string& path) {
   return bytes;
 }
 
+// The same hash as SafetensorsWriter::data_hash, over a file read back (tensors in file order).
+inline std::uint64_t data_hash(const SafetensorsFile& f) {
+  std::uint64_t h = 0;
+  for (const auto& name : f.order) h = detail::chain_hash(h, detail::hash_bytes(f.tensors.at(name).data));
+  return h;
+}
+
 // Collects tensors and metadata, then writes one file. add() copies the bytes; add_view() borrows them
 // (the caller keeps them alive until write()). Names must be unique and must not be "__metadata__".
 class SafetensorsWriter {
@@ -448,6 +483,14 @@ class SafetensorsWriter {
   void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
 
   std::size_t size() const { return items_.size(); }
+
+  // detail::hash_bytes of every tensor's bytes chained in file order; data_hash(parse_safetensors(
+  // serialize())) gives the same value, so a snapshot can carry it in its metadata.
+  std::uint64_t data_hash() const {
+    std::uint64_t h = 0;
+    for (const auto& it : items_) h = detail::chain_hash(h, detail::hash_bytes(it.bytes));
+    return h;
+  }
 
   // The JSON header, already padded with spaces to a multiple of 8 bytes.
   std::string header() const {

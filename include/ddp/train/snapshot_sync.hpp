@@ -6,7 +6,9 @@
 // How it works: rank 0 reads the whole file (or nothing when it does not exist), broadcasts the length
 // as one int64, then, when non-zero, the bytes. Other ranks never touch the filesystem (DESIGN D10).
 // A file that exists but cannot be read is an IoError on rank 0; the other ranks then fail their
-// broadcast with a CommError within the timeout (D9), so no rank hangs.
+// broadcast with a CommError within the timeout (D9), so no rank hangs. So is a path that is not a regular
+// file (a directory) and an empty file: an empty snapshot was cut short, and treating it as "no snapshot"
+// would start from scratch and let the next save_snapshot rotate it over the good `<path>.prev`.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +29,21 @@ namespace ddp::train {
 inline std::vector<std::uint8_t> read_and_broadcast(comm::Communicator& comm, const std::string& path) {
   std::vector<std::uint8_t> bytes;
   if (comm.rank() == 0 && std::filesystem::exists(path)) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+      throw IoError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(path),
+                                     " is not a regular file (a directory?); check the snapshot path (e.g. "
+                                     "--snapshot-path)"));
     std::ifstream in(path, std::ios::binary);
     if (!in)
       throw IoError(ddp::detail::str("ddp: cannot read snapshot ", ddp::detail::quoted(path),
                                      "; check its permissions or remove it to start from scratch"));
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (bytes.empty())
+      throw IoError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(path),
+                                     " is empty (0 bytes): it was cut short. Restore ", ddp::detail::quoted(path + ".prev"),
+                                     " (the snapshot before it) if there is one, or delete ", ddp::detail::quoted(path),
+                                     " to start from scratch."));
   }
   std::int64_t n = static_cast<std::int64_t>(bytes.size());
   comm.broadcast(std::span<std::int64_t>(&n, 1), {.root = 0}).wait();

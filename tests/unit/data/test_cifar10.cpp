@@ -1,5 +1,5 @@
-// data: the CIFAR-10 binary reader on generated files, normalisation, crop+flip augmentation, bad files,
-// and scikit-learn's digits converted by tests/reference/digits_to_cifar_format.py.
+// data: the CIFAR-10 binary reader on generated files, normalisation, crop+flip augmentation (bad files:
+// test_bad_inputs.cpp), and scikit-learn's digits converted by tests/reference/digits_to_cifar_format.py.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -158,67 +158,6 @@ TEST_SUITE("data") {
           found = close(img, reference_view(static_cast<int>(i), top, left, false, 4));
       CHECK(found);
     }
-  }
-
-  TEST_CASE("cifar10: wrong sizes, bad labels and missing files are IoErrors naming the file") {
-    TempDir dir;
-    const std::string p = dir.file("bad.bin");
-    write_cifar(p, 2);
-    fs::resize_file(p, 2 * 3073 - 5);
-    CHECK_THROWS_WITH_AS(
-        CifarBinaryDataset({p}, {}),
-        ("ddp: CIFAR-format file '" + p +
-         "' has 6141 bytes, not a positive multiple of the 3073-byte record (1 label byte + 3x32x32 pixel "
-         "bytes); the file is truncated or in another format")
-            .c_str(),
-        ddp::IoError);
-    std::ofstream(p, std::ios::trunc).close();
-    CHECK_THROWS_WITH_AS(
-        CifarBinaryDataset({p}, {}),
-        ("ddp: CIFAR-format file '" + p +
-         "' has 0 bytes, not a positive multiple of the 3073-byte record (1 label byte + 3x32x32 pixel "
-         "bytes); the file is truncated or in another format")
-            .c_str(),
-        ddp::IoError);
-    write_cifar(p, 3);
-    {
-      std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(2 * 3073);
-      f.put(static_cast<char>(10));
-    }
-    CHECK_THROWS_WITH_AS(CifarBinaryDataset({p}, {}),
-                         ("ddp: CIFAR-format file '" + p +
-                          "' record 2 has label 10 but the dataset has 10 classes; the file is corrupt or the record "
-                          "format is wrong")
-                             .c_str(),
-                         ddp::IoError);
-    const std::string missing = dir.file("nope.bin");
-    CHECK_THROWS_WITH_AS(
-        CifarBinaryDataset({missing}, {}),
-        ("ddp: cannot read CIFAR-format file '" + missing + "': No such file or directory; check --data-dir").c_str(),
-        ddp::IoError);
-    CHECK_THROWS_WITH_AS(ddp::data::cifar10_files(dir.path.string(), false),
-                         ("ddp: CIFAR-10 file '" + dir.file("test_batch.bin") +
-                          "' does not exist; download https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, extract "
-                          "it and pass --data-dir <dir>/cifar-10-batches-bin")
-                             .c_str(),
-                         ddp::IoError);
-    for (int k = 1; k <= 5; ++k) write_cifar(dir.file("data_batch_" + std::to_string(k) + ".bin"), 1, k);
-    auto files = ddp::data::cifar10_files(dir.path.string(), true);
-    CHECK(files.size() == 5);
-    CHECK(CifarBinaryDataset(files, {}).size() == 5);
-    CHECK_THROWS_WITH_AS(CifarBinaryDataset(files, {.mean = {0.5f}}),
-                         "ddp: CIFAR-format dataset has 3 channels but 1 means and 3 standard deviations were given",
-                         ddp::ValueError);
-    CHECK_THROWS_WITH_AS(CifarBinaryDataset(files, {.std = {1.0f, 0.0f, 1.0f}}), "ddp: normalisation std 0 must be > 0",
-                         ddp::ValueError);
-    CHECK_THROWS_WITH_AS(CifarBinaryDataset(files, {.format = {.num_classes = 0}}),
-                         "ddp: CIFAR-format record of 32x32x3 with 0 classes is invalid (extents > 0, 1..256 classes)",
-                         ddp::ValueError);
-    CHECK_THROWS_WITH_AS(ddp::data::CifarBinaryDataset(files, {}).get(5),
-                         "ddp: dataset index 5 is out of range for a dataset of 5 samples; the sampler was built for a "
-                         "different dataset size",
-                         ddp::ValueError);
   }
 
   TEST_CASE("cifar10: normalisation and crop/flip views equal torchvision's transforms on the same records") {

@@ -1,5 +1,5 @@
 // store: TcpStore client + TcpStoreServer on port 0: every operation, both protocol generations, concurrency,
-// timeouts, and bad clients that must not disturb good ones.
+// timeouts, and slow or flooding clients that must not disturb good ones (malformed bytes: test_bad_inputs.cpp).
 // SPDX-License-Identifier: MIT
 #include <ddp/core/log.hpp>
 #include <ddp/store/rendezvous.hpp>
@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 
+#include "raw_client.hpp"
 #include "store_conformance.hpp"
 
 namespace {
@@ -21,61 +22,10 @@ using ddp::store::TcpProtocol;
 using ddp::store::TcpStore;
 using ddp::store::TcpStoreServer;
 namespace wire = ddp::store::wire;
-
-// Captures WARN lines from the server so tests can check that a bad client was logged with a reason.
-std::mutex g_log_mu;
-std::vector<std::string> g_log;
-void capture(std::string_view line) {
-  std::lock_guard l(g_log_mu);
-  g_log.emplace_back(line);
-}
-struct LogCapture {
-  LogCapture() {
-    std::lock_guard l(g_log_mu);
-    g_log.clear();
-    ddp::log::set_sink(&capture);
-  }
-  ~LogCapture() { ddp::log::set_sink(nullptr); }
-  // Waits (bounded) for a line containing `needle`: the server logs from its own thread.
-  bool saw(std::string_view needle) {
-    auto deadline = Clock::now() + 2s;
-    while (Clock::now() < deadline) {
-      {
-        std::lock_guard l(g_log_mu);
-        for (const auto& s : g_log)
-          if (s.find(needle) != std::string::npos) return true;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
-  }
-};
-
-Socket raw_connect(std::uint16_t port) { return ddp::store::connect_tcp("127.0.0.1", port, Clock::now() + 2s); }
-
-void raw_send(const Socket& s, const Bytes& b) { ddp::store::write_all(s, b, Clock::now() + 2s, "test"); }
-
-Bytes raw_read(const Socket& s, std::size_t n) {
-  Bytes b(n);
-  ddp::store::read_exact(s, b, Clock::now() + 2s, "test");
-  return b;
-}
-
-// True when the server closed this connection (EOF within 2 s).
-bool closed_by_peer(const Socket& s) {
-  if (!ddp::store::poll_until(s.fd(), POLLIN, Clock::now() + 2s)) return false;
-  std::uint8_t b;
-  return ::recv(s.fd(), &b, 1, 0) <= 0;
-}
-
-Bytes enc(const wire::Request& rq, wire::Protocol p) { return wire::encode_request(rq, p); }
-
-// The client still works: a full set/get round trip.
-void still_serves(std::uint16_t port) {
-  TcpStore c("127.0.0.1", port, {.timeout = 2s});
-  c.set("alive", "yes");
-  CHECK(c.get_string("alive") == "yes");
-}
+using ddp_test::enc;
+using ddp_test::raw_connect;
+using ddp_test::raw_read;
+using ddp_test::raw_send;
 
 }  // namespace
 
@@ -171,58 +121,6 @@ TEST_SUITE("store") {
                           "free port with --master-port (MASTER_PORT) or DDP_STORE_PORT, or stop the old process.")
                              .c_str(),
                          ddp::StoreError);
-  }
-
-  TEST_CASE("bad bytes close only that connection, logged with a reason; the server keeps serving") {
-    LogCapture log;
-    TcpStoreServer server("127.0.0.1", 0);
-    TcpStore good("127.0.0.1", server.port(), {.timeout = 2s});
-    good.set("before", "1");
-
-    SUBCASE("unknown opcode") {
-      Socket bad = raw_connect(server.port());
-      raw_send(bad, Bytes{0x63});
-      CHECK(closed_by_peer(bad));
-      CHECK(log.saw("malformed request: unknown opcode 99 for PyTorch 1.x (no VALIDATE)"));
-    }
-    SUBCASE("oversized key length") {
-      Socket bad = raw_connect(server.port());
-      raw_send(bad, Bytes{2, 0, 0, 0, 0, 0, 0, 0, 1});  // GET with a key of 2^56 bytes
-      CHECK(closed_by_peer(bad));
-      CHECK(log.saw("GET: key of 72057594037927936 bytes exceeds the limit of 65536 bytes"));
-    }
-    SUBCASE("oversized value length") {
-      Socket bad = raw_connect(server.port());
-      // SET "/k" announcing a value of 2^32 bytes (> 1 GiB).
-      Bytes b{0, 2, 0, 0, 0, 0, 0, 0, 0, '/', 'k', 0, 0, 0, 0, 1, 0, 0, 0};
-      raw_send(bad, b);
-      CHECK(closed_by_peer(bad));
-      CHECK(log.saw("SET: value of 4294967296 bytes exceeds the limit of 1073741824 bytes"));
-    }
-    SUBCASE("wrong VALIDATE magic") {
-      Socket bad = raw_connect(server.port());
-      raw_send(bad, Bytes{0, 0xce, 0xf7, 0x85, 0x3c, 0, 1, 2, 3, 4});  // valid VALIDATE, then a second, wrong one
-      CHECK(closed_by_peer(bad));
-      CHECK(log.saw("VALIDATE with wrong magic"));
-    }
-    SUBCASE("truncated frame, then the client disappears") {
-      Socket bad = raw_connect(server.port());
-      Bytes b = enc({.op = wire::Op::Set, .keys = {"/t"}, .values = {Bytes(100, 7)}}, wire::Protocol::V1);
-      raw_send(bad, Bytes(b.begin(), b.begin() + 30));
-      bad.reset();
-      CHECK(log.saw("peer closed in the middle of a request"));
-      CHECK_FALSE(good.check("t"));
-    }
-    SUBCASE("WATCH_KEY (1.x callbacks) is refused") {
-      Socket bad = raw_connect(server.port());
-      raw_send(bad, enc({.op = wire::Op::WatchKey, .keys = {"/w"}}, wire::Protocol::V1));
-      CHECK(closed_by_peer(bad));
-      CHECK(log.saw("WATCH_KEY"));
-    }
-    CHECK(good.get_string("before") == "1");
-    good.set("after", "2");
-    CHECK(good.get_string("after") == "2");
-    still_serves(server.port());
   }
 
   TEST_CASE("a client that sends half a frame does not stall the others") {

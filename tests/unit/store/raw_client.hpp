@@ -1,0 +1,95 @@
+// Store test helpers for talking to a TcpStoreServer byte by byte (a bad or hostile client) and for
+// checking what the server logged about it.
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <ddp/core/log.hpp>
+#include <ddp/store/socket.hpp>
+#include <ddp/store/tcp_store.hpp>
+#include <ddp/store/wire.hpp>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace ddp_test {
+
+// Captures log lines so tests can check that a bad client was logged with a reason. The server logs
+// from its own thread, hence the mutex.
+struct LogCapture {
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<std::string>& lines() {
+    static std::vector<std::string> l;
+    return l;
+  }
+  static void capture(std::string_view line) {
+    std::lock_guard l(mu());
+    lines().emplace_back(line);
+  }
+  LogCapture() {
+    clear();
+    ddp::log::set_sink(&capture);
+  }
+  ~LogCapture() { ddp::log::set_sink(nullptr); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  void clear() {
+    std::lock_guard l(mu());
+    lines().clear();
+  }
+  // Waits (bounded, 2 s) for a line containing `needle`.
+  bool saw(std::string_view needle) {
+    const auto deadline = ddp::store::Clock::now() + std::chrono::seconds(2);
+    while (ddp::store::Clock::now() < deadline) {
+      {
+        std::lock_guard l(mu());
+        for (const auto& s : lines())
+          if (s.find(needle) != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+};
+
+inline ddp::store::Socket raw_connect(std::uint16_t port) {
+  return ddp::store::connect_tcp("127.0.0.1", port, ddp::store::Clock::now() + std::chrono::seconds(2));
+}
+
+inline void raw_send(const ddp::store::Socket& s, const ddp::store::Bytes& b) {
+  ddp::store::write_all(s, b, ddp::store::Clock::now() + std::chrono::seconds(2), "test");
+}
+
+inline ddp::store::Bytes raw_read(const ddp::store::Socket& s, std::size_t n) {
+  ddp::store::Bytes b(n);
+  ddp::store::read_exact(s, b, ddp::store::Clock::now() + std::chrono::seconds(2), "test");
+  return b;
+}
+
+// True when the server closed this connection (EOF within 2 s).
+inline bool closed_by_peer(const ddp::store::Socket& s) {
+  if (!ddp::store::poll_until(s.fd(), POLLIN, ddp::store::Clock::now() + std::chrono::seconds(2))) return false;
+  std::uint8_t b;
+  return ::recv(s.fd(), &b, 1, 0) <= 0;
+}
+
+inline ddp::store::Bytes enc(const ddp::store::wire::Request& rq, ddp::store::wire::Protocol p) {
+  return ddp::store::wire::encode_request(rq, p);
+}
+
+// The server still works for a fresh client: a full set/get round trip.
+inline void still_serves(std::uint16_t port) {
+  ddp::store::TcpStore c("127.0.0.1", port, {.timeout = std::chrono::seconds(2)});
+  c.set("alive", "yes");
+  CHECK(c.get_string("alive") == "yes");
+}
+
+}  // namespace ddp_test

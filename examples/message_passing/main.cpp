@@ -9,7 +9,7 @@
 //   mpirun -np 2 ./message_passing --backend=mpi
 //   ddprun --nproc-per-node 2 ./message_passing
 // Flags: --backend tcp|gloo|mpi|nccl, --timeout-ms (DDP_TIMEOUT_MS), --socket-ifname (DDP_SOCKET_IFNAME),
-//        --store-port (DDP_STORE_PORT), plus the launch flags --rank, --world-size, --master-addr, ...
+//        --shm (DDP_SHM), --store-port (DDP_STORE_PORT), plus the launch flags --rank, --world-size, --master-addr, ...
 // Expected output (2 ranks), then exit code 0 on every rank:
 //   Rank 0 sent data to Rank 1
 //   Rank 1 has received data from rank 0
@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
         cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))(
         "socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
         cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))(
+        "shm", "tcp: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
+        cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))(
         "store-port", "port of the store when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
         cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))("h,help", "this help");
     const auto args = options.parse(argc, argv);
@@ -55,8 +57,10 @@ int main(int argc, char** argv) {
     // The mpi backend takes rank and size from MPI and needs no store; the others meet through one.
     std::unique_ptr<ddp::store::Store> store = backend == "mpi" ? std::make_unique<ddp::store::HashStore>(timeout)
                                                                 : ddp::store::make_store(info, timeout, store_port);
-    auto comm = ddp::comm::make_communicator(
-        backend, info, *store, {.timeout = timeout, .socket_ifname = args["socket-ifname"].as<std::string>()});
+    auto comm = ddp::comm::make_communicator(backend, info, *store,
+                                             {.timeout = timeout,
+                                              .socket_ifname = args["socket-ifname"].as<std::string>(),
+                                              .shm = args["shm"].as<std::string>() != "0"});
 
     std::vector<float> tensor{0.0f};
     if (comm->rank() == 0) {

@@ -6,7 +6,7 @@
 //   auto args = options.parse(argc, argv);
 //   ddp::train::DistFlags dist = ddp::train::read_dist_flags(args);
 // Every flag that has an environment variable takes its default from it (DDP_TIMEOUT_MS, DDP_SOCKET_IFNAME,
-// DDP_STORE_PORT), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
+// DDP_SHM, DDP_STORE_PORT), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
 #pragma once
 
 #include <chrono>
@@ -28,22 +28,33 @@ struct DistFlags {
   std::string backend = "gloo";
   std::chrono::milliseconds timeout = comm::kDefaultCommTimeout;
   std::string socket_ifname;
+  bool shm = true;                          // tcp: shared memory between ranks on one host (DDP_SHM=0: off)
   std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
   parallel::DdpOptions ddp;                 // bucket caps, compression, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
 
-  comm::CommOptions comm_options() const { return {.timeout = timeout, .socket_ifname = socket_ifname}; }
+  comm::CommOptions comm_options() const { return {.timeout = timeout, .socket_ifname = socket_ifname, .shm = shm}; }
   bool needs_store() const { return backend != "mpi"; }
 };
 
-// Adds the distributed flags to `options` (group "distributed").
+// Adds the distributed flags to `options` (group "distributed"). DDP_TIMEOUT_MS and DDP_STORE_PORT become
+// the flags' defaults; a value that is not a number is a ConfigError naming the variable here, because
+// cxxopts would only say "Argument '30s' failed to parse" when it parses the default.
 inline void add_dist_options(cxxopts::Options& options, const env::Env& env, const std::string& default_backend = "gloo") {
+  if (auto v = env.get("DDP_TIMEOUT_MS"); v && !env::detail::parse_int(*v))
+    throw ConfigError(ddp::detail::str("ddp: DDP_TIMEOUT_MS=", ddp::detail::quoted(*v),
+                                       " is not a whole number of milliseconds; unset it or pass --timeout-ms=<ms>."));
+  if (auto v = env.get("DDP_STORE_PORT"); v && !env::detail::parse_int(*v))
+    throw ConfigError(ddp::detail::str("ddp: DDP_STORE_PORT=", ddp::detail::quoted(*v),
+                                       " is not a TCP port; unset it or pass --store-port=<1..65535>."));
   options.add_options("distributed")
       ("backend", "nccl, gloo (= tcp), tcp or mpi", cxxopts::value<std::string>()->default_value(default_backend))
       ("timeout-ms", "collective and store timeout in ms (DDP_TIMEOUT_MS)",
        cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))
       ("socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))
+      ("shm", "tcp: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
+       cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))
       ("store-port", "store port when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
        cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))
       ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
@@ -61,8 +72,9 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   if (t <= 0) throw ConfigError(ddp::detail::str("ddp: --timeout-ms must be > 0, got ", t, " (DDP_TIMEOUT_MS)"));
   f.timeout = std::chrono::milliseconds(t);
   f.socket_ifname = args["socket-ifname"].as<std::string>();
+  f.shm = args["shm"].as<std::string>() != "0";
   const int p = args["store-port"].as<int>();
-  if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p));
+  if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p, " (DDP_STORE_PORT)"));
   if (p > 0) f.store_port = static_cast<std::uint16_t>(p);
   f.ddp.bucket_cap_bytes = parallel::bucket_cap_bytes_from_mb(args["bucket-cap-mb"].as<double>());
   f.ddp.compression = parallel::parse_grad_compression(args["grad-compression"].as<std::string>());

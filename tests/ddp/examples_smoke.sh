@@ -40,7 +40,8 @@ for name in [f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]:
             f.write(bytes([i % 10]) + bytes(random.randrange(256) for _ in range(3072)))
 PY
   run "resnet on CIFAR-10 files" "test accuracy" "$ddprun" --nproc-per-node 2 --standalone "$resnet" --data_dir "$work/cifar" --device cpu --arch resnet18 --width 8 --batch_size 4 --num_classes 10 --threads 1 --model_dir "$work/models2"
-  "$resnet" --backend nccl --use_syn > "$work/out.log" 2>&1 && fail "--backend nccl on a CPU build should fail"
+  # No visible GPU (also on a CUDA build run on a GPU machine): --backend nccl must fail with a message.
+  CUDA_VISIBLE_DEVICES= "$resnet" --backend nccl --use_syn > "$work/out.log" 2>&1 && fail "--backend nccl without a GPU should fail"
   grep -q "ddp: " "$work/out.log" || fail "--backend nccl error message"
   echo "ok: resnet --backend nccl fails with: $(head -c 200 "$work/out.log")"
   ;;

@@ -182,6 +182,11 @@ struct MaxPool2dBackwardArgs {
   TensorView<const T, D> dy;                 // (N, H_out, W_out, C)
   TensorView<const std::int32_t, D> argmax;  // from the forward call
   TensorView<T, D> dx;                       // (N, H, W, C), overwritten
+  // The forward's window (the CPU scatters through argmax and ignores it; CUDA gathers, per input
+  // element, from the outputs whose window covers it, which needs the geometry; no atomics).
+  Size2 kernel{3, 3};
+  Size2 stride{2, 2};
+  Size2 padding{1, 1};
 };
 
 template <class T, Device D>

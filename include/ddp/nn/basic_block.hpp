@@ -8,12 +8,18 @@
 // present); the main path runs bn2, conv2, the ReLU mask of bn1's output, bn1, conv1 in reverse; dx is
 // the sum of both. The ReLUs run in place on the BatchNorm outputs (torchvision's inplace=True), which
 // is safe because BatchNorm's backward needs its input, not its output.
+// On the GPU the block runs fused: bn1 + ReLU and bn2 + residual add + ReLU are each one pass
+// (BatchNorm2d::forward_act, kernels/cuda/bn_act.cuh), and backward applies the ReLU masks inside the
+// BatchNorm backward passes. Same numbers to fp32 rounding; the gradients of bn2 are then reported before
+// the downsample's (they used to follow them), which only changes DDP's first-step bucket order.
+// The CPU keeps the unfused path (it gains nothing there and its results stay bit-identical).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -81,6 +87,23 @@ class BasicBlock : public Module<T, D> {
   }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+    if constexpr (std::is_same_v<D, Cuda>)
+      return forward_fused(exec, x);
+    else
+      return forward_unfused(exec, x);
+  }
+
+  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_state_);
+    have_state_ = false;
+    if constexpr (std::is_same_v<D, Cuda>)
+      return backward_fused(exec, dy);
+    else
+      return backward_unfused(exec, dy);
+  }
+
+ private:
+  Tensor<T, D> forward_unfused(Exec<D>& exec, TensorView<const T, D> x) {
     c1_ = conv1_->forward(exec, x);
     a1_ = bn1_->forward(exec, c1_.cview());
     relu_(exec, a1_.view());
@@ -101,9 +124,7 @@ class BasicBlock : public Module<T, D> {
     return out;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
-    this->require_forward_state(have_state_);
-    have_state_ = false;
+  Tensor<T, D> backward_unfused(Exec<D>& exec, TensorView<const T, D> dy) {
     Tensor<T, D> g = detail::relu_grad(exec, y_, dy, this->where());
     Tensor<T, D> skip = downsample_ ? downsample_->backward(exec, g.cview()) : Tensor<T, D>();
     Tensor<T, D> h = bn2_->backward(exec, g.cview());
@@ -119,7 +140,42 @@ class BasicBlock : public Module<T, D> {
     return dx;
   }
 
- private:
+  Tensor<T, D> forward_fused(Exec<D>& exec, TensorView<const T, D> x) {
+    c1_ = conv1_->forward(exec, x);
+    a1_ = bn1_->forward_act(exec, c1_.cview(), {}, true);
+    c2_ = conv2_->forward(exec, a1_.cview());
+    TensorView<const T, D> skip = x;
+    if (downsample_) {
+      id_ = downsample_->forward(exec, x);
+      skip = id_.cview();
+    } else if (!(x.shape() == c2_.shape())) {
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " and main-path output ",
+                                        c2_.shape(), " differ but the block has no downsample"));
+    }
+    Tensor<T, D> out = bn2_->forward_act(exec, c2_.cview(), skip, true);
+    y_ = out.cview();
+    have_state_ = true;
+    return out;
+  }
+
+  Tensor<T, D> backward_fused(Exec<D>& exec, TensorView<const T, D> dy) {
+    if (!(dy.shape() == y_.shape()))
+      throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": output gradient has shape ", dy.shape(),
+                                        " but the output has shape ", y_.shape()));
+    Tensor<T, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
+    Tensor<T, D> h = bn2_->backward_act(exec, dy, y_, g.view());
+    Tensor<T, D> skip = downsample_ ? downsample_->backward(exec, g.cview()) : Tensor<T, D>();
+    h = conv2_->backward(exec, h.cview());
+    h = bn1_->backward_act(exec, h.cview(), a1_.cview(), {});
+    Tensor<T, D> dx = conv1_->backward(exec, h.cview());
+    add_(exec, dx.view(), downsample_ ? skip.cview() : g.cview(), "BasicBlock backward");
+    c1_ = {};
+    a1_ = {};
+    c2_ = {};
+    id_ = {};
+    return dx;
+  }
+
   BlockOptions o_;
   Conv2d<T, D>* conv1_ = nullptr;
   BatchNorm2d<T, D>* bn1_ = nullptr;

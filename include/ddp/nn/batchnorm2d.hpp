@@ -8,6 +8,9 @@
 // Evaluation: the running statistics replace the batch ones and nothing is updated.
 // state_dict names: weight, bias (parameters); running_mean, running_var, num_batches_tracked (buffers).
 // Initialisation (torchvision): weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
+// forward_act/backward_act: the same layer followed by "+ residual, ReLU" in one kernel (the residual
+// blocks use them on the GPU, where the fused pass pays; kernels/cuda/bn_act.cuh). On the CPU they run
+// the reference composition (kernels/cpu/bn_act.hpp): the same numbers as forward + add + relu.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +21,9 @@
 #include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
 #include "ddp/nn/module.hpp"
 
@@ -76,6 +81,58 @@ class BatchNorm2d : public Module<T, D> {
   }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+    check_input(x);
+    Tensor<T, D> y(x.shape());
+    Kernels<D>::batchnorm_forward(exec, forward_args(x, y));
+    after_forward(exec, x);
+    return y;
+  }
+
+  // y = relu(bn(x) + residual) (residual optional: empty view; relu optional), one fused pass on the GPU.
+  // backward_act must follow (not backward): it needs y, the returned tensor, kept alive by the caller.
+  Tensor<T, D> forward_act(Exec<D>& exec, TensorView<const T, D> x, TensorView<const T, D> residual, bool relu) {
+    check_input(x);
+    Tensor<T, D> y(x.shape());
+    const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
+    if constexpr (std::is_same_v<D, Cpu>)
+      kernels::cpu::batchnorm_act_forward(exec, a);
+    else
+      Kernels<D>::batchnorm_act_forward(exec, a);
+    after_forward(exec, x);
+    act_relu_ = relu;
+    return y;
+  }
+
+  // From dy = d(loss)/d(y) of forward_act (y its output): returns d(loss)/dx, writes dy * (y > 0) into
+  // dresidual when it is not empty (the residual's gradient), and reports weight and bias as ready.
+  Tensor<T, D> backward_act(Exec<D>& exec, TensorView<const T, D> dy, TensorView<const T, D> y,
+                            TensorView<T, D> dresidual) {
+    this->require_forward_state(have_x_);
+    have_x_ = false;
+    Tensor<T, D> dx(x_.shape());
+    const kernels::BatchNormActBackwardArgs<T, D> a{.bn = backward_args(dy, dx), .y = y, .dresidual = dresidual,
+                                                    .relu = act_relu_};
+    if constexpr (std::is_same_v<D, Cpu>)
+      kernels::cpu::batchnorm_act_backward(exec, a);
+    else
+      Kernels<D>::batchnorm_act_backward(exec, a);
+    weight_->grad_done(exec);
+    bias_->grad_done(exec);
+    return dx;
+  }
+
+  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_x_);
+    have_x_ = false;
+    Tensor<T, D> dx(x_.shape());
+    Kernels<D>::batchnorm_backward(exec, backward_args(dy, dx));
+    weight_->grad_done(exec);
+    bias_->grad_done(exec);
+    return dx;
+  }
+
+ private:
+  void check_input(TensorView<const T, D> x) const {
     if (x.rank() < 2)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be NHWC (N, H, W, C), got shape ",
                                         x.shape()));
@@ -86,38 +143,28 @@ class BatchNorm2d : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input has ", x.dim(-1),
                                         " channels but the layer expects ", o_.num_features, " (input shape ",
                                         x.shape(), ", NHWC)"));
-    Tensor<T, D> y(x.shape());
+  }
+  kernels::BatchNormForwardArgs<T, D> forward_args(TensorView<const T, D> x, Tensor<T, D>& y) {
+    return {.x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
+            .running_mean = running_mean_->real().view(), .running_var = running_var_->real().view(), .y = y.view(),
+            .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(), .training = this->is_training(),
+            .momentum = o_.momentum, .eps = o_.eps};
+  }
+  void after_forward(Exec<D>& exec, TensorView<const T, D> x) {
     const bool training = this->is_training();
-    Kernels<D>::batchnorm_forward(exec, kernels::BatchNormForwardArgs<T, D>{
-                                            .x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
-                                            .running_mean = running_mean_->real().view(),
-                                            .running_var = running_var_->real().view(), .y = y.view(),
-                                            .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(),
-                                            .training = training, .momentum = o_.momentum, .eps = o_.eps});
     if (training) {
       Kernels<D>::for_each_index(exec, 1, detail::Increment{.count = num_batches_tracked_->count().data()});
     }
     x_ = x;
     have_x_ = true;
     forward_training_ = training;
-    return y;
+  }
+  kernels::BatchNormBackwardArgs<T, D> backward_args(TensorView<const T, D> dy, Tensor<T, D>& dx) {
+    return {.x = x_, .dy = dy, .gamma = weight_->value().cview(), .save_mean = save_mean_.cview(),
+            .save_invstd = save_invstd_.cview(), .dx = dx.view(), .dgamma = weight_->grad_dest(),
+            .dbeta = bias_->grad_dest(), .training = forward_training_};
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
-    this->require_forward_state(have_x_);
-    have_x_ = false;
-    Tensor<T, D> dx(x_.shape());
-    Kernels<D>::batchnorm_backward(exec, kernels::BatchNormBackwardArgs<T, D>{
-                                             .x = x_, .dy = dy, .gamma = weight_->value().cview(),
-                                             .save_mean = save_mean_.cview(), .save_invstd = save_invstd_.cview(),
-                                             .dx = dx.view(), .dgamma = weight_->grad_dest(),
-                                             .dbeta = bias_->grad_dest(), .training = forward_training_});
-    weight_->grad_done(exec);
-    bias_->grad_done(exec);
-    return dx;
-  }
-
- private:
   BatchNorm2dOptions o_;
   Parameter<T, D>* weight_ = nullptr;  // gamma (C)
   Parameter<T, D>* bias_ = nullptr;    // beta (C)
@@ -129,6 +176,7 @@ class BatchNorm2d : public Module<T, D> {
   TensorView<const T, D> x_;  // forward input, owned by the caller
   bool have_x_ = false;
   bool forward_training_ = true;
+  bool act_relu_ = true;  // the relu flag of the last forward_act
 };
 
 }  // namespace ddp::nn

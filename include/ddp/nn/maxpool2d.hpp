@@ -53,8 +53,10 @@ class MaxPool2d : public Module<T, D> {
     this->require_forward_state(have_state_);
     have_state_ = false;
     Tensor<T, D> dx(x_shape_);
-    Kernels<D>::max_pool2d_backward(
-        exec, kernels::MaxPool2dBackwardArgs<T, D>{.dy = dy, .argmax = argmax_.cview(), .dx = dx.view()});
+    Kernels<D>::max_pool2d_backward(exec, kernels::MaxPool2dBackwardArgs<T, D>{
+                                              .dy = dy, .argmax = argmax_.cview(), .dx = dx.view(),
+                                              .kernel = {o_.kernel_size, o_.kernel_size},
+                                              .stride = {o_.stride, o_.stride}, .padding = {o_.padding, o_.padding}});
     return dx;
   }
 

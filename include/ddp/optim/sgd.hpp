@@ -11,16 +11,20 @@
 // The momentum buffers are the optimizer's state: snapshots save them by parameter name
 // (train/checkpoint.hpp), under the same names torch's optimizer.state_dict() indexes by position.
 // Not thread-safe; step() must not overlap a backward that writes the same gradients.
+// On the GPU one step is one kernel launch over every parameter (Kernels<Cuda>::sgd_step_multi, the same
+// SgdStep arithmetic); on the CPU it is one sgd_step per parameter.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
@@ -56,16 +60,22 @@ class SGD {
   // One update of every parameter from its current grad().
   void step(Exec<D>& exec) {
     const bool use_momentum = o_.momentum != 0.0;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      nn::Parameter<T, D>& p = *params_[i];
-      if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
-      Kernels<D>::sgd_step(exec, kernels::SgdArgs<T, D>{
-                                     .param = p.value().view(), .grad = p.grad().cview(),
-                                     .momentum_buffer = use_momentum ? buffers_[i].view() : TensorView<T, D>(),
-                                     .first_step = !have_buffer_[i], .lr = o_.lr, .momentum = o_.momentum,
-                                     .dampening = o_.dampening, .weight_decay = o_.weight_decay,
-                                     .nesterov = o_.nesterov});
-      if (use_momentum) have_buffer_[i] = true;
+    if constexpr (std::is_same_v<D, Cuda>) {
+      std::vector<kernels::SgdTensor<T>> ts(params_.size());
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        nn::Parameter<T, D>& p = *params_[i];
+        if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
+        ts[i] = kernels::SgdTensor<T>{.param = p.value().data(), .grad = p.grad().data(),
+                                      .momentum_buffer = use_momentum ? buffers_[i].data() : nullptr,
+                                      .numel = p.numel(), .first_step = !have_buffer_[i]};
+        if (use_momentum) have_buffer_[i] = true;
+      }
+      Kernels<D>::sgd_step_multi(exec, kernels::MultiSgdArgs<T, D>{
+                                           .tensors = ts, .lr = o_.lr, .momentum = o_.momentum,
+                                           .dampening = o_.dampening, .weight_decay = o_.weight_decay,
+                                           .nesterov = o_.nesterov});
+    } else {
+      step_each(exec, use_momentum);
     }
     ++steps_;
   }
@@ -95,6 +105,22 @@ class SGD {
   void clear_momentum_buffers() { have_buffer_.assign(params_.size(), false); }
 
  private:
+  // The CPU's step: one sgd_step per parameter.
+  void step_each(Exec<D>& exec, bool use_momentum) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      nn::Parameter<T, D>& p = *params_[i];
+      if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
+      Kernels<D>::sgd_step(exec, kernels::SgdArgs<T, D>{
+                                     .param = p.value().view(), .grad = p.grad().cview(),
+                                     .momentum_buffer = use_momentum ? buffers_[i].view() : TensorView<T, D>(),
+                                     .first_step = !have_buffer_[i], .lr = o_.lr, .momentum = o_.momentum,
+                                     .dampening = o_.dampening, .weight_decay = o_.weight_decay,
+                                     .nesterov = o_.nesterov});
+      if (use_momentum) have_buffer_[i] = true;
+    }
+  }
+
+
   std::vector<nn::Parameter<T, D>*> params_;
   SgdOptions o_;
   std::vector<Tensor<T, D>> buffers_;  // buffers_[i] has params_[i]'s shape once used

@@ -22,11 +22,17 @@
 //   synchronised backward all-reduces the accumulated sum (divided by world size, as in PyTorch).
 // - A parameter without a gradient in a synchronised step is an Error naming it (reducer.hpp).
 // Not thread-safe: one thread drives forward/backward (the backend runs the all-reduces on its own thread).
+// CUDA models (DistributedDataParallel<float, Cuda>, --backend nccl): include <ddp/parallel/cuda/reducer.cuh>
+// in the .cu file. Buckets are reduced on a communication stream ordered by events and the compute
+// stream waits for them (no host synchronisation in backward, see that header); broadcasts are enqueued
+// on the exec's stream (the host waits only for the one at construction).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
@@ -91,8 +97,8 @@ class DistributedDataParallel {
   ~DistributedDataParallel() { module_->set_grad_ready_hook({}); }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
-    if (o_.broadcast_buffers) broadcast_buffers();
-    if (sync_) reducer_.prepare_step(step_++);
+    if (o_.broadcast_buffers) broadcast_buffers(exec);
+    if (sync_) reducer_.prepare_step(step_++, exec);
     return module_->forward(exec, x);
   }
 
@@ -111,10 +117,53 @@ class DistributedDataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool sync_enabled() const noexcept { return sync_; }
 
-  // Every parameter value from rank 0 (one flat broadcast).
+  // Every parameter value from rank 0 (one flat broadcast; the host waits for it).
   void broadcast_parameters() {
     if (comm_->size() == 1) return;
     auto params = module_->parameters();
+    if constexpr (std::is_same_v<D, Cuda>) {
+      std::vector<std::pair<T*, std::int64_t>> parts;
+      for (auto* p : params) parts.emplace_back(p->value().data(), p->numel());
+      reducer_.broadcast(parts, Exec<Cuda>{}, /*host_wait=*/true);
+    } else {
+      broadcast_parameters_host(params);
+    }
+  }
+
+  // Every buffer from rank 0: one broadcast for the real-valued ones, one for the int64 counters. On
+  // CUDA they are enqueued on exec's stream (which waits for them) and the host does not wait.
+  void broadcast_buffers(const Exec<D>& exec = {}) {
+    if (comm_->size() == 1) return;
+    auto bufs = module_->buffers();
+    if (bufs.empty()) return;
+    if constexpr (std::is_same_v<D, Cuda>) {
+      std::vector<std::pair<T*, std::int64_t>> reals;
+      std::vector<std::pair<std::int64_t*, std::int64_t>> counts;
+      for (auto* b : bufs) {
+        if (b->is_integer())
+          counts.emplace_back(b->count().data(), b->count().numel());
+        else
+          reals.emplace_back(b->real().data(), b->real().numel());
+      }
+      reducer_.broadcast(reals, exec, /*host_wait=*/false);
+      reducer_.broadcast(counts, exec, /*host_wait=*/false);
+    } else {
+      broadcast_buffers_host(bufs);
+    }
+  }
+
+  nn::Module<T, D>& module() noexcept { return *module_; }
+  comm::Communicator& communicator() noexcept { return *comm_; }
+  const DdpOptions& options() const noexcept { return o_; }
+  // The current buckets (parameter indices into module().parameters()).
+  const std::vector<BucketLayout>& buckets() const noexcept { return reducer_.layouts(); }
+  // Launch times of the last synchronised step's buckets and the end of its backward.
+  const StepTrace& last_trace() const noexcept { return reducer_.last_trace(); }
+  // Synchronised forwards so far (the step number that errors quote is 0-based).
+  std::int64_t steps() const noexcept { return step_; }
+
+ private:
+  void broadcast_parameters_host(const std::vector<nn::Parameter<T, D>*>& params) {
     std::vector<T> flat;
     for (auto* p : params) flat.insert(flat.end(), p->value().data(), p->value().data() + p->numel());
     comm_->broadcast(std::span<T>(flat), {.root = 0}).wait();
@@ -125,11 +174,7 @@ class DistributedDataParallel {
     }
   }
 
-  // Every buffer from rank 0: one broadcast for the real-valued ones, one for the int64 counters.
-  void broadcast_buffers() {
-    if (comm_->size() == 1) return;
-    auto bufs = module_->buffers();
-    if (bufs.empty()) return;
+  void broadcast_buffers_host(const std::vector<nn::Buffer<T, D>*>& bufs) {
     std::vector<T> reals;
     std::vector<std::int64_t> counts;
     for (auto* b : bufs) {
@@ -155,17 +200,6 @@ class DistributedDataParallel {
     }
   }
 
-  nn::Module<T, D>& module() noexcept { return *module_; }
-  comm::Communicator& communicator() noexcept { return *comm_; }
-  const DdpOptions& options() const noexcept { return o_; }
-  // The current buckets (parameter indices into module().parameters()).
-  const std::vector<BucketLayout>& buckets() const noexcept { return reducer_.layouts(); }
-  // Launch times of the last synchronised step's buckets and the end of its backward.
-  const StepTrace& last_trace() const noexcept { return reducer_.last_trace(); }
-  // Synchronised forwards so far (the step number that errors quote is 0-based).
-  std::int64_t steps() const noexcept { return step_; }
-
- private:
   nn::Module<T, D>* module_;
   comm::Communicator* comm_;
   DdpOptions o_;

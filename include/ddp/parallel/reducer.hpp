@@ -93,9 +93,13 @@ struct StepTrace {
   }
 };
 
+// The CPU reducer. Reducer<T, Cuda> is a specialisation in parallel/cuda/reducer.cuh (device buffers, a
+// communication stream ordered by events); it is compiled only by nvcc.
 template <class T, Device D>
 class Reducer {
-  static_assert(std::is_same_v<D, Cpu>, "ddp: DistributedDataParallel supports CPU models only in this version");
+  static_assert(std::is_same_v<D, Cpu>,
+                "ddp: DistributedDataParallel on CUDA needs #include <ddp/parallel/cuda/reducer.cuh> before "
+                "<ddp/parallel/ddp.hpp> is used, in a .cu file compiled by nvcc and linked with ddp::cuda");
 
  public:
   Reducer(std::vector<nn::Parameter<T, D>*> params, comm::Communicator& comm, const ReducerOptions& o)
@@ -126,7 +130,8 @@ class Reducer {
   bool active() const noexcept { return active_; }
 
   // Starts a synchronised step (called from forward). Safe to call again without a finish in between.
-  void prepare_step(std::int64_t step) {
+  // The exec is where backward runs (the CUDA reducer orders its copies after it; unused on the CPU).
+  void prepare_step(std::int64_t step, const Exec<D>& = {}) {
     drain();
     ready_.assign(params_.size(), false);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {

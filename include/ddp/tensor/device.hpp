@@ -4,12 +4,15 @@
 // Code that works on both devices is written once against a tag, never with #ifdef:
 //   template <Device D> void step(Exec<D>& exec, TensorView<float, D> x) { Kernels<D>::relu_forward(exec, ...); }
 // Exec<Cpu> says how many threads CPU kernels may use (a non-owning handle to a ThreadPool, see
-// kernels/cpu/thread_pool.hpp; nullptr runs everything on the calling thread). Exec<Cuda> will carry the
-// CUDA stream (a cudaStream_t stored as void* so that this header needs no CUDA headers).
+// kernels/cpu/thread_pool.hpp; nullptr runs everything on the calling thread). Exec<Cuda> carries the
+// CUDA stream (a cudaStream_t stored as void* so that this header needs no CUDA headers), the precision
+// of the GEMM-shaped work (tensor/precision.hpp) and the deterministic-mode switch.
 #pragma once
 
 #include <concepts>
 #include <string_view>
+
+#include "ddp/tensor/precision.hpp"
 
 namespace ddp {
 
@@ -36,10 +39,16 @@ struct Exec<Cpu> {
   kernels::cpu::ThreadPool* pool = nullptr;  // nullptr: run on the calling thread
 };
 
-// CUDA execution context: the stream every kernel and copy of this context is enqueued on.
+// CUDA execution context: the stream every kernel and copy of this context is enqueued on, and how
+// the kernels compute. Cheap to copy.
 template <>
 struct Exec<Cuda> {
-  void* stream = nullptr;  // cudaStream_t; nullptr is the legacy default stream
+  void* stream = nullptr;                    // cudaStream_t; nullptr is the legacy default stream
+  Precision precision = Precision::Tf32;     // convolutions and Linear (--precision); see precision.hpp
+  // true: only kernels whose results are bitwise reproducible run to run (no atomics in reductions).
+  // Every kernel of kernels/cuda/ is deterministic today (split-K and channel sums add partials in a
+  // fixed order, max-pool backward gathers); the flag keeps any later fast path with atomics off.
+  bool deterministic = false;
 };
 
 }  // namespace ddp

@@ -3,7 +3,7 @@
 //
 // Each GPU case uploads the same random inputs to both devices, poisons the GPU outputs with NaN (so an
 // element the kernel forgets to write fails), runs both, and compares with |gpu - cpu| <= rtol * (|cpu| +
-// max|cpu|) (fp32 SIMT: rtol 1e-5; TF32 tensor cores: 1e-3). Sizes are chosen not to divide the 64x64x16 GEMM tiles, the
+// max|cpu|) (fp32 SIMT: rtol 1e-5; TF32 tensor cores: 1e-3; BF16 tensor cores: 1e-2). Sizes are chosen not to divide the 64x64x16 GEMM tiles, the
 // 32-channel batchnorm blocks or the 256-thread blocks. The seed is printed on failure (INFO).
 // The first cases need no GPU (error texts and host-side validation); GPU cases skip (exit 77) without one.
 #include <doctest/doctest.h>
@@ -13,6 +13,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ddp/core/cuda_check.hpp>
@@ -23,76 +25,9 @@
 #include <ddp/tensor/tensor.hpp>
 
 #include "support/gpu.hpp"
+#include "unit/kernels/cuda_compare.hpp"
 
-namespace {
-
-using ddp::Cpu;
-using ddp::Cuda;
-using ddp::Exec;
-using ddp::Shape;
-using ddp::Tensor;
-using ddp::kernels::Kernels;
-using ddp::kernels::Size2;
-using KC = Kernels<Cuda>;
-using KH = Kernels<Cpu>;
-
-struct Fixture {
-  ddp::Stream stream;
-  Exec<Cuda> gpu = stream.exec();
-  Exec<Cpu> cpu{};
-  std::uint64_t seed = std::random_device{}();
-  ddp::Generator gen{seed};
-
-  Tensor<float, Cpu> random(Shape s, double lo = -1.0, double hi = 1.0) {
-    Tensor<float, Cpu> t(s);
-    gen.fill_uniform(t.view(), lo, hi);
-    return t;
-  }
-  template <class T>
-  Tensor<T, Cuda> up(const Tensor<T, Cpu>& t) {
-    return ddp::to<Cuda>(t.cview(), gpu);
-  }
-  template <class T>
-  Tensor<T, Cpu> down(const Tensor<T, Cuda>& t) {
-    return ddp::to<Cpu>(t.cview(), gpu);
-  }
-  // A GPU tensor whose every element is NaN (or -1 for integers): unwritten outputs cannot pass.
-  template <class T = float>
-  Tensor<T, Cuda> poisoned(Shape s) {
-    Tensor<T, Cuda> t(s);
-    if constexpr (std::is_floating_point_v<T>)
-      KC::fill(gpu, t.view(), std::numeric_limits<T>::quiet_NaN());
-    else
-      KC::fill(gpu, t.view(), T(-1));
-    return t;
-  }
-};
-
-// Every element within rtol * (|ref| + max|ref|) of the CPU's; reports the worst one.
-void expect_close(const Tensor<float, Cpu>& ref, const Tensor<float, Cpu>& got, double rtol, const char* what) {
-  REQUIRE(ref.shape() == got.shape());
-  double scale = 0.0;
-  for (std::int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, std::fabs(double(ref.data()[i])));
-  std::int64_t worst = -1;
-  double worst_excess = 0.0;
-  for (std::int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.data()[i], g = got.data()[i];
-    const double excess = std::fabs(r - g) - rtol * (std::fabs(r) + scale);
-    if (!(excess <= 0.0) && (worst < 0 || !(excess <= worst_excess))) {
-      worst = i;
-      worst_excess = excess;
-    }
-  }
-  INFO(what, ": worst element ", worst, (worst >= 0 ? " cpu " + std::to_string(ref.data()[worst]) + " gpu " +
-                                                          std::to_string(got.data()[worst])
-                                                    : std::string()));
-  CHECK(worst == -1);
-}
-
-constexpr double kFp32 = 1e-5;
-constexpr double kTf32 = 1e-3;
-
-}  // namespace
+using namespace ddp::test::cuda_kernels;  // NOLINT: test file
 
 TEST_SUITE("kernels_cuda") {
   // ---- host-side behaviour: runs without a GPU ----
@@ -278,23 +213,26 @@ TEST_SUITE("kernels_cuda") {
       expect_close(dw, f.down(gdw), kFp32, "conv2d dw");
       expect_close(db, f.down(gdb), kFp32, "conv2d dbias");
 
-      // TF32 tensor cores (wmma) and cuBLAS TF32 for the pointwise case: ~1e-3 relative.
-      namespace kc = ddp::kernels::cuda;
-      auto ty = f.poisoned(ys), tdx = f.poisoned(x.shape()), tdw = f.poisoned(w.shape());
-      kc::conv2d_forward(f.gpu,
-                         ddp::kernels::Conv2dForwardArgs<float, Cuda>{
-                             .x = gx.cview(), .w = gw.cview(),
-                             .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{}, .y = ty.view(),
-                             .stride = g.stride, .padding = g.pad, .dilation = g.dil},
-                         kc::ConvMath::Tf32);
-      kc::conv2d_backward(f.gpu,
-                          ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
-                              .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = tdx.view(), .dw = tdw.view(),
-                              .stride = g.stride, .padding = g.pad, .dilation = g.dil},
-                          kc::ConvMath::Tf32);
-      expect_close(y, f.down(ty), kTf32, "conv2d y (tf32)");
-      expect_close(dx, f.down(tdx), kTf32, "conv2d dx (tf32)");
-      expect_close(dw, f.down(tdw), kTf32, "conv2d dw (tf32)");
+      // Tensor cores through the exec's precision: TF32 (wmma m16n16k8, cuBLAS FAST_TF32 for the
+      // pointwise case) within 1e-3, BF16 (wmma m16n16k16, cuBLAS FAST_16BF) within 1e-2.
+      for (const auto& [prec, tol, name] : {std::tuple{ddp::Precision::Tf32, kTf32, "tf32"},
+                                           std::tuple{ddp::Precision::Bf16, kBf16, "bf16"}}) {
+        INFO("precision ", name);
+        const Exec<Cuda> tc = f.stream.exec(prec);
+        auto ty = f.poisoned(ys), tdx = f.poisoned(x.shape()), tdw = f.poisoned(w.shape()), tdb = f.poisoned(b.shape());
+        KC::conv2d_forward(tc, ddp::kernels::Conv2dForwardArgs<float, Cuda>{
+                                   .x = gx.cview(), .w = gw.cview(),
+                                   .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{}, .y = ty.view(),
+                                   .stride = g.stride, .padding = g.pad, .dilation = g.dil});
+        KC::conv2d_backward(tc, ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
+                                    .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = tdx.view(),
+                                    .dw = tdw.view(), .dbias = tdb.view(), .stride = g.stride, .padding = g.pad,
+                                    .dilation = g.dil});
+        expect_close(y, f.down(ty), tol, "conv2d y (tensor cores)");
+        expect_close(dx, f.down(tdx), tol, "conv2d dx (tensor cores)");
+        expect_close(dw, f.down(tdw), tol, "conv2d dw (tensor cores)");
+        expect_close(db, f.down(tdb), kFp32, "conv2d dbias (fp32 channel sums at any precision)");
+      }
     }
   }
 
@@ -362,7 +300,8 @@ TEST_SUITE("kernels_cuda") {
     KH::max_pool2d_backward(
         f.cpu, ddp::kernels::MaxPool2dBackwardArgs<float, Cpu>{.dy = dy.cview(), .argmax = am.cview(), .dx = dx.view()});
     KC::max_pool2d_backward(f.gpu, ddp::kernels::MaxPool2dBackwardArgs<float, Cuda>{
-                                       .dy = gdy.cview(), .argmax = gam.cview(), .dx = gdx.view()});
+                                       .dy = gdy.cview(), .argmax = gam.cview(), .dx = gdx.view(), .kernel = k,
+                                       .stride = st, .padding = pd});
     expect_close(y, f.down(gy), 0.0, "max_pool y");
     const auto gam_host = f.down(gam);
     for (std::int64_t i = 0; i < am.numel(); ++i) REQUIRE(am.data()[i] == gam_host.data()[i]);
@@ -382,7 +321,7 @@ TEST_SUITE("kernels_cuda") {
     }
   }
 
-  TEST_CASE("linear forward and backward (cuBLAS, fp32 compute)") {
+  TEST_CASE("linear forward and backward (cuBLAS, fp32 compute; TF32 and BF16 tensor cores)") {
     ddp::test::require_gpu_or_skip();
     Fixture f;
     INFO("seed ", f.seed);
@@ -401,6 +340,18 @@ TEST_SUITE("kernels_cuda") {
     expect_close(dx, f.down(gdx), kFp32, "linear dx");
     expect_close(dw, f.down(gdw), kFp32, "linear dw");
     expect_close(db, f.down(gdb), kFp32, "linear dbias");
+    for (const auto& [prec, tol] : {std::pair{ddp::Precision::Tf32, kTf32}, std::pair{ddp::Precision::Bf16, kBf16}}) {
+      INFO("precision ", ddp::precision_name(prec));
+      const Exec<Cuda> tc = f.stream.exec(prec);
+      auto ty = f.poisoned({n, out}), tdx = f.poisoned({n, in}), tdw = f.poisoned({out, in});
+      KC::linear_forward(tc, ddp::kernels::LinearForwardArgs<float, Cuda>{.x = gx.cview(), .w = gw.cview(),
+                                                                          .bias = gb.cview(), .y = ty.view()});
+      KC::linear_backward(tc, ddp::kernels::LinearBackwardArgs<float, Cuda>{
+                                  .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = tdx.view(), .dw = tdw.view()});
+      expect_close(y, f.down(ty), tol, "linear y (tensor cores)");
+      expect_close(dx, f.down(tdx), tol, "linear dx (tensor cores)");
+      expect_close(dw, f.down(tdw), tol, "linear dw (tensor cores)");
+    }
   }
 
   TEST_CASE("cross-entropy (label smoothing) and MSE: value and gradient; bad labels named") {

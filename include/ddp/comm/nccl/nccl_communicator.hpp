@@ -44,6 +44,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/nccl/failure_report.hpp"
 #include "ddp/comm/nccl/nccl_check.hpp"
+#include "ddp/comm/stream_ordered.hpp"
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
@@ -73,7 +74,7 @@ class DeviceGuard {
 
 }  // namespace nccl
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public StreamOrdered {
  public:
   // Creates the NCCL communicator of the job described by `info` on CUDA device `device` (-1: the
   // local rank). Collective: rank 0 publishes the ncclUniqueId in the store, every rank joins. Throws
@@ -148,6 +149,11 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard lock(mu_);
     caller_stream_ = s;
   }
+  // StreamOrdered (comm/stream_ordered.hpp): the same two things with the stream as void*.
+  void set_caller_stream_handle(void* s) override { set_caller_stream(static_cast<cudaStream_t>(s)); }
+  void* op_stream_handle() const noexcept override { return stream_; }
+  Work device_all_reduce(Buffer b, const AllreduceOptions& o) override { return all_reduce_impl(b, o); }
+  Work device_broadcast(Buffer b, const BroadcastOptions& o) override { return broadcast_impl(b, o); }
 
   // Device-memory entry points (Buffer::of(span, MemoryKind::Cuda)); the span templates of Communicator
   // stay visible and describe host memory, which this backend rejects with a ValueError.

@@ -31,17 +31,21 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-enum class BnSum : int { X = 0, CenteredSquare = 1, Backward = 2 };
+// Backward and BackwardMasked differ only in the gradient they sum: dy, or dy * (y > 0) (the ReLU that
+// follows the BatchNorm in bn_act.cuh, with y its forward output).
+enum class BnSum : int { X = 0, CenteredSquare = 1, Backward = 2, BackwardMasked = 3 };
 
 inline constexpr int kBnChannels = 32, kBnRowLanes = 8;
 
 // partial0/partial1 (chunks, C) in double. X: sum x. CenteredSquare: sum (x - mean)^2.
-// Backward: partial0 = sum dy, partial1 = sum dy (x - mean) invstd.
+// Backward: partial0 = sum dy, partial1 = sum dy (x - mean) invstd. BackwardMasked: the same with
+// dy replaced by dy * (ymask > 0).
 template <class T, BnSum Mode>
 __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, const double* __restrict__ mean,
                                        const T* __restrict__ save_mean, const T* __restrict__ invstd, std::int64_t rows,
                                        std::int64_t c, std::int64_t rows_per_chunk, double* __restrict__ partial0,
-                                       double* __restrict__ partial1) {
+                                       double* __restrict__ partial1, const T* __restrict__ ymask = nullptr) {
+  constexpr bool kBackward = Mode == BnSum::Backward || Mode == BnSum::BackwardMasked;
   __shared__ double s0[kBnRowLanes][kBnChannels];
   __shared__ double s1[kBnRowLanes][kBnChannels];
   const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * kBnChannels + threadIdx.x;
@@ -51,7 +55,7 @@ __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restr
   if (ch < c) {
     double mu = 0.0, is = 0.0;
     if constexpr (Mode == BnSum::CenteredSquare) mu = mean[ch];
-    if constexpr (Mode == BnSum::Backward) {
+    if constexpr (kBackward) {
       mu = static_cast<double>(save_mean[ch]);
       is = static_cast<double>(invstd[ch]);
     }
@@ -63,7 +67,8 @@ __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restr
         const double d = v - mu;
         a0 += d * d;
       } else {
-        const double g = static_cast<double>(dy[m * c + ch]);
+        double g = static_cast<double>(dy[m * c + ch]);
+        if constexpr (Mode == BnSum::BackwardMasked) g = ymask[m * c + ch] > T(0) ? g : 0.0;
         a0 += g;
         a1 += g * (v - mu) * is;
       }
@@ -78,7 +83,7 @@ __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restr
       a1 += s1[l][threadIdx.x];
     }
     partial0[chunk * c + ch] = a0;
-    if constexpr (Mode == BnSum::Backward) partial1[chunk * c + ch] = a1;
+    if constexpr (kBackward) partial1[chunk * c + ch] = a1;
   }
 }
 
@@ -200,16 +205,19 @@ inline BnGrid bn_grid(std::int64_t rows, std::int64_t c) {
 
 }  // namespace detail
 
+namespace detail {
+
+// Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics when
+// training, and writes coef = [scale (C), shift (C)] for y = x scale + shift. Enqueued on e's stream.
 template <class T>
-void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a) {
-  validate(a);
+void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
   const detail::BnGrid g = detail::bn_grid(rows, c);
   const unsigned cblocks = grid_for(c);
   Tensor<double, Cuda> partial(Shape{g.chunks, c});
   Tensor<double, Cuda> mean(Shape{c});
-  Tensor<T, Cuda> coef(Shape{2, c});  // scale, shift
+  coef = Tensor<T, Cuda>(Shape{2, c});  // scale, shift
   if (a.training) {
     detail::channel_partial_kernel<T, detail::BnSum::X><<<g.grid, g.block, 0, s>>>(
         a.x.data(), nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
@@ -225,29 +233,58 @@ void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>&
       a.running_mean.data(), a.running_var.data(), a.save_mean.data(), a.save_invstd.data(), coef.data(),
       coef.data() + c);
   DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+template <class T>
+void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a) {
+  validate(a);
+  const std::int64_t c = a.x.dim(-1);
+  Tensor<T, Cuda> coef;
+  detail::batchnorm_coefficients(e, a, coef);
   for_each_index(e, static_cast<std::size_t>(a.x.numel()),
                  detail::BnApply<T>{.x = a.x.data(), .scale = coef.data(), .shift = coef.data() + c, .y = a.y.data(),
                                     .c = c});
 }
 
+namespace detail {
+
+// dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3 for a (validated)
+// backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused ReLU).
 template <class T>
-void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a) {
-  validate(a);
+void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const T* ymask,
+                                     Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
-  const detail::BnGrid g = detail::bn_grid(rows, c);
+  const BnGrid g = bn_grid(rows, c);
   Tensor<double, Cuda> partial(Shape{2, g.chunks, c});
-  Tensor<T, Cuda> coef(Shape{3, c});  // k1, k2, k3
+  coef = Tensor<T, Cuda>(Shape{3, c});  // k1, k2, k3
   double* p0 = partial.data();
   double* p1 = partial.data() + g.chunks * c;
-  detail::channel_partial_kernel<T, detail::BnSum::Backward><<<g.grid, g.block, 0, s>>>(
-      a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1);
+  if (ymask)
+    channel_partial_kernel<T, BnSum::BackwardMasked><<<g.grid, g.block, 0, s>>>(
+        a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1,
+        ymask);
+  else
+    channel_partial_kernel<T, BnSum::Backward><<<g.grid, g.block, 0, s>>>(
+        a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1);
   DDP_CUDA_CHECK(cudaGetLastError());
-  detail::bn_backward_coef_kernel<T><<<grid_for(c), kThreads, 0, s>>>(
+  bn_backward_coef_kernel<T><<<grid_for(c), kThreads, 0, s>>>(
       p0, p1, g.chunks, c, rows, a.training, a.gamma.data(), a.save_invstd.data(),
       a.dgamma.empty() ? nullptr : a.dgamma.data(), a.dbeta.empty() ? nullptr : a.dbeta.data(), coef.data(),
       coef.data() + c, coef.data() + 2 * c);
   DDP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+template <class T>
+void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a) {
+  validate(a);
+  const std::int64_t c = a.x.dim(-1);
+  Tensor<T, Cuda> coef;
+  detail::batchnorm_backward_coefficients(e, a, static_cast<const T*>(nullptr), coef);
   if (a.dx.empty()) return;
   for_each_index(e, static_cast<std::size_t>(a.x.numel()),
                  detail::BnBackwardApply<T>{.x = a.x.data(), .dy = a.dy.data(), .mean = a.save_mean.data(),

@@ -3,9 +3,13 @@
 //
 // Handles are created on first use and bound to the exec's stream before each call. They are
 // deliberately never destroyed: destroying them from thread-exit or static destructors after the CUDA
-// context is gone crashes some drivers, and process exit releases them. GEMMs use compute type
-// CUBLAS_COMPUTE_32F (no TF32) unless tf32 is asked for (CUBLAS_COMPUTE_32F_FAST_TF32, tensor cores),
-// so by default results match the CPU's fp32 GEMM to rounding.
+// context is gone crashes some drivers, and process exit releases them. The compute type follows the
+// exec's Precision (tensor/precision.hpp): Fp32 -> CUBLAS_COMPUTE_32F (no tensor-core down-conversion;
+// matches the CPU's fp32 GEMM to rounding), Tf32 -> CUBLAS_COMPUTE_32F_FAST_TF32, Bf16 ->
+// CUBLAS_COMPUTE_32F_FAST_16BF (fp32 in and out, bf16 products on tensor cores, fp32 accumulation).
+// Determinism: cuBLAS gives the same bits run to run on one GPU model and toolkit as long as a handle
+// is not shared between streams concurrently (we bind one handle per thread to the caller's stream)
+// and atomics mode stays CUBLAS_ATOMICS_NOT_ALLOWED (its default, set explicitly here).
 // Shapes are column-major, cuBLAS's convention: C (m x n) = op(A) op(B) + beta C. Row-major callers
 // issue the transposed product (see linear.cuh for the worked mapping).
 #pragma once
@@ -20,6 +24,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
+#include "ddp/tensor/precision.hpp"
 
 namespace ddp::kernels::cuda::detail {
 
@@ -34,7 +39,10 @@ inline cublasHandle_t cublas_handle(const Exec<Cuda>& e) {
     throw CudaError(ddp::detail::str("ddp: CUDA device ", device, " is beyond the ", kMaxDevices,
                                      " devices ddp keeps cuBLAS handles for"));
   cublasHandle_t& h = handles[device];
-  if (!h) DDP_CUBLAS_CHECK(cublasCreate(&h));
+  if (!h) {
+    DDP_CUBLAS_CHECK(cublasCreate(&h));
+    DDP_CUBLAS_CHECK(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
+  }
   DDP_CUBLAS_CHECK(cublasSetStream(h, cuda_stream(e)));
   return h;
 }
@@ -44,18 +52,32 @@ inline constexpr cudaDataType_t cuda_data_type = CUDA_R_32F;
 template <>
 inline constexpr cudaDataType_t cuda_data_type<double> = CUDA_R_64F;
 
+// cuBLAS compute type for element type T at precision p (doubles are always exact).
+template <class T>
+cublasComputeType_t compute_type(Precision p) {
+  if constexpr (sizeof(T) == 8) {
+    return CUBLAS_COMPUTE_64F;
+  } else {
+    switch (p) {
+      case Precision::Tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+      case Precision::Bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+      case Precision::Fp32: break;
+    }
+    return CUBLAS_COMPUTE_32F;
+  }
+}
+
 // Column-major C (m x n) = alpha op(A) op(B) + beta C, int64 sizes checked against cuBLAS's int.
 template <class T>
 void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
           std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
-          bool tf32 = false) {
+          Precision precision = Precision::Fp32) {
   constexpr std::int64_t kIntMax = 2147483647;
   if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
     throw ValueError(ddp::detail::str("ddp: linear: GEMM sizes m=", m, " n=", n, " k=", k,
                                       " exceed cuBLAS's 32-bit limit; split the batch"));
   const T alpha = T(1);
-  const cublasComputeType_t compute =
-      sizeof(T) == 8 ? CUBLAS_COMPUTE_64F : (tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  const cublasComputeType_t compute = compute_type<T>(precision);
   DDP_CUBLAS_CHECK(cublasGemmEx(cublas_handle(e), ta, tb, static_cast<int>(m), static_cast<int>(n),
                                 static_cast<int>(k), &alpha, a, cuda_data_type<T>, static_cast<int>(lda), b,
                                 cuda_data_type<T>, static_cast<int>(ldb), &beta, c, cuda_data_type<T>,

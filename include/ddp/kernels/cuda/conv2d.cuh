@@ -15,11 +15,18 @@
 // partial products that a second kernel adds in split order (deterministic, no atomics).
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
 // 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
-// Accumulation is fp32 (results match the CPU within fp32 rounding of a different summation order).
-// ConvMath::Tf32 runs the same tiles on tensor cores (wmma m16n16k8 TF32) and cuBLAS in TF32 mode.
+// Accumulation is always fp32. The exec's Precision (tensor/precision.hpp) picks the arithmetic:
+//   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
+//   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
+//   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
+// Mixed precision, as far as it goes in this version: operands are rounded to tf32/bf16 only as they are
+// staged in shared memory; activations, weights (the float32 master copy) and gradients stay float32 in
+// global memory, so Bf16 saves tensor-core time but not memory bandwidth or capacity (bf16 activation
+// storage is future work).
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -38,10 +45,9 @@
 
 namespace ddp::kernels::cuda {
 
-// Arithmetic of the conv GEMMs: exact fp32 FMAs (SIMT), or TF32 tensor cores with fp32 accumulation.
-// Kernels<Cuda> uses Fp32 until Exec<Cuda> carries the run's precision; call cuda::conv2d_forward(e, a,
-// ConvMath::Tf32) directly for tensor cores.
-enum class ConvMath : int { Fp32, Tf32 };
+// Arithmetic of the conv GEMMs: the run's Precision (Exec<Cuda>::precision). The old name stays as an
+// alias: cuda::conv2d_forward(e, a, ConvMath::Tf32) overrides the exec's precision for one call.
+using ConvMath = Precision;
 
 namespace detail {
 
@@ -245,6 +251,65 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
+// The same tile on tensor cores with bf16 operands (wmma m16n16k16, fp32 accumulation): operands are
+// rounded to bf16 (round to nearest even) as they are staged in shared memory; the whole 16-deep k-slice
+// is one mma step. Warp layout, epilogue and split-K as in the TF32 kernel. Relative error vs fp32
+// ~4e-3 per product (bf16 keeps 8 significant bits), averaging out over long reductions.
+template <class T, class P>
+__global__ void __launch_bounds__(kGemmThreads)
+    implicit_gemm_bf16_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
+                              std::int64_t k_per_split, float* __restrict__ partial) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int kLdh = kTileM + 8;  // bf16 elements: a multiple of 8 (wmma); 16-column offsets stay 32-byte aligned
+  constexpr int kLd = kTileM + 4;   // float accumulator staging, as in the TF32 kernel
+  __shared__ __align__(32) __nv_bfloat16 as[kTileK][kLdh];  // as[k][m]: A column-major
+  __shared__ __align__(32) __nv_bfloat16 bs[kTileK][kLdh];  // bs[k][n]: B row-major
+  __shared__ __align__(32) float cs[kTileM][kLd];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int fr = warp % 4, fc = (warp / 4) * 2;
+  const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.x) * kTileM;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.y) * kTileN;
+  const std::int64_t kb = static_cast<std::int64_t>(blockIdx.z) * k_per_split;
+  const std::int64_t ke = kb + k_per_split < k_size ? kb + k_per_split : k_size;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  for (std::int64_t k0 = kb; k0 < ke; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < (kTileM * kTileK) / kGemmThreads; ++i) {
+      const int e = tid + i * kGemmThreads;
+      const int mm = e / kTileK, kk = e % kTileK;
+      const std::int64_t m = m0 + mm, k = k0 + kk;
+      as[kk][mm] = __float2bfloat16_rn((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
+      const int nn = e % kTileN, kb2 = e / kTileN;
+      const std::int64_t n = n0 + nn, k2 = k0 + kb2;
+      bs[kb2][nn] = __float2bfloat16_rn((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> af;
+    wmma::load_matrix_sync(af, &as[0][16 * fr], kLdh);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> bf;
+      wmma::load_matrix_sync(bf, &bs[0][16 * (fc + j)], kLdh);
+      wmma::mma_sync(acc[j], af, bf, acc[j]);
+    }
+    __syncthreads();
+  }
+  wmma::store_matrix_sync(&cs[16 * fr][16 * fc], acc[0], kLd, wmma::mem_row_major);
+  wmma::store_matrix_sync(&cs[16 * fr][16 * (fc + 1)], acc[1], kLd, wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < kTileM * kTileN; e += kGemmThreads) {
+    const std::int64_t m = m0 + e / kTileN, n = n0 + e % kTileN;
+    if (m >= m_size || n >= n_size) continue;
+    const float v = cs[e / kTileN][e % kTileN];
+    if (partial)
+      partial[(static_cast<std::int64_t>(blockIdx.z) * m_size + m) * n_size + n] = v;
+    else
+      p.store(m, n, static_cast<T>(v));
+  }
+}
+
 // Runs problem p; splits the reduction when the output has too few tiles to fill the GPU.
 template <class T, class P>
 void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
@@ -260,8 +325,10 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   const cudaStream_t s = cuda_stream(e);
   Tensor<float, Cuda> partial;
   if (splits > 1) partial = Tensor<float, Cuda>(Shape{splits, m, n});
-  if (math == ConvMath::Tf32)
+  if (math == Precision::Tf32)
     implicit_gemm_tf32_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
+  else if (math == Precision::Bf16)
+    implicit_gemm_bf16_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
   else
     implicit_gemm_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
   DDP_CUDA_CHECK(cudaGetLastError());
@@ -312,12 +379,12 @@ inline bool pointwise(const ConvShape& g) {
 }  // namespace detail
 
 template <class T>
-void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, ConvMath math = ConvMath::Fp32) {
+void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Precision math) {
   validate(a);
   const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
   if (detail::pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
     detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
-                    a.y.data(), g.k, math == ConvMath::Tf32);
+                    a.y.data(), g.k, math);
     return;
   }
   detail::run_implicit_gemm<T>(e, detail::ConvFprop<T>{.x = a.x.data(), .w = a.w.data(),
@@ -326,24 +393,38 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Co
 }
 
 template <class T>
-void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, ConvMath math = ConvMath::Fp32) {
+void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, Precision math) {
   validate(a);
   const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
   const bool pw = detail::pointwise(g);
   const std::int64_t np = g.n * g.ho * g.wo;
   if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
-                    g.c, math == ConvMath::Tf32);
+                    g.c, math);
   else if (!a.dx.empty())
     detail::run_implicit_gemm<T>(
         e, detail::ConvDgrad<T>{.dy = a.dy.data(), .w = a.w.data(), .dx = a.dx.data(), .g = g}, math);
   if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
-                    g.c, math == ConvMath::Tf32);
+                    g.c, math);
   else if (!a.dw.empty())
     detail::run_implicit_gemm<T>(
         e, detail::ConvWgrad<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
   if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), g.n * g.ho * g.wo, g.k, a.dbias.data());
+}
+
+}  // namespace ddp::kernels::cuda
+
+namespace ddp::kernels::cuda {
+
+// At the exec's precision (what Kernels<Cuda> calls).
+template <class T>
+void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a) {
+  conv2d_forward(e, a, e.precision);
+}
+template <class T>
+void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a) {
+  conv2d_backward(e, a, e.precision);
 }
 
 }  // namespace ddp::kernels::cuda

@@ -2,7 +2,10 @@
 // SPDX-License-Identifier: MIT
 //
 // Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), so a
-// module written against Kernels<D> runs on either device. Contract: members validate their Args on
+// module written against Kernels<D> runs on either device; plus the GPU-only fused and multi-tensor ops
+// of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi), whose CPU references are the free
+// functions of kernels/cpu/bn_act.hpp and kernels/cpu/multi_sgd.hpp. Convolutions and Linear compute at
+// exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp). Contract: members validate their Args on
 // the host (the same ValueError words as the CPU) and then enqueue work on exec.stream and return
 // without waiting, except the losses, which return the loss value and so wait for the stream.
 // Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
@@ -15,13 +18,16 @@
 
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cuda/batchnorm.cuh"
+#include "ddp/kernels/cuda/bn_act.cuh"
 #include "ddp/kernels/cuda/conv2d.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/kernels/cuda/linear.cuh"
 #include "ddp/kernels/cuda/loss.cuh"
+#include "ddp/kernels/cuda/multi_sgd.cuh"
 #include "ddp/kernels/cuda/pool.cuh"
 #include "ddp/kernels/cuda/sgd.cuh"
 #include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/copy.hpp"
@@ -97,6 +103,15 @@ struct Kernels<Cuda> {
   static void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, D>& a) {
     cuda::batchnorm_backward(e, a);
   }
+  // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's passes.
+  template <class T>
+  static void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, D>& a) {
+    cuda::batchnorm_act_forward(e, a);
+  }
+  template <class T>
+  static void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, D>& a) {
+    cuda::batchnorm_act_backward(e, a);
+  }
   template <class T>
   static void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, D>& a) {
     cuda::max_pool2d_forward(e, a);
@@ -136,6 +151,11 @@ struct Kernels<Cuda> {
   template <class T>
   static void sgd_step(const Exec<Cuda>& e, const SgdArgs<T, D>& a) {
     cuda::sgd_step(e, a);
+  }
+  // Every tensor's step in one launch (descriptors as a kernel parameter; no host wait).
+  template <class T>
+  static void sgd_step_multi(const Exec<Cuda>& e, const MultiSgdArgs<T, D>& a) {
+    cuda::sgd_step_multi(e, a);
   }
 };
 

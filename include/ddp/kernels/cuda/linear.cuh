@@ -7,8 +7,9 @@
 //   dx       (N x in)    = dy W       ->  dx^T (in x N)  = W^T (in x out) * dy^T (out x N)
 //   dW       (out x in)  = dy^T x     ->  dW^T (in x out) = x^T (in x N) * op_T(dy^T: out x N)
 // The bias is broadcast into y first and the GEMM accumulates onto it (beta = 1); dbias is the
-// column sums of dy (deterministic chunked sums, as in batchnorm). Compute type CUBLAS_COMPUTE_32F
-// (no TF32) so results match the CPU to fp32 rounding. Example: ResNet-50's fc at batch 16:
+// column sums of dy (deterministic chunked sums, as in batchnorm). The compute type follows the exec's
+// precision (blas.cuh): Fp32 matches the CPU to fp32 rounding, Tf32/Bf16 use tensor cores with fp32
+// accumulation. Example: ResNet-50's fc at batch 16:
 // x (16, 2048), W (1000, 2048) -> a 1000 x 16 x 2048 GEMM.
 #pragma once
 
@@ -47,7 +48,7 @@ void linear_forward(const Exec<Cuda>& e, const LinearForwardArgs<T, Cuda>& a) {
     for_each_index(e, static_cast<std::size_t>(n * out),
                    detail::BroadcastRows<T>{.bias = a.bias.data(), .y = a.y.data(), .out = out});
   detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, a.w.data(), in, a.x.data(), in,
-                  a.bias.empty() ? T(0) : T(1), a.y.data(), out);
+                  a.bias.empty() ? T(0) : T(1), a.y.data(), out, e.precision);
 }
 
 template <class T>
@@ -55,9 +56,11 @@ void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, Cuda>& a) 
   validate(a);
   const std::int64_t n = a.x.dim(0), in = a.x.dim(1), out = a.w.dim(0);
   if (!a.dx.empty())
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, a.w.data(), in, a.dy.data(), out, T(0), a.dx.data(), in);
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, a.w.data(), in, a.dy.data(), out, T(0), a.dx.data(), in,
+                    e.precision);
   if (!a.dw.empty())
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, a.x.data(), in, a.dy.data(), out, T(0), a.dw.data(), in);
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, a.x.data(), in, a.dy.data(), out, T(0), a.dw.data(), in,
+                    e.precision);
   if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), n, out, a.dbias.data());
 }
 

@@ -6,8 +6,9 @@
 // output element in the forward passes; the channel index is innermost, so a warp reads 32 adjacent
 // channels (coalesced). Adaptive-pool backward runs one thread per INPUT element and gather from the outputs
 // whose window covers it, instead of scattering with atomics: each dx is then summed in a fixed order
-// (deterministic) and written once; max-pool backward scatters dy to argmax with atomicAdd (its Args
-// carry no window geometry). Example: adaptive 7 -> 3 cells: rows [0,3), [2,5), [4,7); input row 2 is
+// (deterministic) and written once. Max-pool backward gathers the same way: input (h, w) sums, in
+// row-major output order, the dy of the outputs whose window covers it and whose stored argmax is
+// h * W + w (no atomics, no zero-fill pass, the same bits on every run). Example: adaptive 7 -> 3 cells: rows [0,3), [2,5), [4,7); input row 2 is
 // in cells 0 and 1 and receives dy0 / 9 + dy1 / 9 per column pair (3x3 cells).
 #pragma once
 
@@ -16,6 +17,8 @@
 #include <cstdint>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/tensor/cuda/stream.hpp"
@@ -55,17 +58,29 @@ __global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict
   }
 }
 
-// dx[n][argmax[o]][k] += dy[o] for every output o (dx zeroed first). Windows overlap when stride < kernel,
-// so two outputs may add into one input: atomicAdd, whose order (and so the last bits of such a sum)
-// can vary between runs. MaxPool2dBackwardArgs carries no window geometry, which a gather would need.
+// dx[n][h][w][k] = sum of dy[n][oh][ow][k] over the outputs (oh, ow) whose window covers (h, w) and whose
+// argmax is h * W + w. Output rows covering input row h: oh * s - p <= h <= oh * s - p + kh - 1, i.e.
+// oh in [ceil((h + p - kh + 1) / s), floor((h + p) / s)] within [0, Ho); the same for columns.
 template <class T>
 __global__ void max_pool2d_backward_kernel(const T* __restrict__ dy, const std::int32_t* __restrict__ am,
-                                           T* __restrict__ dx, std::int64_t total, std::int64_t pout, std::int64_t hw,
-                                           std::int64_t c) {
+                                           T* __restrict__ dx, PoolGeom g) {
+  const std::int64_t total = g.n * g.h * g.w * g.c;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += step) {
-    const std::int64_t k = o % c, n = o / (c * pout);
-    atomicAdd(dx + (n * hw + am[o]) * c + k, dy[o]);
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const std::int64_t k = i % g.c, wi = (i / g.c) % g.w, hi = (i / (g.c * g.w)) % g.h, n = i / (g.c * g.w * g.h);
+    const std::int64_t th = hi + g.p.h - g.k.h + 1, tw = wi + g.p.w - g.k.w + 1;
+    std::int64_t oh0 = th > 0 ? (th + g.s.h - 1) / g.s.h : 0, ow0 = tw > 0 ? (tw + g.s.w - 1) / g.s.w : 0;
+    std::int64_t oh1 = (hi + g.p.h) / g.s.h, ow1 = (wi + g.p.w) / g.s.w;  // inclusive
+    if (oh1 > g.ho - 1) oh1 = g.ho - 1;
+    if (ow1 > g.wo - 1) ow1 = g.wo - 1;
+    const auto self = static_cast<std::int32_t>(hi * g.w + wi);
+    T acc = T(0);
+    for (std::int64_t oh = oh0; oh <= oh1; ++oh)
+      for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
+        const std::int64_t o = ((n * g.ho + oh) * g.wo + ow) * g.c + k;
+        if (am[o] == self) acc += dy[o];
+      }
+    dx[i] = acc;
   }
 }
 
@@ -137,10 +152,17 @@ void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, Cuda>
 template <class T>
 void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, Cuda>& a) {
   validate(a);
-  DDP_CUDA_CHECK(cudaMemsetAsync(a.dx.data(), 0, a.dx.bytes(), cuda_stream(e)));
-  const std::int64_t pout = a.dy.dim(1) * a.dy.dim(2), hw = a.dx.dim(1) * a.dx.dim(2), c = a.dx.dim(3);
-  detail::max_pool2d_backward_kernel<T><<<grid_for(a.dy.numel()), kThreads, 0, cuda_stream(e)>>>(
-      a.dy.data(), a.argmax.data(), a.dx.data(), a.dy.numel(), pout, hw, c);
+  const detail::PoolGeom g{.n = a.dx.dim(0), .h = a.dx.dim(1), .w = a.dx.dim(2), .c = a.dx.dim(3), .ho = a.dy.dim(1),
+                           .wo = a.dy.dim(2), .k = a.kernel, .s = a.stride, .p = a.padding};
+  // The geometry must be the forward's: the output shape it implies must be dy's.
+  const std::int64_t ho = conv_out_size(g.h, g.k.h, g.s.h, g.p.h, 1), wo = conv_out_size(g.w, g.k.w, g.s.w, g.p.w, 1);
+  if (ho != g.ho || wo != g.wo || g.k.h < 1 || g.k.w < 1 || g.s.h < 1 || g.s.w < 1)
+    throw ValueError(ddp::detail::str("ddp: max_pool2d_backward: kernel (", g.k.h, ", ", g.k.w, "), stride (", g.s.h,
+                                      ", ", g.s.w, ") and padding (", g.p.h, ", ", g.p.w, ") give a ", ho, "x", wo,
+                                      " output for dx ", a.dx.shape(), " but dy is ", a.dy.shape(),
+                                      "; pass the forward's window geometry"));
+  detail::max_pool2d_backward_kernel<T><<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(
+      a.dy.data(), a.argmax.data(), a.dx.data(), g);
   DDP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,20 @@
+// The resnet example's GPU entry points, defined in train_cuda.cu (built only when ddp::cuda exists).
+// SPDX-License-Identifier: MIT
+//
+// main.cpp calls them only under `if constexpr (ddp::BuildConfig::with_cuda)`, so a CPU-only build needs
+// no definition (a function named only in a discarded statement is not odr-used).
+#pragma once
+
+#include <string>
+
+#include "train.hpp"
+
+namespace resnet_example {
+
+// CUDA devices visible to this process (0 without a driver or device; never throws).
+int cuda_devices();
+// Trains on GPU `device` (LOCAL_RANK) at `precision` ("fp32" | "tf32" | "bf16"; ConfigError otherwise);
+// deterministic: Exec<Cuda>::deterministic. Returns the process exit code.
+int train_cuda(Setup& s, int device, const std::string& precision, bool deterministic);
+
+}  // namespace resnet_example

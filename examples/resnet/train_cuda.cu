@@ -1,0 +1,28 @@
+// The resnet example on the GPU: the device given by LOCAL_RANK, a compute stream, Exec<Cuda> at the
+// chosen precision, and the shared training loop of train.hpp instantiated for Cuda.
+// SPDX-License-Identifier: MIT
+#include <ddp/core/log.hpp>
+#include <ddp/kernels/cuda/kernels.cuh>
+#include <ddp/parallel/cuda/reducer.cuh>
+#include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/cuda/stream.hpp>
+
+#include "cuda_entry.hpp"
+
+namespace resnet_example {
+
+int cuda_devices() { return ddp::cuda_device_count(); }
+
+int train_cuda(Setup& s, int device, const std::string& precision, bool deterministic) {
+  const ddp::Precision p = ddp::parse_precision(precision);
+  DDP_CUDA_CHECK(cudaSetDevice(device));
+  ddp::Stream stream;  // blocking: orders with the allocator's frees on the legacy default stream
+  ddp::Exec<ddp::Cuda> exec = stream.exec(p, deterministic);
+  DDP_LOG_INFO("training on cuda:", device, " at precision ", ddp::precision_name(p),
+               deterministic ? " (deterministic)" : "");
+  const int rc = train<ddp::Cuda>(s, exec);
+  stream.synchronize();
+  return rc;
+}
+
+}  // namespace resnet_example

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: installs dependencies, builds everything (CUDA code too when nvcc is found), runs every
 # test, then builds and tests the Conan package. Exit status 0 only when all of it passed.
-# Environment: DDP_BUILD_DIR (default build/test), DDP_JOBS (default: cores), DDP_CTEST_ARGS (extra ctest args).
+# Environment: DDP_BUILD_DIR (default build/test), DDP_JOBS (default: cores), DDP_CTEST_ARGS (extra ctest args),
+# DDP_SANITIZERS=0 (skip the sanitizer builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -13,6 +14,14 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --timeout 900 ${DDP_CTEST_ARGS:-}
+
+# Then ASan+UBSan and TSan builds of a subset of the tests (scripts/sanitize.sh says which); about 10 min
+# on 2 cores. DDP_SANITIZERS=0 skips them (local runs); CI runs them.
+if [[ "${DDP_SANITIZERS:-1}" != 0 ]]; then
+  DDP_JOBS="$jobs" bash scripts/sanitize.sh
+else
+  echo "scripts/test.sh: sanitizer builds skipped (DDP_SANITIZERS=0)"
+fi
 
 bash scripts/conan_create.sh
 echo "scripts/test.sh: all passed in $(( $(date +%s) - start )) s"

@@ -11,9 +11,11 @@
 // How a task count list expands: comma-separated counts, each optionally repeated with "(xN)":
 //   "2(x3),1"               -> 2 2 2 1
 // Malformed input is a ConfigError naming the variable and the launcher; expansion stops at kMaxHosts
-// entries so that a corrupt value cannot exhaust memory.
+// entries or kMaxHostListBytes characters in all, so that a corrupt value cannot exhaust memory (a
+// 4 KiB value like "<4000 chars>[0-999999]" would otherwise expand to 4 GB).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -26,6 +28,7 @@
 namespace ddp::env {
 
 inline constexpr std::size_t kMaxHosts = std::size_t{1} << 20;
+inline constexpr std::size_t kMaxHostListBytes = std::size_t{16} << 20;  // characters of all hosts together
 
 namespace detail {
 
@@ -69,22 +72,28 @@ inline std::vector<std::string> expand_hostlist(std::string_view value, std::str
     detail::bad_list(var, value, launcher, what, kWhat, "Export MASTER_ADDR=<host of rank 0> to bypass it.");
   };
   std::vector<std::string> hosts;
+  std::size_t bytes = 0;  // characters in `hosts`; bytes + partial_bytes stays <= kMaxHostListBytes
+  auto too_large = [&] { fail("it expands to too many hosts"); };
   if (value.empty()) fail("it is empty");
   for (std::string_view item : detail::split_top_level(value)) {
     if (item.empty()) fail("it has an empty entry");
     std::vector<std::string> partial{""};  // expansions of the item's prefix parsed so far
+    std::size_t partial_bytes = 0;         // their characters
     std::size_t i = 0;
     while (i < item.size()) {
       std::size_t open = item.find_first_of("[]", i);
       if (open != std::string_view::npos && item[open] == ']') fail("']' without '['");
       std::string_view literal = item.substr(i, open == std::string_view::npos ? item.npos : open - i);
+      if (literal.size() * partial.size() > kMaxHostListBytes - bytes - partial_bytes) too_large();
       for (auto& p : partial) p += literal;
+      partial_bytes += literal.size() * partial.size();
       if (open == std::string_view::npos) break;
       std::size_t close = item.find(']', open);
       if (close == std::string_view::npos) fail("'[' without ']'");
       std::string_view group = item.substr(open + 1, close - open - 1);
       if (group.find('[') != std::string_view::npos) fail("nested '['");
       std::vector<std::string> numbers;
+      std::size_t numbers_bytes = 0;
       std::size_t start = 0;
       while (start <= group.size()) {
         std::size_t comma = group.find(',', start);
@@ -96,25 +105,39 @@ inline std::vector<std::string> expand_hostlist(std::string_view value, std::str
           fail(ddp::detail::str("range ", ddp::detail::quoted(range), " is not N or N-M"));
         auto a = detail::parse_int(lo), b = detail::parse_int(hi);
         if (!a || !b || *a > *b) fail(ddp::detail::str("range ", ddp::detail::quoted(range), " is empty or too large"));
-        if (static_cast<std::size_t>(*b - *a) >= kMaxHosts) fail("it expands to too many hosts");
+        // Bounded before expanding anything: the hosts this group will make (every prefix times every
+        // number of every range so far) must fit kMaxHosts and kMaxHostListBytes; width bounds each number.
+        const auto count = static_cast<std::size_t>(*b - *a);  // numbers in the range, minus one
+        const std::size_t width = std::max(lo.size(), hi.size());
+        const std::size_t n_after = numbers.size() + count + 1;
+        if (count >= kMaxHosts || partial.size() * n_after > kMaxHosts - hosts.size() ||
+            partial_bytes * n_after + (numbers_bytes + (count + 1) * width) * partial.size() >
+                kMaxHostListBytes - bytes)
+          too_large();
         for (long long n = *a; n <= *b; ++n) {
           std::string digits = std::to_string(n);
           if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');
+          numbers_bytes += digits.size();
           numbers.push_back(std::move(digits));
         }
         if (comma == std::string_view::npos) break;
         start = comma + 1;
       }
-      if (partial.size() * numbers.size() > kMaxHosts) fail("it expands to too many hosts");
+      if (partial.size() * numbers.size() > kMaxHosts - hosts.size()) too_large();
+      // Every prefix once per number plus every number once per prefix (both factors bounded above).
+      const std::size_t next_bytes = partial_bytes * numbers.size() + numbers_bytes * partial.size();
+      if (next_bytes > kMaxHostListBytes - bytes) too_large();
       std::vector<std::string> next;
       next.reserve(partial.size() * numbers.size());
       for (const auto& p : partial)
         for (const auto& n : numbers) next.push_back(p + n);
       partial = std::move(next);
+      partial_bytes = next_bytes;
       i = close + 1;
     }
+    if (partial.size() > kMaxHosts - hosts.size()) too_large();
     for (auto& p : partial) hosts.push_back(std::move(p));
-    if (hosts.size() > kMaxHosts) fail("it expands to too many hosts");
+    bytes += partial_bytes;
   }
   return hosts;
 }

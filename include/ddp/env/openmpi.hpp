@@ -51,7 +51,9 @@ struct OpenMpi {
     detail::derive_nodes(info);
     if (auto nnodes = env.int_get("OMPI_MCA_orte_num_nodes", launcher)) info.nnodes = *nnodes;
     // Non-uniform layouts (mpirun -H a:3,b:1) leave the node index unknown: report node 0.
-    bool uniform = info.local_world_size >= 1 && info.nnodes * info.local_world_size == info.world_size;
+    // In 64 bits: both counts come straight from the environment, so their product may not fit an int.
+    bool uniform = info.local_world_size >= 1 &&
+                   std::int64_t{info.nnodes} * info.local_world_size == std::int64_t{info.world_size};
     info.node_rank = uniform ? info.rank / info.local_world_size : 0;
     return validate(info, vars, launcher);
   }

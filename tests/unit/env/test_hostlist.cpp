@@ -60,6 +60,8 @@ TEST_SUITE("env") {
         {"a,,b", "it has an empty entry"},
         {"a[1[2]]", "nested '['"},
         {"n[0-9999999]", "it expands to too many hosts"},
+        {"n[0-999999,0-999999]", "it expands to too many hosts"},        // bounded over all ranges of a group
+        {"k[0-999][0-999],n[0-99999]", "it expands to too many hosts"},  // and over all items
         {"", "it is empty"},
     };
     for (const auto& r : rows) {
@@ -69,6 +71,13 @@ TEST_SUITE("env") {
                          ". Export MASTER_ADDR=<host of rank 0> to bypass it.";
       CHECK_THROWS_WITH_AS(expand_hostlist(r.list, "SLURM_STEP_NODELIST"), want.c_str(), ConfigError);
     }
+  }
+
+  TEST_CASE("host lists: long names are bounded by their total size, not only by their count") {
+    // 100 000 hosts of 1 000 characters would be 100 MB: refused before anything is expanded.
+    const std::string list = std::string(994, 'x') + "[00000-99999]";
+    CHECK_THROWS_WITH_AS(expand_hostlist(list), doctest::Contains("it expands to too many hosts"), ConfigError);
+    CHECK(expand_hostlist(std::string(100, 'x') + "[0-9999]").size() == 10000);  // 1 MB is fine
   }
 
   TEST_CASE("task counts: N and N(xK), comma separated") {

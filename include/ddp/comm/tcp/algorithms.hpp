@@ -26,6 +26,12 @@ struct Scratch {
 
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
+// memcpy that accepts n == 0 with null pointers: an empty buffer's data (and an empty Scratch) may be
+// null, and memcpy's pointers must be valid even for 0 bytes (UBSan reports it).
+inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
 // Element offsets of n segments covering count elements: segment i is [offs[i], offs[i+1]); the first
 // count % n segments are one element longer. Example: count 10, n 4 -> 0 3 6 8 10.
 inline std::vector<std::size_t> even_segments(std::size_t count, int n) {
@@ -195,8 +201,8 @@ inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, st
 inline void pairwise_all_to_all(Mesh& mesh, const OpContext& ctx, const std::byte* in, std::byte* out,
                                 std::size_t block_bytes) {
   const int n = mesh.size(), r = mesh.rank();
-  std::memcpy(out + static_cast<std::size_t>(r) * block_bytes, in + static_cast<std::size_t>(r) * block_bytes,
-              block_bytes);
+  copy_bytes(out + static_cast<std::size_t>(r) * block_bytes, in + static_cast<std::size_t>(r) * block_bytes,
+             block_bytes);
   std::vector<Transfer> xs;
   for (int j = 0; j < n; ++j) {
     if (j == r) continue;

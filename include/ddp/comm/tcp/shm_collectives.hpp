@@ -162,11 +162,11 @@ class ShmCollectives {
       const std::size_t blk = std::min(per_round, count - off);
       const auto seg = even_segments(blk, size_);
       const int set = next_set();
-      std::memcpy(slot(set, rank_), data + off * es, blk * es);
+      copy_bytes(slot(set, rank_), data + off * es, blk * es);
       barrier(mesh, ctx);
       if (off == 0) verify_peers(mesh, ctx);
       if (blk * es <= small_bytes_) {  // latency-bound: everyone reduces everything, no second barrier
-        std::memcpy(data + off * es, slot(set, 0), blk * es);
+        copy_bytes(data + off * es, slot(set, 0), blk * es);
         for (int j = 1; j < size_; ++j) reduce_into(data + off * es, slot(set, j), blk, ctx.fp.dtype, ctx.fp.op);
         if (ctx.fp.op == ReduceOp::Avg) divide_by(data + off * es, blk, ctx.fp.dtype, size_);
         off += blk;
@@ -190,7 +190,7 @@ class ShmCollectives {
     do {
       const std::size_t blk = std::min(kShmSlotBytes, bytes - off);
       const int set = next_set();
-      if (rank_ == root) std::memcpy(slot(set, root), data + off, blk);
+      if (rank_ == root) copy_bytes(slot(set, root), data + off, blk);
       barrier(mesh, ctx);
       if (off == 0) verify_peers(mesh, ctx);
       if (rank_ != root) copy_out(data + off, slot(set, root), blk, bytes);
@@ -204,7 +204,7 @@ class ShmCollectives {
     do {
       const std::size_t blk = std::min(kShmSlotBytes, in_bytes - off);
       const int set = next_set();
-      std::memcpy(slot(set, rank_), in + off, blk);
+      copy_bytes(slot(set, rank_), in + off, blk);
       barrier(mesh, ctx);
       if (off == 0) verify_peers(mesh, ctx);
       for (int j = 0; j < size_; ++j)
@@ -245,7 +245,7 @@ class ShmCollectives {
   // Results of ops larger than kShmStreamBytes would not stay in cache anyway: stream them out.
   static void copy_out(std::byte* dst, const std::byte* src, std::size_t n, std::size_t op_bytes) {
     if (op_bytes >= kShmStreamBytes) detail::copy_streaming(dst, src, n);
-    else std::memcpy(dst, src, n);
+    else copy_bytes(dst, src, n);
   }
 
   static bool reached(std::uint32_t v, std::uint32_t target) noexcept {

@@ -152,7 +152,7 @@ class TcpCommunicator final : public Communicator {
       std::byte* acc = b.bytes_ptr();
       if (rank_ != root) {  // keep the caller's buffer intact on non-roots
         acc = tcp::Scratch::sized(scratch_.acc, b.bytes());
-        std::memcpy(acc, b.bytes_ptr(), b.bytes());
+        tcp::copy_bytes(acc, b.bytes_ptr(), b.bytes());
       }
       tcp::binomial_reduce(mesh_, ctx, acc, b.count, root, scratch_);
     });
@@ -164,7 +164,8 @@ class TcpCommunicator final : public Communicator {
     Fingerprint fp{.kind = OpKind::AllGather, .dtype = in.dtype, .count = in.count};
     return submit(fp, out.bytes(), o.timeout, true, -1, [this, in, out](const tcp::OpContext& ctx) {
       if (shm_) return shm_->all_gather(mesh_, ctx, in.bytes_ptr(), out.bytes_ptr(), in.bytes());
-      std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(), in.bytes_ptr(), in.bytes());
+      if (in.bytes() != 0)  // empty buffers may be null, which memmove does not accept even for 0 bytes
+        std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(), in.bytes_ptr(), in.bytes());
       const auto offs = blocks(in.count);
       tcp::ring_all_gather(mesh_, ctx, out.bytes_ptr(), offs, -1);
     });
@@ -176,9 +177,9 @@ class TcpCommunicator final : public Communicator {
     Fingerprint fp{.kind = OpKind::ReduceScatter, .dtype = in.dtype, .op = o.op, .count = out.count};
     return submit(fp, in.bytes(), o.timeout, true, -1, [this, in, out](const tcp::OpContext& ctx) {
       std::byte* acc = tcp::Scratch::sized(scratch_.acc, in.bytes());
-      std::memcpy(acc, in.bytes_ptr(), in.bytes());
+      tcp::copy_bytes(acc, in.bytes_ptr(), in.bytes());
       tcp::ring_reduce_scatter(mesh_, ctx, acc, blocks(out.count), -1, scratch_);
-      std::memcpy(out.bytes_ptr(), acc + static_cast<std::size_t>(rank_) * out.bytes(), out.bytes());
+      tcp::copy_bytes(out.bytes_ptr(), acc + static_cast<std::size_t>(rank_) * out.bytes(), out.bytes());
       if (ctx.fp.op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
     });
   }
@@ -227,22 +228,29 @@ class TcpCommunicator final : public Communicator {
                                          " ms; set --timeout-ms (DDP_TIMEOUT_MS)."));
     send_seq_.assign(static_cast<std::size_t>(size), 0);
     recv_seq_.assign(static_cast<std::size_t>(size), 0);
-    if (prefix.empty()) {
-      // A job restarted in place (torchrun keeps its store) must not read the previous attempt's keys:
-      // every rank joins once per attempt, so the join count numbers the attempts consistently everywhere.
-      const std::int64_t joined = store_.add("ddp/tcp/joined", 1);
-      prefix = ddp::detail::str("ddp/tcp/", (joined - 1) / size, '/');
-    }
-    prefix_ = std::move(prefix);
-    mesh_.connect(store_, prefix_, listen_ip_, tcp::Clock::now() + opts_.timeout);
-    if (size_ > 1 && size_ <= tcp::kShmMaxRanks) {  // collective: every rank takes part, even with shm off
-      auto seg = tcp::ShmSegment::create(store_, prefix_, rank_, size_, opts_.shm,
-                                         tcp::ShmCollectives::segment_bytes(size_), tcp::Clock::now() + opts_.timeout);
-      if (seg) shm_ = std::make_unique<tcp::ShmCollectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+    try {
+      if (prefix.empty()) {
+        // A job restarted in place (torchrun keeps its store) must not read the previous attempt's keys:
+        // every rank joins once per attempt, so the join count numbers the attempts consistently everywhere.
+        const std::int64_t joined = store_.add("ddp/tcp/joined", 1);
+        prefix = ddp::detail::str("ddp/tcp/", (joined - 1) / size, '/');
+      }
+      prefix_ = std::move(prefix);
+      mesh_.connect(store_, prefix_, listen_ip_, tcp::Clock::now() + opts_.timeout);
+      if (size_ > 1 && size_ <= tcp::kShmMaxRanks) {  // collective: every rank takes part, even with shm off
+        auto seg = tcp::ShmSegment::create(store_, prefix_, rank_, size_, opts_.shm,
+                                           tcp::ShmCollectives::segment_bytes(size_), tcp::Clock::now() + opts_.timeout);
+        if (seg) shm_ = std::make_unique<tcp::ShmCollectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+      }
+    } catch (const StoreError& e) {  // the store went away mid-rendezvous: say whose death that usually is
+      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: the store failed (", e.what(),
+                                       "); when the ranks host the store (ddprun, env://, mpirun), it lived in rank 0, "
+                                       "which has probably died."));
     }
     wake_ = tcp::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     thread_ = std::thread([this] { progress_loop(); });
-    DDP_LOG_DEBUG(who(), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_, ")");
+    DDP_LOG_DEBUG(who(), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_, "; shared memory ",
+                  shm_ ? "on" : "off", ")");
   }
 
   std::string who() const { return ddp::detail::str("ddp[rank ", rank_, '/', size_, ']'); }
@@ -430,6 +438,10 @@ class TcpCommunicator final : public Communicator {
     std::string reported;
     for (int p : f.closed) {
       std::string msg = peer_message(p);
+      if (msg.empty() && store_lost_ && f.closed.size() > 1)  // no messages to tell the dead from the failed
+        return ddp::detail::str(label, " failed: ranks ", ddp::detail::join(f.closed, ", "),
+                                " closed their connections and the store is unreachable, so which of them died "
+                                "first is unknown [", f.detail, "]");
       if (msg.empty())
         return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail, "]");
       if (reported.empty()) reported = ddp::detail::str(label, " failed: rank ", p, " reported: ", msg);
@@ -438,10 +450,12 @@ class TcpCommunicator final : public Communicator {
   }
 
   std::string peer_message(int p) {
+    if (store_lost_) return {};
     try {
       const std::string key = ddp::detail::str(prefix_, "error/", p);
       if (store_.check(key)) return store_.get_string(key);
     } catch (const std::exception&) {  // the store may have died with its host rank
+      store_lost_ = true;
     }
     return {};
   }
@@ -456,7 +470,7 @@ class TcpCommunicator final : public Communicator {
         first_error_ = msg;
       }
     }
-    try {
+    if (!store_lost_) try {
       store_.set(ddp::detail::str(prefix_, "error/", rank_), msg);
       store_.set(ddp::detail::str(prefix_, "state/", rank_), ddp::detail::str(current_seq_, '\t', t.fp.full_label()));
       // PyTorch's SET has no reply: without a round trip the server may not have applied it yet when the
@@ -465,6 +479,7 @@ class TcpCommunicator final : public Communicator {
       (void)store_.check(ddp::detail::str(prefix_, "error/", rank_));
     } catch (const std::exception& e) {
       DDP_LOG_WARN("could not publish the failure in the store: ", e.what());
+      store_lost_ = true;
     }
     mesh_.close_all();
     if (timed_out && !t.fp.is_p2p()) msg += timeout_report(t);
@@ -475,6 +490,7 @@ class TcpCommunicator final : public Communicator {
   // " Rank 2 never reached all_reduce #5 (...); rank 1 ran broadcast #5 (...) there." from the other ranks'
   // state keys, waiting a short grace period for ranks that fail because we closed.
   std::string timeout_report(const Task& t) {
+    if (store_lost_) return " The store is unreachable, so the other ranks' positions are unknown.";
     std::vector<std::string> keys;
     for (int k = 0; k < size_; ++k)
       if (k != rank_) keys.push_back(ddp::detail::str(prefix_, "state/", k));
@@ -489,8 +505,9 @@ class TcpCommunicator final : public Communicator {
       const std::string& key = keys[static_cast<std::size_t>(i++)];
       std::string state;
       try {
-        if (store_.check(key)) state = store_.get_string(key);
+        if (!store_lost_ && store_.check(key)) state = store_.get_string(key);
       } catch (const std::exception&) {
+        store_lost_ = true;  // its host exited: do not wait out the store timeout once per rank
       }
       if (state.empty()) {
         never.push_back(ddp::detail::str(k, " (no report: busy outside ddp, stuck or dead)"));
@@ -521,6 +538,9 @@ class TcpCommunicator final : public Communicator {
   tcp::Fd wake_;                    // eventfd: new send/recv ops wake a running batch
   tcp::Scratch scratch_;            // used only by the thread running the current op
   std::uint64_t current_seq_ = 0;   // last collective started (ditto)
+  // A failure report found the store unreachable (its host rank died?): later reports skip it instead of
+  // waiting out the store timeout on every key (ditto).
+  bool store_lost_ = false;
   int groups_ = 0;                  // new_group calls so far
 
   std::mutex mu_;  // guards everything below

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Sanitizer builds of a chosen subset of the tests; scripts/test.sh runs it after the main suite (so CI does).
+# SPDX-License-Identifier: MIT
+#
+#   address,undefined (ASan + UBSan): unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train
+#                     unit_optim unit_kernels unit_nn unit_parallel (every unit test), multiproc_comm, multiproc_shm
+#   thread (TSan):    unit_store, unit_parallel, multiproc_comm, multiproc_shm (ctest), and unit_comm without its
+#                     "every collective matches the reference" cases (run directly with a doctest filter):
+#                     those check arithmetic over every dtype and size, take ~4 min per dtype under TSan, and
+#                     exercise the same threads as the cases that stay (async ops, send/recv, subgroups,
+#                     mismatches, timeouts, shm). They run in full under ASan and in the main suite.
+#
+# Each is its own build (DDP_SANITIZE, see cmake/DdpSanitize.cmake) at -O1 -g, CPU only: CUDA and NCCL are
+# not built, MPI is off (Open MPI is not instrumented and reports its own internals), and BLAS is off so
+# GEMMs run ddp's portable loops, which the sanitizers see, instead of uninstrumented OpenBLAS threads.
+# Any sanitizer report fails the test that produced it (UBSan does not recover, TSan halts on error).
+# Environment: DDP_SANITIZE_BUILD_DIR (default build/sanitize; builds go to <dir>-asan and <dir>-tsan),
+# DDP_JOBS (default: cores), DDP_SANITIZE_ONLY=asan|tsan (one of the two).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${DDP_JOBS:-$(nproc)}"
+base="${DDP_SANITIZE_BUILD_DIR:-build/sanitize}"
+only="${DDP_SANITIZE_ONLY:-}"
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g"
+        -DDDP_WITH_CUDA=OFF -DDDP_WITH_NCCL=OFF -DDDP_WITH_MPI=OFF -DDDP_WITH_BLAS=OFF)
+
+# The targets each build compiles, and the ctest names it runs (exactly these; nothing else is built).
+asan_targets=(unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train unit_optim unit_kernels
+              unit_nn unit_parallel multiproc_comm multiproc_shm comm_worker)
+asan_tests='^(unit_(core|env|store|comm|tensor|data|train|optim|kernels|nn|parallel)|multiproc_(comm|shm))$'
+tsan_targets=(unit_store unit_comm unit_parallel multiproc_comm multiproc_shm comm_worker)
+tsan_tests='^(unit_(store|parallel)|multiproc_(comm|shm))$'
+tsan_unit_comm_filter='-tce=*every collective matches the reference*'
+
+# Sanitizer runtime options: reports go to stderr (ctest shows them with --output-on-failure) and fail the run.
+export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:abort_on_error=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+
+# run <name> <sanitizers> <ctest regex> <extra command or ""> <targets...>: configure, build, run the ctest
+# tests and the extra command (relative to the build directory); prints the seconds of each part.
+run() {
+  local name=$1 sanitize=$2 regex=$3 extra=$4
+  shift 4
+  local dir="$base-$name" t0 t1 t2
+  t0=$(date +%s)
+  cmake -S . -B "$dir" "${common[@]}" "-DDDP_SANITIZE=$sanitize" > "$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" -j "$jobs" --target "$@"
+  t1=$(date +%s)
+  # The extra command runs next to ctest (each is single-threaded most of the time), and both must pass.
+  local extra_pid=""
+  if [[ -n "$extra" ]]; then
+    (cd "$dir" && eval "$extra") > "$dir.extra.log" 2>&1 &
+    extra_pid=$!
+  fi
+  local rc=0
+  ctest --test-dir "$dir" -R "$regex" -j "$jobs" --output-on-failure --timeout 600 || rc=1
+  if [[ -n "$extra_pid" ]]; then
+    if wait "$extra_pid"; then
+      tail -n 3 "$dir.extra.log"
+    else
+      cat "$dir.extra.log"
+      echo "scripts/sanitize.sh: $sanitize: FAILED: $extra"
+      rc=1
+    fi
+  fi
+  t2=$(date +%s)
+  echo "scripts/sanitize.sh: $sanitize: build $((t1 - t0)) s, tests $((t2 - t1)) s"
+  return "$rc"
+}
+
+mkdir -p "$(dirname "$base")"
+if [[ -z "$only" || "$only" == asan ]]; then
+  run asan address,undefined "$asan_tests" "" "${asan_targets[@]}"
+fi
+if [[ -z "$only" || "$only" == tsan ]]; then
+  run tsan thread "$tsan_tests" "timeout 600 tests/unit_comm '$tsan_unit_comm_filter'" "${tsan_targets[@]}"
+fi

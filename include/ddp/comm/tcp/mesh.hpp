@@ -138,7 +138,18 @@ class Mesh {
                                        "). Are all ranks running the same program and group calls?"));
     };
     for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
-      std::string addr = store.get_string(prefix + "addr/" + std::to_string(j));
+      std::string addr;
+      try {
+        addr = store.get_string(prefix + "addr/" + std::to_string(j));
+      } catch (const TimeoutError& e) {  // name the rank that never joined, not only the store key
+        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: rank ", j,
+                                            " never published its address (it died, is stuck or never started): ",
+                                            e.what()));
+      } catch (const StoreError& e) {  // its host exited first (rank 0, perhaps timed out on rank j as well)
+        throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: waiting for rank ",
+                                         j, "'s address, the store failed (its host, rank 0 when the ranks host the "
+                                         "store, exited): ", e.what()));
+      }
       auto colon = addr.rfind(':');
       Fd s = connect_until(addr.substr(0, colon), static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))),
                            deadline);
@@ -149,10 +160,15 @@ class Mesh {
     }
     for (int n = 0; n < rank_; ++n) {  // (2) accept from below
       Fd s = accept_until(listener.get(), deadline);
-      if (!s)
-        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: only ", n, " of the ", rank_,
-                                            " lower ranks connected before the timeout; a rank may have died or "
-                                            "be stuck; raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+      if (!s) {
+        std::vector<int> missing;
+        for (int i = 0; i < rank_; ++i)
+          if (!fds_[i]) missing.push_back(i);
+        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: only ", n,
+                                            " of the ", rank_, " lower ranks connected before the timeout; rank(s) ",
+                                            ddp::detail::join(missing, ", "), " never connected (died or stuck?); "
+                                            "raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+      }
       set_io_timeout(s.get(), io_timeout);
       Hello h{};
       if (!read_all(s.get(), &h, sizeof h)) fail(-1, "reading a hello");

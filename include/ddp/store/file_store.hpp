@@ -98,6 +98,7 @@ class FileStore final : public Store {
   using Store::check;
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
+    timeout = capped_timeout(timeout);
     auto deadline = Clock::now() + timeout;
     std::chrono::milliseconds nap{1};
     for (;;) {

@@ -106,6 +106,7 @@ class HashStore final : public Store {
   }
   void wait_locked(std::unique_lock<std::mutex>& lock, std::span<const std::string> keys,
                    std::chrono::milliseconds timeout) {
+    timeout = capped_timeout(timeout);
     if (!cv_.wait_for(lock, timeout, [&] { return all_present(keys); }))
       throw TimeoutError(::ddp::detail::str("ddp: store wait for [", ::ddp::detail::join(keys, ", "), "] timed out after ",
                                      timeout.count(), " ms on the in-process HashStore"));

@@ -28,6 +28,33 @@ inline std::string to_string(std::span<const std::uint8_t> b) { return std::stri
 
 inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{300'000};  // PyTorch's default: 5 minutes
 
+// While alive, every blocking store call this thread makes (connect, round trip, get, wait) gives up after
+// at most `cap`, whatever the store's or the call's own timeout. For best-effort calls that must not hold
+// a failing program up: the collectives publish a failure through the store when the store's host may be
+// frozen (SIGSTOP) or unreachable (link down), where a full store timeout would double the time to exit.
+// Per thread, so other threads' calls on the same store keep their timeouts. Nests: the smaller cap wins.
+class ScopedTimeoutCap {
+ public:
+  explicit ScopedTimeoutCap(std::chrono::milliseconds cap) noexcept : saved_(current_) {
+    if (saved_.count() == 0 || cap < saved_) current_ = cap;
+  }
+  ~ScopedTimeoutCap() { current_ = saved_; }
+  ScopedTimeoutCap(const ScopedTimeoutCap&) = delete;
+  ScopedTimeoutCap& operator=(const ScopedTimeoutCap&) = delete;
+
+ private:
+  friend std::chrono::milliseconds capped_timeout(std::chrono::milliseconds t) noexcept;
+  static inline thread_local std::chrono::milliseconds current_{0};  // this thread's cap (zero: none)
+  std::chrono::milliseconds saved_;
+};
+
+// `t`, lowered to this thread's ScopedTimeoutCap if one is active. Store implementations apply it to every
+// timeout they block for.
+inline std::chrono::milliseconds capped_timeout(std::chrono::milliseconds t) noexcept {
+  const auto cap = ScopedTimeoutCap::current_;
+  return cap.count() > 0 && cap < t ? cap : t;
+}
+
 class Store {
  public:
   explicit Store(std::chrono::milliseconds timeout = kDefaultStoreTimeout) : timeout_(timeout) {}

@@ -196,7 +196,7 @@ class TcpStore final : public Store {
   template <class F>
   std::invoke_result_t<F&, Clock::time_point> call(std::string_view op, std::string_view what, F&& f,
                                                    std::optional<std::chrono::milliseconds> t = {}) {
-    auto timeout = t.value_or(timeout_);
+    auto timeout = capped_timeout(t.value_or(timeout_));
     std::lock_guard lock(mu_);
     auto deadline = Clock::now() + timeout;
     bool connecting = true;

@@ -410,6 +410,7 @@ class TcpCommunicator final : public Communicator {
       t.body(ctx);
       t.state->complete();
     } catch (const tcp::PeerFailure& f) {
+      store::ScopedTimeoutCap cap(report_budget(t));  // describe() reads the peers' messages from the store
       t.state->complete(fail(t, describe(t, f), f.kind == tcp::PeerFailure::Kind::Timeout));
     } catch (const TimeoutError& e) {
       t.state->complete(fail(t, ddp::detail::str(t.state->label, " failed: ", e.what()), true));
@@ -462,7 +463,15 @@ class TcpCommunicator final : public Communicator {
 
   // Marks the communicator failed, publishes the message, closes the sockets (telling every peer), and
   // for timeouts appends what the other ranks were doing. Returns the exception for the Work.
+  // Every store call that reports a failure is capped at this (store::ScopedTimeoutCap): the store's host
+  // may be frozen or cut off, and waiting out the full store timeout there would make a rank exit after
+  // twice its timeout. T/4 within [0.1 s, 3 s]: the same as the grace for the peers' reports below.
+  static std::chrono::milliseconds report_budget(const Task& t) {
+    return std::clamp(t.timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(3000));
+  }
+
   std::exception_ptr fail(const Task& t, std::string msg, bool timed_out) {
+    store::ScopedTimeoutCap cap(report_budget(t));
     {
       std::lock_guard lock(mu_);
       if (!failed_) {
@@ -494,7 +503,7 @@ class TcpCommunicator final : public Communicator {
     std::vector<std::string> keys;
     for (int k = 0; k < size_; ++k)
       if (k != rank_) keys.push_back(ddp::detail::str(prefix_, "state/", k));
-    const auto grace = std::clamp(t.timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(3000));
+    const auto grace = report_budget(t);
     try {
       store_.wait(keys, grace);
     } catch (const std::exception&) {  // some never report: that is the finding

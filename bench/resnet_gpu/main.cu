@@ -14,7 +14,7 @@
 // Precision: ddp's Exec<Cuda>::precision (tensor/precision.hpp: bf16 rounds conv/linear operands only;
 // activations stay float32 in memory); torch: fp32 = allow_tf32 off, tf32 = allow_tf32 on (matmul and
 // cudnn), bf16 = autocast(bfloat16) with float32 master weights (activations bf16 in memory).
-// Output: one JSON object per line, e.g.
+// Output: one JSON object per line, e.g. (the numbers only show the form: nothing has been measured yet)
 //   {"arch":"resnet50","batch":64,"image_size":224,"precision":"bf16","gpu":"NVIDIA H100 80GB HBM3",
 //    "ddp_images_per_s":812.0,"ddp_peak_mem_bytes":1.2e10,"torch_images_per_s":2400.0,
 //    "torch_peak_mem_bytes":9.1e9,"ratio_ddp_over_torch":0.34,"mem_ratio_ddp_over_torch":1.3}

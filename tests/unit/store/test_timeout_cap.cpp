@@ -2,40 +2,19 @@
 // thread's; used by the collectives to publish a failure when the store's host may be frozen.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <ddp/store/hash_store.hpp>
 #include <ddp/store/tcp_store.hpp>
 #include <thread>
 
+#include "unit/store/silent_listener.hpp"
+
 using namespace std::chrono_literals;
 using ddp::store::ScopedTimeoutCap;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// A "frozen" store server: a socket that listens on a free loopback port but never accepts, so the kernel
-// completes connections and takes requests into its buffers, and no reply ever comes (what a SIGSTOPped
-// rank 0 looks like to its clients).
-struct SilentListener {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  std::uint16_t port = 0;
-  SilentListener() {
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 8) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    port = ntohs(a.sin_port);
-  }
-  ~SilentListener() { ::close(fd); }
-};
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -64,7 +43,7 @@ TEST_SUITE("store") {
   }
 
   TEST_CASE("ScopedTimeoutCap: a TcpStore round trip to a silent server gives up at the cap, not the store timeout") {
-    SilentListener server;
+    ddp_test::SilentListener server;
     ddp::store::TcpStore s("127.0.0.1", server.port, {.protocol = ddp::store::TcpProtocol::V2, .timeout = 20s});
     const auto t0 = Clock::now();
     {

@@ -27,6 +27,13 @@ namespace ddp::comm::nccl {
 
 inline std::string state_text(const Fingerprint& fp) { return ddp::detail::str(fp.seq, '\t', fp.full_label()); }
 
+// Every store call below is best effort and capped (store::ScopedTimeoutCap): the store's host may be frozen
+// or cut off, and a full store timeout per call would multiply the time a failing rank takes to exit.
+inline constexpr std::chrono::milliseconds kReportCap{3000};
+inline std::chrono::milliseconds report_budget(std::chrono::milliseconds op_timeout) {
+  return std::clamp(op_timeout / 4, std::chrono::milliseconds(100), kReportCap);
+}
+
 inline bool store_has(store::Store& store, const std::string& key) {
   const std::string keys[] = {key};
   return store.check(keys);
@@ -34,6 +41,7 @@ inline bool store_has(store::Store& store, const std::string& key) {
 
 // Publishes rank's first error; never throws (the store may be gone with rank 0).
 inline void publish_failure(store::Store& store, const std::string& prefix, int rank, const std::string& msg) noexcept {
+  store::ScopedTimeoutCap cap(kReportCap);
   try {
     store.set(ddp::detail::str(prefix, "error/", rank), msg);
     store.add(prefix + "failed", 1);
@@ -44,6 +52,7 @@ inline void publish_failure(store::Store& store, const std::string& prefix, int 
 
 // "rank 1 reported: ..." when another rank published a failure, else empty.
 inline std::string peer_failure(store::Store& store, const std::string& prefix, int rank, int size) {
+  store::ScopedTimeoutCap cap(kReportCap);
   try {
     if (!store_has(store, prefix + "failed")) return {};
     for (int k = 0; k < size; ++k) {
@@ -66,17 +75,20 @@ inline std::string timeout_report(store::Store& store, const std::string& prefix
       keys.push_back(ddp::detail::str(prefix, "state/", k));
       ranks.push_back(k);
     }
+  store::ScopedTimeoutCap cap(report_budget(timeout));
   try {
     store.set(ddp::detail::str(prefix, "state/", rank), state_text(fp));
-    store.wait(keys, std::chrono::milliseconds(std::clamp<std::int64_t>(timeout.count() / 4, 100, 3000)));
+    store.wait(keys, report_budget(timeout));
   } catch (const std::exception&) {  // ranks that never report are the finding
   }
   std::vector<std::string> behind, different;
+  bool store_lost = false;  // after one failed read, do not wait on a dead store once per rank
   for (std::size_t i = 0; i < keys.size(); ++i) {
     std::string state;
     try {
-      if (store_has(store, keys[i])) state = store.get_string(keys[i]);
+      if (!store_lost && store_has(store, keys[i])) state = store.get_string(keys[i]);
     } catch (const std::exception&) {
+      store_lost = true;
     }
     const auto tab = state.find('\t');
     if (tab == std::string::npos) {

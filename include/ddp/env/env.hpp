@@ -140,9 +140,16 @@ class Env {
  private:
   static int to_int(std::string_view name, std::string_view value, std::string_view launcher) {
     auto v = detail::parse_int(value);
-    if (!v || *v < INT32_MIN || *v > INT32_MAX)
+    std::string_view digits = value;
+    if (digits.starts_with('-')) digits.remove_prefix(1);
+    const bool integer_form = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    if (!v && !integer_form)
       throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ", launcher,
                                          ") is not an integer."));
+    if (!v || *v < INT32_MIN || *v > INT32_MAX)  // !v here: digits past 64 bits
+      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ", launcher,
+                                         ") is out of range: it must fit in 32 bits (", INT32_MIN, " to ", INT32_MAX,
+                                         ")."));
     return static_cast<int>(*v);
   }
 

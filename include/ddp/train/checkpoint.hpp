@@ -25,10 +25,12 @@
 // CPU models only: a GPU model is copied to the host first (the CUDA layer's to<Cpu>).
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -195,7 +197,9 @@ inline void check_data_hash(const SafetensorsFile& f, const std::string& source)
                                    "' to start from scratch."));
 }
 
-inline std::int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+inline std::int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key,
+                             std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                             std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
   auto it = f.metadata.find(key);
   if (it == f.metadata.end())
     throw IoError(ddp::detail::str("ddp: snapshot '", path, "' has no metadata '", key,
@@ -204,11 +208,28 @@ inline std::int64_t meta_int(const SafetensorsFile& f, const std::string& path, 
     std::size_t used = 0;
     const long long v = std::stoll(it->second, &used);
     if (used != it->second.size()) throw std::invalid_argument("trailing");
-    return v;
+    if (v >= lo && v <= hi) return v;
   } catch (const std::exception&) {
     throw IoError(ddp::detail::str("ddp: snapshot '", path, "': metadata '", key,
                                    "' = ", ddp::detail::quoted(it->second), " is not an integer; the file is corrupt"));
   }
+  throw IoError(ddp::detail::str("ddp: snapshot '", path, "': metadata '", key, "' = ", it->second,
+                                 " is out of range [", lo, ", ", hi, "]; the file is corrupt"));
+}
+
+// An unsigned 64-bit metadata value (all digits; std::to_string of a std::uint64_t).
+inline std::uint64_t meta_u64(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end())
+    throw IoError(ddp::detail::str("ddp: snapshot '", path, "' has no metadata '", key,
+                                   "'; it is not a ddp snapshot (a plain state dict loads with load_state_dict)"));
+  std::uint64_t v = 0;
+  const std::string& t = it->second;
+  auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc{} || ptr != t.data() + t.size())
+    throw IoError(ddp::detail::str("ddp: snapshot '", path, "': metadata '", key, "' = ", ddp::detail::quoted(t),
+                                   " is not an unsigned 64-bit integer; the file is corrupt"));
+  return v;
 }
 
 }  // namespace detail
@@ -281,17 +302,31 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
                          "); pass a file written by save_snapshot (--snapshot-path)"));
   detail::check_data_hash(f, source);
   SnapshotInfo info;
-  info.epoch = detail::meta_int(f, source, "epoch");
-  info.rng.seed = static_cast<std::uint64_t>(detail::meta_int(f, source, "rng.seed"));
-  info.rng.rank = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.rank"));
-  info.rng.stream = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.stream"));
-  info.rng.offset = static_cast<std::uint64_t>(detail::meta_int(f, source, "rng.offset"));
-  const std::int64_t steps = detail::meta_int(f, source, "optimizer.steps");
-  // Check the momentum buffers before touching anything.
+  // Counters are never negative; rank and stream are 32-bit; seed and offset are written as unsigned 64-bit.
+  constexpr std::int64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
+  info.epoch = detail::meta_int(f, source, "epoch", 0);
+  info.rng.seed = detail::meta_u64(f, source, "rng.seed");
+  info.rng.rank = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.rank", 0, kU32Max));
+  info.rng.stream = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.stream", 0, kU32Max));
+  info.rng.offset = detail::meta_u64(f, source, "rng.offset");
+  const std::int64_t steps = detail::meta_int(f, source, "optimizer.steps", 0);
+  // Check the momentum buffers before touching anything: each must belong to a parameter of this model
+  // (a buffer for another model's parameter means the wrong snapshot, not one to drop silently).
   const auto& params = opt.parameters();
+  std::set<std::string, std::less<>> param_names;
   for (const auto* p : params) {
+    param_names.insert(p->name());
     const std::string name = kMomentumPrefix + p->name();
     if (f.contains(name)) detail::expect_tensor(f, source, name, p->torch_shape(), dtype_of<T>, model.describe());
+  }
+  // (A buffer whose parameter tensor is in the file too is left to the state-dict check below, whose message
+  // about the unexpected parameter says more.)
+  for (const auto& name : f.order) {
+    if (name.rfind(kMomentumPrefix, 0) != 0) continue;
+    const std::string param = name.substr(std::string_view(kMomentumPrefix).size());
+    if (!param_names.contains(param) && !f.contains(param))
+      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has momentum buffer '", name, "' for a parameter that ",
+                                     model.describe(), " does not have; was it written for another --arch or model?"));
   }
   detail::load_state_dict_from(f, source, model, /*strict=*/true, kMomentumPrefix);
   opt.clear_momentum_buffers();

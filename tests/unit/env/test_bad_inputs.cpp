@@ -60,6 +60,11 @@ TEST_SUITE("env") {
          "ddp: RANK='3x' (from torchrun) is not an integer."},
         {"torchrun: WORLD_SIZE not a number", torchrun.with("WORLD_SIZE", "eight"), {},
          "ddp: WORLD_SIZE='eight' (from torchrun) is not an integer."},
+        {"torchrun: RANK past 32 bits", torchrun.with("RANK", "2147483648"), {},
+         "ddp: RANK='2147483648' (from torchrun) is out of range: it must fit in 32 bits (-2147483648 to 2147483647)."},
+        {"torchrun: WORLD_SIZE past 64 bits", torchrun.with("WORLD_SIZE", "123456789012345678901234567890"), {},
+         "ddp: WORLD_SIZE='123456789012345678901234567890' (from torchrun) is out of range: it must fit in 32 bits "
+         "(-2147483648 to 2147483647)."},
         {"torchrun: WORLD_SIZE 0", torchrun.with("WORLD_SIZE", "0"), {},
          "ddp: WORLD_SIZE=0 (from torchrun) must be at least 1." + kWhy},
         {"torchrun: negative LOCAL_RANK", torchrun.with("LOCAL_RANK", "-1"), {},

@@ -65,7 +65,7 @@ TEST_SUITE("env") {
   }
 
   TEST_CASE("non-numeric and out-of-range values are errors that quote the value") {
-    for (const char* bad : {"3x", "", " 3", "3 ", "0x10", "1e3", "99999999999", "+"}) {
+    for (const char* bad : {"3x", "", " 3", "3 ", "0x10", "1e3", "+", "-", "+1"}) {
       CAPTURE(bad);
       Env env = Env::from({{"RANK", bad}});
       if (std::string(bad).empty()) {
@@ -76,6 +76,11 @@ TEST_SUITE("env") {
                            ("ddp: RANK='" + std::string(bad) + "' (from torchrun) is not an integer.").c_str(),
                            ConfigError);
     }
+    // Integers that do not fit an int say so rather than "not an integer".
+    CHECK_THROWS_WITH_AS(Env::from({{"RANK", "99999999999"}}).int_var("RANK", "torchrun"),
+                         "ddp: RANK='99999999999' (from torchrun) is out of range: it must fit in 32 bits "
+                         "(-2147483648 to 2147483647).",
+                         ConfigError);
     CHECK_THROWS_WITH_AS(Env::from({{"RANK", "3x"}}).int_var("RANK", "torchrun"),
                          "ddp: RANK='3x' (from torchrun) is not an integer.", ConfigError);
     CHECK_THROWS_WITH_AS(Env::from({{"RANK", "3x"}}).int_get("RANK", "torchrun"),

@@ -115,6 +115,21 @@ Bytes rewrite(const Bytes& bytes, const std::function<bool(const std::string&, t
 
 bool keep_all(const std::string&, train::TensorEntry&) { return true; }
 
+// `bytes` plus one more F32 tensor `name` of shape {2}.
+Bytes with_extra_tensor(const Bytes& bytes, const std::string& name) {
+  train::SafetensorsFile f = train::parse_safetensors(bytes);
+  train::SafetensorsWriter w;
+  for (const auto& n : f.order) {
+    const train::TensorEntry& e = f.tensors.at(n);
+    w.add(n, e.dtype, e.shape, e.data);
+  }
+  const float two[2] = {1.0f, 2.0f};
+  w.add(name, DType::F32, {2}, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(two), sizeof two));
+  for (const auto& [k, v] : f.metadata) w.set_metadata(k, v);
+  if (f.metadata.count("ddp.data_hash")) w.set_metadata("ddp.data_hash", train::detail::hex64(w.data_hash()));
+  return w.serialize();
+}
+
 std::uint64_t header_length(const Bytes& b) {
   std::uint64_t n = 0;
   std::memcpy(&n, b.data(), 8);
@@ -267,6 +282,19 @@ TEST_SUITE("train") {
           " needs [10, 32]"}},
         {"epoch is not a number", rewrite(good, keep_all, [](auto& m) { m["epoch"] = "two"; }),
          {"ddp: snapshot '" + path + "': metadata 'epoch' = 'two' is not an integer; the file is corrupt"}},
+        {"a negative epoch", rewrite(good, keep_all, [](auto& m) { m["epoch"] = "-3"; }),
+         {"ddp: snapshot '" + path + "': metadata 'epoch' = -3 is out of range [0, 9223372036854775807]; the file is "
+                                     "corrupt"}},
+        {"a negative rng.stream", rewrite(good, keep_all, [](auto& m) { m["rng.stream"] = "-1"; }),
+         {"ddp: snapshot '" + path + "': metadata 'rng.stream' = -1 is out of range [0, 4294967295]"}},
+        {"a negative rng.offset", rewrite(good, keep_all, [](auto& m) { m["rng.offset"] = "-5"; }),
+         {"ddp: snapshot '" + path + "': metadata 'rng.offset' = '-5' is not an unsigned 64-bit integer; the file "
+                                     "is corrupt"}},
+        {"a momentum buffer for a parameter the model lacks",
+         with_extra_tensor(good, "optimizer.momentum_buffer.layer9.0.conv1.weight"),
+         {"ddp: snapshot '" + path + "' has momentum buffer 'optimizer.momentum_buffer.layer9.0.conv1.weight' for a "
+          "parameter that " +
+          r18_name + " does not have; was it written for another --arch or model?"}},
         {"rng.seed missing", rewrite(good, keep_all, [](auto& m) { m.erase("rng.seed"); }),
          {"ddp: snapshot '" + path + "' has no metadata 'rng.seed'; it is not a ddp snapshot"}},
         {"ddp.kind missing (a foreign safetensors file)", rewrite(good, keep_all, [](auto& m) { m.erase("ddp.kind"); }),
@@ -298,6 +326,20 @@ TEST_SUITE("train") {
     CHECK(train::load_snapshot(path, back, bopt).epoch == 2);
     CHECK(state_of(back, bopt) == state_of(r18, o18));
     CHECK(train::load_snapshot(prev, back, bopt).epoch == 1);
+  }
+
+  TEST_CASE("snapshots keep the whole 64-bit range of rng.seed and rng.offset (written unsigned, read unsigned)") {
+    Model m = resnet("resnet18", 10, 1);
+    Sgd opt(m, {.lr = 0.1, .momentum = 0.9});
+    train::SnapshotInfo info{.epoch = 3};
+    info.rng.seed = 0xFEDCBA9876543210ull;  // above INT64_MAX: std::stoll would call it "not an integer"
+    info.rng.offset = ~std::uint64_t{0};
+    info.rng.rank = 4000000000u;
+    const train::SnapshotInfo back = train::load_snapshot_bytes(train::serialize_snapshot(m, opt, info), m, opt);
+    CHECK(back.rng.seed == info.rng.seed);
+    CHECK(back.rng.offset == info.rng.offset);
+    CHECK(back.rng.rank == info.rng.rank);
+    CHECK(back.epoch == 3);
   }
 
   TEST_CASE("failed snapshot saves: IoError naming the path and the step; the previous snapshot is intact (table)") {

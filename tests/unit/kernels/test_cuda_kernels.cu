@@ -139,7 +139,7 @@ TEST_SUITE("kernels_cuda") {
 
   // ---- GPU against CPU ----
   TEST_CASE("element-wise ops: relu, add, axpy, scale, fill") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     Fixture f;
     INFO("seed ", f.seed);
     const Shape s{3, 7, 5, 13};  // 1365 elements: not a multiple of 256
@@ -167,7 +167,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("conv2d forward and backward match the CPU for assorted geometries") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     struct Geo {
       std::int64_t n, h, w, c, k, r, s;
       Size2 stride, pad, dil;
@@ -237,7 +237,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("batchnorm training and eval, forward and backward, running statistics") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     for (const bool training : {true, false}) {
       Fixture f;
       INFO("seed ", f.seed, " training ", training);
@@ -277,7 +277,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("max-pool with argmax and adaptive average pool, forward and backward") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     Fixture f;
     INFO("seed ", f.seed);
     const Shape xs{2, 15, 13, 19};
@@ -322,7 +322,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("linear forward and backward (cuBLAS, fp32 compute; TF32 and BF16 tensor cores)") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     Fixture f;
     INFO("seed ", f.seed);
     const std::int64_t n = 5, in = 67, out = 13;
@@ -355,7 +355,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("cross-entropy (label smoothing) and MSE: value and gradient; bad labels named") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     Fixture f;
     INFO("seed ", f.seed);
     const std::int64_t n = 7, c = 1001;  // C not a multiple of the 256-thread block
@@ -393,7 +393,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   TEST_CASE("SGD step with momentum, nesterov and weight decay over two steps") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     Fixture f;
     INFO("seed ", f.seed);
     const Shape s{1000, 3};

@@ -36,7 +36,7 @@ bool same_bits(const Tensor<float, Cpu>& a, const Tensor<float, Cpu>& b) {
 TEST_SUITE("kernels_cuda_fused") {
   // ---- GPU against CPU ----
   TEST_CASE("batchnorm_act forward and backward match bn + add + relu on the CPU") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     struct Case {
       bool training, residual, relu;
     };
@@ -115,7 +115,7 @@ TEST_SUITE("kernels_cuda_fused") {
   }
 
   TEST_CASE("multi-tensor SGD equals per-tensor SGD over two steps (600 tensors: two launches)") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     for (const bool nesterov : {false, true}) {
       Fixture f;
       INFO("seed ", f.seed, " nesterov ", nesterov);
@@ -167,7 +167,7 @@ TEST_SUITE("kernels_cuda_fused") {
   }
 
   TEST_CASE("max-pool backward gathers without atomics: overlapping, abutting and padded windows; bitwise repeatable") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     struct Geo {
       Size2 k, s, p;
     };
@@ -212,7 +212,7 @@ TEST_SUITE("kernels_cuda_fused") {
   }
 
   TEST_CASE("deterministic mode: conv (split-K wgrad, dbias) and batchnorm backward repeat bit for bit") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     for (const ddp::Precision prec : {ddp::Precision::Fp32, ddp::Precision::Tf32, ddp::Precision::Bf16}) {
       Fixture f;
       INFO("seed ", f.seed, " precision ", ddp::precision_name(prec));

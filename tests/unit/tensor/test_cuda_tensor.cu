@@ -23,7 +23,7 @@ TEST_SUITE("tensor_cuda") {
   TEST_CASE("cuda_device_count never throws") { CHECK(ddp::cuda_device_count() >= 0); }
 
   TEST_CASE("allocator: current and peak bytes follow allocations; freed blocks are reused") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     DDP_CUDA_CHECK(cudaDeviceSynchronize());
     ddp::reset_peak_cuda_memory();
     const auto before = ddp::cuda_memory_stats();
@@ -46,7 +46,7 @@ TEST_SUITE("tensor_cuda") {
   }
 
   TEST_CASE("allocator: out of memory is a CudaError naming the size and the fix") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     auto huge = [] { return Tensor<float, Cuda>(ddp::Shape{std::int64_t{1} << 38}); };  // 1 TiB
     CHECK_THROWS_WITH_AS(huge(), doctest::Contains("ddp: out of GPU memory allocating 1099511627776 bytes (1048576 MiB)"),
                          ddp::CudaError);
@@ -55,7 +55,7 @@ TEST_SUITE("tensor_cuda") {
   }
 
   TEST_CASE("copies: host -> device -> device -> host round trip on a stream, from pinned memory too") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     ddp::Stream stream;
     auto ex = stream.exec();
     std::vector<float> values(1000);
@@ -78,7 +78,7 @@ TEST_SUITE("tensor_cuda") {
   }
 
   TEST_CASE("events order a second stream after the first without a host wait") {
-    ddp::test::require_gpu_or_skip();
+    if (ddp::test::skip_without_gpu()) return;
     ddp::Stream compute, comm;
     Tensor<float, Cuda> t({1 << 20});
     ddp::kernels::Kernels<Cuda>::fill(compute.exec(), t.view(), 3.0f);

@@ -18,25 +18,16 @@
 #include <tuple>
 #include <vector>
 
+#include "support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using ddp::data::CifarBinaryDataset;
 using ddp::data::CifarOptions;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("ddp_cifar_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : ddp::test::TempDir {
+  TempDir() : ddp::test::TempDir("ddp_cifar_") {}
 };
 
 // Pixel byte of record r, channel c, row y, column x in the generated files.

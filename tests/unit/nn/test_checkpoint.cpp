@@ -15,23 +15,16 @@
 #include <ddp/optim/sgd.hpp>
 #include <ddp/train/checkpoint.hpp>
 
+#include "support/temp_dir.hpp"
+
 using namespace ddp;
 
 namespace {
 
 // A per-process scratch directory, removed when the test program exits.
-struct TempDir {
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("ddp_nn_ckpt_" + std::to_string(::getpid()));
-  TempDir() { std::filesystem::create_directories(dir); }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
 std::string temp_path(const std::string& name) {
-  static TempDir tmp;
-  return (tmp.dir / name).string();
+  static ddp::test::TempDir tmp("ddp_nn_ckpt_");
+  return tmp.file(name);
 }
 
 bool same_params(nn::Module<float, Cpu>& a, nn::Module<float, Cpu>& b) {

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using namespace ddp;
 using Bytes = std::vector<std::uint8_t>;
@@ -39,19 +41,8 @@ using Sgd = optim::SGD<float, Cpu>;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("ddp_bad_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : ddp::test::TempDir {
+  TempDir() : ddp::test::TempDir("ddp_bad_") {}
 };
 
 Bytes slurp(const std::string& path) {

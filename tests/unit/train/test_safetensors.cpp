@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
 using ddp::DType;
 using ddp::train::read_safetensors;
@@ -22,20 +24,8 @@ using ddp::train::SafetensorsWriter;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("ddp_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : ddp::test::TempDir {
+  TempDir() : ddp::test::TempDir("ddp_st_") {}
 };
 
 std::vector<std::uint8_t> slurp(const std::string& path) {

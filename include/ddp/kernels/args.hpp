@@ -366,17 +366,22 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
+// The hyper-parameter checks shared by SgdArgs and MultiSgdArgs (kernels/fused_args.hpp); `op` names the kernel.
+inline void validate_sgd_hyperparameters(const char* op, double lr, double momentum, double dampening,
+                                         double weight_decay, bool nesterov) {
+  if (lr < 0.0 || momentum < 0.0 || weight_decay < 0.0)
+    throw ValueError(detail::str("ddp: ", op, ": lr (", lr, "), momentum (", momentum, ") and weight_decay (",
+                                 weight_decay, ") must be >= 0"));
+  if (nesterov && (momentum <= 0.0 || dampening != 0.0))
+    throw ValueError(detail::str("ddp: ", op, ": nesterov momentum requires momentum > 0 and dampening 0, got momentum ",
+                                 momentum, " and dampening ", dampening));
+}
+
 template <class T, Device D>
 void validate(const SgdArgs<T, D>& a) {
   const char* op = "sgd_step";
   expect_shape(a.grad, a.param.shape(), "grad", op);
-  if (a.lr < 0.0 || a.momentum < 0.0 || a.weight_decay < 0.0)
-    throw ValueError(detail::str("ddp: ", op, ": lr (", a.lr, "), momentum (", a.momentum, ") and weight_decay (",
-                                 a.weight_decay, ") must be >= 0"));
-  if (a.nesterov && (a.momentum <= 0.0 || a.dampening != 0.0))
-    throw ValueError(detail::str("ddp: ", op,
-                                 ": nesterov momentum requires momentum > 0 and dampening 0, got momentum ", a.momentum,
-                                 " and dampening ", a.dampening));
+  validate_sgd_hyperparameters(op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
   if (a.momentum != 0.0) expect_shape(a.momentum_buffer, a.param.shape(), "momentum_buffer", op);
 }
 

@@ -78,13 +78,7 @@ struct MultiSgdArgs {
 template <class T, Device D>
 void validate(const MultiSgdArgs<T, D>& a) {
   const char* op = "sgd_step_multi";
-  if (a.lr < 0.0 || a.momentum < 0.0 || a.weight_decay < 0.0)
-    throw ValueError(detail::str("ddp: ", op, ": lr (", a.lr, "), momentum (", a.momentum, ") and weight_decay (",
-                                 a.weight_decay, ") must be >= 0"));
-  if (a.nesterov && (a.momentum <= 0.0 || a.dampening != 0.0))
-    throw ValueError(detail::str("ddp: ", op,
-                                 ": nesterov momentum requires momentum > 0 and dampening 0, got momentum ", a.momentum,
-                                 " and dampening ", a.dampening));
+  validate_sgd_hyperparameters(op, a.lr, a.momentum, a.dampening, a.weight_decay, a.nesterov);
   for (std::size_t i = 0; i < a.tensors.size(); ++i) {
     const SgdTensor<T>& t = a.tensors[i];
     if (t.numel < 0 || (t.numel > 0 && (!t.param || !t.grad)) ||

@@ -33,17 +33,7 @@ struct Mvapich {
   static bool detected(const Env& env) { return env.has("MV2_COMM_WORLD_SIZE"); }
 
   static LaunchInfo read(const Env& env) {
-    LaunchInfo info{.rank = env.int_var(vars.rank, launcher),
-                    .world_size = env.int_var(vars.world_size, launcher),
-                    .local_rank = env.int_var(vars.local_rank, launcher),
-                    .local_world_size = env.int_var(vars.local_world_size, launcher),
-                    .master_addr = env.get("MASTER_ADDR").value_or(""),
-                    .master_port = env.port_get("MASTER_PORT", launcher).value_or(std::uint16_t{0}),
-                    .restart_count = 0,
-                    .run_id = {},
-                    .launcher_owns_store = false,
-                    .source = std::string(name)};
-    detail::derive_nodes(info);
+    LaunchInfo info = detail::read_mpi_style(env, vars, launcher, name);
     return validate(info, vars, launcher);
   }
 };

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -104,6 +105,26 @@ inline void derive_nodes(LaunchInfo& info) {
     info.nnodes = 1;
     info.node_rank = 0;
   }
+}
+
+// The LaunchInfo of an MPI-style launcher (Open MPI, MPICH/Intel PMI, MVAPICH): rank, size and the local
+// pair from the launcher's own variables `vars`, MASTER_ADDR / MASTER_PORT from the environment when set
+// (MPI has no rendezvous address of its own), nodes derived as above. Not validated: the policy may refine
+// the node fields first, then returns validate(info, vars, launcher).
+inline LaunchInfo read_mpi_style(const Env& env, const VarNames& vars, std::string_view launcher,
+                                 std::string_view source) {
+  LaunchInfo info{.rank = env.int_var(vars.rank, launcher),
+                  .world_size = env.int_var(vars.world_size, launcher),
+                  .local_rank = env.int_var(vars.local_rank, launcher),
+                  .local_world_size = env.int_var(vars.local_world_size, launcher),
+                  .master_addr = env.get("MASTER_ADDR").value_or(""),
+                  .master_port = env.port_get("MASTER_PORT", launcher).value_or(std::uint16_t{0}),
+                  .restart_count = 0,
+                  .run_id = {},
+                  .launcher_owns_store = false,
+                  .source = std::string(source)};
+  derive_nodes(info);
+  return info;
 }
 
 }  // namespace detail

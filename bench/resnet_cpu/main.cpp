@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/child_json.hpp"
+
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/optim/sgd.hpp>
@@ -79,16 +81,7 @@ nlohmann::json run_torch(const Config& c, int repeats) {
   const std::string cmd = std::string(DDP_BENCH_PYTHON) + " " + DDP_BENCH_TORCH_SCRIPT + " " + c.arch + " " +
                           std::to_string(c.batch) + " " + std::to_string(c.size) + " " + std::to_string(c.threads) +
                           " " + std::to_string(repeats);
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return {{"torch_error", "popen failed"}};
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p.get())) out += buf;
-  try {
-    return nlohmann::json::parse(out.substr(0, out.find('\n')));
-  } catch (const std::exception&) {
-    return {{"torch_error", out}};
-  }
+  return ddp_bench::run_child_json(cmd);
 }
 
 }  // namespace

@@ -32,6 +32,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/child_json.hpp"
+
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
@@ -97,16 +99,7 @@ nlohmann::json run_torch(const Config& c, const std::string& python, int device)
                           std::to_string(c.batch) + " --image-size " + std::to_string(c.size) + " --precision " +
                           c.precision + " --steps " + std::to_string(c.steps) + " --warmup " +
                           std::to_string(c.warmup) + " --device " + std::to_string(device);
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return {{"torch_error", "popen failed"}};
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p.get())) out += buf;
-  try {
-    return nlohmann::json::parse(out.substr(0, out.find('\n')));
-  } catch (const std::exception&) {
-    return {{"torch_error", out}};
-  }
+  return ddp_bench::run_child_json(cmd);
 }
 
 int usage(const char* argv0) {

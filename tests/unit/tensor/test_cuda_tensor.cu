@@ -45,6 +45,23 @@ TEST_SUITE("tensor_cuda") {
     CHECK(ddp::cuda_memory_stats().peak_bytes == after.current_bytes);
   }
 
+  TEST_CASE("allocator: a repeated allocation pattern is served from the cache (no cudaMalloc, no host wait)") {
+    if (ddp::test::skip_without_gpu()) return;
+    ddp::Stream side;  // outlives every tensor recorded on it
+    auto round = [&side] {
+      Tensor<float, Cuda> a({std::int64_t{3} << 20}), b({1000}), c({std::int64_t{1} << 18});
+      ddp::cuda_record_stream(b.data() + 10, side.exec().stream);  // also used on another stream
+    };
+    round();
+    const auto warm = ddp::cuda_memory_stats();
+    for (int i = 0; i < 3; ++i) round();
+    DDP_CUDA_CHECK(cudaDeviceSynchronize());
+    round();
+    const auto after = ddp::cuda_memory_stats();
+    CHECK(after.device_mallocs == warm.device_mallocs);
+    CHECK(after.current_bytes == warm.current_bytes);
+  }
+
   TEST_CASE("allocator: out of memory is a CudaError naming the size and the fix") {
     if (ddp::test::skip_without_gpu()) return;
     auto huge = [] { return Tensor<float, Cuda>(ddp::Shape{std::int64_t{1} << 38}); };  // 1 TiB

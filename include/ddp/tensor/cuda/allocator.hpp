@@ -1,28 +1,37 @@
-// Allocator<Cuda>: stream-ordered caching allocation of device memory (cudaMallocAsync on a memory pool).
+// Allocator<Cuda>: device memory from a stream-aware caching pool (tensor/caching_pool.hpp over cudaMalloc).
 // SPDX-License-Identifier: MIT
 //
-// How it works. Every Storage<Cuda> is carved from the current device's default memory pool with
-// cudaMallocAsync and returned with cudaFreeAsync, both on the legacy default stream. The pool keeps
-// freed blocks (release threshold raised to "never shrink"), so after the first training step
-// allocation is a free-list lookup inside the driver, not a cudaMalloc with its device-wide sync.
-// Ordering: the legacy default stream waits for all earlier work of every blocking stream and vice
-// versa, so a block freed here is reused only after the kernels that used it on any blocking stream
-// (Stream in stream.hpp creates blocking streams) have finished. A stream created elsewhere with
-// cudaStreamNonBlocking must synchronise before the tensors it uses are destroyed.
-// Example: a 16x56x56x64 float activation (12.25 MiB) freed at the end of step 1 is handed back to the
-// same-sized request of step 2 without touching the driver's cudaMalloc path.
-// memory_stats() reads the pool's own counters: bytes in use now and the high-water mark (resettable).
+// How it works. Each device has one CachingPool. A Storage<Cuda> takes its block from the cache of this
+// thread's allocation stream (cuda_alloc_stream(): the legacy default stream unless a CudaAllocStream guard
+// names another) and returns it there when destroyed, with no synchronisation: the next request on that
+// stream runs after every earlier use of the block. After the first training step every request is a cache
+// hit (no cudaMalloc, no host wait). Memory also used on another stream must be declared with
+// cuda_record_stream(ptr, stream) before it is freed (the nccl backend does this for every buffer it hands
+// to NCCL): its reuse then waits, on the device, for an event recorded on that stream at the free (what
+// PyTorch does with Tensor.record_stream).
+// Why not cudaMallocAsync on the legacy stream (the previous design): every free then serialised with
+// every blocking stream, which erased the compute/communication overlap, and a non-blocking stream (NCCL's)
+// was not ordered at all, so a bucket freed before its all-reduce finished could be reused while NCCL read it.
+// Example: a 16x56x56x64 float activation (12.25 MiB, size class 14 MiB) freed at the end of step 1 is
+// handed back to the same request of step 2 from the cache.
+// cuda_memory_stats() reads the pool's counters: bytes in use now, the high-water mark (resettable), bytes
+// reserved from the driver and how many cudaMalloc calls the pool made (the steady state adds none).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/tensor/caching_pool.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/storage.hpp"
 
@@ -30,83 +39,147 @@ namespace ddp {
 
 // Bytes of device memory held by tensors on one device.
 struct CudaMemoryStats {
-  std::size_t current_bytes = 0;   // in use by live allocations now
-  std::size_t peak_bytes = 0;      // high-water mark of current_bytes since start or reset_peak_memory()
-  std::size_t reserved_bytes = 0;  // held by the pool (in use + cached for reuse)
+  std::size_t current_bytes = 0;    // in use by live allocations now (size classes, see CachingPool)
+  std::size_t peak_bytes = 0;       // high-water mark of current_bytes since start or reset_peak_cuda_memory()
+  std::size_t reserved_bytes = 0;   // obtained with cudaMalloc: in use + cached for reuse
+  std::int64_t device_mallocs = 0;  // cudaMalloc calls so far (constant once training reached steady state)
 };
 
 namespace detail {
 
 inline constexpr int kMaxCudaDevices = 64;
 
-// The current device's default pool, configured on first use to keep freed memory cached. The pool
-// handle per device is cached (one relaxed atomic load per allocation after the first).
-inline cudaMemPool_t cuda_pool() {
-  static std::atomic<cudaMemPool_t> pools[kMaxCudaDevices] = {};
+// CachingPool's backend on the current device: cudaMalloc / cudaFree and timing-free events.
+struct CudaPoolBackend {
+  using Stream = cudaStream_t;
+  using Event = cudaEvent_t;
+  void* malloc(std::size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it so that later calls do not report it again
+      return nullptr;
+    }
+    DDP_CUDA_CHECK(e);
+    return p;
+  }
+  void free(void* p) noexcept { DDP_CUDA_CHECK_NOTHROW(cudaFree(p)); }
+  Event create_event() {
+    cudaEvent_t e = nullptr;
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void destroy_event(Event e) noexcept { DDP_CUDA_CHECK_NOTHROW(cudaEventDestroy(e)); }
+  void record(Event e, Stream s) { DDP_CUDA_CHECK(cudaEventRecord(e, s)); }
+  bool query(Event e) {
+    const cudaError_t r = cudaEventQuery(e);
+    if (r == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    DDP_CUDA_CHECK(r);
+    return true;
+  }
+  void synchronize(Event e) { DDP_CUDA_CHECK(cudaEventSynchronize(e)); }
+};
+
+using CudaPool = CachingPool<CudaPoolBackend>;
+
+// The current device's pool. Created on first use and never destroyed: tensors in static storage may be
+// freed after main returns, when a destroyed pool (or a torn-down CUDA context) cannot take them back.
+inline CudaPool& cuda_pool() {
+  static std::array<std::atomic<CudaPool*>, kMaxCudaDevices> pools{};
+  static std::mutex create;
   int device = 0;
   DDP_CUDA_CHECK(cudaGetDevice(&device));
   if (device < 0 || device >= kMaxCudaDevices)
     throw CudaError(str("ddp: CUDA device ", device, " is beyond the ", kMaxCudaDevices, " devices ddp supports"));
-  if (cudaMemPool_t p = pools[device].load(std::memory_order_acquire)) return p;
-  cudaMemPool_t pool = nullptr;
-  DDP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  std::uint64_t keep = UINT64_MAX;  // never trim the cache at synchronisation points (idempotent if raced)
-  DDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  pools[device].store(pool, std::memory_order_release);
-  return pool;
+  if (CudaPool* p = pools[static_cast<std::size_t>(device)].load(std::memory_order_acquire)) return *p;
+  std::lock_guard lk(create);
+  CudaPool* p = pools[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (!p) {
+    p = new CudaPool();  // intentionally leaked (see above)
+    pools[static_cast<std::size_t>(device)].store(p, std::memory_order_release);
+  }
+  return *p;
 }
 
-inline std::size_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
-  std::uint64_t v = 0;
-  DDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, attr, &v));
-  return static_cast<std::size_t>(v);
+// nullptr (Exec<Cuda>'s default) is the legacy default stream; one key for both spellings.
+inline cudaStream_t normalised(void* stream) noexcept {
+  return stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
+
+inline cudaStream_t& thread_alloc_stream() noexcept {
+  thread_local cudaStream_t s = cudaStreamLegacy;
+  return s;
 }
 
 }  // namespace detail
+
+// The stream whose cache this thread's new device tensors come from.
+inline cudaStream_t cuda_alloc_stream() noexcept { return detail::thread_alloc_stream(); }
+
+// Makes `e`'s stream this thread's allocation stream until the guard is destroyed. Use it around code that
+// runs on a non-blocking stream of its own, so that blocks freed there are reused in that stream's order.
+class CudaAllocStream {
+ public:
+  explicit CudaAllocStream(const Exec<Cuda>& e) noexcept
+      : previous_(std::exchange(detail::thread_alloc_stream(), detail::normalised(e.stream))) {}
+  CudaAllocStream(const CudaAllocStream&) = delete;
+  CudaAllocStream& operator=(const CudaAllocStream&) = delete;
+  ~CudaAllocStream() { detail::thread_alloc_stream() = previous_; }
+
+ private:
+  cudaStream_t previous_;
+};
+
+// Declares that the device memory at `p` (any address inside a tensor's block) is used on `stream` too:
+// when the tensor is freed, its block is reused only after `stream` has passed that point. Memory that
+// did not come from Allocator<Cuda> is ignored.
+inline void cuda_record_stream(const void* p, void* stream) {
+  if (p) detail::cuda_pool().record_stream(p, detail::normalised(stream));
+}
 
 template <>
 struct Allocator<Cuda> {
   // Throws CudaError (out of memory names the size and the current usage).
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    cudaMemPool_t pool = detail::cuda_pool();
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool, cudaStreamLegacy);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // clear the sticky-free error so later calls do not report it again
+    detail::CudaPool& pool = detail::cuda_pool();
+    void* p = pool.allocate(bytes, cuda_alloc_stream());
+    if (!p)
       throw CudaError(detail::str("ddp: out of GPU memory allocating ", bytes, " bytes (",
                                   (bytes + (std::size_t{1} << 19)) >> 20, " MiB) with ",
-                                  detail::pool_attribute(pool, cudaMemPoolAttrUsedMemCurrent) >> 20,
+                                  pool.stats().current_bytes >> 20,
                                   " MiB in use; reduce --batch-size or use --precision bf16"));
-    }
-    DDP_CUDA_CHECK(e);
     return p;
   }
   // Never throws (called from destructors): a failure is logged.
   static void deallocate(void* p) noexcept {
-    if (p) DDP_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, cudaStreamLegacy));
+    if (!p) return;
+    try {
+      detail::cuda_pool().deallocate(p);
+    } catch (...) {  // cudaGetDevice failed (driver shutting down): nothing left to return it to
+    }
   }
 };
 
-// Current / peak / reserved bytes of the current device's pool.
+// Current / peak / reserved bytes and cudaMalloc count of the current device's pool.
 inline CudaMemoryStats cuda_memory_stats() {
-  cudaMemPool_t pool = detail::cuda_pool();
-  return {.current_bytes = detail::pool_attribute(pool, cudaMemPoolAttrUsedMemCurrent),
-          .peak_bytes = detail::pool_attribute(pool, cudaMemPoolAttrUsedMemHigh),
-          .reserved_bytes = detail::pool_attribute(pool, cudaMemPoolAttrReservedMemCurrent)};
+  const PoolStats s = detail::cuda_pool().stats();
+  return {.current_bytes = s.current_bytes,
+          .peak_bytes = s.peak_bytes,
+          .reserved_bytes = s.reserved_bytes,
+          .device_mallocs = s.device_mallocs};
 }
 
 // Starts a new peak measurement (peak_bytes becomes current_bytes).
-inline void reset_peak_cuda_memory() {
-  cudaMemPool_t pool = detail::cuda_pool();
-  std::uint64_t zero = 0;  // the driver only accepts 0 here: the high-water mark restarts from current use
-  DDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-}
+inline void reset_peak_cuda_memory() { detail::cuda_pool().reset_peak(); }
 
 // Returns cached, unused blocks to the driver (e.g. before measuring another model's peak).
 inline void release_cached_cuda_memory() {
   DDP_CUDA_CHECK(cudaDeviceSynchronize());
-  DDP_CUDA_CHECK(cudaMemPoolTrimTo(detail::cuda_pool(), 0));
+  detail::cuda_pool().release_cached();
 }
 
 }  // namespace ddp

@@ -5,8 +5,9 @@
 //   ddp::Stream compute, comm;
 //   Exec<Cuda> ex = compute.exec();
 //   Event grads_ready;  grads_ready.record(ex);  grads_ready.wait(comm.exec());   // comm waits, host does not
-// Streams are created blocking (cudaStreamDefault) on purpose: the legacy default stream, on which
-// Allocator<Cuda> frees memory, then orders after their work (see allocator.hpp). Events are created
+// Streams are created blocking (cudaStreamDefault): work on the legacy default stream (Exec<Cuda>{}, the
+// default allocation stream of tensor/cuda/allocator.hpp) then orders after theirs and theirs after it,
+// so code that mixes the two needs no events of its own. Events are created
 // without timing (cheaper) unless asked. Destructors never throw; they log failures. Move-only.
 #pragma once
 

@@ -6,25 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace {
-std::vector<std::string>& captured() {
-  static std::vector<std::string> lines;
-  return lines;
-}
-void capture(std::string_view line) { captured().emplace_back(line); }
+#include "support/log_capture.hpp"
 
-struct CaptureLog {
-  CaptureLog() {
-    captured().clear();
-    ddp::log::set_sink(&capture);
-  }
-  ~CaptureLog() {
-    ddp::log::set_sink(nullptr);
-    ddp::log::set_level(ddp::log::Level::Info);
-    ddp::log::set_rank(-1, 0);
-  }
-};
-}  // namespace
+using ddp::test::LogCapture;
 
 TEST_SUITE("core") {
   TEST_CASE("levels parse case-insensitively and bad ones name the variable and the choices") {
@@ -39,17 +23,17 @@ TEST_SUITE("core") {
   }
 
   TEST_CASE("lines below the level are dropped; the rank prefix appears once set") {
-    CaptureLog guard;
+    LogCapture guard;
     ddp::log::set_level(ddp::log::Level::Warn);
     DDP_LOG_INFO("hidden");
     DDP_LOG_WARN("shown ", 1);
     ddp::log::set_rank(2, 4);
     DDP_LOG_ERROR("bad ", "thing");
-    REQUIRE(captured().size() == 2);
-    CHECK(captured()[0] == "ddp: WARN: shown 1\n");
-    CHECK(captured()[1] == "ddp[rank 2/4] ERROR: bad thing\n");
+    REQUIRE(guard.lines().size() == 2);
+    CHECK(guard.lines()[0] == "ddp: WARN: shown 1\n");
+    CHECK(guard.lines()[1] == "ddp[rank 2/4] ERROR: bad thing\n");
     ddp::log::set_level(ddp::log::Level::Off);
     DDP_LOG_ERROR("nothing");
-    CHECK(captured().size() == 2);
+    CHECK(guard.lines().size() == 2);
   }
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "launch_envs.hpp"
+#include "support/log_capture.hpp"
 
 using ddp::ConfigError;
 using ddp::env::DetectOptions;
@@ -23,19 +24,6 @@ using namespace ddp_test;
 namespace {
 void check_info(const LaunchInfo& got, const LaunchInfo& want) { CHECK(de::to_json(got) == de::to_json(want)); }
 
-std::vector<std::string>& captured() {
-  static std::vector<std::string> lines;
-  return lines;
-}
-void capture(std::string_view line) { captured().emplace_back(line); }
-struct CaptureLog {
-  CaptureLog() {
-    captured().clear();
-    ddp::log::set_sink(&capture);
-    ddp::log::set_level(ddp::log::Level::Info);
-  }
-  ~CaptureLog() { ddp::log::set_sink(nullptr); }
-};
 
 LaunchFlags flags_of(std::vector<std::string> args) {
   args.insert(args.begin(), "./prog");
@@ -184,28 +172,28 @@ TEST_SUITE("env") {
   }
 
   TEST_CASE("store address: defaults only when the launcher proves every rank is local, and says so") {
-    CaptureLog log;
+    ddp::test::LogCapture log;
     Env mpi1 = openmpi_rank1().with("MASTER_ADDR", std::nullopt).with("MASTER_PORT", std::nullopt);
     LaunchInfo r1 = de::detect(mpi1, {}, kTcp);
     CHECK(r1.master_addr == "127.0.0.1");
     CHECK(r1.master_port == 29500);
-    CHECK(captured().empty());  // rank 1 does not log
+    CHECK(log.lines().empty());  // rank 1 does not log
     Env mpi0 = mpi1.with("OMPI_COMM_WORLD_RANK", "0").with("OMPI_COMM_WORLD_LOCAL_RANK", "0");
     LaunchInfo r0 = de::detect(mpi0, {}, kTcp);
     CHECK(r0.master_addr == r1.master_addr);
     CHECK(r0.master_port == r1.master_port);
-    REQUIRE(captured().size() == 1);
-    CHECK(captured()[0] ==
+    REQUIRE(log.lines().size() == 1);
+    CHECK(log.lines()[0] ==
           "ddp: INFO: MASTER_ADDR and MASTER_PORT not set; all 2 ranks run on this host (OMPI_COMM_WORLD_LOCAL_SIZE=2 "
           "= OMPI_COMM_WORLD_SIZE), so the store defaults to 127.0.0.1:29500. Export MASTER_ADDR/MASTER_PORT or pass "
           "--master-addr/--master-port to choose another.\n");
     // Only the port missing: the given address is kept.
-    captured().clear();
+    log.clear();
     LaunchInfo p = de::detect(mpi0.with("MASTER_ADDR", "localhost"), {}, kTcp);
     CHECK(p.master_addr == "localhost");
     CHECK(p.master_port == 29500);
-    REQUIRE(captured().size() == 1);
-    CHECK(captured()[0].find("MASTER_PORT not set; all 2 ranks") != std::string::npos);
+    REQUIRE(log.lines().size() == 1);
+    CHECK(log.lines()[0].find("MASTER_PORT not set; all 2 ranks") != std::string::npos);
     // A backend without a store (mpi) gets no invented address.
     CHECK(de::detect(mpi1).master_addr.empty());
     CHECK(de::detect(mpi1, {}, {.need_master_addr = false}).master_port == 0);
@@ -290,12 +278,12 @@ TEST_SUITE("env") {
     CHECK(de::describe(s) ==
           "launch via slurm: rank 0/7, local 0/3, node 0/3, store node01:29956 (hosted by rank 0), run 123456");
     CHECK(de::describe(LaunchInfo{}) == "launch via single-process: rank 0/1, local 0/1, node 0/1, no store needed");
-    CaptureLog log;
+    ddp::test::LogCapture log;
     de::log_launch(t);  // rank 5: silent
-    CHECK(captured().empty());
+    CHECK(log.lines().empty());
     de::log_launch(s);
-    REQUIRE(captured().size() == 1);
-    CHECK(captured()[0] == "ddp: INFO: " + de::describe(s) + "\n");
+    REQUIRE(log.lines().size() == 1);
+    CHECK(log.lines()[0] == "ddp: INFO: " + de::describe(s) + "\n");
   }
 
   TEST_CASE("to_json: every field, stable keys, parseable") {

@@ -9,14 +9,13 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <ddp/core/log.hpp>
 #include <ddp/tensor/caching_pool.hpp>
+
+#include "support/log_capture.hpp"
 
 namespace {
 
@@ -73,14 +72,6 @@ struct FakeDevice {
 
 using Pool = ddp::CachingPool<FakeDevice>;
 
-std::string g_log;  // what the pool logged while a LogCapture was alive
-struct LogCapture {
-  LogCapture() {
-    g_log.clear();
-    ddp::log::set_sink([](std::string_view line) { g_log += line; });
-  }
-  ~LogCapture() { ddp::log::set_sink(nullptr); }
-};
 
 }  // namespace
 
@@ -240,12 +231,12 @@ TEST_SUITE("caching_pool") {
     void* a = pool.allocate(512, 1);
     pool.deallocate(a);
     {
-      LogCapture cap;
+      ddp::test::LogCapture cap;
       pool.deallocate(a);
-      CHECK(g_log.find("which is already free") != std::string::npos);
+      CHECK(cap.contains("which is already free"));
       int x = 0;
       pool.deallocate(&x);
-      CHECK(g_log.find("which it never handed out") != std::string::npos);
+      CHECK(cap.contains("which it never handed out"));
     }
     const auto s = pool.stats();
     CHECK(s.current_bytes == 0);

@@ -80,7 +80,9 @@
 #include "ddp/kernels/args.hpp"
 // defines: elementwise functors (ReluForward, Add, Axpy, SgdStep, ...)
 #include "ddp/kernels/elementwise.hpp"
-// defines: Kernels<D> (primary)
+// defines: kernels::ConvGeometry, kernels::PoolGeometry (shared by the CPU and CUDA kernels)
+#include "ddp/kernels/geometry.hpp"
+// defines: Kernels<D> (primary), kernels::ElementwiseKernels<D>
 #include "ddp/kernels/kernels.hpp"
 // defines: Kernels<Cpu>, kernels::cpu::ThreadPool, kernels::cpu::gemm
 #include "ddp/kernels/cpu/kernels.hpp"
@@ -113,7 +115,9 @@
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/maxpool2d.hpp"
 #include "ddp/nn/relu.hpp"
-// defines: nn::BasicBlock, nn::Bottleneck, nn::ResNet, nn::CrossEntropyLoss, nn::MSELoss
+// defines: nn::ResidualBlock, nn::BlockOptions, nn::BasicBlock, nn::Bottleneck, nn::ResNet, nn::CrossEntropyLoss,
+//          nn::MSELoss
+#include "ddp/nn/residual.hpp"
 #include "ddp/nn/basic_block.hpp"
 #include "ddp/nn/bottleneck.hpp"
 #include "ddp/nn/loss.hpp"

@@ -1,12 +1,13 @@
 // Argument structs of the fused and multi-tensor kernels (BatchNorm + ReLU (+ residual), multi-tensor SGD).
 // SPDX-License-Identifier: MIT
 //
-// These ops exist for the GPU, where one pass over memory instead of two or three is what pays:
+// Both Kernels<D> have these ops; they exist for the GPU, where one pass over memory instead of two or
+// three (one launch instead of one per tensor) is what pays:
 //   batchnorm_act_forward   y  = relu(bn(x) + residual)            (residual and relu optional)
 //   batchnorm_act_backward  g  = dy * (y > 0); dresidual = g; dx, dgamma, dbeta = bn_backward(g)
 //   sgd_step_multi          SgdStep (kernels/elementwise.hpp) over every parameter tensor in one launch
-// The CPU versions (kernels/cpu/bn_act.hpp, kernels/cpu/multi_sgd.hpp) compose the unfused CPU kernels
-// and are the reference the GPU tests compare against. validate() throws ValueError like args.hpp's.
+// The CPU versions (kernels/cpu/bn_act.hpp, kernels/cpu/multi_sgd.hpp) run the unfused CPU passes in a
+// row and are the reference the GPU tests compare against. validate() throws ValueError like args.hpp's.
 #pragma once
 
 #include <cstdint>

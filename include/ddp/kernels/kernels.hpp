@@ -1,16 +1,21 @@
-// Kernels<D>: the one trait through which modules call every op on device D (primary template only).
+// Kernels<D>: the one trait through which modules call every op on device D (primary template), and the
+// element-wise members both specialisations inherit.
 // SPDX-License-Identifier: MIT
 //
 // Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, compiled by nvcc)
-// list the same static members with the same Args structs (kernels/args.hpp), so a module is written
-// once: `Kernels<D>::conv2d_forward(exec_, Conv2dForwardArgs<T, D>{...})`. Using a device whose
-// specialisation was not included stops at the static_assert below with what to do.
+// list the same static members with the same Args structs (kernels/args.hpp, kernels/fused_args.hpp), so a
+// module is written once: `Kernels<D>::conv2d_forward(exec_, Conv2dForwardArgs<T, D>{...})`. Kernels<D> is
+// the only place that knows the device. Using a device whose specialisation was not included stops at the
+// static_assert below with what to do.
 #pragma once
+
+#include <cstddef>
 
 #include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/elementwise.hpp"
 #include "ddp/tensor/device.hpp"
+#include "ddp/tensor/view.hpp"
 
 namespace ddp::kernels {
 
@@ -20,6 +25,54 @@ struct Kernels {
                 "ddp: Kernels<Cuda> is defined in <ddp/kernels/cuda/kernels.cuh>, which only nvcc compiles: put this "
                 "code in a .cu file, include <ddp/ddp.hpp> (or that header) and link ddp::cuda. For CPU code include "
                 "<ddp/kernels/cpu/kernels.hpp> and use Kernels<Cpu>.");
+};
+
+// The element-wise members, written once for both devices: each checks shapes and runs a functor of
+// kernels/elementwise.hpp through Kernels<D>::for_each_index (a chunked loop over the CPU pool, a
+// grid-stride kernel on the GPU). Kernels<Cpu> and Kernels<Cuda> inherit them; the name Kernels<D> is
+// looked up when a member is instantiated, by which time the specialisation is complete.
+template <Device D>
+struct ElementwiseKernels {
+  // y = max(x, 0) (y may alias x).
+  template <class T>
+  static void relu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
+    expect_shape(y, x.shape(), "output y", "relu_forward");
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), ReluForward<T>{.x = x.data(), .y = y.data()});
+  }
+  // dx = dy where the forward output y > 0 (dx may alias dy).
+  template <class T>
+  static void relu_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
+                            TensorView<T, D> dx) {
+    expect_shape(dy, y.shape(), "output gradient dy", "relu_backward");
+    expect_shape(dx, y.shape(), "input gradient dx", "relu_backward");
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(y.numel()),
+                               ReluBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  }
+  // out = a + b (the residual add; out may alias a or b).
+  template <class T>
+  static void add(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
+    expect_shape(b, a.shape(), "second operand", "add");
+    expect_shape(out, a.shape(), "output", "add");
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()),
+                               Add<T>{.a = a.data(), .b = b.data(), .out = out.data()});
+  }
+  // y += alpha * x.
+  template <class T>
+  static void axpy(const Exec<D>& e, T alpha, TensorView<const T, D> x, TensorView<T, D> y) {
+    expect_shape(y, x.shape(), "y", "axpy");
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               Axpy<T>{.alpha = alpha, .x = x.data(), .y = y.data()});
+  }
+  // x *= alpha.
+  template <class T>
+  static void scale(const Exec<D>& e, T alpha, TensorView<T, D> x) {
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Scale<T>{.alpha = alpha, .x = x.data()});
+  }
+  // x = value (any element type: parameters, BN's int64 step counter).
+  template <class T>
+  static void fill(const Exec<D>& e, TensorView<T, D> x, T value) {
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
+  }
 };
 
 }  // namespace ddp::kernels

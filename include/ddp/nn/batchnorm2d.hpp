@@ -8,20 +8,18 @@
 // Evaluation: the running statistics replace the batch ones and nothing is updated.
 // state_dict names: weight, bias (parameters); running_mean, running_var, num_batches_tracked (buffers).
 // Initialisation (torchvision): weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
-// forward_act/backward_act: the same layer followed by "+ residual, ReLU" in one kernel (the residual
-// blocks use them on the GPU, where the fused pass pays; kernels/cuda/bn_act.cuh). On the CPU they run
-// the reference composition (kernels/cpu/bn_act.hpp): the same numbers as forward + add + relu.
+// forward_act/backward_act: the same layer followed by "+ residual, ReLU" (Kernels<D>::batchnorm_act_*),
+// what the residual blocks and the stem use: one fused pass on the GPU (kernels/cuda/bn_act.cuh), the
+// unfused passes in a row on the CPU (kernels/cpu/bn_act.hpp), the same numbers as forward + add + relu.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
-#include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
 #include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
@@ -88,16 +86,13 @@ class BatchNorm2d : public Module<T, D> {
     return y;
   }
 
-  // y = relu(bn(x) + residual) (residual optional: empty view; relu optional), one fused pass on the GPU.
+  // y = relu(bn(x) + residual) (residual optional: empty view; relu optional).
   // backward_act must follow (not backward): it needs y, the returned tensor, kept alive by the caller.
   Tensor<T, D> forward_act(Exec<D>& exec, TensorView<const T, D> x, TensorView<const T, D> residual, bool relu) {
     check_input(x);
     Tensor<T, D> y(x.shape());
     const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
-    if constexpr (std::is_same_v<D, Cpu>)
-      kernels::cpu::batchnorm_act_forward(exec, a);
-    else
-      Kernels<D>::batchnorm_act_forward(exec, a);
+    Kernels<D>::batchnorm_act_forward(exec, a);
     after_forward(exec, x);
     act_relu_ = relu;
     return y;
@@ -112,10 +107,7 @@ class BatchNorm2d : public Module<T, D> {
     Tensor<T, D> dx(x_.shape());
     const kernels::BatchNormActBackwardArgs<T, D> a{.bn = backward_args(dy, dx), .y = y, .dresidual = dresidual,
                                                     .relu = act_relu_};
-    if constexpr (std::is_same_v<D, Cpu>)
-      kernels::cpu::batchnorm_act_backward(exec, a);
-    else
-      Kernels<D>::batchnorm_act_backward(exec, a);
+    Kernels<D>::batchnorm_act_backward(exec, a);
     weight_->grad_done(exec);
     bias_->grad_done(exec);
     return dx;

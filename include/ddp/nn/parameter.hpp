@@ -17,18 +17,16 @@
 // is what checkpoints write (train/checkpoint.hpp converts).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
 #include "ddp/kernels/kernels.hpp"
+#include "ddp/tensor/copy.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/shape.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -43,38 +41,26 @@ enum class Layout : std::uint8_t {
 };
 
 namespace detail {
-// Sets a tensor to zero: memset on the CPU; on other devices Kernels<D>::fill on the default Exec (for
-// CUDA the legacy default stream, which orders with every blocking stream; see tensor/cuda/allocator.hpp).
-template <class T, Device D>
-void zero_fill(Tensor<T, D>& t) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    if (t.numel()) std::memset(t.data(), 0, t.bytes());
-  } else {
-    Kernels<D>::fill(Exec<D>{}, t.view(), T(0));
-  }
-}
-// Sets every element of t to v (same dispatch as zero_fill).
+// Sets every element of t to v with Kernels<D>::fill on the default Exec: the calling thread on the CPU;
+// for CUDA the legacy default stream, which orders with every blocking stream (tensor/cuda/allocator.hpp).
 template <class T, Device D>
 void fill_value(Tensor<T, D>& t, T v) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    std::fill(t.data(), t.data() + t.numel(), v);
-  } else {
-    Kernels<D>::fill(Exec<D>{}, t.view(), v);
-  }
+  Kernels<D>::fill(Exec<D>{}, t.view(), v);
 }
-// Fills t with fill_host(view) run on the CPU: directly for a CPU tensor, else through a host copy that
-// is uploaded on the default Exec (the random initialisers in tensor/random.hpp run on the CPU, so a GPU
-// model gets exactly the CPU model's initial weights). The upload's copy() overload comes with the
-// device's layer (tensor/cuda/copy.hpp), found by argument-dependent lookup when this is instantiated.
+template <class T, Device D>
+void zero_fill(Tensor<T, D>& t) {
+  fill_value(t, T(0));
+}
+// Fills t with fill_host(view) run on a host tensor, then copies that into t on the default Exec (the
+// random initialisers in tensor/random.hpp run on the CPU, so a GPU model gets exactly the CPU model's
+// initial weights; on the CPU the copy is one memcpy at initialisation). The upload's copy() overload
+// comes with the device's layer (tensor/cuda/copy.hpp), found by argument-dependent lookup when this is
+// instantiated.
 template <class T, Device D, class F>
 void fill_via_host(Tensor<T, D>& t, F&& fill_host) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    fill_host(t.view());
-  } else {
-    Tensor<T, Cpu> host(t.shape());
-    fill_host(host.view());
-    copy(host.cview(), t.view(), Exec<D>{});  // pageable source: read before the call returns
-  }
+  Tensor<T, Cpu> host(t.shape());
+  fill_host(host.view());
+  copy(host.cview(), t.view(), Exec<D>{});  // pageable source: read before the call returns
 }
 // a += b elementwise (same shape), on any device.
 template <class T, Device D>

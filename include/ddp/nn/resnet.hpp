@@ -37,7 +37,6 @@
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/maxpool2d.hpp"
 #include "ddp/nn/module.hpp"
-#include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/tensor/view.hpp"
@@ -148,8 +147,7 @@ class ResNet : public Module<T, D> {
                                         "; images must be NHWC, channels last: is the input NCHW?)"));
     acts_.clear();
     acts_.push_back(conv1_->forward(exec, x));
-    acts_.push_back(bn1_->forward(exec, acts_.back().cview()));
-    relu_(exec, acts_.back().view());
+    acts_.push_back(bn1_->forward_act(exec, acts_.back().cview(), {}, true));
     acts_.push_back(maxpool_->forward(exec, acts_.back().cview()));
     for (auto* layer : layers_) acts_.push_back(layer->forward(exec, acts_.back().cview()));
     acts_.push_back(avgpool_->forward(exec, acts_.back().cview()));
@@ -166,8 +164,7 @@ class ResNet : public Module<T, D> {
     g = avgpool_->backward(exec, g.cview());
     for (int l = 3; l >= 0; --l) g = layers_[static_cast<std::size_t>(l)]->backward(exec, g.cview());
     g = maxpool_->backward(exec, g.cview());
-    relu_backward_(exec, acts_[1].cview(), g.view());
-    g = bn1_->backward(exec, g.cview());
+    g = bn1_->backward_act(exec, g.cview(), acts_[1].cview(), {});
     Tensor<T, D> dx = conv1_->backward(exec, g.cview());
     acts_.clear();
     return dx;

@@ -1,7 +1,7 @@
 // SGD: torch.optim.SGD (momentum, dampening, nesterov, weight decay) over a module's parameters.
 // SPDX-License-Identifier: MIT
 //
-// Update per parameter p with gradient g (PyTorch's rule; Kernels<D>::sgd_step does the arithmetic):
+// Update per parameter p with gradient g (PyTorch's rule; the arithmetic is kernels/elementwise.hpp's SgdStep):
 //   g = g + weight_decay * p
 //   if momentum != 0:  buf = (first step of p) ? g : momentum * buf + (1 - dampening) * g
 //                      g   = nesterov ? g + momentum * buf : buf
@@ -11,13 +11,12 @@
 // The momentum buffers are the optimizer's state: snapshots save them by parameter name
 // (train/checkpoint.hpp), under the same names torch's optimizer.state_dict() indexes by position.
 // Not thread-safe; step() must not overlap a backward that writes the same gradients.
-// On the GPU one step is one kernel launch over every parameter (Kernels<Cuda>::sgd_step_multi, the same
-// SgdStep arithmetic); on the CPU it is one sgd_step per parameter.
+// A step is one Kernels<D>::sgd_step_multi call over every parameter: one kernel launch on the GPU,
+// tensor after tensor on the CPU; the same SgdStep arithmetic as sgd_step on each.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -57,26 +56,23 @@ class SGD {
   }
   SGD(nn::Module<T, D>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
 
-  // One update of every parameter from its current grad().
+  // One update of every parameter from its current grad(): one Kernels<D>::sgd_step_multi call over all
+  // of them (one launch on the GPU; on the CPU tensor after tensor, the same bits as one sgd_step each).
   void step(Exec<D>& exec) {
     const bool use_momentum = o_.momentum != 0.0;
-    if constexpr (std::is_same_v<D, Cuda>) {
-      std::vector<kernels::SgdTensor<T>> ts(params_.size());
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        nn::Parameter<T, D>& p = *params_[i];
-        if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
-        ts[i] = kernels::SgdTensor<T>{.param = p.value().data(), .grad = p.grad().data(),
-                                      .momentum_buffer = use_momentum ? buffers_[i].data() : nullptr,
-                                      .numel = p.numel(), .first_step = !have_buffer_[i]};
-        if (use_momentum) have_buffer_[i] = true;
-      }
-      Kernels<D>::sgd_step_multi(exec, kernels::MultiSgdArgs<T, D>{
-                                           .tensors = ts, .lr = o_.lr, .momentum = o_.momentum,
-                                           .dampening = o_.dampening, .weight_decay = o_.weight_decay,
-                                           .nesterov = o_.nesterov});
-    } else {
-      step_each(exec, use_momentum);
+    std::vector<kernels::SgdTensor<T>> ts(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      nn::Parameter<T, D>& p = *params_[i];
+      if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
+      ts[i] = kernels::SgdTensor<T>{.param = p.value().data(), .grad = p.grad().data(),
+                                    .momentum_buffer = use_momentum ? buffers_[i].data() : nullptr,
+                                    .numel = p.numel(), .first_step = !have_buffer_[i]};
+      if (use_momentum) have_buffer_[i] = true;
     }
+    Kernels<D>::sgd_step_multi(exec, kernels::MultiSgdArgs<T, D>{.tensors = ts, .lr = o_.lr, .momentum = o_.momentum,
+                                                                 .dampening = o_.dampening,
+                                                                 .weight_decay = o_.weight_decay,
+                                                                 .nesterov = o_.nesterov});
     ++steps_;
   }
 
@@ -105,22 +101,6 @@ class SGD {
   void clear_momentum_buffers() { have_buffer_.assign(params_.size(), false); }
 
  private:
-  // The CPU's step: one sgd_step per parameter.
-  void step_each(Exec<D>& exec, bool use_momentum) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      nn::Parameter<T, D>& p = *params_[i];
-      if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
-      Kernels<D>::sgd_step(exec, kernels::SgdArgs<T, D>{
-                                     .param = p.value().view(), .grad = p.grad().cview(),
-                                     .momentum_buffer = use_momentum ? buffers_[i].view() : TensorView<T, D>(),
-                                     .first_step = !have_buffer_[i], .lr = o_.lr, .momentum = o_.momentum,
-                                     .dampening = o_.dampening, .weight_decay = o_.weight_decay,
-                                     .nesterov = o_.nesterov});
-      if (use_momentum) have_buffer_[i] = true;
-    }
-  }
-
-
   std::vector<nn::Parameter<T, D>*> params_;
   SgdOptions o_;
   std::vector<Tensor<T, D>> buffers_;  // buffers_[i] has params_[i]'s shape once used

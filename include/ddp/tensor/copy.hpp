@@ -26,6 +26,12 @@ void copy(TensorView<const T, Cpu> src, TensorView<T, Cpu> dst) {
                                  dst.shape(), "; reshape one of the views"));
   if (src.numel()) std::memmove(dst.data(), src.data(), src.bytes());
 }
+// The same with an Exec, so code written for any device D can call copy(host_view, view_on_D, Exec<D>{})
+// (tensor/cuda/copy.hpp has the CUDA overloads); a CPU copy is done when it returns.
+template <class T>
+void copy(TensorView<const T, Cpu> src, TensorView<T, Cpu> dst, const Exec<Cpu>& /*exec*/) {
+  copy(src, dst);
+}
 
 // dst = To(src) for arithmetic types and the 16-bit floats (float -> bfloat16 rounds to nearest even).
 template <class From, class To>

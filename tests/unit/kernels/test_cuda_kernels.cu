@@ -103,8 +103,10 @@ TEST_SUITE("kernels_cuda") {
       KH::conv2d_backward(cpu, ddp::kernels::Conv2dBackwardArgs<float, Cpu>{
                                    .x = x.cview(), .w = w.cview(), .dy = dy.cview(), .dx = dx.view(), .dw = dw.view(),
                                    .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-      const cd::ConvShape cs{.n = g.n, .h = g.h, .w = g.w, .c = g.c, .k = g.k, .r = g.r, .s = g.s, .ho = ho, .wo = wo,
-                             .stride = g.stride, .pad = g.pad, .dil = g.dil};
+      const ddp::kernels::ConvGeometry cs =
+          ddp::kernels::conv_geometry(x.cview(), w.cview(), g.stride, g.pad, g.dil);  // the CPU kernels' too
+      REQUIRE(cs.ho == ho);
+      REQUIRE(cs.wo == wo);
       auto run = [](const auto& p) {  // C = A B, double accumulation
         for (std::int64_t m = 0; m < p.m_size(); ++m)
           for (std::int64_t n = 0; n < p.n_size(); ++n) {
@@ -130,7 +132,7 @@ TEST_SUITE("kernels_cuda") {
           std::int64_t lo = 0, hi = 0;
           cd::cells_covering(v, in, out, lo, hi);
           for (std::int64_t i = 0; i < out; ++i) {
-            const bool inside = cd::pool_start(i, in, out) <= v && v < cd::pool_end(i, in, out);
+            const bool inside = ddp::kernels::pool_start(i, in, out) <= v && v < ddp::kernels::pool_end(i, in, out);
             INFO("in ", in, " out ", out, " v ", v, " cell ", i);
             REQUIRE(inside == (lo <= i && i < hi));
           }

@@ -53,6 +53,33 @@ TEST_SUITE("nn") {
     for (auto* p : params) CHECK(p->grad_ready_count() == 1);
   }
 
+  TEST_CASE("residual blocks report gradients in the fused order on every device: last bn, downsample, main path") {
+    // nn/residual.hpp: the last bn's backward_act yields the skip path's gradient, so its parameters come
+    // first, then the downsample's, then the main path from the last conv back (DDP's first-step buckets
+    // follow this order; the GPU always ran it, the CPU since Kernels<Cpu> has batchnorm_act_*).
+    kernels::cpu::ThreadPool pool(2);
+    Exec<Cpu> exec{.pool = &pool};
+    const nn::BlockOptions o{.inplanes = 4, .planes = 8, .stride = 2, .downsample = true};
+    auto order_of = [&](nn::Module<float, Cpu>& m, Shape out) {
+      std::vector<std::string> order;
+      m.set_grad_ready_hook([&](nn::Parameter<float, Cpu>& p) { order.push_back(p.name()); });
+      auto x = randn<float>({2, 6, 6, 4}, 3);
+      auto y = m.forward(exec, x.cview());
+      REQUIRE(y.shape() == out);
+      m.backward(exec, randn<float>(out, 4).cview());
+      return order;
+    };
+    nn::BasicBlock<float, Cpu> basic(o);
+    CHECK(order_of(basic, {2, 3, 3, 8}) ==
+          std::vector<std::string>{"bn2.weight", "bn2.bias", "downsample.1.weight", "downsample.1.bias",
+                                   "downsample.0.weight", "conv2.weight", "bn1.weight", "bn1.bias", "conv1.weight"});
+    nn::Bottleneck<float, Cpu> bottleneck(o);
+    CHECK(order_of(bottleneck, {2, 3, 3, 32}) ==
+          std::vector<std::string>{"bn3.weight", "bn3.bias", "downsample.1.weight", "downsample.1.bias",
+                                   "downsample.0.weight", "conv3.weight", "bn2.weight", "bn2.bias", "conv2.weight",
+                                   "bn1.weight", "bn1.bias", "conv1.weight"});
+  }
+
   TEST_CASE("gradients accumulate until zero_grad, as in PyTorch") {
     kernels::cpu::ThreadPool pool(1);
     Exec<Cpu> exec{.pool = &pool};

@@ -1,16 +1,22 @@
-// CPU BatchNorm + ReLU (+ residual add): the reference for kernels/cuda/bn_act.cuh, composed of CPU kernels.
+// CPU BatchNorm + ReLU (+ residual add): the bn kernel followed by element-wise passes; the reference for
+// kernels/cuda/bn_act.cuh.
 // SPDX-License-Identifier: MIT
 //
-// forward:  y = bn(x); y += residual; y = relu(y)                        (three passes on the CPU)
-// backward: g = relu_backward(y, dy); dresidual = g; bn_backward(g)     (what BasicBlock does unfused)
-// The CPU modules keep their unfused code paths (bit-identical results either way); the GPU, where one
-// pass instead of three pays, runs the fused kernel. Same Args (kernels/fused_args.hpp), same checks.
+// forward:  y = bn(x); y += residual; y = relu(y)                  (three passes, as forward + add + relu)
+// backward: g = dy * (y > 0); dresidual = g; bn_backward(g)       (g is written straight into dresidual
+//           when the caller wants it, else into a scratch tensor)
+// The results are bit-identical to running batchnorm_forward, add and relu_forward (and relu_backward,
+// batchnorm_backward) one after the other: the same functors on the same values in the same order. On
+// the CPU one pass instead of three would gain little (the convolutions dominate); the GPU, where it pays,
+// runs the fused kernel. Same Args (kernels/fused_args.hpp), same checks.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 
-#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/cpu/batchnorm.hpp"
+#include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/elementwise.hpp"
 #include "ddp/kernels/fused_args.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -20,25 +26,34 @@ namespace ddp::kernels::cpu {
 template <class T>
 void batchnorm_act_forward(const Exec<Cpu>& e, const BatchNormActForwardArgs<T, Cpu>& a) {
   validate(a);
-  using K = Kernels<Cpu>;
-  K::batchnorm_forward(e, a.bn);
-  if (!a.residual.empty()) K::add(e, TensorView<const T, Cpu>(a.bn.y), a.residual, a.bn.y);
-  if (a.relu) K::relu_forward(e, TensorView<const T, Cpu>(a.bn.y), a.bn.y);
+  batchnorm_forward(e, a.bn);
+  const auto n = static_cast<std::size_t>(a.bn.y.numel());
+  T* y = a.bn.y.data();
+  if (!a.residual.empty()) for_each_index(e, n, Add<T>{.a = y, .b = a.residual.data(), .out = y});
+  if (a.relu) for_each_index(e, n, ReluForward<T>{.x = y, .y = y});
 }
 
 template <class T>
 void batchnorm_act_backward(const Exec<Cpu>& e, const BatchNormActBackwardArgs<T, Cpu>& a) {
   validate(a);
-  using K = Kernels<Cpu>;
-  Tensor<T, Cpu> g(a.bn.dy.shape());
-  if (a.relu)
-    K::relu_backward(e, a.y, a.bn.dy, g.view());
-  else
-    std::copy_n(a.bn.dy.data(), a.bn.dy.numel(), g.data());
-  if (!a.dresidual.empty()) std::copy_n(g.data(), g.numel(), a.dresidual.data());
   BatchNormBackwardArgs<T, Cpu> b = a.bn;
-  b.dy = g.cview();
-  K::batchnorm_backward(e, b);
+  if (a.relu || !a.dresidual.empty()) {
+    Tensor<T, Cpu> scratch;  // only when g is not wanted as dresidual
+    TensorView<T, Cpu> g = a.dresidual;
+    if (g.empty()) {
+      scratch = Tensor<T, Cpu>(a.bn.dy.shape());
+      g = scratch.view();
+    }
+    const auto n = static_cast<std::size_t>(a.bn.dy.numel());
+    if (a.relu)
+      for_each_index(e, n, ReluBackward<T>{.y = a.y.data(), .dy = a.bn.dy.data(), .dx = g.data()});
+    else
+      std::copy_n(a.bn.dy.data(), n, g.data());
+    b.dy = TensorView<const T, Cpu>(g);
+    batchnorm_backward(e, b);  // scratch lives until here
+    return;
+  }
+  batchnorm_backward(e, b);  // no ReLU, no residual: plain BatchNorm
 }
 
 }  // namespace ddp::kernels::cpu

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
@@ -31,33 +32,9 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-struct ConvGeom {
-  std::int64_t n, h, w, c, k, r, s, ho, wo;
-  Size2 stride, pad, dil;
-  std::int64_t p() const { return ho * wo; }
-  std::int64_t rsc() const { return r * s * c; }
-  bool pointwise() const { return r == 1 && s == 1 && stride.h == 1 && stride.w == 1 && pad.h == 0 && pad.w == 0; }
-};
-
-template <class T>
-ConvGeom conv_geom(const TensorView<const T, Cpu>& x, const TensorView<const T, Cpu>& w, Size2 st, Size2 pd, Size2 dl) {
-  return {.n = x.dim(0),
-          .h = x.dim(1),
-          .w = x.dim(2),
-          .c = x.dim(3),
-          .k = w.dim(0),
-          .r = w.dim(1),
-          .s = w.dim(2),
-          .ho = conv_out_size(x.dim(1), w.dim(1), st.h, pd.h, dl.h),
-          .wo = conv_out_size(x.dim(2), w.dim(2), st.w, pd.w, dl.w),
-          .stride = st,
-          .pad = pd,
-          .dil = dl};
-}
-
 // Rows [p0, p1) of col_n (P x RSC) from one image x_n (H, W, C), stored from col's row 0.
 template <class T>
-void im2col(const ConvGeom& g, const T* xn, T* col, std::int64_t p0, std::int64_t p1) {
+void im2col(const ConvGeometry& g, const T* xn, T* col, std::int64_t p0, std::int64_t p1) {
   const std::int64_t rsc = g.rsc();
   for (std::int64_t p = p0; p < p1; ++p) {
     const std::int64_t ho = p / g.wo, wo = p % g.wo;
@@ -80,7 +57,7 @@ void im2col(const ConvGeom& g, const T* xn, T* col, std::int64_t p0, std::int64_
 
 // dx_n (H, W, C) += dcol's rows [p0, p1) (stored from row 0), each entry added at the pixel it was read from.
 template <class T>
-void col2im_add(const ConvGeom& g, const T* dcol, T* dxn, std::int64_t p0, std::int64_t p1) {
+void col2im_add(const ConvGeometry& g, const T* dcol, T* dxn, std::int64_t p0, std::int64_t p1) {
   const std::int64_t rsc = g.rsc();
   for (std::int64_t p = p0; p < p1; ++p) {
     const std::int64_t ho = p / g.wo, wo = p % g.wo;
@@ -104,7 +81,7 @@ void col2im_add(const ConvGeom& g, const T* dcol, T* dxn, std::int64_t p0, std::
 // Measured (1 thread, CPU time, ResNet-18 conv shapes at batch 16): 128 KiB to 2 MiB blocks were within
 // noise of each other and 5-20 % faster than whole-image col (stem and layer1 gain most); 1 MiB it is.
 template <class T>
-std::int64_t col_block_rows(const ConvGeom& g) {
+std::int64_t col_block_rows(const ConvGeometry& g) {
   constexpr std::int64_t kColBlockBytes = std::int64_t{1} << 20;
   const std::int64_t rows = kColBlockBytes / (g.rsc() * static_cast<std::int64_t>(sizeof(T)));
   return std::min(g.p(), std::max<std::int64_t>(rows, 64));
@@ -139,7 +116,7 @@ void gemm_on(bool parallel, const Exec<Cpu>& exec, Trans ta, Trans tb, std::int6
 template <class T>
 void conv2d_forward(const Exec<Cpu>& exec, const Conv2dForwardArgs<T, Cpu>& a) {
   validate(a);
-  const detail::ConvGeom g = detail::conv_geom(a.x, a.w, a.stride, a.padding, a.dilation);
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const std::int64_t p = g.p(), rsc = g.rsc(), in_img = g.h * g.w * g.c;
   const T* w = a.w.data();
   if (g.pointwise()) {  // y (N*P x K) = x (N*P x C) * w^T: one GEMM for the batch
@@ -170,7 +147,7 @@ void conv2d_forward(const Exec<Cpu>& exec, const Conv2dForwardArgs<T, Cpu>& a) {
 template <class T>
 void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a) {
   validate(a);
-  const detail::ConvGeom g = detail::conv_geom(a.x, a.w, a.stride, a.padding, a.dilation);
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const std::int64_t p = g.p(), rsc = g.rsc(), in_img = g.h * g.w * g.c;
   const T* w = a.w.data();
   const T* dy = a.dy.data();

@@ -1,25 +1,28 @@
 // Kernels<Cpu>: every op on the CPU, each member forwarding to the op's own file in kernels/cpu/.
 // SPDX-License-Identifier: MIT
 //
-// Kernels<Cuda> (kernels/cuda/kernels.cuh) lists the same members with the same signatures. All members
-// are blocking: on return the outputs are written. They throw ValueError for bad shapes (see args.hpp).
+// Kernels<Cuda> (kernels/cuda/kernels.cuh) lists the same members with the same signatures, in the same
+// order; the element-wise ones (relu_forward/backward, add, axpy, scale, fill) are written once in
+// ElementwiseKernels (kernels/kernels.hpp) and run through for_each_index below. All members are
+// blocking: on return the outputs are written. They throw ValueError for bad shapes (see args.hpp).
 // Thread-safety: concurrent calls with disjoint outputs are safe; calls sharing one Exec's pool are
 // serialised by the pool.
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cpu/batchnorm.hpp"
+#include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/conv2d.hpp"
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/linear.hpp"
 #include "ddp/kernels/cpu/loss.hpp"
+#include "ddp/kernels/cpu/multi_sgd.hpp"
 #include "ddp/kernels/cpu/pool.hpp"
 #include "ddp/kernels/cpu/sgd.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
-#include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
@@ -27,54 +30,13 @@
 namespace ddp::kernels {
 
 template <>
-struct Kernels<Cpu> {
+struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   using D = Cpu;
 
   // f(i) for i in [0, n), spread over the pool in contiguous chunks (f must be order-independent).
   template <class F>
   static void for_each_index(const Exec<Cpu>& e, std::size_t n, F f) {
-    cpu::parallel_for(e, static_cast<std::int64_t>(n), 1 << 14, [&](std::int64_t b, std::int64_t end, int) {
-      for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(end); ++i) f(i);
-    });
-  }
-
-  // ---- element-wise (x, y of equal shape; checked) ----
-  template <class T>
-  static void relu_forward(const Exec<Cpu>& e, TensorView<const T, D> x, TensorView<T, D> y) {
-    expect_shape(y, x.shape(), "output y", "relu_forward");
-    for_each_index(e, static_cast<std::size_t>(x.numel()), ReluForward<T>{.x = x.data(), .y = y.data()});
-  }
-  // dx = dy where the forward output y > 0 (dx may alias dy).
-  template <class T>
-  static void relu_backward(const Exec<Cpu>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
-                            TensorView<T, D> dx) {
-    expect_shape(dy, y.shape(), "output gradient dy", "relu_backward");
-    expect_shape(dx, y.shape(), "input gradient dx", "relu_backward");
-    for_each_index(e, static_cast<std::size_t>(y.numel()),
-                   ReluBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
-  }
-  // out = a + b (the residual add; out may alias a or b).
-  template <class T>
-  static void add(const Exec<Cpu>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
-    expect_shape(b, a.shape(), "second operand", "add");
-    expect_shape(out, a.shape(), "output", "add");
-    for_each_index(e, static_cast<std::size_t>(a.numel()), Add<T>{.a = a.data(), .b = b.data(), .out = out.data()});
-  }
-  // y += alpha * x.
-  template <class T>
-  static void axpy(const Exec<Cpu>& e, T alpha, TensorView<const T, D> x, TensorView<T, D> y) {
-    expect_shape(y, x.shape(), "y", "axpy");
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Axpy<T>{.alpha = alpha, .x = x.data(), .y = y.data()});
-  }
-  // x *= alpha.
-  template <class T>
-  static void scale(const Exec<Cpu>& e, T alpha, TensorView<T, D> x) {
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Scale<T>{.alpha = alpha, .x = x.data()});
-  }
-  // x = value.
-  template <class T>
-  static void fill(const Exec<Cpu>& e, TensorView<T, D> x, T value) {
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
+    cpu::for_each_index(e, n, f);
   }
 
   // ---- layers ----
@@ -93,6 +55,15 @@ struct Kernels<Cpu> {
   template <class T>
   static void batchnorm_backward(const Exec<Cpu>& e, const BatchNormBackwardArgs<T, D>& a) {
     cpu::batchnorm_backward(e, a);
+  }
+  // relu(bn(x) + residual), and its backward with the ReLU mask (bn_act.hpp: the unfused passes in a row).
+  template <class T>
+  static void batchnorm_act_forward(const Exec<Cpu>& e, const BatchNormActForwardArgs<T, D>& a) {
+    cpu::batchnorm_act_forward(e, a);
+  }
+  template <class T>
+  static void batchnorm_act_backward(const Exec<Cpu>& e, const BatchNormActBackwardArgs<T, D>& a) {
+    cpu::batchnorm_act_backward(e, a);
   }
   template <class T>
   static void max_pool2d_forward(const Exec<Cpu>& e, const MaxPool2dForwardArgs<T, D>& a) {
@@ -133,6 +104,11 @@ struct Kernels<Cpu> {
   template <class T>
   static void sgd_step(const Exec<Cpu>& e, const SgdArgs<T, D>& a) {
     cpu::sgd_step(e, a);
+  }
+  // Every tensor's step in one call (tensor after tensor; the same bits as one sgd_step per tensor).
+  template <class T>
+  static void sgd_step_multi(const Exec<Cpu>& e, const MultiSgdArgs<T, D>& a) {
+    cpu::sgd_step_multi(e, a);
   }
 };
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
 
@@ -25,30 +26,30 @@ namespace ddp::kernels::cpu {
 template <class T>
 void max_pool2d_forward(const Exec<Cpu>& exec, const MaxPool2dForwardArgs<T, Cpu>& a) {
   validate(a);
-  const std::int64_t h = a.x.dim(1), w = a.x.dim(2), c = a.x.dim(3), ho = a.y.dim(1), wo = a.y.dim(2);
+  const PoolGeometry g = pool_geometry(a.x, a.y, a.kernel, a.stride, a.padding);
   const T* x = a.x.data();
   T* y = a.y.data();
   std::int32_t* am = a.argmax.empty() ? nullptr : a.argmax.data();
-  parallel_for(exec, a.x.dim(0) * ho, 1, [&](std::int64_t r0, std::int64_t r1, int) {
-    std::vector<std::int32_t> arg_buf(static_cast<std::size_t>(c));
+  parallel_for(exec, g.n * g.ho, 1, [&](std::int64_t r0, std::int64_t r1, int) {
+    std::vector<std::int32_t> arg_buf(static_cast<std::size_t>(g.c));
     for (std::int64_t r = r0; r < r1; ++r) {  // r = n * ho + oh: one output row
-      const std::int64_t n = r / ho, oh = r % ho;
-      const std::int64_t h0 = oh * a.stride.h - a.padding.h;
-      const std::int64_t hb = std::max<std::int64_t>(h0, 0), he = std::min(h0 + a.kernel.h, h);
-      for (std::int64_t ow = 0; ow < wo; ++ow) {
-        const std::int64_t w0 = ow * a.stride.w - a.padding.w;
-        const std::int64_t wb = std::max<std::int64_t>(w0, 0), we = std::min(w0 + a.kernel.w, w);
-        T* yo = y + (r * wo + ow) * c;
-        std::int32_t* ao = am ? am + (r * wo + ow) * c : arg_buf.data();
+      const std::int64_t n = r / g.ho, oh = r % g.ho;
+      const std::int64_t h0 = oh * g.stride.h - g.pad.h;
+      const std::int64_t hb = std::max<std::int64_t>(h0, 0), he = std::min(h0 + g.kernel.h, g.h);
+      for (std::int64_t ow = 0; ow < g.wo; ++ow) {
+        const std::int64_t w0 = ow * g.stride.w - g.pad.w;
+        const std::int64_t wb = std::max<std::int64_t>(w0, 0), we = std::min(w0 + g.kernel.w, g.w);
+        T* yo = y + (r * g.wo + ow) * g.c;
+        std::int32_t* ao = am ? am + (r * g.wo + ow) * g.c : arg_buf.data();
         // Window pixels outside, channels inside: every load is a contiguous run of C values, and the
         // update is a branch-free select (values are random: a branch would mispredict half the time).
-        std::fill(yo, yo + c, -std::numeric_limits<T>::infinity());
-        std::fill(ao, ao + c, static_cast<std::int32_t>(hb * w + wb));
+        std::fill(yo, yo + g.c, -std::numeric_limits<T>::infinity());
+        std::fill(ao, ao + g.c, static_cast<std::int32_t>(hb * g.w + wb));
         for (std::int64_t hi = hb; hi < he; ++hi)
           for (std::int64_t wi = wb; wi < we; ++wi) {
-            const T* xi = x + ((n * h + hi) * w + wi) * c;
-            const auto pos = static_cast<std::int32_t>(hi * w + wi);
-            for (std::int64_t k = 0; k < c; ++k) {
+            const T* xi = x + ((n * g.h + hi) * g.w + wi) * g.c;
+            const auto pos = static_cast<std::int32_t>(hi * g.w + wi);
+            for (std::int64_t k = 0; k < g.c; ++k) {
               const T v = xi[k], best = yo[k];
               const bool take = (v > best) | ((v != v) & (best == best));  // first NaN wins and stays
               yo[k] = take ? v : best;
@@ -63,48 +64,42 @@ void max_pool2d_forward(const Exec<Cpu>& exec, const MaxPool2dForwardArgs<T, Cpu
 template <class T>
 void max_pool2d_backward(const Exec<Cpu>& exec, const MaxPool2dBackwardArgs<T, Cpu>& a) {
   validate(a);
-  const std::int64_t hw = a.dx.dim(1) * a.dx.dim(2), c = a.dx.dim(3), pout = a.dy.dim(1) * a.dy.dim(2);
+  const PoolGeometry g = pool_geometry(a.dx, a.dy, a.kernel, a.stride, a.padding);
+  const std::int64_t hw = g.h * g.w, pout = g.ho * g.wo;
   const T* dy = a.dy.data();
   const std::int32_t* am = a.argmax.data();
   T* dx = a.dx.data();
-  parallel_for(exec, a.dx.dim(0), 1, [&](std::int64_t n0, std::int64_t n1, int) {
-    std::fill(dx + n0 * hw * c, dx + n1 * hw * c, T(0));
+  parallel_for(exec, g.n, 1, [&](std::int64_t n0, std::int64_t n1, int) {
+    std::fill(dx + n0 * hw * g.c, dx + n1 * hw * g.c, T(0));
     for (std::int64_t n = n0; n < n1; ++n)
       for (std::int64_t p = 0; p < pout; ++p) {
-        const std::int64_t o = (n * pout + p) * c;
-        for (std::int64_t k = 0; k < c; ++k) dx[(n * hw + am[o + k]) * c + k] += dy[o + k];
+        const std::int64_t o = (n * pout + p) * g.c;
+        for (std::int64_t k = 0; k < g.c; ++k) dx[(n * hw + am[o + k]) * g.c + k] += dy[o + k];
       }
   });
 }
 
-namespace detail {
-inline std::int64_t pool_start(std::int64_t i, std::int64_t in, std::int64_t out) { return (i * in) / out; }
-inline std::int64_t pool_end(std::int64_t i, std::int64_t in, std::int64_t out) {
-  return ((i + 1) * in + out - 1) / out;
-}
-}  // namespace detail
-
 template <class T>
 void adaptive_avg_pool2d_forward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dForwardArgs<T, Cpu>& a) {
   validate(a);
-  const std::int64_t h = a.x.dim(1), w = a.x.dim(2), c = a.x.dim(3), ho = a.y.dim(1), wo = a.y.dim(2);
+  const PoolGeometry g = pool_geometry(a.x, a.y);
   const T* x = a.x.data();
   T* y = a.y.data();
-  parallel_for(exec, a.x.dim(0), 1, [&](std::int64_t n0, std::int64_t n1, int) {
+  parallel_for(exec, g.n, 1, [&](std::int64_t n0, std::int64_t n1, int) {
     for (std::int64_t n = n0; n < n1; ++n)
-      for (std::int64_t i = 0; i < ho; ++i)
-        for (std::int64_t j = 0; j < wo; ++j) {
-          const std::int64_t hb = detail::pool_start(i, h, ho), he = detail::pool_end(i, h, ho);
-          const std::int64_t wb = detail::pool_start(j, w, wo), we = detail::pool_end(j, w, wo);
-          T* yo = y + ((n * ho + i) * wo + j) * c;
-          std::fill(yo, yo + c, T(0));
+      for (std::int64_t i = 0; i < g.ho; ++i)
+        for (std::int64_t j = 0; j < g.wo; ++j) {
+          const std::int64_t hb = pool_start(i, g.h, g.ho), he = pool_end(i, g.h, g.ho);
+          const std::int64_t wb = pool_start(j, g.w, g.wo), we = pool_end(j, g.w, g.wo);
+          T* yo = y + ((n * g.ho + i) * g.wo + j) * g.c;
+          std::fill(yo, yo + g.c, T(0));
           for (std::int64_t hi = hb; hi < he; ++hi)
             for (std::int64_t wi = wb; wi < we; ++wi) {
-              const T* xi = x + ((n * h + hi) * w + wi) * c;
-              for (std::int64_t k = 0; k < c; ++k) yo[k] += xi[k];
+              const T* xi = x + ((n * g.h + hi) * g.w + wi) * g.c;
+              for (std::int64_t k = 0; k < g.c; ++k) yo[k] += xi[k];
             }
           const T inv = T(1) / static_cast<T>((he - hb) * (we - wb));
-          for (std::int64_t k = 0; k < c; ++k) yo[k] *= inv;
+          for (std::int64_t k = 0; k < g.c; ++k) yo[k] *= inv;
         }
   });
 }
@@ -112,22 +107,22 @@ void adaptive_avg_pool2d_forward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dF
 template <class T>
 void adaptive_avg_pool2d_backward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dBackwardArgs<T, Cpu>& a) {
   validate(a);
-  const std::int64_t h = a.dx.dim(1), w = a.dx.dim(2), c = a.dx.dim(3), ho = a.dy.dim(1), wo = a.dy.dim(2);
+  const PoolGeometry g = pool_geometry(a.dx, a.dy);
   const T* dy = a.dy.data();
   T* dx = a.dx.data();
-  parallel_for(exec, a.dx.dim(0), 1, [&](std::int64_t n0, std::int64_t n1, int) {
-    std::fill(dx + n0 * h * w * c, dx + n1 * h * w * c, T(0));
+  parallel_for(exec, g.n, 1, [&](std::int64_t n0, std::int64_t n1, int) {
+    std::fill(dx + n0 * g.h * g.w * g.c, dx + n1 * g.h * g.w * g.c, T(0));
     for (std::int64_t n = n0; n < n1; ++n)
-      for (std::int64_t i = 0; i < ho; ++i)
-        for (std::int64_t j = 0; j < wo; ++j) {
-          const std::int64_t hb = detail::pool_start(i, h, ho), he = detail::pool_end(i, h, ho);
-          const std::int64_t wb = detail::pool_start(j, w, wo), we = detail::pool_end(j, w, wo);
-          const T* g = dy + ((n * ho + i) * wo + j) * c;
+      for (std::int64_t i = 0; i < g.ho; ++i)
+        for (std::int64_t j = 0; j < g.wo; ++j) {
+          const std::int64_t hb = pool_start(i, g.h, g.ho), he = pool_end(i, g.h, g.ho);
+          const std::int64_t wb = pool_start(j, g.w, g.wo), we = pool_end(j, g.w, g.wo);
+          const T* dyo = dy + ((n * g.ho + i) * g.wo + j) * g.c;
           const T inv = T(1) / static_cast<T>((he - hb) * (we - wb));
           for (std::int64_t hi = hb; hi < he; ++hi)
             for (std::int64_t wi = wb; wi < we; ++wi) {
-              T* d = dx + ((n * h + hi) * w + wi) * c;
-              for (std::int64_t k = 0; k < c; ++k) d[k] += g[k] * inv;
+              T* d = dx + ((n * g.h + hi) * g.w + wi) * g.c;
+              for (std::int64_t k = 0; k < g.c; ++k) d[k] += dyo[k] * inv;
             }
         }
   });

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -174,6 +175,16 @@ void parallel_for(const Exec<Cpu>& exec, std::int64_t n, std::int64_t grain, F&&
   exec.pool->run(chunks, [&](int c) {
     const std::int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
     f(begin, end, c);
+  });
+}
+
+// f(i) for i in [0, n) in contiguous chunks of at least 16 Ki indices over the pool (f must not depend on
+// the order): the CPU's runner of the element-wise functors (kernels/elementwise.hpp), what
+// Kernels<Cpu>::for_each_index forwards to, as Kernels<Cuda>'s forwards to cuda::for_each_index.
+template <class F>
+void for_each_index(const Exec<Cpu>& exec, std::size_t n, F f) {
+  parallel_for(exec, static_cast<std::int64_t>(n), 1 << 14, [&](std::int64_t b, std::int64_t e, int) {
+    for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(e); ++i) f(i);
   });
 }
 

@@ -35,6 +35,7 @@
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
@@ -53,18 +54,13 @@ namespace detail {
 
 inline constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kGemmThreads = 256;
 
-struct ConvShape {
-  std::int64_t n, h, w, c, k, r, s, ho, wo;
-  Size2 stride, pad, dil;
-};
-
 template <class T>
 struct ConvFprop {
   const T* x;
   const T* w;
   const T* bias;
   T* y;
-  ConvShape g;
+  ConvGeometry g;
   __host__ __device__ std::int64_t m_size() const { return g.n * g.ho * g.wo; }
   __host__ __device__ std::int64_t n_size() const { return g.k; }
   __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.c; }
@@ -84,7 +80,7 @@ struct ConvDgrad {
   const T* dy;
   const T* w;
   T* dx;
-  ConvShape g;
+  ConvGeometry g;
   __host__ __device__ std::int64_t m_size() const { return g.n * g.h * g.w; }
   __host__ __device__ std::int64_t n_size() const { return g.c; }
   __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.k; }
@@ -109,7 +105,7 @@ struct ConvWgrad {
   const T* x;
   const T* dy;
   T* dw;
-  ConvShape g;
+  ConvGeometry g;
   __host__ __device__ std::int64_t m_size() const { return g.k; }
   __host__ __device__ std::int64_t n_size() const { return g.r * g.s * g.c; }
   __host__ __device__ std::int64_t k_size() const { return g.n * g.ho * g.wo; }
@@ -338,14 +334,6 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   DDP_CUDA_CHECK(cudaGetLastError());
 }
 
-template <class T>
-ConvShape conv_shape(const TensorView<const T, Cuda>& x, const TensorView<const T, Cuda>& w, Size2 st, Size2 pd,
-                     Size2 dl) {
-  return {.n = x.dim(0), .h = x.dim(1), .w = x.dim(2), .c = x.dim(3), .k = w.dim(0), .r = w.dim(1), .s = w.dim(2),
-          .ho = conv_out_size(x.dim(1), w.dim(1), st.h, pd.h, dl.h),
-          .wo = conv_out_size(x.dim(2), w.dim(2), st.w, pd.w, dl.w), .stride = st, .pad = pd, .dil = dl};
-}
-
 // out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
 template <class T>
 __global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
@@ -371,9 +359,8 @@ void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64
 
 // A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
 // (N*P x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
-inline bool pointwise(const ConvShape& g) {
-  return g.r == 1 && g.s == 1 && g.stride.h == 1 && g.stride.w == 1 && g.pad.h == 0 && g.pad.w == 0 &&
-         g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
+inline bool cublas_pointwise(const ConvGeometry& g) {
+  return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
 }  // namespace detail
@@ -381,8 +368,8 @@ inline bool pointwise(const ConvShape& g) {
 template <class T>
 void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Precision math) {
   validate(a);
-  const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
-  if (detail::pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
+  if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
     detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
                     a.y.data(), g.k, math);
     return;
@@ -395,8 +382,8 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
 template <class T>
 void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, Precision math) {
   validate(a);
-  const detail::ConvShape g = detail::conv_shape(a.x, a.w, a.stride, a.padding, a.dilation);
-  const bool pw = detail::pointwise(g);
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
+  const bool pw = detail::cublas_pointwise(g);
   const std::int64_t np = g.n * g.ho * g.wo;
   if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),

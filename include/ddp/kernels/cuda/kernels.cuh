@@ -1,13 +1,15 @@
 // Kernels<Cuda>: every op on the GPU, each member forwarding to the op's own file in kernels/cuda/.
 // SPDX-License-Identifier: MIT
 //
-// Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), so a
-// module written against Kernels<D> runs on either device; plus the GPU-only fused and multi-tensor ops
-// of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi), whose CPU references are the free
-// functions of kernels/cpu/bn_act.hpp and kernels/cpu/multi_sgd.hpp. Convolutions and Linear compute at
-// exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp). Contract: members validate their Args on
-// the host (the same ValueError words as the CPU) and then enqueue work on exec.stream and return
-// without waiting, except the losses, which return the loss value and so wait for the stream.
+// Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), in the
+// same order, so a module written against Kernels<D> runs on either device; the element-wise ones come
+// from ElementwiseKernels (kernels/kernels.hpp) through for_each_index below. The fused and multi-tensor
+// ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi) are one pass / one launch here; their
+// CPU versions (kernels/cpu/bn_act.hpp, kernels/cpu/multi_sgd.hpp) are the references. Convolutions and
+// Linear compute at exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp).
+// Contract: members validate their Args on the host (the same ValueError words as the CPU) and then
+// enqueue work on exec.stream and return without waiting, except the losses, which return the loss value
+// and so wait for the stream.
 // Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
 // Thread-safety: concurrent calls on different streams are safe; one stream's calls are ordered.
 // Compiled only by nvcc (a .cu file linked with ddp::cuda).
@@ -38,52 +40,13 @@
 namespace ddp::kernels {
 
 template <>
-struct Kernels<Cuda> {
+struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   using D = Cuda;
 
   // f(i) for i in [0, n) on the GPU (a grid-stride loop; f must be order-independent and device-callable).
   template <class F>
   static void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
     cuda::for_each_index(e, n, f);
-  }
-
-  // ---- element-wise (x, y of equal shape; checked) ----
-  template <class T>
-  static void relu_forward(const Exec<Cuda>& e, TensorView<const T, D> x, TensorView<T, D> y) {
-    expect_shape(y, x.shape(), "output y", "relu_forward");
-    for_each_index(e, static_cast<std::size_t>(x.numel()), ReluForward<T>{.x = x.data(), .y = y.data()});
-  }
-  // dx = dy where the forward output y > 0 (dx may alias dy).
-  template <class T>
-  static void relu_backward(const Exec<Cuda>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
-                            TensorView<T, D> dx) {
-    expect_shape(dy, y.shape(), "output gradient dy", "relu_backward");
-    expect_shape(dx, y.shape(), "input gradient dx", "relu_backward");
-    for_each_index(e, static_cast<std::size_t>(y.numel()),
-                   ReluBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
-  }
-  // out = a + b (the residual add; out may alias a or b).
-  template <class T>
-  static void add(const Exec<Cuda>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
-    expect_shape(b, a.shape(), "second operand", "add");
-    expect_shape(out, a.shape(), "output", "add");
-    for_each_index(e, static_cast<std::size_t>(a.numel()), Add<T>{.a = a.data(), .b = b.data(), .out = out.data()});
-  }
-  // y += alpha * x.
-  template <class T>
-  static void axpy(const Exec<Cuda>& e, T alpha, TensorView<const T, D> x, TensorView<T, D> y) {
-    expect_shape(y, x.shape(), "y", "axpy");
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Axpy<T>{.alpha = alpha, .x = x.data(), .y = y.data()});
-  }
-  // x *= alpha.
-  template <class T>
-  static void scale(const Exec<Cuda>& e, T alpha, TensorView<T, D> x) {
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Scale<T>{.alpha = alpha, .x = x.data()});
-  }
-  // x = value.
-  template <class T>
-  static void fill(const Exec<Cuda>& e, TensorView<T, D> x, T value) {
-    for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
   }
 
   // ---- layers ----

@@ -20,6 +20,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
@@ -28,21 +29,16 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-struct PoolGeom {
-  std::int64_t n, h, w, c, ho, wo;
-  Size2 k, s, p;
-};
-
 template <class T>
 __global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int32_t* __restrict__ am,
-                                          PoolGeom g) {
+                                          PoolGeometry g) {
   const std::int64_t total = g.n * g.ho * g.wo * g.c;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const std::int64_t k = i % g.c, ow = (i / g.c) % g.wo, oh = (i / (g.c * g.wo)) % g.ho, n = i / (g.c * g.wo * g.ho);
-    const std::int64_t h0 = oh * g.s.h - g.p.h, w0 = ow * g.s.w - g.p.w;
-    const std::int64_t hb = h0 > 0 ? h0 : 0, he = h0 + g.k.h < g.h ? h0 + g.k.h : g.h;
-    const std::int64_t wb = w0 > 0 ? w0 : 0, we = w0 + g.k.w < g.w ? w0 + g.k.w : g.w;
+    const std::int64_t h0 = oh * g.stride.h - g.pad.h, w0 = ow * g.stride.w - g.pad.w;
+    const std::int64_t hb = h0 > 0 ? h0 : 0, he = h0 + g.kernel.h < g.h ? h0 + g.kernel.h : g.h;
+    const std::int64_t wb = w0 > 0 ? w0 : 0, we = w0 + g.kernel.w < g.w ? w0 + g.kernel.w : g.w;
     T best = -INFINITY;
     auto arg = static_cast<std::int32_t>(hb * g.w + wb);
     for (std::int64_t hi = hb; hi < he; ++hi)
@@ -63,14 +59,15 @@ __global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict
 // oh in [ceil((h + p - kh + 1) / s), floor((h + p) / s)] within [0, Ho); the same for columns.
 template <class T>
 __global__ void max_pool2d_backward_kernel(const T* __restrict__ dy, const std::int32_t* __restrict__ am,
-                                           T* __restrict__ dx, PoolGeom g) {
+                                           T* __restrict__ dx, PoolGeometry g) {
   const std::int64_t total = g.n * g.h * g.w * g.c;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const std::int64_t k = i % g.c, wi = (i / g.c) % g.w, hi = (i / (g.c * g.w)) % g.h, n = i / (g.c * g.w * g.h);
-    const std::int64_t th = hi + g.p.h - g.k.h + 1, tw = wi + g.p.w - g.k.w + 1;
-    std::int64_t oh0 = th > 0 ? (th + g.s.h - 1) / g.s.h : 0, ow0 = tw > 0 ? (tw + g.s.w - 1) / g.s.w : 0;
-    std::int64_t oh1 = (hi + g.p.h) / g.s.h, ow1 = (wi + g.p.w) / g.s.w;  // inclusive
+    const std::int64_t th = hi + g.pad.h - g.kernel.h + 1, tw = wi + g.pad.w - g.kernel.w + 1;
+    std::int64_t oh0 = th > 0 ? (th + g.stride.h - 1) / g.stride.h : 0;
+    std::int64_t ow0 = tw > 0 ? (tw + g.stride.w - 1) / g.stride.w : 0;
+    std::int64_t oh1 = (hi + g.pad.h) / g.stride.h, ow1 = (wi + g.pad.w) / g.stride.w;  // inclusive
     if (oh1 > g.ho - 1) oh1 = g.ho - 1;
     if (ow1 > g.wo - 1) ow1 = g.wo - 1;
     const auto self = static_cast<std::int32_t>(hi * g.w + wi);
@@ -84,13 +81,8 @@ __global__ void max_pool2d_backward_kernel(const T* __restrict__ dy, const std::
   }
 }
 
-__host__ __device__ inline std::int64_t pool_start(std::int64_t i, std::int64_t in, std::int64_t out) { return (i * in) / out; }
-__host__ __device__ inline std::int64_t pool_end(std::int64_t i, std::int64_t in, std::int64_t out) {
-  return ((i + 1) * in + out - 1) / out;
-}
-
 template <class T>
-__global__ void adaptive_avg_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeom g) {
+__global__ void adaptive_avg_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeometry g) {
   const std::int64_t total = g.n * g.ho * g.wo * g.c;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
@@ -118,7 +110,7 @@ __host__ __device__ inline void cells_covering(std::int64_t v, std::int64_t in, 
 }
 
 template <class T>
-__global__ void adaptive_avg_pool2d_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeom g) {
+__global__ void adaptive_avg_pool2d_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolGeometry g) {
   const std::int64_t total = g.n * g.h * g.w * g.c;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
@@ -142,8 +134,7 @@ __global__ void adaptive_avg_pool2d_backward_kernel(const T* __restrict__ dy, T*
 template <class T>
 void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, Cuda>& a) {
   validate(a);
-  const detail::PoolGeom g{.n = a.x.dim(0), .h = a.x.dim(1), .w = a.x.dim(2), .c = a.x.dim(3), .ho = a.y.dim(1),
-                           .wo = a.y.dim(2), .k = a.kernel, .s = a.stride, .p = a.padding};
+  const PoolGeometry g = pool_geometry(a.x, a.y, a.kernel, a.stride, a.padding);
   detail::max_pool2d_forward_kernel<T><<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(
       a.x.data(), a.y.data(), a.argmax.empty() ? nullptr : a.argmax.data(), g);
   DDP_CUDA_CHECK(cudaGetLastError());
@@ -152,15 +143,15 @@ void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, Cuda>
 template <class T>
 void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, Cuda>& a) {
   validate(a);
-  const detail::PoolGeom g{.n = a.dx.dim(0), .h = a.dx.dim(1), .w = a.dx.dim(2), .c = a.dx.dim(3), .ho = a.dy.dim(1),
-                           .wo = a.dy.dim(2), .k = a.kernel, .s = a.stride, .p = a.padding};
+  const PoolGeometry g = pool_geometry(a.dx, a.dy, a.kernel, a.stride, a.padding);
   // The geometry must be the forward's: the output shape it implies must be dy's.
-  const std::int64_t ho = conv_out_size(g.h, g.k.h, g.s.h, g.p.h, 1), wo = conv_out_size(g.w, g.k.w, g.s.w, g.p.w, 1);
-  if (ho != g.ho || wo != g.wo || g.k.h < 1 || g.k.w < 1 || g.s.h < 1 || g.s.w < 1)
-    throw ValueError(ddp::detail::str("ddp: max_pool2d_backward: kernel (", g.k.h, ", ", g.k.w, "), stride (", g.s.h,
-                                      ", ", g.s.w, ") and padding (", g.p.h, ", ", g.p.w, ") give a ", ho, "x", wo,
-                                      " output for dx ", a.dx.shape(), " but dy is ", a.dy.shape(),
-                                      "; pass the forward's window geometry"));
+  const std::int64_t ho = conv_out_size(g.h, g.kernel.h, g.stride.h, g.pad.h, 1);
+  const std::int64_t wo = conv_out_size(g.w, g.kernel.w, g.stride.w, g.pad.w, 1);
+  if (ho != g.ho || wo != g.wo || g.kernel.h < 1 || g.kernel.w < 1 || g.stride.h < 1 || g.stride.w < 1)
+    throw ValueError(ddp::detail::str("ddp: max_pool2d_backward: kernel (", g.kernel.h, ", ", g.kernel.w,
+                                      "), stride (", g.stride.h, ", ", g.stride.w, ") and padding (", g.pad.h, ", ",
+                                      g.pad.w, ") give a ", ho, "x", wo, " output for dx ", a.dx.shape(),
+                                      " but dy is ", a.dy.shape(), "; pass the forward's window geometry"));
   detail::max_pool2d_backward_kernel<T><<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(
       a.dy.data(), a.argmax.data(), a.dx.data(), g);
   DDP_CUDA_CHECK(cudaGetLastError());
@@ -169,8 +160,7 @@ void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, Cud
 template <class T>
 void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, Cuda>& a) {
   validate(a);
-  const detail::PoolGeom g{.n = a.x.dim(0), .h = a.x.dim(1), .w = a.x.dim(2), .c = a.x.dim(3), .ho = a.y.dim(1),
-                           .wo = a.y.dim(2), .k = {}, .s = {}, .p = {}};
+  const PoolGeometry g = pool_geometry(a.x, a.y);
   detail::adaptive_avg_pool2d_forward_kernel<T>
       <<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(a.x.data(), a.y.data(), g);
   DDP_CUDA_CHECK(cudaGetLastError());
@@ -179,8 +169,7 @@ void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dFor
 template <class T>
 void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, Cuda>& a) {
   validate(a);
-  const detail::PoolGeom g{.n = a.dx.dim(0), .h = a.dx.dim(1), .w = a.dx.dim(2), .c = a.dx.dim(3), .ho = a.dy.dim(1),
-                           .wo = a.dy.dim(2), .k = {}, .s = {}, .p = {}};
+  const PoolGeometry g = pool_geometry(a.dx, a.dy);
   detail::adaptive_avg_pool2d_backward_kernel<T>
       <<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(a.dy.data(), a.dx.data(), g);
   DDP_CUDA_CHECK(cudaGetLastError());

@@ -1,0 +1,132 @@
+// ResidualBlock: forward and backward of ResNet's residual blocks, written once for BasicBlock and Bottleneck.
+// SPDX-License-Identifier: MIT
+//
+//   out = relu( bn_L(conv_L( ... relu(bn_1(conv_1(x))) ... )) + identity ),  identity = downsample(x) or x
+// A block registers its modules under torchvision's names and in its order (conv1, bn1, ..., downsample),
+// then lists its main path as (conv, bn) stages with add_stage() and its projection with set_downsample().
+// Forward: each stage but the last is conv -> bn + ReLU (BatchNorm2d::forward_act without a residual); the
+// last is conv -> bn + identity + ReLU (forward_act with the residual), so the skip is added before the
+// final ReLU. The ReLUs run on the BatchNorm outputs, which is safe because BatchNorm's backward needs its
+// input, not its output (torchvision's ReLU(inplace=True)).
+// Backward (how it works): the last bn's backward_act takes dy and the block's output y, applies the mask
+// g = dy * (y > 0) and returns g as its dresidual: g is the skip path's gradient, passed through
+// downsample.backward when there is one. The main path then runs conv_L back and, for each earlier stage
+// from the last to the first, bn + ReLU mask (backward_act on that stage's output) and conv; dx = main + skip.
+// Gradient order (what DDP's first-step buckets follow): bn_L, then the downsample's (downsample.1, .0),
+// then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample: bn2.weight,
+// bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight, bn1.weight,
+// bn1.bias, conv1.weight.
+// On the GPU each bn + (residual) + ReLU is one fused pass (kernels/cuda/bn_act.cuh); on the CPU it is the
+// unfused passes in a row, bit-identical to bn, add, relu (kernels/cpu/bn_act.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/batchnorm2d.hpp"
+#include "ddp/nn/conv2d.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/sequential.hpp"
+
+namespace ddp::nn {
+
+struct BlockOptions {
+  std::int64_t inplanes = 64;
+  std::int64_t planes = 64;
+  std::int64_t stride = 1;
+  bool downsample = false;  // add the 1x1 conv + BN projection on the skip path
+};
+
+namespace detail {
+// Sequential(Conv2d(inplanes, outplanes, 1, stride, bias=False), BatchNorm2d(outplanes)): torchvision's
+// downsample, named "downsample.0" / "downsample.1".
+template <class T, Device D>
+std::unique_ptr<Sequential<T, D>> make_downsample(std::int64_t inplanes, std::int64_t outplanes, std::int64_t stride) {
+  auto ds = std::make_unique<Sequential<T, D>>();
+  ds->push_back(std::make_unique<Conv2d<T, D>>(Conv2dOptions{
+      .in_channels = inplanes, .out_channels = outplanes, .kernel_size = 1, .stride = stride, .padding = 0}));
+  ds->push_back(std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = outplanes}));
+  return ds;
+}
+}  // namespace detail
+
+template <class T, Device D>
+class ResidualBlock : public Module<T, D> {
+ public:
+  // x (N, H, W, inplanes) -> out (N, H', W', planes * expansion). x must stay alive until backward.
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+    TensorView<const T, D> h = x;
+    for (std::size_t i = 0; i + 1 < stages_.size(); ++i) {
+      Stage& st = stages_[i];
+      st.c = st.conv->forward(exec, h);
+      st.a = st.bn->forward_act(exec, st.c.cview(), {}, true);
+      h = st.a.cview();
+    }
+    Stage& last = stages_.back();
+    last.c = last.conv->forward(exec, h);
+    TensorView<const T, D> skip = x;
+    if (downsample_) {
+      id_ = downsample_->forward(exec, x);
+      skip = id_.cview();
+    } else if (!(x.shape() == last.c.shape())) {
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " and main-path output ",
+                                        last.c.shape(), " differ but the block has no downsample"));
+    }
+    Tensor<T, D> out = last.bn->forward_act(exec, last.c.cview(), skip, true);
+    y_ = out.cview();
+    have_state_ = true;
+    return out;
+  }
+
+  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_state_);
+    have_state_ = false;
+    if (!(dy.shape() == y_.shape()))
+      throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": output gradient has shape ", dy.shape(),
+                                        " but the output has shape ", y_.shape()));
+    Tensor<T, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
+    Stage& last = stages_.back();
+    Tensor<T, D> h = last.bn->backward_act(exec, dy, y_, g.view());
+    Tensor<T, D> skip = downsample_ ? downsample_->backward(exec, g.cview()) : Tensor<T, D>();
+    h = last.conv->backward(exec, h.cview());
+    for (std::size_t i = stages_.size() - 1; i-- > 0;) {
+      Stage& st = stages_[i];
+      h = st.bn->backward_act(exec, h.cview(), st.a.cview(), {});
+      h = st.conv->backward(exec, h.cview());
+    }
+    Kernels<D>::add(exec, h.cview(), downsample_ ? skip.cview() : g.cview(), h.view());
+    for (Stage& st : stages_) {
+      st.c = {};
+      st.a = {};
+    }
+    id_ = {};
+    return h;
+  }
+
+ protected:
+  // Appends (conv, bn) to the main path; a block calls it once per stage, first stage first.
+  void add_stage(Conv2d<T, D>* conv, BatchNorm2d<T, D>* bn) { stages_.push_back(Stage{.conv = conv, .bn = bn}); }
+  // The skip path's projection (nullptr: identity).
+  void set_downsample(Sequential<T, D>* downsample) { downsample_ = downsample; }
+
+ private:
+  struct Stage {
+    Conv2d<T, D>* conv = nullptr;
+    BatchNorm2d<T, D>* bn = nullptr;
+    Tensor<T, D> c;  // conv output (N, H', W', C'), bn's input
+    Tensor<T, D> a;  // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+  };
+
+  std::vector<Stage> stages_;
+  Sequential<T, D>* downsample_ = nullptr;
+  Tensor<T, D> id_;           // downsample output (N, H', W', C_out)
+  TensorView<const T, D> y_;  // the block's output, owned by the caller
+  bool have_state_ = false;
+};
+
+}  // namespace ddp::nn

@@ -154,6 +154,8 @@
 #include "ddp/train/metrics.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"
+// defines: train::copy_state, train::state_on, train::StateOn, train::on_device, train::OnDevice
+#include "ddp/train/device_state.hpp"
 // defines: train::write_file_atomic, train::WriteOptions
 #include "ddp/train/atomic_file.hpp"
 // defines: train::SafetensorsWriter, train::SafetensorsReader, train::read_safetensors, train::parse_safetensors

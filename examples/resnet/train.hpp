@@ -2,12 +2,14 @@
 // train_cuda.cu on the GPU).
 // SPDX-License-Identifier: MIT
 //
-// One step: images and labels come from the DataLoader on the host (uploaded to the GPU for Cuda), then
-// DDP forward, cross-entropy (its value is read on the host, so the host waits for the forward once per
-// step, like PyTorch's loss.item()), DDP backward (buckets all-reduced while backward runs; no host wait)
-// and the SGD step (one multi-tensor launch on the GPU). Snapshots are written and read through a
-// CPU copy of the model (train/checkpoint.hpp works on host tensors); on the GPU every rank reads the
-// snapshot file itself (NCCL moves device memory only), so --resume there needs the file on every node.
+// One step: images and labels come from the DataLoader on the host (used in place on the CPU, uploaded for
+// Cuda; the device batch lives until backward returns, since conv1 keeps a view of its input), then DDP
+// forward, cross-entropy (its value is read on the host, so the host waits for the forward once per step,
+// like PyTorch's loss.item()), DDP backward (buckets all-reduced while backward runs; no host wait) and the
+// SGD step (one multi-tensor launch on the GPU). Snapshots are written and read on the host
+// (train/checkpoint.hpp works on host tensors) through train::state_on<Cpu>: the model itself on the CPU, a
+// host copy on the GPU. --resume: rank 0 reads the file and broadcasts its bytes (through the GPU for nccl),
+// so only rank 0's node needs it.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include <ddp/comm/communicator.hpp>
@@ -29,6 +30,7 @@
 #include <ddp/optim/sgd.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
+#include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/snapshot_sync.hpp>
 
@@ -55,50 +57,6 @@ struct Setup {
   data::DataLoader* loader = nullptr;
 };
 
-// Copies a GPU model's parameters, buffers and momentum buffers into a CPU model and optimizer (snapshots).
-template <Device D>
-void copy_state(Exec<D>& exec, nn::ResNet<float, D>& src, optim::SGD<float, D>& sopt, nn::ResNet<float, Cpu>& dst,
-                optim::SGD<float, Cpu>& dopt) {
-  auto sp = src.parameters();
-  auto dp = dst.parameters();
-  for (std::size_t i = 0; i < sp.size(); ++i) {
-    copy(sp[i]->value().cview(), dp[i]->value().view(), exec);
-    if (auto* m = sopt.momentum_buffer(i)) copy(m->cview(), dopt.set_momentum_buffer(i).view(), exec);
-  }
-  auto sb = src.buffers();
-  auto db = dst.buffers();
-  for (std::size_t i = 0; i < sb.size(); ++i) {
-    if (sb[i]->is_integer())
-      copy(sb[i]->count().cview(), db[i]->count().view(), exec);
-    else
-      copy(sb[i]->real().cview(), db[i]->real().view(), exec);
-  }
-  dopt.set_lr(sopt.lr());
-  dopt.set_steps(sopt.steps());
-}
-
-// The other direction: a snapshot loaded on the CPU, uploaded into the GPU model and optimizer.
-template <Device D>
-void load_state(Exec<D>& exec, nn::ResNet<float, Cpu>& src, optim::SGD<float, Cpu>& sopt, nn::ResNet<float, D>& dst,
-                optim::SGD<float, D>& dopt) {
-  auto sp = src.parameters();
-  auto dp = dst.parameters();
-  for (std::size_t i = 0; i < sp.size(); ++i) {
-    copy(sp[i]->value().cview(), dp[i]->value().view(), exec);
-    if (auto* m = sopt.momentum_buffer(i)) copy(m->cview(), dopt.set_momentum_buffer(i).view(), exec);
-  }
-  auto sb = src.buffers();
-  auto db = dst.buffers();
-  for (std::size_t i = 0; i < sb.size(); ++i) {
-    if (sb[i]->is_integer())
-      copy(sb[i]->count().cview(), db[i]->count().view(), exec);
-    else
-      copy(sb[i]->real().cview(), db[i]->real().view(), exec);
-  }
-  dopt.set_lr(sopt.lr());
-  dopt.set_steps(sopt.steps());
-}
-
 template <Device D>
 int train(Setup& s, Exec<D>& exec) {
   comm::Communicator& comm = *s.comm;
@@ -108,17 +66,15 @@ int train(Setup& s, Exec<D>& exec) {
   const optim::SgdOptions so{.lr = s.learning_rate, .momentum = 0.9, .weight_decay = 1e-5};
   nn::ResNet<float, D> net(mo);
   optim::SGD<float, D> opt(net.parameters(), so);
+  // Snapshots are read and written here: net and opt themselves on the CPU, a host copy of them on the GPU.
+  auto host = train::state_on<Cpu>(exec, net, opt, mo);
   long start_epoch = 0;
   if (s.resume) {
-    if constexpr (std::is_same_v<D, Cpu>) {
-      const auto bytes = train::read_and_broadcast(comm, s.path);
-      if (!bytes.empty())
-        start_epoch = static_cast<long>(train::load_snapshot_bytes<float>(bytes, net, opt, s.path).epoch);
-    } else if (std::filesystem::exists(s.path)) {  // every rank reads the file (see the file comment)
-      nn::ResNet<float, Cpu> host(mo);
-      optim::SGD<float, Cpu> hopt(host.parameters(), so);
-      start_epoch = static_cast<long>(train::load_snapshot<float>(s.path, host, hopt).epoch);
-      load_state(exec, host, hopt, net, opt);
+    const auto bytes = train::read_and_broadcast(comm, s.path, exec);
+    if (!bytes.empty()) {
+      start_epoch =
+          static_cast<long>(train::load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), s.path).epoch);
+      host.push(exec);
     }
     if (rank == 0) std::cout << "resumed from " << s.path << " at epoch " << start_epoch << std::endl;
   }
@@ -134,16 +90,10 @@ int train(Setup& s, Exec<D>& exec) {
     const auto steps = static_cast<long>(s.loader->num_batches());
     while (auto batch = s.loader->next()) {
       opt.zero_grad();
-      double loss = 0.0;
-      if constexpr (std::is_same_v<D, Cpu>) {
-        auto logits = model.forward(exec, batch->images.cview());
-        loss = ce.forward(exec, logits.cview(), batch->labels.cview());
-      } else {
-        const Tensor<float, D> images = to<D>(batch->images.cview(), exec);
-        const Tensor<std::int64_t, D> labels = to<D>(batch->labels.cview(), exec);
-        auto logits = model.forward(exec, images.cview());
-        loss = ce.forward(exec, logits.cview(), labels.cview());
-      }
+      const auto images = train::on_device<D>(batch->images.cview(), exec);  // alive until backward returns
+      const auto labels = train::on_device<D>(batch->labels.cview(), exec);
+      auto logits = model.forward(exec, images.cview());
+      const double loss = ce.forward(exec, logits.cview(), labels.cview());
       model.backward(exec, ce.backward(exec).cview());
       opt.step(exec);
       ++total_steps;
@@ -156,14 +106,8 @@ int train(Setup& s, Exec<D>& exec) {
     }
     if (rank == 0) {
       std::filesystem::create_directories(std::filesystem::path(s.path).parent_path());
-      if constexpr (std::is_same_v<D, Cpu>) {
-        train::save_snapshot(s.path, net, opt, {.epoch = epoch + 1});
-      } else {
-        nn::ResNet<float, Cpu> host(mo);
-        optim::SGD<float, Cpu> hopt(host.parameters(), so);
-        copy_state(exec, net, opt, host, hopt);
-        train::save_snapshot(s.path, host, hopt, {.epoch = epoch + 1});
-      }
+      host.pull(exec);
+      train::save_snapshot(s.path, host.model(), host.optimizer(), {.epoch = epoch + 1});
     }
     if (s.test_set && rank == 0) {  // evaluation on the unwrapped model: no collective involved
       net.eval();
@@ -172,17 +116,13 @@ int train(Setup& s, Exec<D>& exec) {
       tl.start_epoch(0);
       std::size_t correct = 0;
       while (auto b = tl.next()) {
-        Tensor<float, Cpu> y;
-        if constexpr (std::is_same_v<D, Cpu>) {
-          y = net.forward(exec, b->images.cview());
-        } else {
-          const Tensor<float, D> images = to<D>(b->images.cview(), exec);
-          y = to<Cpu>(net.forward(exec, images.cview()).cview(), exec);
-        }
-        const auto c = y.shape()[1];
-        for (std::int64_t i = 0; i < y.shape()[0]; ++i)
-          correct +=
-              std::max_element(y.data() + i * c, y.data() + (i + 1) * c) - (y.data() + i * c) == b->labels.data()[i];
+        const auto images = train::on_device<D>(b->images.cview(), exec);
+        const Tensor<float, D> logits = net.forward(exec, images.cview());
+        const auto y = train::on_device<Cpu>(logits.cview(), exec);  // (N, classes) on the host
+        const float* p = y.cview().data();
+        const auto c = y.cview().shape()[1];
+        for (std::int64_t i = 0; i < y.cview().shape()[0]; ++i)
+          correct += std::max_element(p + i * c, p + (i + 1) * c) - (p + i * c) == b->labels.data()[i];
       }
       std::cout << "epoch " << epoch << " test accuracy " << static_cast<double>(correct) / s.test_set->size()
                 << std::endl;

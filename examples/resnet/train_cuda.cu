@@ -3,7 +3,7 @@
 // SPDX-License-Identifier: MIT
 #include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
-#include <ddp/parallel/cuda/reducer.cuh>
+#include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 

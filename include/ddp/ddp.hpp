@@ -137,16 +137,29 @@
 #include "ddp/data/cifar10.hpp"
 // defines: data::DataLoader
 #include "ddp/data/loader.hpp"
-// defines: parallel::DistributedDataParallel, parallel::DdpOptions, parallel::GradCompression, parallel::StepTrace
+// defines: parallel::assign_buckets, parallel::BucketLayout
 #include "ddp/parallel/bucket.hpp"
+// defines: parallel::BucketSchedule, parallel::BucketTransport, parallel::ReducerOptions, parallel::GradCompression,
+//          parallel::StepTrace
+#include "ddp/parallel/bucket_schedule.hpp"
+// defines: parallel::Broadcaster<Cpu>, parallel::Transport<T, Cpu>
+#include "ddp/parallel/transport.hpp"
+// defines: parallel::Reducer
 #include "ddp/parallel/reducer.hpp"
+// defines: parallel::DistributedDataParallel, parallel::DdpOptions
 #include "ddp/parallel/ddp.hpp"
+#if DDP_CUDA_COMPILER
+// defines: parallel::Broadcaster<Cuda>, parallel::Transport<T, Cuda> (DistributedDataParallel<T, Cuda> needs them)
+#  include "ddp/parallel/cuda/transport.cuh"
+#endif
 // defines: train::DistFlags, train::add_dist_options, train::read_dist_flags, train::resolve_device
 #include "ddp/train/options.hpp"
 // defines: train::MetricsWriter, train::progress_line
 #include "ddp/train/metrics.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"
+// defines: train::copy_state, train::state_on, train::StateOn, train::on_device, train::OnDevice
+#include "ddp/train/device_state.hpp"
 // defines: train::write_file_atomic, train::WriteOptions
 #include "ddp/train/atomic_file.hpp"
 // defines: train::SafetensorsWriter, train::SafetensorsReader, train::read_safetensors, train::parse_safetensors

@@ -26,7 +26,7 @@
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/optim/sgd.hpp>
-#include <ddp/parallel/cuda/reducer.cuh>
+#include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/store/hash_store.hpp>
 #include <ddp/tensor/cuda/copy.hpp>

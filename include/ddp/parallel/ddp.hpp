@@ -8,30 +8,30 @@
 //   opt.step(exec);                                           // grads are the average over ranks here
 //   { auto guard = model.no_sync(); ... forward + backward ... }  // accumulate locally, no communication
 //
-// Semantics (DESIGN D8, PyTorch's):
+// Semantics (docs/ARCHITECTURE.md D8, PyTorch's):
 // - Construction broadcasts every parameter and buffer from rank 0 (one flat broadcast per dtype), so
 //   ranks may initialise differently; every rank must construct it (it is collective).
 // - forward(): broadcasts the buffers (BatchNorm running statistics, num_batches_tracked) from rank 0
 //   when broadcast_buffers is set, then starts a synchronised step unless a no_sync() guard is alive.
 // - backward(): the module's backward; each parameter's grad-ready hook fills its bucket and launches
-//   the bucket's all-reduce (Avg) as soon as the bucket is complete (reducer.hpp); when backward
+//   the bucket's all-reduce (Avg) as soon as the bucket is complete (bucket_schedule.hpp); when backward
 //   returns, finish() waits for every bucket and writes the averaged gradients into grad(), exactly as
 //   torch's loss.backward() returns with averaged .grad. Call finish() yourself if you run the module's
 //   backward directly.
 // - no_sync(): while the guard lives, forward/backward only accumulate gradients locally; the next
 //   synchronised backward all-reduces the accumulated sum (divided by world size, as in PyTorch).
-// - A parameter without a gradient in a synchronised step is an Error naming it (reducer.hpp).
+// - A parameter without a gradient in a synchronised step is an Error naming it (bucket_schedule.hpp).
 // Not thread-safe: one thread drives forward/backward (the backend runs the all-reduces on its own thread).
-// CUDA models (DistributedDataParallel<float, Cuda>, --backend nccl): include <ddp/parallel/cuda/reducer.cuh>
-// in the .cu file. Buckets are reduced on a communication stream ordered by events and the compute
-// stream waits for them (no host synchronisation in backward, see that header); broadcasts are enqueued
-// on the exec's stream (the host waits only for the one at construction).
+// Devices: the bucket schedule is the same on both (parallel/bucket_schedule.hpp); the data moves through
+// the device's transport (parallel/transport.hpp, parallel/cuda/transport.cuh). CUDA models
+// (DistributedDataParallel<float, Cuda>, --backend nccl) need a .cu file that includes <ddp/ddp.hpp>: buckets
+// are reduced on a communication stream ordered by events and the compute stream waits for them (no host
+// synchronisation in backward); broadcasts are enqueued on the exec's stream (the host waits only for the
+// one at construction).
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <span>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +41,7 @@
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/bucket_schedule.hpp"
 #include "ddp/parallel/reducer.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -51,7 +52,7 @@ namespace ddp::parallel {
 struct DdpOptions {
   std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;             // --bucket-cap-mb (25)
   std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;  // 1 MiB
-  bool broadcast_buffers = true;        // rank 0's buffers before every forward
+  bool broadcast_buffers = true;                                     // rank 0's buffers before every forward
   bool find_unused_parameters = false;  // true: parameters without a gradient contribute zeros
   bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
   GradCompression compression = GradCompression::None;  // --grad-compression none|bf16|fp16
@@ -59,8 +60,7 @@ struct DdpOptions {
 
 // Bytes from a --bucket-cap-mb value (fractions allowed: 0.25 = 256 KiB).
 inline std::size_t bucket_cap_bytes_from_mb(double mb) {
-  if (!(mb > 0.0))
-    throw ValueError(ddp::detail::str("ddp: --bucket-cap-mb must be > 0, got ", mb));
+  if (!(mb > 0.0)) throw ValueError(ddp::detail::str("ddp: --bucket-cap-mb must be > 0, got ", mb));
   return static_cast<std::size_t>(mb * static_cast<double>(kMiB));
 }
 
@@ -83,11 +83,16 @@ class DistributedDataParallel {
   // Collective: every rank constructs it with the same model structure. The module and communicator
   // must outlive this object.
   DistributedDataParallel(nn::Module<T, D>& module, comm::Communicator& comm, const DdpOptions& o = {})
-      : module_(&module), comm_(&comm), o_(o),
-        reducer_(module.parameters(), comm,
-                 ReducerOptions{.bucket_cap_bytes = o.bucket_cap_bytes, .first_bucket_cap_bytes = o.first_bucket_cap_bytes,
-                                .compression = o.compression, .find_unused_parameters = o.find_unused_parameters,
-                                .rebuild_buckets = o.rebuild_buckets}) {
+      : module_(&module),
+        comm_(&comm),
+        o_(o),
+        reducer_(module.parameters(),
+                 ReducerOptions{.bucket_cap_bytes = o.bucket_cap_bytes,
+                                .first_bucket_cap_bytes = o.first_bucket_cap_bytes,
+                                .compression = o.compression,
+                                .find_unused_parameters = o.find_unused_parameters,
+                                .rebuild_buckets = o.rebuild_buckets},
+                 comm) {
     broadcast_parameters();
     broadcast_buffers();
     module_->set_grad_ready_hook([this](nn::Parameter<T, D>& p) { reducer_.mark_ready(p); });
@@ -119,37 +124,25 @@ class DistributedDataParallel {
 
   // Every parameter value from rank 0 (one flat broadcast; the host waits for it).
   void broadcast_parameters() {
-    if (comm_->size() == 1) return;
-    auto params = module_->parameters();
-    if constexpr (std::is_same_v<D, Cuda>) {
-      std::vector<std::pair<T*, std::int64_t>> parts;
-      for (auto* p : params) parts.emplace_back(p->value().data(), p->numel());
-      reducer_.broadcast(parts, Exec<Cuda>{}, /*host_wait=*/true);
-    } else {
-      broadcast_parameters_host(params);
-    }
+    std::vector<std::span<T>> parts;
+    for (auto* p : module_->parameters()) parts.push_back(span_of(p->value()));
+    reducer_.transport().broadcaster().broadcast(parts, Exec<D>{}, /*host_wait=*/true);
   }
 
   // Every buffer from rank 0: one broadcast for the real-valued ones, one for the int64 counters. On
   // CUDA they are enqueued on exec's stream (which waits for them) and the host does not wait.
   void broadcast_buffers(const Exec<D>& exec = {}) {
-    if (comm_->size() == 1) return;
-    auto bufs = module_->buffers();
-    if (bufs.empty()) return;
-    if constexpr (std::is_same_v<D, Cuda>) {
-      std::vector<std::pair<T*, std::int64_t>> reals;
-      std::vector<std::pair<std::int64_t*, std::int64_t>> counts;
-      for (auto* b : bufs) {
-        if (b->is_integer())
-          counts.emplace_back(b->count().data(), b->count().numel());
-        else
-          reals.emplace_back(b->real().data(), b->real().numel());
-      }
-      reducer_.broadcast(reals, exec, /*host_wait=*/false);
-      reducer_.broadcast(counts, exec, /*host_wait=*/false);
-    } else {
-      broadcast_buffers_host(bufs);
+    std::vector<std::span<T>> reals;
+    std::vector<std::span<std::int64_t>> counts;
+    for (auto* b : module_->buffers()) {
+      if (b->is_integer())
+        counts.push_back(span_of(b->count()));
+      else
+        reals.push_back(span_of(b->real()));
     }
+    auto& bc = reducer_.transport().broadcaster();
+    bc.broadcast(reals, exec, /*host_wait=*/false);
+    bc.broadcast(counts, exec, /*host_wait=*/false);
   }
 
   nn::Module<T, D>& module() noexcept { return *module_; }
@@ -163,41 +156,10 @@ class DistributedDataParallel {
   std::int64_t steps() const noexcept { return step_; }
 
  private:
-  void broadcast_parameters_host(const std::vector<nn::Parameter<T, D>*>& params) {
-    std::vector<T> flat;
-    for (auto* p : params) flat.insert(flat.end(), p->value().data(), p->value().data() + p->numel());
-    comm_->broadcast(std::span<T>(flat), {.root = 0}).wait();
-    std::size_t off = 0;
-    for (auto* p : params) {
-      std::memcpy(p->value().data(), flat.data() + off, p->value().bytes());
-      off += static_cast<std::size_t>(p->numel());
-    }
-  }
-
-  void broadcast_buffers_host(const std::vector<nn::Buffer<T, D>*>& bufs) {
-    std::vector<T> reals;
-    std::vector<std::int64_t> counts;
-    for (auto* b : bufs) {
-      if (b->is_integer())
-        counts.insert(counts.end(), b->count().data(), b->count().data() + b->count().numel());
-      else
-        reals.insert(reals.end(), b->real().data(), b->real().data() + b->real().numel());
-    }
-    comm::Work w1, w2;
-    if (!reals.empty()) w1 = comm_->broadcast(std::span<T>(reals), {.root = 0});
-    if (!counts.empty()) w2 = comm_->broadcast(std::span<std::int64_t>(counts), {.root = 0});
-    w1.wait();
-    w2.wait();
-    std::size_t ro = 0, co = 0;
-    for (auto* b : bufs) {
-      if (b->is_integer()) {
-        std::memcpy(b->count().data(), counts.data() + co, b->count().bytes());
-        co += static_cast<std::size_t>(b->count().numel());
-      } else {
-        std::memcpy(b->real().data(), reals.data() + ro, b->real().bytes());
-        ro += static_cast<std::size_t>(b->real().numel());
-      }
-    }
+  // A tensor's elements as a span (in D's memory: the broadcaster's parts).
+  template <class V>
+  static std::span<V> span_of(Tensor<V, D>& t) {
+    return std::span<V>(t.data(), static_cast<std::size_t>(t.numel()));
   }
 
   nn::Module<T, D>* module_;

@@ -1,0 +1,256 @@
+// BucketSchedule: DistributedDataParallel's gradient bookkeeping, written once for every device; a transport
+// per device moves the data.
+// SPDX-License-Identifier: MIT
+//
+// How it works, per synchronised step (PyTorch's Reducer):
+//   prepare_step(step, exec)  every parameter "not ready", every bucket's pending count = its parameter count;
+//                             a step that never finished (backward threw) first drains its collectives
+//   mark_ready(p)             (the grad-ready hook, on the backward thread) counts p in its bucket; when the
+//                             bucket's last gradient arrives it is complete, and every complete bucket at the
+//                             head of the launch order is handed to transport.launch(b) -- buckets launch
+//                             strictly in index order, so that all ranks issue the same collectives in the
+//                             same order, while backward carries on with earlier layers
+//   finish()                  after backward: a parameter that never reported is an Error naming every such
+//                             parameter (the transport is drained first, so no collective still writes into
+//                             a bucket while the error unwinds), or, with find_unused_parameters, it is
+//                             launched with zeros in its slot; then transport.finish(b) for every bucket makes
+//                             the averages visible in grad()
+// Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
+// p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
+// p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
+// After the first synchronised step the buckets are rebuilt in the order gradients actually arrived
+// (unused parameters last): rank 0's order, broadcast by the transport, so every rank builds the same buckets.
+// Tracing: the last step's bucket launch times and the end of backward, to show the overlap.
+//
+// The transport (parallel/transport.hpp for the CPU, parallel/cuda/transport.cuh for CUDA, a recording
+// fake in the unit tests) only packs, launches, unpacks and broadcasts; see BucketTransport below.
+// Not thread-safe: one thread drives prepare_step, the hooks and finish.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/nn/parameter.hpp"
+#include "ddp/parallel/bucket.hpp"
+#include "ddp/tensor/device.hpp"
+
+namespace ddp::parallel {
+
+enum class GradCompression : std::uint8_t { None, Bf16, Fp16 };
+
+// "none" | "bf16" | "fp16" (--grad-compression); ValueError otherwise.
+inline GradCompression parse_grad_compression(const std::string& s) {
+  if (s == "none" || s.empty()) return GradCompression::None;
+  if (s == "bf16") return GradCompression::Bf16;
+  if (s == "fp16") return GradCompression::Fp16;
+  throw ValueError(ddp::detail::str("ddp: unknown gradient compression ", ddp::detail::quoted(s),
+                                    "; valid: none, bf16, fp16 (--grad-compression)"));
+}
+
+struct ReducerOptions {
+  std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
+  GradCompression compression = GradCompression::None;  // the transport's business (CPU only)
+  bool find_unused_parameters = false;                  // unused parameters contribute zeros instead of raising
+  bool rebuild_buckets = true;                          // rebuild in arrival order after the first synchronised step
+};
+
+using Clock = std::chrono::steady_clock;
+
+struct BucketTrace {
+  std::size_t index = 0;
+  std::int64_t numel = 0;
+  std::size_t num_params = 0;
+  Clock::time_point launched;  // when its all-reduce was issued
+};
+// The last synchronised step as seen by the schedule.
+struct StepTrace {
+  std::int64_t step = -1;
+  Clock::time_point backward_start;  // prepare_step()
+  Clock::time_point last_gradient;   // the last grad-ready hook of this backward
+  Clock::time_point backward_end;    // finish() entered
+  std::vector<BucketTrace> buckets;  // in launch order
+  // How many buckets were launched before backward ended (the overlap).
+  std::size_t launched_before_backward_end() const {
+    std::size_t n = 0;
+    for (const auto& b : buckets) n += b.launched < backward_end ? 1 : 0;
+    return n;
+  }
+  // How many buckets were launched while backward was still producing gradients (strict overlap: the
+  // bucket holding the last gradient can only start after it, so at most buckets.size() - 1).
+  std::size_t launched_during_backward() const {
+    std::size_t n = 0;
+    for (const auto& b : buckets) n += b.launched < last_gradient ? 1 : 0;
+    return n;
+  }
+};
+
+// What the schedule asks of a transport. Every call comes from the thread that drives the schedule.
+//   build(layouts)        (re)allocates one flat buffer per bucket; layouts[b].params index the parameter list
+//                         the transport was constructed with. Nothing of the old buckets is in flight.
+//   begin_step(exec)      a synchronised step starts and backward runs on exec; raises errors of earlier
+//                         collectives that were never waited for (CUDA retires them here)
+//   launch(b, unused)     bucket b is complete: pack its gradients (zeros where unused[i], i a parameter
+//                         index) and start its all-reduce (Avg) without waiting for it
+//   finish(b)             after backward, in bucket order: the averaged gradients of bucket b are in grad()
+//                         for whatever runs next (CPU: wait and unpack; CUDA: the compute stream waits)
+//   drain()               waits for every collective in flight and drops its errors; never throws
+//   broadcast_order(o)    rank 0's values of o (host memory) on every rank; the host waits
+template <class Tr, class D>
+concept BucketTransport = requires(Tr& t, const std::vector<BucketLayout>& layouts, std::size_t b,
+                                   const std::vector<bool>& unused, const Exec<D>& exec,
+                                   std::span<std::int64_t> order) {
+  t.build(layouts);
+  t.begin_step(exec);
+  t.launch(b, unused);
+  t.finish(b);
+  { t.drain() }
+  noexcept;
+  t.broadcast_order(order);
+};
+
+template <class T, Device D, class Transport>
+class BucketSchedule {
+ public:
+  // The transport is constructed as Transport(parameters, options, transport_args...).
+  template <class... TransportArgs>
+  BucketSchedule(std::vector<nn::Parameter<T, D>*> params, const ReducerOptions& o, TransportArgs&&... transport_args)
+      : params_(std::move(params)), o_(o), transport_(params_, o_, std::forward<TransportArgs>(transport_args)...) {
+    static_assert(BucketTransport<Transport, D>, "ddp: the transport lacks a member BucketSchedule calls");
+    for (std::size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
+    build(reverse_order(params_.size()));
+  }
+  BucketSchedule(const BucketSchedule&) = delete;
+  BucketSchedule& operator=(const BucketSchedule&) = delete;
+  // The transport's destructor drains what is still in flight (backward threw half-way).
+  ~BucketSchedule() = default;
+
+  // Groups the parameters into buckets in `order` (a permutation of the parameter indices).
+  void build(const std::vector<std::size_t>& order) {
+    std::vector<std::int64_t> numel(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) numel[i] = params_[i]->numel();
+    layouts_ = assign_buckets(order, numel, sizeof(T), o_.bucket_cap_bytes, o_.first_bucket_cap_bytes);
+    pending_.assign(layouts_.size(), 0);
+    where_.assign(params_.size(), 0);
+    for (std::size_t b = 0; b < layouts_.size(); ++b)
+      for (std::size_t i : layouts_[b].params) where_[i] = b;
+    transport_.build(layouts_);
+  }
+
+  const std::vector<BucketLayout>& layouts() const noexcept { return layouts_; }
+  const StepTrace& last_trace() const noexcept { return trace_; }
+  bool active() const noexcept { return active_; }
+  std::int64_t synced_steps() const noexcept { return synced_steps_; }
+  Transport& transport() noexcept { return transport_; }
+
+  // Starts a synchronised step (called from forward); backward will run on exec. Safe to call again
+  // without a finish in between: the unfinished step's collectives are drained (their errors dropped).
+  void prepare_step(std::int64_t step, const Exec<D>& exec = {}) {
+    if (active_) transport_.drain();
+    active_ = false;
+    transport_.begin_step(exec);
+    ready_.assign(params_.size(), false);
+    unused_.assign(params_.size(), false);
+    for (std::size_t b = 0; b < layouts_.size(); ++b) pending_[b] = layouts_[b].params.size();
+    next_launch_ = 0;
+    arrival_.clear();
+    trace_ =
+        StepTrace{.step = step, .backward_start = Clock::now(), .last_gradient = {}, .backward_end = {}, .buckets = {}};
+    step_ = step;
+    active_ = true;
+  }
+
+  // The grad-ready hook: p's gradient is final for this backward.
+  void mark_ready(nn::Parameter<T, D>& p) {
+    if (!active_) return;  // no_sync pass, or a backward that DDP's forward did not start
+    auto it = index_.find(&p);
+    if (it == index_.end()) return;
+    const std::size_t i = it->second;
+    if (ready_[i])
+      throw Error(ddp::detail::str("ddp: parameter '", p.name(), "' reported its gradient twice in step ", step_,
+                                   "; DDP supports one backward per synchronised forward (use no_sync() for "
+                                   "accumulation)"));
+    ready_[i] = true;
+    arrival_.push_back(i);
+    trace_.last_gradient = Clock::now();
+    if (--pending_[where_[i]] == 0) launch_ready();
+  }
+
+  // Ends the step: checks that every gradient arrived, launches what is left, finishes every bucket.
+  // No-op outside a synchronised step.
+  void finish() {
+    if (!active_) return;
+    active_ = false;
+    trace_.backward_end = Clock::now();
+    std::vector<std::size_t> missing;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i]) missing.push_back(i);
+    if (!missing.empty() && !o_.find_unused_parameters) {
+      transport_.drain();
+      std::vector<std::string> names;
+      for (std::size_t i : missing) names.push_back(ddp::detail::quoted(params_[i]->name()));
+      throw Error(ddp::detail::str(
+          "ddp: parameter '", params_[missing.front()]->name(), "' received no gradient in step ", step_, " (",
+          missing.size(), " parameter(s) without a gradient: ", ddp::detail::join(names, ", "),
+          "); DistributedDataParallel all-reduces every parameter in every synchronised step, so each one must "
+          "take part in the loss. Use it in forward, remove it from the model, or set "
+          ".find_unused_parameters = true (--find-unused-parameters)"));
+    }
+    for (std::size_t i : missing) {  // find_unused_parameters: contribute zeros
+      ready_[i] = true;
+      unused_[i] = true;
+      if (--pending_[where_[i]] == 0) launch_ready();
+    }
+    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.finish(b);
+    ++synced_steps_;
+    if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
+  }
+
+ private:
+  void launch_ready() {
+    while (next_launch_ < layouts_.size() && pending_[next_launch_] == 0) {
+      const std::size_t b = next_launch_++;
+      transport_.launch(b, unused_);
+      trace_.buckets.push_back(BucketTrace{
+          .index = b, .numel = layouts_[b].numel, .num_params = layouts_[b].params.size(), .launched = Clock::now()});
+    }
+  }
+
+  // Rank 0's arrival order (unused parameters last) decides the new buckets on every rank.
+  void rebuild_from_arrival(const std::vector<std::size_t>& missing) {
+    rebuilt_ = true;
+    std::vector<std::int64_t> order;  // int64: what the broadcast carries
+    order.reserve(params_.size());
+    for (std::size_t i : arrival_) order.push_back(static_cast<std::int64_t>(i));
+    for (std::size_t i : missing) order.push_back(static_cast<std::int64_t>(i));
+    transport_.broadcast_order(std::span<std::int64_t>(order));
+    build(std::vector<std::size_t>(order.begin(), order.end()));  // assign_buckets checks it is a permutation
+  }
+
+  std::vector<nn::Parameter<T, D>*> params_;
+  ReducerOptions o_;
+  Transport transport_;
+  std::unordered_map<const nn::Parameter<T, D>*, std::size_t> index_;
+  std::vector<BucketLayout> layouts_;
+  std::vector<std::size_t> pending_;  // per bucket: gradients still to arrive this step
+  std::vector<std::size_t> where_;    // parameter -> bucket
+  std::vector<bool> ready_;           // per parameter, this step
+  std::vector<bool> unused_;          // per parameter: launched with zeros (find_unused_parameters)
+  std::vector<std::size_t> arrival_;  // parameter indices in the order their gradients arrived
+  std::size_t next_launch_ = 0;
+  bool active_ = false;
+  bool rebuilt_ = false;
+  std::int64_t step_ = 0;
+  std::int64_t synced_steps_ = 0;
+  StepTrace trace_;
+};
+
+}  // namespace ddp::parallel

@@ -1,0 +1,256 @@
+// DDP's data movement on the GPU: Broadcaster<Cuda> and Transport<T, Cuda> (device buckets, a communication
+// stream ordered by events, no host synchronisation inside backward). Compiled only by nvcc.
+// SPDX-License-Identifier: MIT
+//
+// Transport<T, Cuda>, per bucket b (BucketSchedule drives it, parallel/bucket_schedule.hpp):
+//   begin_step(exec)   remembers exec (the compute stream backward runs on); waits for the previous step's
+//                      collectives (by then long complete) so that a failed one is raised
+//   launch(b)          enqueues, without blocking the host:
+//       ready[b].record(compute)             the bucket's gradients are written when compute gets here
+//       ready[b].wait(comm)                  the comm stream waits for that point
+//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync for unused)
+//       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for it
+//       copies flat -> grad (comm stream), done[b].record(comm)
+//   finish(b)          compute waits for done[b]: the optimizer step, enqueued next on the compute stream,
+//                      sees averaged gradients. The host never waits here.
+// Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
+// are not written again in the same backward), which is the overlap DDP exists for.
+// Requirements: a communicator whose collectives run on CUDA streams (comm/stream_ordered.hpp: --backend
+// nccl), all gradients in device memory, no gradient compression (ValueError otherwise). The bucket order
+// rebuilt after the first step is broadcast through a small device buffer (one host wait).
+// The device-memory collective calls are confined to all_reduce_on and broadcast_on below.
+// Memory: flat buffers are freed on the legacy default stream (tensor/cuda/allocator.hpp), which orders
+// after the blocking comm stream, which itself waited for the collective: no buffer is reused while NCCL
+// reads it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/stream_ordered.hpp"
+#include "ddp/comm/types.hpp"
+#include "ddp/comm/work.hpp"
+#include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/nn/parameter.hpp"
+#include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/bucket_schedule.hpp"
+#include "ddp/parallel/transport.hpp"
+#include "ddp/tensor/cuda/allocator.hpp"
+#include "ddp/tensor/cuda/copy.hpp"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/tensor.hpp"
+#include "ddp/tensor/view.hpp"
+
+namespace ddp::parallel {
+
+namespace detail {
+// The stream-ordered interface of `comm`, or a ConfigError saying which backend to use.
+inline comm::StreamOrdered& stream_ordered(comm::Communicator& comm) {
+  auto* so = dynamic_cast<comm::StreamOrdered*>(&comm);
+  if (!so)
+    throw ConfigError(
+        ddp::detail::str("ddp: DistributedDataParallel on CUDA needs a backend whose collectives run on "
+                         "CUDA streams (--backend nccl); the '",
+                         comm.backend(), "' backend works on host memory"));
+  return *so;
+}
+// Waits for every Work, dropping errors (used while another error unwinds, or on destruction).
+inline void wait_all_noexcept(std::vector<comm::Work>& works) noexcept {
+  for (comm::Work& w : works) {
+    try {
+      w.wait();
+    } catch (...) {
+    }
+  }
+  works.clear();
+}
+}  // namespace detail
+
+template <>
+class Broadcaster<Cuda> {
+ public:
+  // `comm` must outlive this object; ConfigError unless its collectives run on CUDA streams.
+  explicit Broadcaster(comm::Communicator& comm) : comm_(&comm), so_(&detail::stream_ordered(comm)) {}
+  Broadcaster(const Broadcaster&) = delete;
+  Broadcaster& operator=(const Broadcaster&) = delete;
+  ~Broadcaster() { drain(); }
+
+  // Rank 0's values of `parts` (device memory) on every rank: one flat broadcast ordered after exec's
+  // stream, with exec's stream waiting for it. host_wait also blocks the host until it is done; otherwise
+  // retire() (the next synchronised step) raises its errors.
+  template <comm::CommElement V>
+  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cuda>& exec, bool host_wait) {
+    if (comm_->size() == 1 || parts.empty()) return;
+    std::int64_t total = 0;
+    for (const auto& p : parts) total += static_cast<std::int64_t>(p.size());
+    Tensor<V, Cuda> flat(Shape{total});  // freed in stream order (see the file comment)
+    const cudaStream_t s = cuda_stream(exec);
+    std::size_t off = 0;
+    for (const auto& p : parts) {
+      DDP_CUDA_CHECK(cudaMemcpyAsync(flat.data() + off, p.data(), p.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      off += p.size();
+    }
+    comm::Work w = broadcast_on(s, std::span<V>(flat.data(), off));
+    off = 0;
+    for (const auto& p : parts) {
+      DDP_CUDA_CHECK(cudaMemcpyAsync(p.data(), flat.data() + off, p.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      off += p.size();
+    }
+    if (host_wait) {
+      w.wait();
+      synchronize(exec);
+    } else {
+      pending_.push_back(std::move(w));
+    }
+  }
+  // Rank 0's values of host memory on every rank, staged through a device buffer (NCCL moves device memory
+  // only); the host waits.
+  template <comm::CommElement V>
+  void broadcast_host(std::span<V> values, const Exec<Cuda>& exec) {
+    if (comm_->size() == 1 || values.empty()) return;
+    Tensor<V, Cuda> dev =
+        to<Cuda>(TensorView<const V, Cpu>(values.data(), Shape{static_cast<std::int64_t>(values.size())}), exec);
+    broadcast<V>({std::span<V>(dev.data(), values.size())}, exec, /*host_wait=*/true);
+    copy(dev.cview(), TensorView<V, Cpu>(values.data(), dev.shape()), exec);  // waits for exec's stream
+  }
+
+  // Waits for the broadcasts issued without a host wait (complete by now in a healthy job); raises the first error.
+  void retire() {
+    std::vector<comm::Work> works = std::exchange(pending_, {});
+    for (comm::Work& w : works) w.wait();
+  }
+  void drain() noexcept { detail::wait_all_noexcept(pending_); }
+
+ private:
+  // One of the two device-memory collective calls (the other: Transport<T, Cuda>::all_reduce_on).
+  // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the broadcast.
+  template <class V>
+  comm::Work broadcast_on(cudaStream_t s, std::span<V> flat) {
+    so_->set_caller_stream_handle(s);
+    comm::Work w = so_->device_broadcast(comm::Buffer::of(flat, comm::MemoryKind::Cuda), {.root = 0});
+    DDP_CUDA_CHECK(cudaEventRecord(op_done_.get(), static_cast<cudaStream_t>(so_->op_stream_handle())));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(s, op_done_.get(), 0));
+    return w;
+  }
+
+  comm::Communicator* comm_;
+  comm::StreamOrdered* so_;
+  Event op_done_;                    // reused: each wait is enqueued right after its record
+  std::vector<comm::Work> pending_;  // broadcasts issued without a host wait
+};
+
+template <class T>
+class Transport<T, Cuda> {
+ public:
+  // `comm` and the parameters must outlive this object.
+  Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
+      : params_(params), bcast_(comm), so_(&detail::stream_ordered(comm)) {
+    if (o.compression != GradCompression::None)
+      throw ValueError(
+          "ddp: --grad-compression bf16/fp16 is not supported for CUDA models in this version; use "
+          "--grad-compression none (NCCL reduces float32 buckets)");
+  }
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+  ~Transport() { drain(); }
+
+  void build(const std::vector<BucketLayout>& layouts) {
+    for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));  // raised at begin_step
+    layouts_ = layouts;
+    buckets_.clear();  // old flat buffers are freed in stream order (see the file comment)
+    buckets_.reserve(layouts_.size());
+    for (const BucketLayout& l : layouts_) {
+      buckets_.emplace_back();
+      buckets_.back().flat = Tensor<T, Cuda>(Shape{l.numel});
+    }
+  }
+
+  void begin_step(const Exec<Cuda>& exec) {
+    retire();  // raises the previous step's collective errors, if any
+    compute_ = exec;
+  }
+
+  void launch(std::size_t b, const std::vector<bool>& unused) {
+    Bucket& bk = buckets_[b];
+    const BucketLayout& l = layouts_[b];
+    const Exec<Cuda> comm_exec = comm_stream_.exec();
+    const cudaStream_t cs = comm_stream_.get();
+    bk.ready.record(compute_);
+    bk.ready.wait(comm_exec);
+    for (std::size_t k = 0; k < l.params.size(); ++k) {
+      const std::size_t i = l.params[k];
+      T* dst = bk.flat.data() + l.offsets[k];
+      const std::size_t bytes = params_[i]->grad().bytes();
+      if (unused[i])
+        DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cs));
+      else
+        DDP_CUDA_CHECK(cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
+    }
+    bk.work = all_reduce_on(cs, std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)));
+    for (std::size_t k = 0; k < l.params.size(); ++k) {
+      auto& g = params_[l.params[k]]->grad();
+      DDP_CUDA_CHECK(cudaMemcpyAsync(g.data(), bk.flat.data() + l.offsets[k], g.bytes(), cudaMemcpyDeviceToDevice, cs));
+    }
+    bk.done.record(comm_exec);
+  }
+
+  void finish(std::size_t b) { buckets_[b].done.wait(compute_); }  // the optimizer, next on compute, sees the averages
+
+  void drain() noexcept {
+    for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));
+    detail::wait_all_noexcept(retired_);
+    bcast_.drain();
+  }
+
+  void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order, compute_); }
+
+  // Parameter and buffer broadcasts of DistributedDataParallel.
+  Broadcaster<Cuda>& broadcaster() noexcept { return bcast_; }
+  // The stream the buckets are copied and reduced on (tests and benchmarks time it).
+  const Stream& comm_stream() const noexcept { return comm_stream_; }
+
+ private:
+  struct Bucket {
+    Tensor<T, Cuda> flat;  // gradients back to back, bucket order (device)
+    Event ready, done;
+    comm::Work work;  // the all-reduce, retired at the next begin_step
+  };
+
+  // Waits for the previous step's collectives (complete by now in a healthy job) and raises the first error.
+  void retire() {
+    std::vector<comm::Work> works = std::exchange(retired_, {});
+    for (Bucket& bk : buckets_) works.push_back(std::exchange(bk.work, comm::Work()));
+    for (comm::Work& w : works) w.wait();
+    bcast_.retire();
+  }
+
+  // One of the two device-memory collective calls (the other: Broadcaster<Cuda>::broadcast_on).
+  // Stream-ordered: the all-reduce waits for s's earlier work, s's later work waits for the all-reduce.
+  comm::Work all_reduce_on(cudaStream_t s, std::span<T> flat) {
+    so_->set_caller_stream_handle(s);
+    comm::Work w = so_->device_all_reduce(comm::Buffer::of(flat, comm::MemoryKind::Cuda), {.op = comm::ReduceOp::Avg});
+    DDP_CUDA_CHECK(cudaEventRecord(op_done_.get(), static_cast<cudaStream_t>(so_->op_stream_handle())));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(s, op_done_.get(), 0));
+    return w;
+  }
+
+  std::vector<nn::Parameter<T, Cuda>*> params_;
+  Broadcaster<Cuda> bcast_;
+  comm::StreamOrdered* so_;
+  Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the allocator's frees
+  Event op_done_;       // reused: each wait is enqueued right after its record
+  Exec<Cuda> compute_{};
+  std::vector<BucketLayout> layouts_;
+  std::vector<Bucket> buckets_;
+  std::vector<comm::Work> retired_;  // Works of replaced buckets and of drained steps, not yet waited
+};
+
+}  // namespace ddp::parallel

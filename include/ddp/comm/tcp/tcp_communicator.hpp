@@ -39,7 +39,7 @@
 #include "ddp/comm/tcp/algorithms.hpp"
 #include "ddp/comm/tcp/mesh.hpp"
 #include "ddp/comm/tcp/shm_collectives.hpp"
-#include "ddp/comm/tcp/socket.hpp"
+#include "ddp/comm/tcp/listen_address.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/env/launch_info.hpp"
@@ -247,7 +247,7 @@ class TcpCommunicator final : public Communicator {
                                        "); when the ranks host the store (ddprun, env://, mpirun), it lived in rank 0, "
                                        "which has probably died."));
     }
-    wake_ = tcp::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     thread_ = std::thread([this] { progress_loop(); });
     DDP_LOG_DEBUG(who(), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_, "; shared memory ",
                   shm_ ? "on" : "off", ")");
@@ -544,7 +544,7 @@ class TcpCommunicator final : public Communicator {
   std::string listen_ip_;
   tcp::Mesh mesh_;
   std::unique_ptr<tcp::ShmCollectives> shm_;  // all ranks on one host (CommOptions::shm): the shm path
-  tcp::Fd wake_;                    // eventfd: new send/recv ops wake a running batch
+  Fd wake_;                    // eventfd: new send/recv ops wake a running batch
   tcp::Scratch scratch_;            // used only by the thread running the current op
   std::uint64_t current_seq_ = 0;   // last collective started (ditto)
   // A failure report found the store unreachable (its host rank died?): later reports skip it instead of

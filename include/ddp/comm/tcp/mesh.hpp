@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/comm/checks.hpp"
 #include "ddp/comm/reduce.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/core/error.hpp"
@@ -128,8 +129,10 @@ class Mesh {
     if (size_ == 1) return;
     try {
       connect_all(store, prefix, listen_ip, deadline);
-    } catch (const net::SocketError& e) {
-      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", std::string_view(e.what()).substr(5),
+    } catch (const net::SocketError& e) {  // "ddp: cannot connect to 10.0.0.2:41234: No route to host (errno 113)"
+      std::string_view what = e.what();
+      if (what.starts_with("ddp: ")) what.remove_prefix(5);
+      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", what,
                                        ". A firewall or the wrong interface? Set DDP_SOCKET_IFNAME (--socket-ifname)."));
     }
     for (int p = 0; p < size_; ++p)
@@ -185,7 +188,7 @@ class Mesh {
   }
 
  private:
-  std::string who() const { return ddp::detail::str("ddp[rank ", rank_, '/', size_, ']'); }
+  std::string who() const { return comm::who(rank_, size_); }
 
   struct Hello {
     std::uint32_t magic;

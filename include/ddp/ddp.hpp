@@ -17,13 +17,15 @@
 #include "ddp/core/log.hpp"
 // defines: detail::str, detail::join
 #include "ddp/core/str.hpp"
+// defines: net::listen/accept/connect with deadlines, net::read_exact/write_all, net::SocketError (sockets)
+#include "ddp/core/net.hpp"
 // defines: store::Store, store::Bytes
 #include "ddp/store/store.hpp"
 // defines: store::HashStore
 #include "ddp/store/hash_store.hpp"
 // defines: store::wire::parse_request/encode_request (PyTorch TCPStore protocol, 1.x and 2.x)
 #include "ddp/store/wire.hpp"
-// defines: store::Socket, listen_tcp, connect_tcp, read_exact, write_all
+// defines: store::listen_tcp, connect_tcp, read_exact, write_all (the store's words over core/net.hpp)
 #include "ddp/store/socket.hpp"
 // defines: store::TcpStoreServer, store::TcpStoreServerOptions
 #include "ddp/store/tcp_store_server.hpp"

@@ -21,8 +21,6 @@
 
 namespace {
 
-using ddp::comm::Buffer;
-using ddp::comm::MemoryKind;
 using ddp::comm::NcclCommunicator;
 using ddp::comm::ReduceOp;
 
@@ -39,7 +37,7 @@ struct DeviceVec {
     if (n) REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
     return h;
   }
-  Buffer buf() const { return Buffer::of(std::span<T>(p, n), MemoryKind::Cuda); }
+  ddp::TensorView<T, ddp::Cuda> view() const { return {p, ddp::Shape{static_cast<std::int64_t>(n)}}; }
   T* p = nullptr;
   std::size_t n;
 };
@@ -71,7 +69,7 @@ std::vector<std::string> run_rank(NcclCommunicator& c) {
       for (int k = 1; k < n; ++k) ddp::comm::reduce_into(want.data(), all[k].data(), count, ddp::DType::F32, op);
       if (op == ReduceOp::Avg) ddp::comm::divide_by(want.data(), count, ddp::DType::F32, n);
       DeviceVec<float> d(all[r]);
-      c.all_reduce(d.buf(), {.op = op}).wait();
+      c.all_reduce(d.view(), {.op = op}).wait();
       const auto got = d.host();
       bool ok = true;  // NCCL's float Avg multiplies by 1/n: compare with a tolerance
       for (std::size_t i = 0; i < count; ++i) ok = ok && std::abs(got[i] - want[i]) <= 1e-6f * (1 + std::abs(want[i]));
@@ -79,12 +77,12 @@ std::vector<std::string> run_rank(NcclCommunicator& c) {
     }
     for (int root = 0; root < n; ++root) {
       DeviceVec<float> d(all[r]);
-      c.broadcast(d.buf(), {.root = root}).wait();
+      c.broadcast(d.view(), {.root = root}).wait();
       if (d.host() != all[root]) bad.push_back(tag + "broadcast root " + std::to_string(root));
     }
     {
       DeviceVec<float> in(all[r]), out{std::vector<float>(count * static_cast<std::size_t>(n), -99.f)};
-      c.all_gather(in.buf(), out.buf()).wait();
+      c.all_gather(in.view(), out.view()).wait();
       std::vector<float> want;
       for (auto& a : all) want.insert(want.end(), a.begin(), a.end());
       if (out.host() != want) bad.push_back(tag + "all_gather");
@@ -93,8 +91,8 @@ std::vector<std::string> run_rank(NcclCommunicator& c) {
       std::vector<std::vector<float>> big;
       for (int k = 0; k < n; ++k) big.push_back(data_of(k + 10, count * static_cast<std::size_t>(n)));
       DeviceVec<float> in(big[r]), out{std::vector<float>(count)}, a2a{std::vector<float>(count * static_cast<std::size_t>(n))};
-      c.reduce_scatter(in.buf(), out.buf()).wait();
-      c.all_to_all(in.buf(), a2a.buf()).wait();
+      c.reduce_scatter(in.view(), out.view()).wait();
+      c.all_to_all(in.view(), a2a.view()).wait();
       std::vector<float> want_rs(count, 0.f), want_a2a;
       for (int k = 0; k < n; ++k) {
         for (std::size_t i = 0; i < count; ++i) want_rs[i] += big[k][static_cast<std::size_t>(r) * count + i];
@@ -118,13 +116,34 @@ TEST_CASE("nccl: world size 1 on device 0 runs every collective, bf16 too, and r
   CHECK(run_rank(*c).empty());
   std::vector<ddp::bfloat16> h(33, ddp::bfloat16(1.5f));
   DeviceVec<ddp::bfloat16> d(h);
-  c->all_reduce(d.buf(), {.op = ReduceOp::Sum}).wait();
+  c->all_reduce(d.view(), {.op = ReduceOp::Sum}).wait();
   CHECK(static_cast<float>(d.host()[32]) == 1.5f);
   std::vector<float> host(4, 1.f);
   CHECK_THROWS_WITH_AS(c->all_reduce(std::span(host)),
-                       "ddp[rank 0/1]: the nccl backend reaches CUDA device memory only, but got a CPU buffer; pass "
-                       "Buffer::of(span, MemoryKind::Cuda) with a device pointer, or use --backend tcp for host memory.",
+                       "ddp[rank 0/1]: all_reduce got host memory, but the nccl backend reaches CUDA device memory "
+                       "only; pass a TensorView<T, Cuda> over device memory, or use --backend tcp for host memory.",
                        ddp::ValueError);
+}
+
+TEST_CASE("nccl: an op on .stream runs after the stream's earlier work and before its later work, host-free") {
+  if (ddp::test::skip_without_gpu()) return;
+  ddp::store::HashStore store(std::chrono::seconds(5));
+  auto c = make(0, 1, store);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  const std::size_t n = std::size_t{16} << 20;  // 64 MiB: a copy long enough to lose a race against
+  std::vector<float> h(n, 3.0f), back(n, 0.0f);
+  DeviceVec<float> in{std::vector<float>(n, 0.0f)}, out{std::vector<float>(n, -99.0f)};
+  // All three are enqueued on s; the all-gather must read what the first copy writes, and the last copy
+  // must read what the all-gather writes, without a host wait in between.
+  REQUIRE(cudaMemcpyAsync(in.p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  ddp::comm::Work w = c->all_gather(in.view(), out.view(), {.stream = s});
+  REQUIRE(cudaMemcpyAsync(back.data(), out.p, n * sizeof(float), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(std::all_of(back.begin(), back.end(), [](float x) { return x == 3.0f; }));
+  w.wait();
+  CHECK(w.is_completed());
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 
 TEST_CASE("nccl: world size 2..4 as threads, one GPU each, when that many GPUs are visible") {

@@ -67,7 +67,7 @@ class Child {
   std::string read_line(Clock::time_point deadline) {
     std::string line;
     for (;;) {
-      if (!ddp::store::poll_until(out_, POLLIN, deadline)) return line;
+      if (!ddp::net::poll_until(out_, POLLIN, deadline)) return line;
       char c;
       if (::read(out_, &c, 1) != 1 || c == '\n') return line;
       line.push_back(c);
@@ -117,7 +117,7 @@ TEST_SUITE("interop") {
     ours.set("from_cpp", "cpp-value");
     // A client stuck in the middle of a frame for the whole test: PyTorch 1.13's own server would stall
     // every other client behind it; ours must keep serving the Python client.
-    ddp::store::Socket stuck = ddp::store::connect_tcp("127.0.0.1", server.port(), Clock::now() + 5s);
+    ddp::Fd stuck = ddp::store::connect_tcp("127.0.0.1", server.port(), Clock::now() + 5s);
     const std::uint8_t half_set[] = {0, 3, 0, 0};
     ddp::store::write_all(stuck, half_set, Clock::now() + 5s, "stuck client");
     Child py({g_python, g_dir + "/torch_client.py", std::to_string(server.port())});

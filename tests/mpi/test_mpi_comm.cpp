@@ -38,6 +38,10 @@ int main() {
                 check_type<std::int32_t>(*group, world.rank()) + check_type<std::int64_t>(*group, world.rank()) +
                 check_type<std::uint8_t>(*group, world.rank());
     }
+    for (const auto& f : test::check_argument_errors(world)) {  // the same words as the tcp backend
+      std::fprintf(stderr, "FAIL argument errors on rank %d: %s\n", world.rank(), f.c_str());
+      ++failed;
+    }
     std::vector<float> v{static_cast<float>(world.rank())};  // send/recv around the ring
     if (n > 1) {
       std::vector<float> got(1);

@@ -1,24 +1,29 @@
 // Vocabulary of the collectives: ReduceOp, the op kinds and their fingerprints, per-call option structs,
-// CommOptions, and the type-erased Buffer that every backend receives.
+// CommOptions, the type-erased Buffer, and OpCall: one checked call as every backend receives it.
 // SPDX-License-Identifier: MIT
 //
 // Options are filled with designated initializers; a timeout of 0 means "the communicator's default"
 // (CommOptions::timeout), which is always finite:
-//   comm.all_reduce(std::span(grad), {.op = ddp::comm::ReduceOp::Avg});
-//   comm.broadcast(std::span(weights), {.root = 0, .timeout = std::chrono::seconds(30)});
+//   comm.all_reduce(grad.view(), {.op = ddp::comm::ReduceOp::Avg});
+//   comm.broadcast(weights.view(), {.root = 0, .timeout = std::chrono::seconds(30)});
+//   comm.all_reduce(d_grad.view(), {.op = ddp::comm::ReduceOp::Avg, .stream = exec.stream});   // nccl
+// `stream` (a cudaStream_t, null: the legacy default stream) orders an op on device memory with the
+// caller's kernels, without the host (comm/communicator.hpp says how). Host-memory backends (tcp, mpi)
+// take no stream: a non-null one is a ValueError rather than an argument silently ignored.
 #pragma once
 
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/view.hpp"
 
 namespace ddp::comm {
 
@@ -87,36 +92,44 @@ struct Fingerprint {
   }
 };
 
-// Per-call options. timeout 0: the communicator's default.
+// Per-call options. timeout 0: the communicator's default. stream: see the file comment.
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct BroadcastOptions {
   int root = 0;
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct ReduceOptions {
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct AllgatherOptions {
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::Sum;
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct AlltoallOptions {
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct BarrierOptions {
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 struct SendOptions {  // also for recv: tags must match
   std::int64_t tag = 0;
   std::chrono::milliseconds timeout{0};
+  void* stream = nullptr;
 };
 
 inline constexpr std::chrono::milliseconds kDefaultCommTimeout{300'000};  // PyTorch's default: 5 minutes
@@ -145,8 +158,12 @@ struct CommOptions {
   bool check_fingerprints = true;
 };
 
-// Where a Buffer's memory lives. Backends reject memory they cannot reach with a ValueError.
+// Where a Buffer's memory lives; Communicator::memory() says which one a backend reaches.
 enum class MemoryKind : std::uint8_t { Cpu, Cuda };
+
+inline constexpr std::string_view memory_name(MemoryKind m) noexcept {
+  return m == MemoryKind::Cpu ? "host memory" : "CUDA device memory";
+}
 
 // The type-erased view every backend receives: pointer + element count + dtype + memory kind.
 // Inputs that the op only reads are passed as Buffer too; backends never write them.
@@ -159,11 +176,24 @@ struct Buffer {
   std::size_t bytes() const noexcept { return count * dtype_size(dtype); }
   std::byte* bytes_ptr() const noexcept { return static_cast<std::byte*>(data); }
 
-  template <class T>
-  static Buffer of(std::span<T> s, MemoryKind memory = MemoryKind::Cpu) {
-    return {.data = const_cast<std::remove_const_t<T>*>(s.data()), .count = s.size(), .dtype = dtype_of<T>,
-            .memory = memory};
+  template <class T, Device D>
+  static Buffer of(TensorView<T, D> v) {
+    return {.data = const_cast<std::remove_const_t<T>*>(v.data()), .count = static_cast<std::size_t>(v.numel()),
+            .dtype = dtype_of<std::remove_const_t<T>>,
+            .memory = std::is_same_v<D, Cuda> ? MemoryKind::Cuda : MemoryKind::Cpu};
   }
+};
+
+// One call as every backend receives it, after Communicator checked its arguments (comm/checks.hpp).
+// Example: all_reduce of 4 floats with Avg on 2 ranks ->
+//   {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0}, .in = .out = the buffer, .peer = -1, .timeout = 0ms}
+struct OpCall {
+  Fingerprint fp;  // kind, dtype, reduce op, root (send/recv: tag), count; seq 0 until the backend numbers it
+  Buffer in;       // the data of in-place ops (broadcast, all_reduce, reduce, send, recv), else the input
+  Buffer out;      // all_gather, reduce_scatter, all_to_all: the output; in-place ops: the same as `in`
+  int peer = -1;   // send: the destination; recv: the source
+  std::chrono::milliseconds timeout{0};  // 0: CommOptions::timeout
+  void* stream = nullptr;                // cudaStream_t (device-memory backends); null: the legacy default stream
 };
 
 // Element types the collectives accept: float, double, bfloat16, half, int32, int64, uint8.

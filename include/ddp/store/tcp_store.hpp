@@ -231,7 +231,7 @@ class TcpStore final : public Store {
       proto_known_ = true;
       DDP_LOG_DEBUG("store client ", where_, " speaks ", wire::protocol_name(proto_));
     }
-    Socket s = connect_tcp(host_, port_, deadline);
+    Fd s = connect_tcp(host_, port_, deadline);
     if (proto_ == wire::Protocol::V2) {
       auto b = wire::encode_request({.op = wire::Op::Validate, .nonce = wire::kValidationMagic}, proto_);
       write_all(s, b, deadline, where_);
@@ -240,14 +240,14 @@ class TcpStore final : public Store {
   }
 
   wire::Protocol probe(Clock::time_point deadline) {
-    Socket s = connect_tcp(host_, port_, deadline);
+    Fd s = connect_tcp(host_, port_, deadline);
     const std::uint8_t getnumkeys_v1 = 6;
     write_all(s, std::span<const std::uint8_t>(&getnumkeys_v1, 1), deadline, where_);
     auto until = std::min(deadline, Clock::now() + opts_.probe_timeout);
     std::uint8_t reply[8];
     std::size_t got = 0;
-    while (got < sizeof(reply) && poll_until(s.fd(), POLLIN, until)) {
-      ssize_t n = ::recv(s.fd(), reply + got, sizeof(reply) - got, 0);
+    while (got < sizeof(reply) && net::poll_until(s.get(), POLLIN, until)) {
+      ssize_t n = ::recv(s.get(), reply + got, sizeof(reply) - got, 0);
       if (n <= 0) break;  // closed by a 2.x server that wanted VALIDATE first
       got += static_cast<std::size_t>(n);
     }
@@ -286,7 +286,7 @@ class TcpStore final : public Store {
   TcpStoreOptions opts_;
   std::string where_;
   std::mutex mu_;
-  Socket sock_;
+  Fd sock_;
   wire::Protocol proto_ = wire::Protocol::V1;
   bool proto_known_ = false;
 };

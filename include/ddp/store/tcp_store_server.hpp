@@ -62,13 +62,13 @@ class TcpStoreServer {
   // (and what probably holds it when the port is in use).
   TcpStoreServer(std::string host, std::uint16_t port, TcpStoreServerOptions opts = {})
       : host_(std::move(host)), opts_(opts), listener_(listen_tcp(host_, port)) {
-    port_ = listener_.local_port();
-    listener_.set_nonblocking(true);
+    port_ = net::local_port(listener_.get());
+    net::set_nonblocking(listener_.get(), true);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
       throw StoreError(ddp::detail::str("ddp: store server pipe failed: ", net::errno_text(errno)));
-    wake_read_ = Socket(fds[0]);
-    wake_write_ = Socket(fds[1]);
+    wake_read_ = Fd(fds[0]);
+    wake_write_ = Fd(fds[1]);
     thread_ = std::thread([this] { run(); });
     DDP_LOG_DEBUG("store server listening on ", net::endpoint(host_, port_));
   }
@@ -79,7 +79,7 @@ class TcpStoreServer {
   ~TcpStoreServer() {
     stop_.store(true);
     char b = 1;
-    (void)!::write(wake_write_.fd(), &b, 1);
+    (void)!::write(wake_write_.get(), &b, 1);
     if (thread_.joinable()) thread_.join();
   }
 
@@ -90,7 +90,7 @@ class TcpStoreServer {
 
  private:
   struct Conn {
-    Socket sock;
+    Fd sock;
     std::string peer;
     std::optional<wire::Protocol> proto;
     Bytes in;
@@ -116,14 +116,14 @@ class TcpStoreServer {
     std::vector<pollfd> fds;
     while (!stop_.load()) {
       fds.clear();
-      fds.push_back({listener_.fd(), POLLIN, 0});
-      fds.push_back({wake_read_.fd(), POLLIN, 0});
+      fds.push_back({listener_.get(), POLLIN, 0});
+      fds.push_back({wake_read_.get(), POLLIN, 0});
       bool busy = false;
       for (auto& c : conns_) {
         // A client that does not read its answers stops being read from once max_backlog_bytes wait.
         short ev = !c->eof && backlog(*c) < opts_.max_backlog_bytes ? POLLIN : 0;
         if (c->out_pos < c->out.size()) ev |= POLLOUT;
-        fds.push_back({c->sock.fd(), ev, 0});
+        fds.push_back({c->sock.get(), ev, 0});
         busy = busy || c->more;
       }
       int rc = ::poll(fds.data(), fds.size(), busy ? 0 : -1);
@@ -157,23 +157,13 @@ class TcpStoreServer {
     for (;;) {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
-      int fd = ::accept4(listener_.fd(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN: no more pending; other errors (EMFILE...) retried on the next poll
       auto c = std::make_unique<Conn>();
-      c->sock = Socket(fd);
-      c->sock.set_nodelay();
-      char buf[INET6_ADDRSTRLEN] = "?";
-      std::uint16_t p = 0;
-      if (ss.ss_family == AF_INET) {
-        auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-        inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
-        p = ntohs(a->sin_port);
-      } else if (ss.ss_family == AF_INET6) {
-        auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-        inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
-        p = ntohs(a->sin6_port);
-      }
-      c->peer = net::endpoint(buf, p);
+      c->sock = Fd(fd);
+      net::set_nodelay(fd);
+      const auto [host, port] = net::address_of(reinterpret_cast<const sockaddr*>(&ss));
+      c->peer = net::endpoint(host, port);
       conns_.push_back(std::move(c));
     }
   }
@@ -192,7 +182,7 @@ class TcpStoreServer {
     std::uint8_t buf[64 * 1024];
     std::size_t total = 0;
     while (total < kReadPerRound) {
-      ssize_t n = ::recv(c.sock.fd(), buf, sizeof(buf), 0);
+      ssize_t n = ::recv(c.sock.get(), buf, sizeof(buf), 0);
       if (n > 0) {
         c.in.insert(c.in.end(), buf, buf + n);
         total += static_cast<std::size_t>(n);
@@ -396,7 +386,7 @@ class TcpStoreServer {
 
   void flush(Conn& c) {
     while (!c.closing && c.out_pos < c.out.size()) {
-      ssize_t n = ::send(c.sock.fd(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+      ssize_t n = ::send(c.sock.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_pos += static_cast<std::size_t>(n);
       } else if (n < 0 && errno == EINTR) {
@@ -415,9 +405,9 @@ class TcpStoreServer {
 
   std::string host_;
   TcpStoreServerOptions opts_;
-  Socket listener_;
+  Fd listener_;
   std::uint16_t port_ = 0;
-  Socket wake_read_, wake_write_;
+  Fd wake_read_, wake_write_;
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> num_clients_{0};
   // Owned by the server thread only.

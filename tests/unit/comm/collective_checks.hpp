@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,54 @@ std::vector<std::string> check_collectives(comm::Communicator& c) {
     }
     c.barrier().wait();
   }
+  return failures;
+}
+
+// Every backend raises the same ValueError words for the same mistake (comm/checks.hpp), at the call and
+// before anything is sent; returns what differed. Local: no rank waits for another.
+inline std::vector<std::string> check_argument_errors(comm::Communicator& c) {
+  std::vector<std::string> failures;
+  const std::string who = detail::str("ddp[rank ", c.rank(), '/', c.size(), "]: ");
+  const std::string backend(c.backend());
+  auto expect = [&](const std::string& what, const std::function<void()>& call) {
+    try {
+      call();
+      failures.push_back("no ValueError for: " + what);
+    } catch (const ValueError& e) {
+      if (e.what() != who + what) failures.push_back(detail::str("got \"", e.what(), "\" instead of \"", who, what, '"'));
+    }
+  };
+  const int n = c.size();
+  std::vector<float> v(3), out(3 * static_cast<std::size_t>(n) - 1);
+  expect(detail::str("broadcast root ", n, " is out of range [0, ", n, ")"),
+         [&] { c.broadcast(std::span(v), {.root = n}); });
+  expect(detail::str("reduce root -1 is out of range [0, ", n, ")"), [&] { c.reduce(std::span(v), {.root = -1}); });
+  expect(detail::str("cannot send to rank ", c.rank(), ": peers are the other ranks in [0, ", n, ")"),
+         [&] { c.send(std::span<const float>(v), c.rank()); });
+  expect(detail::str("cannot receive from rank ", n, ": peers are the other ranks in [0, ", n, ")"),
+         [&] { c.irecv(std::span(v), n); });
+  expect(detail::str("all_gather needs out.size() == size() * in.size() = ", n, " * 3 = ", 3 * n, ", but out has ",
+                     3 * n - 1, " elements"),
+         [&] { c.all_gather(std::span<const float>(v), std::span(out)); });
+  expect(detail::str("reduce_scatter needs in.size() == size() * out.size() = ", n, " * 3 = ", 3 * n, ", but in has ",
+                     3 * n - 1, " elements"),
+         [&] { c.reduce_scatter(std::span<const float>(out), std::span(v)); });
+  if (n > 1)
+    expect(detail::str("all_to_all needs in and out of the same size, a multiple of size() = ", n, "; got in 3 and out ",
+                       3 * n - 1, " elements"),
+           [&] { c.all_to_all(std::span<const float>(v), std::span(out)); });
+  // Device memory on a host backend names the backend and the fix. The pointer is never touched.
+  TensorView<float, Cuda> device(v.data(), Shape{3});
+  expect(detail::str("all_reduce got CUDA device memory, but the ", backend, " backend reaches host memory only; copy "
+                     "the tensor to the host (ddp::to<Cpu>) or use --backend nccl."),
+         [&] { c.all_reduce(device); });
+  int stream = 0;  // any non-null cudaStream_t
+  expect(detail::str("all_reduce got a CUDA stream (.stream), but the ", backend, " backend works on host memory, "
+                     "which streams do not order; leave .stream null, or use --backend nccl for device memory."),
+         [&] { c.all_reduce(std::span(v), {.stream = &stream}); });
+  expect("new_group needs at least one rank", [&] { c.new_group({}); });
+  expect(detail::str("new_group needs strictly increasing ranks in [0, ", n, "), got [0, 0]"),
+         [&] { c.new_group({0, 0}); });
   return failures;
 }
 

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <latch>
+#include <thread>
+#include <vector>
 
 #include "comm_harness.hpp"
 #include "ddp/comm/factory.hpp"
@@ -117,5 +119,37 @@ TEST_SUITE("comm") {
   TEST_CASE("tcp: the listen address routes to master_addr") {
     CHECK(comm::tcp::choose_listen_address("", "127.0.0.1") == "127.0.0.1");
     CHECK(comm::tcp::choose_listen_address("lo", "10.1.2.3") == "127.0.0.1");
+    CHECK_THROWS_WITH_AS(comm::tcp::choose_listen_address("", "no-such-host.invalid"),
+                         doctest::Contains("ddp: cannot resolve MASTER_ADDR 'no-such-host.invalid': "), ConfigError);
+  }
+
+  TEST_CASE("tcp: an IPv6 MASTER_ADDR gives an IPv6 mesh") {
+    try {
+      (void)net::listen("::1", 0, 1);
+    } catch (const net::SocketError&) {
+      MESSAGE("no IPv6 loopback here: case not run");
+      return;
+    }
+    CHECK(comm::tcp::choose_listen_address("", "::1") == "::1");
+    store::HashStore store(5s);
+    std::vector<std::thread> ranks;
+    std::vector<std::exception_ptr> errors(2);
+    std::vector<float> sums(2);
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          comm::TcpCommunicator c(env::LaunchInfo{.rank = r, .world_size = 2, .master_addr = "::1"}, store,
+                                  {.timeout = 5s, .shm = false});
+          CHECK(c.listen_address() == "::1");
+          std::vector<float> v{static_cast<float>(r + 1)};
+          c.all_reduce(std::span(v)).wait();
+          sums[static_cast<std::size_t>(r)] = v[0];
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : ranks) t.join();
+    for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
+    CHECK(sums == std::vector<float>{3.0f, 3.0f});
   }
 }

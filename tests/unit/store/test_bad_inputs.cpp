@@ -25,7 +25,7 @@
 using namespace std::chrono_literals;
 using ddp::store::Bytes;
 using ddp::store::Clock;
-using ddp::store::Socket;
+using Socket = ddp::Fd;
 using ddp::store::TcpStore;
 using ddp::store::TcpStoreServer;
 namespace wire = ddp::store::wire;

@@ -17,7 +17,7 @@ namespace {
 using namespace std::chrono_literals;
 using ddp::store::Bytes;
 using ddp::store::Clock;
-using ddp::store::Socket;
+using Socket = ddp::Fd;
 using ddp::store::TcpProtocol;
 using ddp::store::TcpStore;
 using ddp::store::TcpStoreServer;
@@ -101,7 +101,7 @@ TEST_SUITE("store") {
     std::uint16_t port = 0;
     {
       Socket probe = ddp::store::listen_tcp("127.0.0.1", 0);
-      port = probe.local_port();
+      port = ddp::net::local_port(probe.get());
     }  // closed: connections to it are refused
     auto t0 = Clock::now();
     const std::string expected = "ddp[rank 1/2]: could not connect to the store at 127.0.0.1:" + std::to_string(port) +
@@ -213,7 +213,7 @@ TEST_SUITE("store") {
     std::uint16_t port = 0;
     {
       Socket probe = ddp::store::listen_tcp("127.0.0.1", 0);
-      port = probe.local_port();
+      port = ddp::net::local_port(probe.get());
     }
     std::vector<std::unique_ptr<ddp::store::Store>> stores(3);
     std::vector<std::thread> ranks;

@@ -33,10 +33,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/mpi/mpi_check.hpp"
 #include "ddp/comm/reduce.hpp"
@@ -110,61 +112,32 @@ class MpiCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
-
-  std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
-    bool member = false;
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] < 0 || ranks[i] >= size_ || (i > 0 && ranks[i] <= ranks[i - 1]))
-        throw ValueError(ddp::detail::str(who(), ": new_group needs strictly increasing ranks in [0, ", size_,
-                                          "), got [", ddp::detail::join(ranks, ", "), "]"));
-      member = member || ranks[i] == rank_;
-    }
-    MPI_Comm sub = MPI_COMM_NULL;
-    Fingerprint fp{.kind = OpKind::Barrier};
-    // MPI_Comm_split is collective: it runs in op order on the progress thread like any other op.
-    submit(fp, 0, {}, [&] {
-      DDP_MPI_CHECK(MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank_, &sub));
-      return Pending{};
-    }).wait();
-    if (!member) return nullptr;
-    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, opts_));
-  }
+  MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
 
  protected:
-  Work send_impl(Buffer b, int dst, const SendOptions& o) override {
-    check(b);
-    check_peer(dst);
-    Fingerprint fp{.kind = OpKind::Send, .dtype = b.dtype, .root = o.tag, .count = b.count};
-    return submit(fp, b.bytes(), o.timeout, [this, b, dst, tag = o.tag] {
+  Work send_impl(const OpCall& c) override {
+    return submit(c, [this, b = c.in, dst = c.peer, tag = c.fp.root] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Isend(b.data, count_of(b), mpi::datatype_of(b.dtype), dst, tag_of(tag), comm_, &req));
       return Pending{req, {}};
     });
   }
-  Work recv_impl(Buffer b, int src, const SendOptions& o) override {
-    check(b);
-    check_peer(src);
-    Fingerprint fp{.kind = OpKind::Recv, .dtype = b.dtype, .root = o.tag, .count = b.count};
-    return submit(fp, b.bytes(), o.timeout, [this, b, src, tag = o.tag] {
+  Work recv_impl(const OpCall& c) override {
+    return submit(c, [this, b = c.in, src = c.peer, tag = c.fp.root] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Irecv(b.data, count_of(b), mpi::datatype_of(b.dtype), src, tag_of(tag), comm_, &req));
       return Pending{req, {}};
     });
   }
-  Work broadcast_impl(Buffer b, const BroadcastOptions& o) override {
-    check(b);
-    check_root(o.root);
-    Fingerprint fp{.kind = OpKind::Broadcast, .dtype = b.dtype, .root = o.root, .count = b.count};
-    return submit(fp, b.bytes(), o.timeout, [this, b, root = o.root] {
+  Work broadcast_impl(const OpCall& c) override {
+    return submit(c, [this, b = c.in, root = static_cast<int>(c.fp.root)] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ibcast(b.data, count_of(b), mpi::datatype_of(b.dtype), root, comm_, &req));
       return Pending{req, {}};
     });
   }
-  Work all_reduce_impl(Buffer b, const AllreduceOptions& o) override {
-    check(b);
-    Fingerprint fp{.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count};
-    return submit(fp, b.bytes(), o.timeout, [this, b, op = o.op] {
+  Work all_reduce_impl(const OpCall& c) override {
+    return submit(c, [this, b = c.in, op = c.fp.op] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, b.data, count_of(b), mpi::datatype_of(b.dtype), op_of(b.dtype, op),
                                    comm_, &req));
@@ -173,11 +146,8 @@ class MpiCommunicator final : public Communicator {
                      }};
     });
   }
-  Work reduce_impl(Buffer b, const ReduceOptions& o) override {
-    check(b);
-    check_root(o.root);
-    Fingerprint fp{.kind = OpKind::Reduce, .dtype = b.dtype, .op = o.op, .root = o.root, .count = b.count};
-    return submit(fp, b.bytes(), o.timeout, [this, b, op = o.op, root = o.root] {
+  Work reduce_impl(const OpCall& c) override {
+    return submit(c, [this, b = c.in, op = c.fp.op, root = static_cast<int>(c.fp.root)] {
       MPI_Request req;
       const bool me = rank_ == root;
       DDP_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : b.data, me ? b.data : nullptr, count_of(b),
@@ -187,24 +157,16 @@ class MpiCommunicator final : public Communicator {
                      }};
     });
   }
-  Work all_gather_impl(Buffer in, Buffer out, const AllgatherOptions& o) override {
-    check(in);
-    check(out);
-    check_blocks("all_gather", "out", out.count, "in", in.count);
-    Fingerprint fp{.kind = OpKind::AllGather, .dtype = in.dtype, .count = in.count};
-    return submit(fp, out.bytes(), o.timeout, [this, in, out] {
+  Work all_gather_impl(const OpCall& c) override {
+    return submit(c, [this, in = c.in, out = c.out] {
       MPI_Request req;
       const MPI_Datatype t = mpi::datatype_of(in.dtype);
       DDP_MPI_CHECK(MPI_Iallgather(in.data, count_of(in), t, out.data, count_of(in), t, comm_, &req));
       return Pending{req, {}};
     });
   }
-  Work reduce_scatter_impl(Buffer in, Buffer out, const ReduceScatterOptions& o) override {
-    check(in);
-    check(out);
-    check_blocks("reduce_scatter", "in", in.count, "out", out.count);
-    Fingerprint fp{.kind = OpKind::ReduceScatter, .dtype = in.dtype, .op = o.op, .count = out.count};
-    return submit(fp, in.bytes(), o.timeout, [this, in, out, op = o.op] {
+  Work reduce_scatter_impl(const OpCall& c) override {
+    return submit(c, [this, in = c.in, out = c.out, op = c.fp.op] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi::datatype_of(in.dtype),
                                               op_of(in.dtype, op), comm_, &req));
@@ -213,14 +175,8 @@ class MpiCommunicator final : public Communicator {
                      }};
     });
   }
-  Work all_to_all_impl(Buffer in, Buffer out, const AlltoallOptions& o) override {
-    check(in);
-    check(out);
-    if (in.count != out.count || in.count % static_cast<std::size_t>(size_) != 0)
-      throw ValueError(ddp::detail::str(who(), ": all_to_all needs in and out of the same size, a multiple of size() = ",
-                                        size_, "; got in ", in.count, " and out ", out.count, " elements"));
-    Fingerprint fp{.kind = OpKind::AllToAll, .dtype = in.dtype, .count = in.count};
-    return submit(fp, in.bytes(), o.timeout, [this, in, out] {
+  Work all_to_all_impl(const OpCall& c) override {
+    return submit(c, [this, in = c.in, out = c.out] {
       MPI_Request req;
       const MPI_Datatype t = mpi::datatype_of(in.dtype);
       const int block = static_cast<int>(in.count / static_cast<std::size_t>(size_));
@@ -228,13 +184,24 @@ class MpiCommunicator final : public Communicator {
       return Pending{req, {}};
     });
   }
-  Work barrier_impl(const BarrierOptions& o) override {
-    Fingerprint fp{.kind = OpKind::Barrier};
-    return submit(fp, 0, o.timeout, [this] {
+  Work barrier_impl(const OpCall& c) override {
+    return submit(c, [this] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
       return Pending{req, {}};
     });
+  }
+
+  std::unique_ptr<Communicator> new_group_impl(const std::vector<int>&, int index) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    // MPI_Comm_split is collective: it runs in op order on the progress thread like any other op, under a
+    // barrier's fingerprint. Key rank_: the group's ranks keep this communicator's order, as `ranks` does.
+    submit(OpCall{.fp = {.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max}}, [&] {
+      DDP_MPI_CHECK(MPI_Comm_split(comm_, index >= 0 ? 0 : MPI_UNDEFINED, rank_, &sub));
+      return Pending{};
+    }).wait();
+    if (index < 0) return nullptr;
+    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, opts_));
   }
 
  private:
@@ -272,6 +239,8 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    check_setup(rank_, size_, opts_);
+    sequence_.emplace(rank_, size_);
     if (opts_.check_fingerprints) {
       DDP_MPI_CHECK(MPI_Comm_dup(comm_, &fp_comm_));
       DDP_MPI_CHECK(MPI_Comm_set_errhandler(fp_comm_, MPI_ERRORS_RETURN));
@@ -280,31 +249,6 @@ class MpiCommunicator final : public Communicator {
     thread_ = std::thread([this] { progress_loop(); });
   }
 
-  std::string who() const { return ddp::detail::str("ddp[rank ", rank_, '/', size_, ']'); }
-
-  void check(const Buffer& b) const {
-    if (b.memory != MemoryKind::Cpu)
-      throw ValueError(ddp::detail::str(who(), ": the mpi backend here reaches CPU memory only, but got a CUDA "
-                                               "buffer; copy it to the host or use --backend nccl."));
-    if (b.count > static_cast<std::size_t>(INT_MAX))
-      throw ValueError(ddp::detail::str(who(), ": the mpi backend takes at most ", INT_MAX, " elements per call, got ",
-                                        b.count, "; split the buffer."));
-  }
-  void check_root(int root) const {
-    if (root < 0 || root >= size_)
-      throw ValueError(ddp::detail::str(who(), ": root ", root, " is out of range [0, ", size_, ")"));
-  }
-  void check_peer(int peer) const {
-    if (peer < 0 || peer >= size_ || peer == rank_)
-      throw ValueError(ddp::detail::str(who(), ": peer ", peer, " is not another rank in [0, ", size_, ")"));
-  }
-  void check_blocks(std::string_view op, std::string_view big, std::size_t big_n, std::string_view small,
-                    std::size_t small_n) const {
-    if (big_n != small_n * static_cast<std::size_t>(size_))
-      throw ValueError(ddp::detail::str(who(), ": ", op, " needs ", big, ".size() == size() * ", small, ".size() = ",
-                                        size_, " * ", small_n, " = ", small_n * static_cast<std::size_t>(size_), ", but ",
-                                        big, " has ", big_n, " elements"));
-  }
   static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
   static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
 
@@ -336,13 +280,18 @@ class MpiCommunicator final : public Communicator {
     return kBuiltin[i];
   }
 
-  Work submit(Fingerprint fp, std::size_t, std::chrono::milliseconds timeout, Body body) {
+  // Numbers the call and queues it for the progress thread. The element count must fit MPI's int.
+  Work submit(OpCall call, Body body) {
+    for (const Buffer* b : {&call.in, &call.out})
+      if (b->count > static_cast<std::size_t>(INT_MAX))
+        throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ", INT_MAX,
+                                          " elements per call, got ", b->count, "; split the buffer."));
     std::unique_lock lock(mu_);
-    fp.seq = fp.is_p2p() ? ++p2p_seq_ : ++seq_;
-    Task t{.state = std::make_shared<detail::WorkState>(ddp::detail::str(who(), ": ", fp.label())),
-           .timeout = timeout.count() > 0 ? timeout : opts_.timeout,
+    std::string label = sequence_->number(call);
+    Task t{.state = std::make_shared<detail::WorkState>(std::move(label)),
+           .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout,
            .body = std::move(body),
-           .fp = fp};
+           .fp = call.fp};
     Work work(t.state);
     queue_.push_back(std::move(t));
     lock.unlock();
@@ -447,7 +396,7 @@ class MpiCommunicator final : public Communicator {
       if (!std::equal(mine, mine + kFpWords, all + kFpWords * static_cast<std::size_t>(r))) differ.push_back(r);
     if (differ.empty()) return {};
     const int j = differ.front();
-    std::string msg = ddp::detail::str(who(), ": ", t.fp.full_label(), " does not match rank ", j, ", which ran ",
+    std::string msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ", j, ", which ran ",
                                        unpack(all + kFpWords * static_cast<std::size_t>(j)).full_label(),
                                        " at this point");
     if (differ.size() > 1)
@@ -537,9 +486,9 @@ class MpiCommunicator final : public Communicator {
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
+  std::optional<OpSequence> sequence_;  // set once rank and size are known
   std::deque<Task> queue_;
   bool stop_ = false;
-  std::uint64_t seq_ = 0, p2p_seq_ = 0;
   std::thread thread_;
 };
 

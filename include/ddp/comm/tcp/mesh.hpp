@@ -38,13 +38,17 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/comm/checks.hpp"
 #include "ddp/comm/reduce.hpp"
-#include "ddp/comm/tcp/socket.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/fd.hpp"
+#include "ddp/core/net.hpp"
 #include "ddp/store/store.hpp"
 
 namespace ddp::comm::tcp {
+
+using Clock = net::Clock;
 
 inline constexpr std::uint32_t kFrameMagic = 0xDD9C0111u;
 inline constexpr std::uint32_t kHelloMagic = 0xDD9C4E11u;
@@ -123,75 +127,19 @@ class Mesh {
   void connect(store::Store& store, const std::string& prefix, const std::string& listen_ip,
                Clock::time_point deadline) {
     if (size_ == 1) return;
-    auto [listener, port] = listen_any_port(listen_ip, size_);
-    store.set(prefix + "addr/" + std::to_string(rank_), ddp::detail::str(listen_ip, ':', port));
-    const std::uint64_t tag = std::hash<std::string>{}(prefix);
-    struct Hello {
-      std::uint32_t magic;
-      std::int32_t rank, size, pad;
-      std::uint64_t tag;
-    };
-    const auto io_timeout = std::chrono::milliseconds(std::max(1, detail::ms_until(deadline)));
-    auto fail = [&](int peer, std::string_view what) {
-      throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: ", what,
-                                       " with rank ", peer, " failed (", detail::errno_text(errno),
-                                       "). Are all ranks running the same program and group calls?"));
-    };
-    for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
-      std::string addr;
-      try {
-        addr = store.get_string(prefix + "addr/" + std::to_string(j));
-      } catch (const TimeoutError& e) {  // name the rank that never joined, not only the store key
-        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: rank ", j,
-                                            " never published its address (it died, is stuck or never started): ",
-                                            e.what()));
-      } catch (const StoreError& e) {  // its host exited first (rank 0, perhaps timed out on rank j as well)
-        throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: waiting for rank ",
-                                         j, "'s address, the store failed (its host, rank 0 when the ranks host the "
-                                         "store, exited): ", e.what()));
-      }
-      auto colon = addr.rfind(':');
-      Fd s = connect_until(addr.substr(0, colon), static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))),
-                           deadline);
-      set_io_timeout(s.get(), io_timeout);
-      Hello h{kHelloMagic, rank_, size_, 0, tag};
-      if (!write_all(s.get(), &h, sizeof h)) fail(j, "sending the hello");
-      fds_[j] = std::move(s);
-    }
-    for (int n = 0; n < rank_; ++n) {  // (2) accept from below
-      Fd s = accept_until(listener.get(), deadline);
-      if (!s) {
-        std::vector<int> missing;
-        for (int i = 0; i < rank_; ++i)
-          if (!fds_[i]) missing.push_back(i);
-        throw TimeoutError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: connecting the tcp mesh: only ", n,
-                                            " of the ", rank_, " lower ranks connected before the timeout; rank(s) ",
-                                            ddp::detail::join(missing, ", "), " never connected (died or stuck?); "
-                                            "raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
-      }
-      set_io_timeout(s.get(), io_timeout);
-      Hello h{};
-      if (!read_all(s.get(), &h, sizeof h)) fail(-1, "reading a hello");
-      if (h.magic != kHelloMagic || h.size != size_ || h.tag != tag || h.rank < 0 || h.rank >= rank_ || fds_[h.rank])
-        throw CommError(ddp::detail::str("ddp[rank ", rank_, '/', size_, "]: unexpected hello (rank ", h.rank,
-                                         ", size ", h.size, ") while building the tcp mesh; another job may be "
-                                         "using the same store prefix."));
-      fds_[h.rank] = std::move(s);
-    }
-    for (int i = 0; i < rank_; ++i) {  // (3) ack
-      Hello h{kHelloMagic, rank_, size_, 0, tag};
-      if (!write_all(fds_[i].get(), &h, sizeof h)) fail(i, "sending the ack");
-    }
-    for (int j = rank_ + 1; j < size_; ++j) {  // (4) read acks
-      Hello h{};
-      if (!read_all(fds_[j].get(), &h, sizeof h) || h.magic != kHelloMagic || h.rank != j) fail(j, "reading the ack");
+    try {
+      connect_all(store, prefix, listen_ip, deadline);
+    } catch (const net::SocketError& e) {  // "ddp: cannot connect to 10.0.0.2:41234: No route to host (errno 113)"
+      std::string_view what = e.what();
+      if (what.starts_with("ddp: ")) what.remove_prefix(5);
+      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", what,
+                                       ". A firewall or the wrong interface? Set DDP_SOCKET_IFNAME (--socket-ifname)."));
     }
     for (int p = 0; p < size_; ++p)
       if (fds_[p]) {
-        set_nodelay(fds_[p].get());
-        set_buffer_sizes(fds_[p].get(), kSocketBufferBytes);
-        set_io_timeout(fds_[p].get(), std::chrono::milliseconds(0));
-        set_nonblocking(fds_[p].get(), true);
+        net::set_nodelay(fds_[p].get());
+        net::set_buffer_sizes(fds_[p].get(), kSocketBufferBytes);
+        net::set_nonblocking(fds_[p].get(), true);
       }
   }
 
@@ -240,12 +188,80 @@ class Mesh {
   }
 
  private:
+  std::string who() const { return comm::who(rank_, size_); }
+
+  struct Hello {
+    std::uint32_t magic;
+    std::int32_t rank, size, pad;
+    std::uint64_t tag;
+  };
+
+  void connect_all(store::Store& store, const std::string& prefix, const std::string& listen_ip,
+                   Clock::time_point deadline) {
+    Fd listener = net::listen(listen_ip, 0, size_);
+    store.set(prefix + "addr/" + std::to_string(rank_), ddp::detail::str(listen_ip, ':', net::local_port(listener.get())));
+    const std::uint64_t tag = std::hash<std::string>{}(prefix);
+    auto fail = [&](int peer, std::string_view what, const net::IoStatus& st) {
+      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", what, " with rank ", peer, " failed (",
+                                       st.text(), "). Are all ranks running the same program and group calls?"));
+    };
+    for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
+      std::string addr;
+      try {
+        addr = store.get_string(prefix + "addr/" + std::to_string(j));
+      } catch (const TimeoutError& e) {  // name the rank that never joined, not only the store key
+        throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: rank ", j,
+                                            " never published its address (it died, is stuck or never started): ",
+                                            e.what()));
+      } catch (const StoreError& e) {  // its host exited first (rank 0, perhaps timed out on rank j as well)
+        throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: waiting for rank ", j,
+                                         "'s address, the store failed (its host, rank 0 when the ranks host the "
+                                         "store, exited): ", e.what()));
+      }
+      const auto colon = addr.rfind(':');  // "10.0.0.2:41234" or "fd00::2:41234": the port follows the last colon
+      Fd s = net::connect(addr.substr(0, colon), static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))),
+                          deadline, net::Retry::WhileRefused);
+      const Hello h{kHelloMagic, rank_, size_, 0, tag};
+      if (auto st = net::write_all(s.get(), &h, sizeof h, deadline); !st) fail(j, "sending the hello", st);
+      fds_[j] = std::move(s);
+    }
+    for (int n = 0; n < rank_; ++n) {  // (2) accept from below
+      Fd s = net::accept(listener.get(), deadline);
+      if (!s) {
+        std::vector<int> missing;
+        for (int i = 0; i < rank_; ++i)
+          if (!fds_[i]) missing.push_back(i);
+        throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: only ", n, " of the ", rank_,
+                                            " lower ranks connected before the timeout; rank(s) ",
+                                            ddp::detail::join(missing, ", "), " never connected (died or stuck?); "
+                                            "raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+      }
+      Hello h{};
+      if (auto st = net::read_exact(s.get(), &h, sizeof h, deadline); !st) fail(-1, "reading a hello", st);
+      if (h.magic != kHelloMagic || h.size != size_ || h.tag != tag || h.rank < 0 || h.rank >= rank_ || fds_[h.rank])
+        throw CommError(ddp::detail::str(who(), ": unexpected hello (rank ", h.rank, ", size ", h.size,
+                                         ") while building the tcp mesh; another job may be using the same store "
+                                         "prefix."));
+      fds_[h.rank] = std::move(s);
+    }
+    for (int i = 0; i < rank_; ++i) {  // (3) ack
+      const Hello h{kHelloMagic, rank_, size_, 0, tag};
+      if (auto st = net::write_all(fds_[i].get(), &h, sizeof h, deadline); !st) fail(i, "sending the ack", st);
+    }
+    for (int j = rank_ + 1; j < size_; ++j) {  // (4) read acks
+      Hello h{};
+      const auto st = net::read_exact(fds_[j].get(), &h, sizeof h, deadline);
+      if (!st) fail(j, "reading the ack", st);
+      if (h.magic != kHelloMagic || h.rank != j) fail(j, "reading the ack", {.kind = net::IoStatus::Kind::Failed, .err = EPROTO});
+    }
+  }
+
   [[noreturn]] void closed(int peer, int err, std::vector<int> all = {}) const {
     PeerFailure f;
     f.kind = PeerFailure::Kind::Closed;
     f.peer = peer;
     f.closed = all.empty() ? std::vector<int>{peer} : std::move(all);
-    f.detail = err ? detail::errno_text(err) : std::string("end of stream");
+    f.detail = err ? net::errno_text(err) : std::string("end of stream");
     throw f;
   }
 
@@ -363,7 +379,7 @@ class Mesh {
       pfds_.push_back({.fd = fds_[p].get(), .events = static_cast<short>(ev | POLLRDHUP), .revents = 0});
       peer_of_.push_back(p);
     }
-    const int rc = ::poll(pfds_.data(), pfds_.size(), detail::ms_until(ctx.deadline));
+    const int rc = ::poll(pfds_.data(), pfds_.size(), net::ms_until(ctx.deadline));
     if (rc < 0 && errno == EINTR) return false;
     if (rc == 0 && Clock::now() >= ctx.deadline) timeout(xs);
     bool woken = false;

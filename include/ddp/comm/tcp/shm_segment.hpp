@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/tcp/socket.hpp"
 #include "ddp/core/log.hpp"
+#include "ddp/core/net.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/store/store.hpp"
 
@@ -74,9 +74,9 @@ class ShmSegment {
   // Setup (see the file comment). Returns an empty segment on every rank unless all ranks mapped it.
   // `enabled` false (CommOptions::shm off) publishes a host identity no other rank has, so all fall back.
   static ShmSegment create(store::Store& store, const std::string& prefix, int rank, int size, bool enabled,
-                           std::size_t bytes, Clock::time_point deadline) {
+                           std::size_t bytes, net::Clock::time_point deadline) {
     const std::string p = prefix + "shm/";
-    const auto timeout = [&] { return std::chrono::milliseconds(std::max(1, detail::ms_until(deadline))); };
+    const auto timeout = [&] { return net::time_left(deadline); };
     store.set(ddp::detail::str(p, "host/", rank), enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
     std::vector<std::string> host_keys;
     for (int k = 0; k < size; ++k) host_keys.push_back(ddp::detail::str(p, "host/", k));
@@ -138,14 +138,14 @@ class ShmSegment {
  private:
   std::string create_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", detail::errno_text(errno));
+    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", net::errno_text(errno));
     name_ = name;
     owner_ = true;
     Fd guard(fd);
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       const int e = errno;
       release();
-      return ddp::detail::str("sizing ", name, " to ", bytes, " bytes failed: ", detail::errno_text(e),
+      return ddp::detail::str("sizing ", name, " to ", bytes, " bytes failed: ", net::errno_text(e),
                               "; /dev/shm may be too small (docker: --shm-size)");
     }
     if (std::string why = map(fd, bytes); !why.empty()) return why;
@@ -156,7 +156,7 @@ class ShmSegment {
 
   std::string open_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", detail::errno_text(errno),
+    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", net::errno_text(errno),
                                         " (a separate /dev/shm, e.g. another container?)");
     Fd guard(fd);
     struct stat st {};
@@ -176,7 +176,7 @@ class ShmSegment {
     if (p == MAP_FAILED) {
       const int e = errno;
       release();
-      return ddp::detail::str("mmap of ", bytes, " bytes failed: ", detail::errno_text(e));
+      return ddp::detail::str("mmap of ", bytes, " bytes failed: ", net::errno_text(e));
     }
     base_ = p;
     bytes_ = bytes;

@@ -1,0 +1,108 @@
+// FailureProtocol: how a failure spreads through a tcp communicator and what each rank's message says
+// (docs/ARCHITECTURE.md D9).
+// SPDX-License-Identifier: MIT
+//
+// How a failure spreads: the rank that sees a failure first (mismatched header, peer closed, timeout)
+// publishes its message and position in the store (FailureReport, comm/failure_report.hpp), then shuts all
+// its sockets down. Its peers see the close during whatever op they are in (every op polls every peer),
+// read the message from the store and fail with "rank r reported: ...", or, when there is no message,
+// "rank r closed its connection (process died?)". They spread it the same way, so every rank fails
+// promptly, and the communicator stays failed: later ops fail at once quoting the first error.
+// A rank whose collective times out additionally collects the other ranks' positions for a short grace
+// period and names the ranks that never reached the op or ran a different one there.
+// Example, 3 ranks, rank 2 never calls all_reduce #1 (300 ms timeout): rank 0 times out and fails with
+//   "... all_reduce #1 (F32 x 4) timed out after 300 ms while receiving from rank 2 (0 of 16 bytes). ...
+//    Ranks that never reached all_reduce #1: 2 (no report: busy outside ddp, stuck or dead)."
+// and rank 1 sees rank 0's sockets close and fails with "... failed: rank 0 reported: <rank 0's message>".
+#pragma once
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "ddp/comm/failure_report.hpp"
+#include "ddp/comm/tcp/mesh.hpp"
+#include "ddp/comm/tcp/op_queue.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/store/store.hpp"
+
+namespace ddp::comm::tcp {
+
+class FailureProtocol {
+ public:
+  // Keys under `prefix`; `mesh` is closed on the first failure.
+  FailureProtocol(store::Store& store, const std::string& prefix, int rank, int size, Mesh& mesh)
+      : report_(store, prefix, rank, size), mesh_(mesh) {}
+
+  bool failed() const {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
+  // The error for an op that is not run because the communicator failed earlier; nullptr while healthy.
+  std::exception_ptr not_run(const std::string& label) const {
+    std::lock_guard lock(mu_);
+    if (!failed_) return nullptr;
+    return std::make_exception_ptr(
+        CommError(ddp::detail::str(label, " was not run: this communicator failed earlier: ", first_error_)));
+  }
+
+  // The user's message for a transfer failure of task t. Reads the peers' messages from the store.
+  std::string describe(const Task& t, const PeerFailure& f) {
+    const std::string& label = t.state->label;
+    switch (f.kind) {
+      case PeerFailure::Kind::Mismatch:
+        return ddp::detail::str(label, " does not match rank ", f.peer, ", which ran ", f.theirs.full_label(),
+                                " at this point. Every rank must call the same collectives in the same order with "
+                                "the same dtype, count, root and op.");
+      case PeerFailure::Kind::Protocol:
+        return ddp::detail::str(label, " failed: rank ", f.peer, " sent bytes that are not a ddp frame (", f.detail,
+                                "); is another program connected?");
+      case PeerFailure::Kind::Timeout:
+        return ddp::detail::str(label, " timed out after ", t.timeout.count(), " ms while ", f.detail,
+                                ". Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.");
+      case PeerFailure::Kind::Closed: break;
+    }
+    // Prefer a peer that left no message (the root cause: it died) over one that failed because of it.
+    std::string reported;
+    for (int p : f.closed) {
+      std::string msg = report_.message_of(p, t.timeout);
+      if (msg.empty() && report_.store_lost() && f.closed.size() > 1)  // no messages to tell the dead from the failed
+        return ddp::detail::str(label, " failed: ranks ", ddp::detail::join(f.closed, ", "),
+                                " closed their connections and the store is unreachable, so which of them died "
+                                "first is unknown [", f.detail, "]");
+      if (msg.empty())
+        return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail, "]");
+      if (reported.empty()) reported = ddp::detail::str(label, " failed: rank ", p, " reported: ", msg);
+    }
+    return reported;
+  }
+
+  // Marks the communicator failed, publishes msg with this rank's position (`seq`, the last collective it
+  // started), closes the sockets (telling every peer), and for a timed-out collective appends what the
+  // other ranks were doing. Returns the exception for t's Work: TimeoutError or CommError.
+  std::exception_ptr fail(const Task& t, std::string msg, bool timed_out, std::uint64_t seq) {
+    {
+      std::lock_guard lock(mu_);
+      if (!failed_) {
+        failed_ = true;
+        first_error_ = msg;
+      }
+    }
+    report_.publish(msg, seq, t.fp, t.timeout);
+    mesh_.close_all();
+    if (timed_out && !t.fp.is_p2p()) msg += report_.timeout_report(t.fp, t.timeout);
+    if (timed_out) return std::make_exception_ptr(TimeoutError(msg));
+    return std::make_exception_ptr(CommError(msg));
+  }
+
+ private:
+  FailureReport report_;
+  Mesh& mesh_;
+  mutable std::mutex mu_;  // guards failed_ and first_error_: any issuing thread reads them
+  bool failed_ = false;
+  std::string first_error_;
+};
+
+}  // namespace ddp::comm::tcp

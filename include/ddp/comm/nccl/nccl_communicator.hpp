@@ -49,6 +49,7 @@
 #include "ddp/core/log.hpp"
 #include "ddp/env/launch_info.hpp"
 #include "ddp/store/store.hpp"
+#include "ddp/tensor/cuda/allocator.hpp"
 
 namespace ddp::comm {
 
@@ -327,6 +328,9 @@ class NcclCommunicator final : public Communicator {
       DDP_CUDA_CHECK(cudaEventRecord(ready_, caller));
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       wait_in_progress(comm_, launch(stream_), fp.label(), p.deadline);
+      // NCCL reads and writes these blocks on stream_: the caching allocator reuses them only after it has.
+      for (const Buffer* b : {&call.in, &call.out})
+        if (b->memory == MemoryKind::Cuda) cuda_record_stream(b->data, stream_);
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventRecord(p.done, stream_));
       DDP_CUDA_CHECK(cudaStreamWaitEvent(caller, p.done, 0));

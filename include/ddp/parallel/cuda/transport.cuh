@@ -15,13 +15,13 @@
 //                      sees averaged gradients. The host never waits here.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
-// Requirements: a communicator whose collectives run on CUDA streams (comm/stream_ordered.hpp: --backend
-// nccl), all gradients in device memory, no gradient compression (ValueError otherwise). The bucket order
+// Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl), all
+// gradients in device memory, no gradient compression (ValueError otherwise). The bucket order
 // rebuilt after the first step is broadcast through a small device buffer (one host wait).
-// The device-memory collective calls are confined to all_reduce_on and broadcast_on below.
-// Memory: flat buffers are freed on the legacy default stream (tensor/cuda/allocator.hpp), which orders
-// after the blocking comm stream, which itself waited for the collective: no buffer is reused while NCCL
-// reads it.
+// The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
+// device for the copies before it, and the copies after it wait for it; the host is never involved.
+// Memory: the backend declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream),
+// so a flat buffer freed by a rebuild is reused only after NCCL has finished with it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,7 +32,6 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/stream_ordered.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/core/cuda_check.hpp"
@@ -52,15 +51,14 @@
 namespace ddp::parallel {
 
 namespace detail {
-// The stream-ordered interface of `comm`, or a ConfigError saying which backend to use.
-inline comm::StreamOrdered& stream_ordered(comm::Communicator& comm) {
-  auto* so = dynamic_cast<comm::StreamOrdered*>(&comm);
-  if (!so)
+// `comm` itself, or a ConfigError saying which backend to use when it cannot reach device memory.
+inline comm::Communicator& on_device_memory(comm::Communicator& comm) {
+  if (comm.memory() != comm::MemoryKind::Cuda)
     throw ConfigError(
         ddp::detail::str("ddp: DistributedDataParallel on CUDA needs a backend whose collectives run on "
                          "CUDA streams (--backend nccl); the '",
                          comm.backend(), "' backend works on host memory"));
-  return *so;
+  return comm;
 }
 // Waits for every Work, dropping errors (used while another error unwinds, or on destruction).
 inline void wait_all_noexcept(std::vector<comm::Work>& works) noexcept {
@@ -78,7 +76,7 @@ template <>
 class Broadcaster<Cuda> {
  public:
   // `comm` must outlive this object; ConfigError unless its collectives run on CUDA streams.
-  explicit Broadcaster(comm::Communicator& comm) : comm_(&comm), so_(&detail::stream_ordered(comm)) {}
+  explicit Broadcaster(comm::Communicator& comm) : comm_(&detail::on_device_memory(comm)) {}
   Broadcaster(const Broadcaster&) = delete;
   Broadcaster& operator=(const Broadcaster&) = delete;
   ~Broadcaster() { drain(); }
@@ -130,20 +128,14 @@ class Broadcaster<Cuda> {
   void drain() noexcept { detail::wait_all_noexcept(pending_); }
 
  private:
-  // One of the two device-memory collective calls (the other: Transport<T, Cuda>::all_reduce_on).
   // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the broadcast.
   template <class V>
   comm::Work broadcast_on(cudaStream_t s, std::span<V> flat) {
-    so_->set_caller_stream_handle(s);
-    comm::Work w = so_->device_broadcast(comm::Buffer::of(flat, comm::MemoryKind::Cuda), {.root = 0});
-    DDP_CUDA_CHECK(cudaEventRecord(op_done_.get(), static_cast<cudaStream_t>(so_->op_stream_handle())));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(s, op_done_.get(), 0));
-    return w;
+    return comm_->broadcast(TensorView<V, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
+                            {.root = 0, .stream = s});
   }
 
   comm::Communicator* comm_;
-  comm::StreamOrdered* so_;
-  Event op_done_;                    // reused: each wait is enqueued right after its record
   std::vector<comm::Work> pending_;  // broadcasts issued without a host wait
 };
 
@@ -152,7 +144,7 @@ class Transport<T, Cuda> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), bcast_(comm), so_(&detail::stream_ordered(comm)) {
+      : params_(params), bcast_(comm), comm_(&comm) {
     if (o.compression != GradCompression::None)
       throw ValueError(
           "ddp: --grad-compression bf16/fp16 is not supported for CUDA models in this version; use "
@@ -232,21 +224,16 @@ class Transport<T, Cuda> {
     bcast_.retire();
   }
 
-  // One of the two device-memory collective calls (the other: Broadcaster<Cuda>::broadcast_on).
   // Stream-ordered: the all-reduce waits for s's earlier work, s's later work waits for the all-reduce.
   comm::Work all_reduce_on(cudaStream_t s, std::span<T> flat) {
-    so_->set_caller_stream_handle(s);
-    comm::Work w = so_->device_all_reduce(comm::Buffer::of(flat, comm::MemoryKind::Cuda), {.op = comm::ReduceOp::Avg});
-    DDP_CUDA_CHECK(cudaEventRecord(op_done_.get(), static_cast<cudaStream_t>(so_->op_stream_handle())));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(s, op_done_.get(), 0));
-    return w;
+    return comm_->all_reduce(TensorView<T, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
+                             {.op = comm::ReduceOp::Avg, .stream = s});
   }
 
   std::vector<nn::Parameter<T, Cuda>*> params_;
   Broadcaster<Cuda> bcast_;
-  comm::StreamOrdered* so_;
-  Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the allocator's frees
-  Event op_done_;       // reused: each wait is enqueued right after its record
+  comm::Communicator* comm_;
+  Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream
   Exec<Cuda> compute_{};
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two training examples under the launchers of DESIGN section 1 that run on one machine: ddprun, torchrun
+# The two training examples under the launchers of docs/ARCHITECTURE.md §0 that run on one machine: ddprun, torchrun
 # (static and c10d rendezvous), torch.distributed.launch --use_env --no_python, mpirun; the
 # resnet example on synthetic data, with --resume, and on (generated) CIFAR-10 files with evaluation.
 # Usage: examples_smoke.sh ddprun|torch|mpi <ddprun> <multinode> <resnet>

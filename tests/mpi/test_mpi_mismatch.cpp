@@ -1,4 +1,4 @@
-// Mismatched collectives on the mpi backend (DESIGN D9, issue 4 must-show 2), under mpirun -n N:
+// Mismatched collectives on the mpi backend (docs/ARCHITECTURE.md D9), under mpirun -n N:
 // rank 0 runs all_reduce while the others broadcast; then all ranks all_reduce but rank 0 with one more
 // element. Every rank must fail with a CommError that names a rank whose op differs and quotes that op,
 // well inside the op timeout (nothing may wait for it), and the program must still exit normally.

@@ -59,7 +59,7 @@ inline constexpr std::string_view op_name(OpKind k) noexcept {
   return "?";
 }
 
-// Identity of one op as every rank must see it (DESIGN D9). `count` is the per-rank element count of
+// Identity of one op as every rank must see it (docs/ARCHITECTURE.md D9). `count` is the per-rank element count of
 // the user's input (all_gather: elements each rank contributes; reduce_scatter: elements each rank
 // receives); `root` is the root rank, the tag of a send/recv, or -1.
 struct Fingerprint {

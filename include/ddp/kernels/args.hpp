@@ -4,7 +4,7 @@
 // Kernels take one Args struct of views, filled with designated initializers:
 //   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{.x = x.view(), .w = w_.view(), .y = y.view(),
 //                                                                .stride = {2, 2}, .padding = {3, 3}});
-// Layouts (DESIGN D5): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
+// Layouts (docs/ARCHITECTURE.md D5): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
 // weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment says optional.
 // validate(args) throws ValueError naming the op, the tensor, its shape and the expected one; every
 // kernel calls it first, so CPU and CUDA reject the same inputs with the same words.

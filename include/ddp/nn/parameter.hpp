@@ -1,7 +1,7 @@
 // Parameter: a trainable tensor with its gradient, its torchvision name, and the on_grad_ready hook DDP uses.
 // SPDX-License-Identifier: MIT
 //
-// Gradient protocol (DESIGN D6). A module's backward computes each of its parameters' gradients and
+// Gradient protocol (docs/ARCHITECTURE.md D6). A module's backward computes each of its parameters' gradients and
 // hands every one over as soon as it is final:
 //     auto dw = p.grad_dest(exec);     // where to write: grad() itself, or scratch when accumulating
 //     Kernels<D>::conv2d_backward(exec, {..., .dw = dw, ...});

@@ -5,7 +5,7 @@
 //   auto store = ddp::store::make_store(info, 30s);            // rank 0 also hosts the server
 //   auto store = ddp::store::make_store(info, 30s, 29600);     // DDP_STORE_PORT / --store-port override
 //
-// The rules (DESIGN.md D3):
+// The rules (docs/ARCHITECTURE.md D3):
 //   - world_size == 1 and no master address: an in-process HashStore (nothing to rendezvous with).
 //   - launcher_owns_store (torchrun's agent already serves MASTER_ADDR:MASTER_PORT, signalled by
 //     TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client of that store; nobody binds the port.

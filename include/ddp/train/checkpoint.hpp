@@ -10,7 +10,7 @@
 // Conversion (how it works): OIHW index ((o * C + c) * kH + r) * kW + s  <->  KRSC ((o * kH + r) * kW + s) * C + c.
 // Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is permuted.
 //
-// Snapshot (save_snapshot / load_snapshot, DESIGN D10): the model's state dict plus, in the same file,
+// Snapshot (save_snapshot / load_snapshot, docs/ARCHITECTURE.md D10): the model's state dict plus, in the same file,
 //   optimizer.momentum_buffer.<param name>   each momentum buffer in the parameter's torch layout
 //   __metadata__: ddp.kind=snapshot, ddp.model, ddp.data_hash, epoch, optimizer.lr, optimizer.steps, rng.seed,
 //                 rng.rank, rng.stream, rng.offset, and any user entries

@@ -10,8 +10,8 @@
 // uint8 reduces through our op too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
 // Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process
 // then ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
-// (DESIGN D9). A rank that dies is handled by mpirun itself (it kills the job).
-// Fingerprints (DESIGN D9): MPI matches collectives by posting order only, so rank 0's all_reduce and
+// (docs/ARCHITECTURE.md D9). A rank that dies is handled by mpirun itself (it kills the job).
+// Fingerprints (docs/ARCHITECTURE.md D9): MPI matches collectives by posting order only, so rank 0's all_reduce and
 // rank 1's broadcast would meet and give garbage or hang. Before each collective's own call, the ranks
 // all-gather its 32-byte fingerprint (kind|dtype|op, root, count, seq) on a second communicator, and
 // every rank compares all of them: a difference fails the op on every rank with the same message,

@@ -1,7 +1,7 @@
 // choose_listen_address: the local address a rank of the tcp backend listens on for its mesh.
 // SPDX-License-Identifier: MIT
 //
-// How it is chosen (issue 4): --socket-ifname / DDP_SOCKET_IFNAME names an interface, which must exist
+// How it is chosen: --socket-ifname / DDP_SOCKET_IFNAME names an interface, which must exist
 // with an IPv4 address (the error lists the ones that do); otherwise we take the local address the kernel
 // would use to reach master_addr, IPv4 or IPv6 as master_addr resolves (net::local_address_towards: a UDP
 // connect, no packet sent). That is a loopback address only when master_addr itself is local, so a

@@ -5,15 +5,17 @@
 // Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, compiled by nvcc)
 // list the same static members with the same Args structs (kernels/args.hpp, kernels/fused_args.hpp), so a
 // module is written once: `Kernels<D>::conv2d_forward(exec_, Conv2dForwardArgs<T, D>{...})`. Kernels<D> is
-// the only place that knows the device. Using a device whose specialisation was not included stops at the
-// static_assert below with what to do.
+// the only place that knows the device; KernelsApi below is the member list both must have. Using a device
+// whose specialisation was not included stops at the static_assert below with what to do.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 
 #include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/fused_args.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
 
@@ -73,6 +75,45 @@ struct ElementwiseKernels {
   static void fill(const Exec<D>& e, TensorView<T, D> x, T value) {
     Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
   }
+};
+
+// The members every Kernels<D> has, as calls (for T = float): kernels/cpu/kernels.hpp and
+// kernels/cuda/kernels.cuh static_assert it, so a member added to one specialisation only fails to compile.
+template <class K, class D>
+concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const float, D> cx, TensorView<float, D> x,
+                              const Conv2dForwardArgs<float, D>& conv_f, const Conv2dBackwardArgs<float, D>& conv_b,
+                              const BatchNormForwardArgs<float, D>& bn_f, const BatchNormBackwardArgs<float, D>& bn_b,
+                              const BatchNormActForwardArgs<float, D>& bn_act_f,
+                              const BatchNormActBackwardArgs<float, D>& bn_act_b,
+                              const MaxPool2dForwardArgs<float, D>& max_f, const MaxPool2dBackwardArgs<float, D>& max_b,
+                              const AdaptiveAvgPool2dForwardArgs<float, D>& avg_f,
+                              const AdaptiveAvgPool2dBackwardArgs<float, D>& avg_b,
+                              const LinearForwardArgs<float, D>& lin_f, const LinearBackwardArgs<float, D>& lin_b,
+                              const CrossEntropyArgs<float, D>& ce, const MseArgs<float, D>& mse,
+                              const SgdArgs<float, D>& sgd, const MultiSgdArgs<float, D>& sgd_multi) {
+  K::for_each_index(e, n, Fill<float>{});
+  K::relu_forward(e, cx, x);
+  K::relu_backward(e, cx, cx, x);
+  K::add(e, cx, cx, x);
+  K::axpy(e, 1.0f, cx, x);
+  K::scale(e, 1.0f, x);
+  K::fill(e, x, 1.0f);
+  K::conv2d_forward(e, conv_f);
+  K::conv2d_backward(e, conv_b);
+  K::batchnorm_forward(e, bn_f);
+  K::batchnorm_backward(e, bn_b);
+  K::batchnorm_act_forward(e, bn_act_f);
+  K::batchnorm_act_backward(e, bn_act_b);
+  K::max_pool2d_forward(e, max_f);
+  K::max_pool2d_backward(e, max_b);
+  K::adaptive_avg_pool2d_forward(e, avg_f);
+  K::adaptive_avg_pool2d_backward(e, avg_b);
+  K::linear_forward(e, lin_f);
+  K::linear_backward(e, lin_b);
+  { K::cross_entropy(e, ce) } -> std::same_as<double>;
+  { K::mse(e, mse) } -> std::same_as<double>;
+  K::sgd_step(e, sgd);
+  K::sgd_step_multi(e, sgd_multi);
 };
 
 }  // namespace ddp::kernels

@@ -1,7 +1,8 @@
 // Whole ResNets on the GPU against the CPU path: identical initial weights, then one training step's
 // forward (logits, loss), backward (every parameter's gradient), BatchNorm running statistics and the
-// SGD update. The GPU runs the fused BatchNorm + ReLU (+ residual) blocks and the multi-tensor SGD, the
-// CPU the unfused layers and per-tensor SGD, so this also checks the blocks' fused wiring.
+// SGD update. Both run the same module code (Kernels<D>): the GPU's BatchNorm + ReLU (+ residual) is one
+// fused kernel and its multi-tensor SGD one launch, the CPU's the unfused passes in a row, so this also
+// checks the fused kernels' wiring.
 // SPDX-License-Identifier: MIT
 //
 // Tolerance: each kernel matches the CPU to ~1e-6 relative (tests/unit/kernels/test_cuda_kernels.cu);

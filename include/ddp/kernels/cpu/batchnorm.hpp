@@ -12,7 +12,9 @@
 //   dx = gamma invstd (dy - dbeta / M - xhat dgamma / M);   in eval: dx = gamma invstd dy.
 // Example: M = 2 values {1, 3} of one channel: mean 2, var 1, invstd ~ 1/sqrt(1 + 1e-5), xhat = {-1, 1};
 // running_var moves towards the unbiased 2: 0.9 * 1 + 0.1 * 2 = 1.1.
-// Sums are accumulated in double per thread block and combined in block order (deterministic).
+// Sums are accumulated in double per thread block and combined in block order (deterministic). Backward
+// reads all of dy (the sums) before it writes dx, one element from the same element, so dx may alias dy
+// (bn_act.hpp relies on that to mask dy in place).
 #pragma once
 
 #include <cmath>

@@ -111,5 +111,6 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
     cpu::sgd_step_multi(e, a);
   }
 };
+static_assert(KernelsApi<Kernels<Cpu>, Cpu>, "ddp: Kernels<Cpu> lacks a member of KernelsApi (kernels/kernels.hpp)");
 
 }  // namespace ddp::kernels

@@ -121,5 +121,6 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::sgd_step_multi(e, a);
   }
 };
+static_assert(KernelsApi<Kernels<Cuda>, Cuda>, "ddp: Kernels<Cuda> lacks a member of KernelsApi (kernels/kernels.hpp)");
 
 }  // namespace ddp::kernels

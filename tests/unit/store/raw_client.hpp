@@ -17,48 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "support/log_capture.hpp"
+
 namespace ddp_test {
 
-// Captures log lines so tests can check that a bad client was logged with a reason. The server logs
-// from its own thread, hence the mutex.
-struct LogCapture {
-  static std::mutex& mu() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<std::string>& lines() {
-    static std::vector<std::string> l;
-    return l;
-  }
-  static void capture(std::string_view line) {
-    std::lock_guard l(mu());
-    lines().emplace_back(line);
-  }
-  LogCapture() {
-    clear();
-    ddp::log::set_sink(&capture);
-  }
-  ~LogCapture() { ddp::log::set_sink(nullptr); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  void clear() {
-    std::lock_guard l(mu());
-    lines().clear();
-  }
-  // Waits (bounded, 2 s) for a line containing `needle`.
-  bool saw(std::string_view needle) {
-    const auto deadline = ddp::store::Clock::now() + std::chrono::seconds(2);
-    while (ddp::store::Clock::now() < deadline) {
-      {
-        std::lock_guard l(mu());
-        for (const auto& s : lines())
-          if (s.find(needle) != std::string::npos) return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
-  }
-};
+// Captures log lines so tests can check that a bad client was logged with a reason (the server logs from
+// its own thread; LogCapture::saw waits for the line).
+using LogCapture = ddp::test::LogCapture;
 
 inline ddp::Fd raw_connect(std::uint16_t port) {
   return ddp::store::connect_tcp("127.0.0.1", port, ddp::store::Clock::now() + std::chrono::seconds(2));

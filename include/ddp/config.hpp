@@ -26,6 +26,21 @@
 #ifndef DDP_WITH_BLAS
 #  define DDP_WITH_BLAS 0   // 1: CPU GEMM calls CBLAS (OpenBLAS); 0: the portable fallback
 #endif
+// DDP_CPU_CACHING: 1 serves host tensors from a caching pool (tensor/storage.hpp, Allocator<Cpu>); 0 calls
+// aligned_alloc/free per tensor. Default 1, but 0 under AddressSanitizer, which can report a use after free
+// only when the memory really goes back to malloc. Every translation unit of a program must agree.
+#ifndef DDP_CPU_CACHING
+#  if defined(__SANITIZE_ADDRESS__)
+#    define DDP_CPU_CACHING 0
+#  elif defined(__has_feature)
+#    if __has_feature(address_sanitizer)
+#      define DDP_CPU_CACHING 0
+#    endif
+#  endif
+#endif
+#ifndef DDP_CPU_CACHING
+#  define DDP_CPU_CACHING 1
+#endif
 
 namespace ddp {
 
@@ -36,6 +51,7 @@ struct BuildConfig {
   static constexpr bool with_nccl = DDP_WITH_NCCL != 0;
   static constexpr bool with_mpi = DDP_WITH_MPI != 0;
   static constexpr bool with_blas = DDP_WITH_BLAS != 0;
+  static constexpr bool cpu_caching = DDP_CPU_CACHING != 0;
 };
 
 namespace detail {

@@ -66,7 +66,7 @@
 #include "ddp/tensor/device.hpp"
 // defines: Shape
 #include "ddp/tensor/shape.hpp"
-// defines: Allocator<D>, Storage<D>
+// defines: Allocator<D>, Storage<D>, MemoryStats, cpu_memory_stats, reset_peak_cpu_memory, release_cached_cpu_memory
 #include "ddp/tensor/storage.hpp"
 // defines: TensorView<T, D>, expect_shape
 #include "ddp/tensor/view.hpp"

@@ -180,7 +180,7 @@ struct Buffer {
   static Buffer of(TensorView<T, D> v) {
     return {.data = const_cast<std::remove_const_t<T>*>(v.data()), .count = static_cast<std::size_t>(v.numel()),
             .dtype = dtype_of<std::remove_const_t<T>>,
-            .memory = std::is_same_v<D, Cuda> ? MemoryKind::Cuda : MemoryKind::Cpu};
+            .memory = D::host_memory ? MemoryKind::Cpu : MemoryKind::Cuda};
   }
 };
 

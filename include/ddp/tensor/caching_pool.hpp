@@ -66,6 +66,21 @@ struct PoolStats {
   std::int64_t cache_hits = 0;     // requests served from the cache
 };
 
+// What a program reads about one device's tensor memory (cpu_memory_stats, cuda_memory_stats).
+struct MemoryStats {
+  std::size_t current_bytes = 0;    // in use by live tensors now (size classes, see CachingPool::round_size)
+  std::size_t peak_bytes = 0;       // high-water mark of current_bytes since start or the last reset
+  std::size_t reserved_bytes = 0;   // obtained from the device (malloc, cudaMalloc): in use + cached for reuse
+  std::int64_t device_mallocs = 0;  // device allocations so far (constant once training reached steady state)
+
+  static MemoryStats of(const PoolStats& s) noexcept {
+    return {.current_bytes = s.current_bytes,
+            .peak_bytes = s.peak_bytes,
+            .reserved_bytes = s.reserved_bytes,
+            .device_mallocs = s.device_mallocs};
+  }
+};
+
 template <PoolBackend B>
 class CachingPool {
  public:

@@ -16,11 +16,15 @@
 
 namespace ddp {
 
+// name: for messages. host_memory: whether the CPU can dereference the device's pointers (what a
+// backend's memory kind is derived from, comm/types.hpp), so code above tensor/ never compares tags.
 struct Cpu {
   static constexpr std::string_view name = "cpu";
+  static constexpr bool host_memory = true;
 };
 struct Cuda {
   static constexpr std::string_view name = "cuda";
+  static constexpr bool host_memory = false;
 };
 
 template <class D>

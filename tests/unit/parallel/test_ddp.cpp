@@ -249,6 +249,30 @@ TEST_SUITE("parallel") {
     }
   }
 
+  TEST_CASE("after two steps, a resnet training step takes every host tensor from the cache") {
+    // tensor/storage.hpp: Allocator<Cpu> caches freed blocks by size class. Step 1 allocates everything;
+    // step 2 also allocates what it needs while tensors kept from step 1 (what modules save for backward,
+    // replaced only by the next forward) are still alive. From step 3 on, a step repeats the sizes and the
+    // lifetimes of the step before: no malloc for a tensor (forward, loss, backward, SGD step).
+    Exec<Cpu> exec;
+    auto net = small_resnet(100);
+    optim::SGD<float, Cpu> opt(net->parameters(), kSgd);
+    std::vector<std::int64_t> mallocs;
+    for (int s = 0; s < 4; ++s) {
+      opt.zero_grad();
+      local_backward(exec, *net, range(s * 8, 8));
+      opt.step(exec);
+      mallocs.push_back(cpu_memory_stats().device_mallocs);
+    }
+    if constexpr (BuildConfig::cpu_caching) {
+      CHECK(mallocs[0] > 0);
+      CHECK(mallocs[2] == mallocs[1]);
+      CHECK(mallocs[3] == mallocs[1]);
+    } else {
+      CHECK(mallocs[3] == 0);  // DDP_CPU_CACHING=0: nothing is cached or counted
+    }
+  }
+
   TEST_CASE("resnet18 (train-mode BN): world 2 equals accumulating W per-rank micro-batches") {
     // Train-mode BN normalises with each rank's own batch statistics (as in PyTorch DDP without SyncBN),
     // so the right single-process reference runs the W chunks separately and averages their gradients.

@@ -66,6 +66,33 @@ TEST_SUITE("tensor") {
     CHECK(ddp::Storage<Cpu>(0).data() == nullptr);
   }
 
+  TEST_CASE("Allocator<Cpu>: a freed block serves the next request of its size class without malloc") {
+    // A size no other test in this binary uses, so its size class starts empty.
+    constexpr std::size_t kBytes = 3'333'333;
+    const ddp::MemoryStats before = ddp::cpu_memory_stats();
+    void* first = nullptr;
+    {
+      ddp::Storage<Cpu> a(kBytes);
+      first = a.data();
+      CHECK(reinterpret_cast<std::uintptr_t>(first) % 64 == 0);
+    }
+    const ddp::MemoryStats warm = ddp::cpu_memory_stats();
+    ddp::Storage<Cpu> b(kBytes - 1000);  // same class (round_size), so the cached block comes back
+    const ddp::MemoryStats after = ddp::cpu_memory_stats();
+    if constexpr (ddp::BuildConfig::cpu_caching) {
+      CHECK(warm.device_mallocs == before.device_mallocs + 1);
+      CHECK(b.data() == first);
+      CHECK(after.device_mallocs == warm.device_mallocs);
+      CHECK(after.current_bytes == before.current_bytes + ddp::detail::HostPool::round_size(kBytes));
+      CHECK(after.reserved_bytes >= after.current_bytes);
+      CHECK(ddp::release_cached_cpu_memory() < after.reserved_bytes);  // b's block stays: it is in use
+      CHECK(ddp::cpu_memory_stats().reserved_bytes >= after.current_bytes);
+    } else {  // DDP_CPU_CACHING=0 (ASan builds): plain aligned_alloc, nothing counted
+      CHECK(after.device_mallocs == 0);
+      CHECK(after.reserved_bytes == 0);
+    }
+  }
+
   TEST_CASE("Tensor factories, element access in NHWC order and views") {
     auto z = Tensor<float, Cpu>::zeros({2, 3, 4, 5});
     CHECK(z.numel() == 120);

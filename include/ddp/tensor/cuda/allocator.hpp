@@ -37,13 +37,8 @@
 
 namespace ddp {
 
-// Bytes of device memory held by tensors on one device.
-struct CudaMemoryStats {
-  std::size_t current_bytes = 0;    // in use by live allocations now (size classes, see CachingPool)
-  std::size_t peak_bytes = 0;       // high-water mark of current_bytes since start or reset_peak_cuda_memory()
-  std::size_t reserved_bytes = 0;   // obtained with cudaMalloc: in use + cached for reuse
-  std::int64_t device_mallocs = 0;  // cudaMalloc calls so far (constant once training reached steady state)
-};
+// Bytes of device memory held by tensors on one device (the same counters as cpu_memory_stats).
+using CudaMemoryStats = MemoryStats;
 
 namespace detail {
 
@@ -165,13 +160,7 @@ struct Allocator<Cuda> {
 };
 
 // Current / peak / reserved bytes and cudaMalloc count of the current device's pool.
-inline CudaMemoryStats cuda_memory_stats() {
-  const PoolStats s = detail::cuda_pool().stats();
-  return {.current_bytes = s.current_bytes,
-          .peak_bytes = s.peak_bytes,
-          .reserved_bytes = s.reserved_bytes,
-          .device_mallocs = s.device_mallocs};
-}
+inline CudaMemoryStats cuda_memory_stats() { return MemoryStats::of(detail::cuda_pool().stats()); }
 
 // Starts a new peak measurement (peak_bytes becomes current_bytes).
 inline void reset_peak_cuda_memory() { detail::cuda_pool().reset_peak(); }

@@ -30,9 +30,12 @@
 // quotes the first failure.
 // Ops run one at a time in issue order (collectives must match across ranks). As with nccl outside a group,
 // a send and a recv that depend on each other must be issued in matching order on the two ranks.
-// Known limit: the CUDA runtime may run host functions of different streams on one thread, so an op on
-// stream B whose hold runs first can delay an earlier op's hold on stream A; ops that wait for each other
-// that way end in a TimeoutError, not a hang. DDP issues its ops on one stream, or ordered by events.
+// Known limit: the CUDA runtime may run the host functions of all streams of a process on one thread, and a
+// host function must not wait for work not ordered before it. A hold waits for the host op, which waits for
+// the peers' `ready`; so within one process, a hold can delay the hold another stream needs first: ops on
+// several streams issued out of their dependency order, or ranks that are threads of one process with more
+// than one op in flight. Such an op ends in a TimeoutError, not a hang. Jobs run one process per rank and
+// DDP issues its ops on one stream, which is safe.
 //
 // The device side is a template parameter D (the "device ops") so that all of the above is tested on the
 // CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the CUDA one is

@@ -121,7 +121,8 @@ TEST_CASE("nccl: world size 1 on device 0 runs every collective, bf16 too, and r
   std::vector<float> host(4, 1.f);
   CHECK_THROWS_WITH_AS(c->all_reduce(std::span(host)),
                        "ddp[rank 0/1]: all_reduce got host memory, but the nccl backend reaches CUDA device memory "
-                       "only; pass a TensorView<T, Cuda> over device memory, or use --backend tcp for host memory.",
+                       "only; pass a TensorView<T, Cuda> over device memory, or use a communicator made for host memory "
+                       "(--backend tcp without CommOptions::cuda_device).",
                        ddp::ValueError);
 }
 

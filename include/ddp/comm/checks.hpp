@@ -141,16 +141,18 @@ class CallChecks {
   void reaches(std::string_view op, const Buffer& b, void* stream) const {
     if (b.memory != memory_) {
       const std::string_view fix = memory_ == MemoryKind::Cpu
-                                       ? "copy the tensor to the host (ddp::to<Cpu>) or use --backend nccl"
-                                       : "pass a TensorView<T, Cuda> over device memory, or use --backend tcp for "
-                                         "host memory";
+                                       ? "copy the tensor to the host (ddp::to<Cpu>), or make the communicator for device memory "
+                                         "(--backend nccl, or CommOptions::cuda_device)"
+                                       : "pass a TensorView<T, Cuda> over device memory, or use a communicator "
+                                         "made for host memory (--backend tcp without CommOptions::cuda_device)";
       throw ValueError(ddp::detail::str(who(rank_, size_), ": ", op, " got ", memory_name(b.memory), ", but the ",
                                         backend_, " backend reaches ", memory_name(memory_), " only; ", fix, '.'));
     }
     if (stream && memory_ == MemoryKind::Cpu)
       throw ValueError(ddp::detail::str(who(rank_, size_), ": ", op, " got a CUDA stream (.stream), but the ", backend_,
                                         " backend works on host memory, which streams do not order; leave .stream "
-                                        "null, or use --backend nccl for device memory."));
+                                        "null, or make the communicator for device memory (--backend nccl, or "
+                                        "CommOptions::cuda_device)."));
   }
   void root(std::string_view op, int r) const {
     if (r < 0 || r >= size_)

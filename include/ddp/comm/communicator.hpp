@@ -19,12 +19,13 @@
 //   the Work completes. Ops run on a progress thread, so they overlap with the caller's compute; a backend
 //   may run a small op issued while it is idle on the calling thread (tcp: CommOptions::inline_max_bytes,
 //   0 = never). send/recv are blocking (they return a completed Work); isend/irecv are asynchronous.
-// - Memory: a backend reaches one kind of memory, memory(): host memory (tcp, mpi) or CUDA device memory
-//   (nccl). Any other is a ValueError at the call that names the backend and the fix.
+// - Memory: a communicator reaches one kind of memory, memory(): host memory (tcp, mpi) or CUDA device memory
+//   (nccl; tcp and mpi staged through pinned host memory, comm/staging/staged_communicator.hpp). Any other is
+//   a ValueError at the call that names the backend and the fix.
 // - Streams (device memory): an op called with options.stream = s (a cudaStream_t; null: the legacy default
 //   stream) is stream-ordered. It waits, on the device, for the work already enqueued on s, and the work
 //   enqueued on s after the call waits for it; the host never blocks. Work::wait() blocks the host until
-//   the op is done and raises its failure. Host-memory backends take no stream (ValueError).
+//   the op is done and raises its failure. Communicators on host memory take no stream (ValueError).
 // - Argument errors (root out of range, size mismatch) throw ValueError at the call, before anything is sent.
 // - Calls from several threads are serialised, but their order then decides the op order: issue
 //   collectives from one thread.
@@ -174,6 +175,23 @@ class Communicator {
   virtual Work barrier_impl(const OpCall& call) = 0;
   // `index`: this rank's index in the checked `ranks`, -1 for a non-member (which still takes part).
   virtual std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks, int index) = 0;
+
+  // Hands an already checked call to `to`'s backend: how a wrapper (comm/staging/staged_communicator.hpp)
+  // runs the op it staged in host memory on the communicator that moves the bytes, without a second check.
+  static Work run_checked(Communicator& to, const OpCall& call) {
+    switch (call.fp.kind) {
+      case OpKind::Send: return to.send_impl(call);
+      case OpKind::Recv: return to.recv_impl(call);
+      case OpKind::Broadcast: return to.broadcast_impl(call);
+      case OpKind::AllReduce: return to.all_reduce_impl(call);
+      case OpKind::Reduce: return to.reduce_impl(call);
+      case OpKind::AllGather: return to.all_gather_impl(call);
+      case OpKind::ReduceScatter: return to.reduce_scatter_impl(call);
+      case OpKind::AllToAll: return to.all_to_all_impl(call);
+      case OpKind::Barrier: return to.barrier_impl(call);
+    }
+    return to.barrier_impl(call);  // unreachable: every kind is listed
+  }
 
  private:
   CallChecks checks() const { return CallChecks(rank(), size(), backend(), memory()); }

@@ -8,8 +8,9 @@
 //   comm.broadcast(weights.view(), {.root = 0, .timeout = std::chrono::seconds(30)});
 //   comm.all_reduce(d_grad.view(), {.op = ddp::comm::ReduceOp::Avg, .stream = exec.stream});   // nccl
 // `stream` (a cudaStream_t, null: the legacy default stream) orders an op on device memory with the
-// caller's kernels, without the host (comm/communicator.hpp says how). Host-memory backends (tcp, mpi)
-// take no stream: a non-null one is a ValueError rather than an argument silently ignored.
+// caller's kernels, without the host (comm/communicator.hpp says how). Communicators on host memory (tcp,
+// mpi without CommOptions::cuda_device) take no stream: a non-null one is a ValueError rather than an
+// argument silently ignored.
 #pragma once
 
 #include <chrono>
@@ -156,6 +157,11 @@ struct CommOptions {
   // fail on every rank with a message instead of meeting inside MPI (one 32-byte all-gather per op).
   // tcp checks fingerprints in every frame header and ignores this. Every rank must pass the same value.
   bool check_fingerprints = true;
+  // The CUDA device the collectives' tensors live on; -1: host memory. With tcp/gloo or mpi,
+  // make_communicator (comm/factory.hpp) then stages device buffers through pinned host memory, with
+  // nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/ARCHITECTURE.md D23); nccl uses
+  // this device instead of the local rank. Programs set it from --device cuda (the local rank's GPU).
+  int cuda_device = -1;
 };
 
 // Where a Buffer's memory lives; Communicator::memory() says which one a backend reaches.

@@ -147,11 +147,13 @@ inline std::vector<std::string> check_argument_errors(comm::Communicator& c) {
   // Device memory on a host backend names the backend and the fix. The pointer is never touched.
   TensorView<float, Cuda> device(v.data(), Shape{3});
   expect(detail::str("all_reduce got CUDA device memory, but the ", backend, " backend reaches host memory only; copy "
-                     "the tensor to the host (ddp::to<Cpu>) or use --backend nccl."),
+                     "the tensor to the host (ddp::to<Cpu>), or make the communicator for device memory (--backend nccl, or "
+                     "CommOptions::cuda_device)."),
          [&] { c.all_reduce(device); });
   int stream = 0;  // any non-null cudaStream_t
   expect(detail::str("all_reduce got a CUDA stream (.stream), but the ", backend, " backend works on host memory, "
-                     "which streams do not order; leave .stream null, or use --backend nccl for device memory."),
+                     "which streams do not order; leave .stream null, or make the communicator for device memory "
+                     "(--backend nccl, or CommOptions::cuda_device)."),
          [&] { c.all_reduce(std::span(v), {.stream = &stream}); });
   expect("new_group needs at least one rank", [&] { c.new_group({}); });
   expect(detail::str("new_group needs strictly increasing ranks in [0, ", n, "), got [0, 0]"),

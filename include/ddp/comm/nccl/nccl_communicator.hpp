@@ -42,6 +42,7 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/cuda/device_guard.hpp"
 #include "ddp/comm/failure_report.hpp"
 #include "ddp/comm/nccl/nccl_check.hpp"
 #include "ddp/core/cuda_check.hpp"
@@ -57,20 +58,7 @@ namespace nccl {
 
 inline constexpr std::chrono::milliseconds kStorePollInterval{200};
 
-// Sets the current CUDA device for a scope and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    DDP_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) DDP_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-};
+using DeviceGuard = CudaDeviceGuard;  // comm/cuda/device_guard.hpp
 
 }  // namespace nccl
 

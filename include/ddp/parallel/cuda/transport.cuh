@@ -15,13 +15,19 @@
 //                      sees averaged gradients. The host never waits here.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
-// Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl), all
-// gradients in device memory, no gradient compression (ValueError otherwise). The bucket order
-// rebuilt after the first step is broadcast through a small device buffer (one host wait).
+// Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
+// and mpi made with CommOptions::cuda_device, which stage through pinned host memory: comm/staging/
+// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, no gradient
+// compression (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
+// small device buffer (one host wait).
 // The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
-// device for the copies before it, and the copies after it wait for it; the host is never involved.
-// Memory: the backend declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream),
-// so a flat buffer freed by a rebuild is reused only after NCCL has finished with it.
+// device for the copies before it, and the copies after it wait for it; the host is never involved (staged
+// backends: the stream waits in a host function for the host collective, not the calling thread).
+// Nothing here keeps a stream in the communicator: the stream travels with each call, so the communicator
+// outlives this transport and its streams safely (docs/ARCHITECTURE.md D16).
+// Memory: nccl declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream), so a
+// flat buffer freed by a rebuild is reused only after NCCL has finished with it; a staged backend touches
+// device memory only on the caller's stream, in stream order like our own copies.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,9 +61,9 @@ namespace detail {
 inline comm::Communicator& on_device_memory(comm::Communicator& comm) {
   if (comm.memory() != comm::MemoryKind::Cuda)
     throw ConfigError(
-        ddp::detail::str("ddp: DistributedDataParallel on CUDA needs a backend whose collectives run on "
-                         "CUDA streams (--backend nccl); the '",
-                         comm.backend(), "' backend works on host memory"));
+        ddp::detail::str("ddp: DistributedDataParallel on CUDA needs a communicator whose collectives run on "
+                         "CUDA streams (--backend nccl, or tcp/gloo/mpi made with CommOptions::cuda_device); the '",
+                         comm.backend(), "' communicator works on host memory"));
   return comm;
 }
 // Waits for every Work, dropping errors (used while another error unwinds, or on destruction).

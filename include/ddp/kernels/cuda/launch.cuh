@@ -90,11 +90,13 @@ inline void sync_check_after(std::string_view call, cudaStream_t stream) {
 // messages; a view of a static string, so naming costs nothing until an error is built).
 template <class F>
 std::string_view type_name() {
-  std::string_view p = __PRETTY_FUNCTION__;  // "... type_name() [with F = X; std::string_view = ...]" (GCC)
-  const auto b = p.find("F = ");
+  // "... type_name() [with F = X; ...]" (GCC) or "... type_name<F>() [with F=X]" (nvcc's front end)
+  std::string_view p = __PRETTY_FUNCTION__;
+  const auto b = p.find("[with F");
   if (b == std::string_view::npos) return p;
-  p.remove_prefix(b + 4);
-  return p.substr(0, std::min(p.find(';'), p.find(']')));
+  p.remove_prefix(b + 7);
+  while (!p.empty() && (p.front() == ' ' || p.front() == '=')) p.remove_prefix(1);
+  return p.substr(0, std::min(p.find(';'), p.rfind(']')));
 }
 
 template <class F>

@@ -7,8 +7,9 @@
 # 77 no GPU here (the report says why).
 # Steps: build | ctest -L gpu | compute-sanitizer memcheck + racecheck on the kernel tests, the nn tests (resnet18
 # and resnet50 GPU step against the CPU) and one DDP step | the tutorial commands on the GPU (resnet under ddprun and
-# torchrun, --backend gloo --device cuda with world 2 and 4, multinode --device cuda under torchrun and mpirun, a
-# kill -9 of one rank mid-training) | bench_resnet_gpu against the installed PyTorch.
+# torchrun, --backend gloo --device cuda with world 2 and 4, multinode --device cuda under torchrun and mpirun (nccl)
+# and ddprun (gloo, world 2 on one GPU), resnet18 under DDP_CUDA_SYNC_CHECK=1, a kill -9 of one rank mid-training)
+# | bench_resnet_gpu against the installed PyTorch.
 # Dependencies it finds by itself: nvcc (PATH, CUDA_HOME, /usr/local/cuda), NCCL (NCCL_ROOT, else the
 # nvidia-nccl wheel beside python3's torch), torchrun and PyTorch (python3). The header-only packages ddp
 # builds with (doctest, cxxopts, nlohmann_json) are taken from the system, or from DDP_GPU_DEPS (default:
@@ -163,18 +164,26 @@ if want test; then
     step "gloo_cuda_world$n" 300 "$ddprun" --nproc-per-node "$n" --standalone "$resnet" --backend gloo --device cuda "${syn[@]}"
   done
   free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  # multinode (the tutorial's multinode_gpu_ddp.py and its MPI variant): nccl, one GPU per rank, world 1 here;
+  # then gloo with 2 ranks sharing the GPU (the tcp backend stages CUDA tensors through pinned host memory).
+  mn=(5 2 --backend nccl --device cuda)
   if command -v torchrun >/dev/null; then
     step multinode_cuda_torchrun 300 torchrun --nproc_per_node=1 --master_addr=127.0.0.1 --master_port="$(free_port)" \
-      --no-python "$multinode" 5 2 --device cuda --snapshot_path "$work/mn.safetensors"
+      --no-python "$multinode" "${mn[@]}" --snapshot_path "$work/mn.safetensors"
   else
     printf 'multinode_cuda_torchrun\tskip\t0\tno torchrun on PATH\n' >> "$results"
   fi
-  if command -v mpirun >/dev/null; then
+  if command -v mpirun >/dev/null; then  # ranks rendezvous through MASTER_ADDR/MASTER_PORT, as on the CPU
     step multinode_cuda_mpirun 300 mpirun --allow-run-as-root -np 1 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" \
-      "$multinode" 5 2 --device cuda --snapshot_path "$work/mn2.safetensors"
+      "$multinode" "${mn[@]}" --snapshot_path "$work/mn2.safetensors"
   else
     printf 'multinode_cuda_mpirun\tskip\t0\tno mpirun on this machine\n' >> "$results"
   fi
+  step multinode_gloo_cuda_world2 300 "$ddprun" --nproc-per-node 2 --standalone "$multinode" 5 2 --backend gloo \
+    --device cuda --snapshot_path "$work/mn3.safetensors"
+  # Debug mode: every kernel launch of a resnet18 step waits for its stream and names a faulting kernel.
+  step sync_check_resnet18 300 env DDP_CUDA_SYNC_CHECK=1 "$resnet" --backend nccl --device cuda --use_syn \
+    --steps_syn 2 --arch resnet18 --batch_size 16 --image_size 64 --model_dir "$work/sc"
   # kill -9 of rank 1 mid-training: ddprun and the other rank must end within the timeout (10 s here) + 10 s.
   kill_one() {
     DDP_TIMEOUT_MS=10000 "$ddprun" --nproc-per-node 2 --standalone "$resnet" --backend gloo --device cuda \

@@ -6,6 +6,12 @@
 //   ddprun --nproc-per-node 2 --standalone --max-restarts 3 ./multinode 50 10
 //   torchrun --nproc-per-node=1 --nnodes=2 --node-rank=0 --rdzv-id=456 --rdzv-backend=c10d
 //            --rdzv-endpoint=1.2.3.4:29603 ./multinode 1000 1000
+//   torchrun --nproc-per-node=4 ./multinode 50 10 --backend nccl --device cuda     (one GPU per rank)
+//   mpirun -np 2 -x MASTER_ADDR=10.0.0.1 -x MASTER_PORT=29500 ./multinode 50 10 --backend nccl
+// Device (train/device_choice.hpp, the resnet example's rules): --device cuda trains on GPU LOCAL_RANK with
+// nccl, or shares the visible GPUs with gloo/tcp; without --device a build with CUDA and a visible GPU
+// trains on the GPU (not with --backend mpi), anything else on the CPU. The loop is train.hpp, one template
+// for both devices; on the GPU it runs in fp32.
 // Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from --seed, the same on every rank; the
 // DistributedSampler gives each rank its share (1024 each with 2 ranks: 32 steps of 32).
 // Snapshots (docs/ARCHITECTURE.md D10): after every save_every-th epoch and after the last one, global rank 0 writes
@@ -19,28 +25,23 @@
 //   Epoch 0 | Training snapshot saved at snapshot.safetensors
 //   ...
 //   Training took 0.01 s
-#include <csignal>
-#include <cstdint>
 #include <cxxopts.hpp>
 #include <ddp/comm/factory.hpp>
-#include <ddp/data/distributed_sampler.hpp>
+#include <ddp/config.hpp>
+#include <ddp/core/log.hpp>
 #include <ddp/env/detect.hpp>
 #include <ddp/env/flags.hpp>
-#include <ddp/nn/linear.hpp>
-#include <ddp/nn/loss.hpp>
-#include <ddp/optim/sgd.hpp>
-#include <ddp/parallel/ddp.hpp>
 #include <ddp/store/hash_store.hpp>
 #include <ddp/store/rendezvous.hpp>
-#include <ddp/train/checkpoint.hpp>
-#include <ddp/train/metrics.hpp>
+#include <ddp/train/device_choice.hpp>
 #include <ddp/train/options.hpp>
-#include <ddp/train/snapshot_sync.hpp>
 #include <iostream>
-#include <vector>
+
+#include "../common/cuda_device.hpp"
+#include "cuda_entry.hpp"
+#include "train.hpp"
 
 using namespace ddp;
-constexpr std::int64_t kSamples = 2048, kIn = 20;
 
 int main(int argc, char** argv) {
   try {
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
         "loss", "mse, or cross_entropy as in the tutorial -- which is identically zero on a single output "
         "(log_softmax of one logit is 0), so the model would never change; hence the default mse",
         cxxopts::value<std::string>()->default_value("mse"))(
-        "device", "cpu or cuda (default: cuda for --backend nccl)", cxxopts::value<std::string>()->default_value(""))(
+        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)", cxxopts::value<std::string>()->default_value(""))(
         "seed", "data and initialisation seed", cxxopts::value<long>()->default_value("0"))(
         "lr", "SGD learning rate", cxxopts::value<double>()->default_value("0.001"))(
         "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the "
@@ -77,86 +78,33 @@ int main(int argc, char** argv) {
     if (save_every < 1 || batch_size < 1) throw ConfigError("ddp: save_every and --batch_size must be >= 1");
     if (loss_name != "mse" && loss_name != "cross_entropy")
       throw ConfigError("ddp: --loss must be mse or cross_entropy, got '" + loss_name + "'");
-    train::resolve_device(args["device"].as<std::string>(), dist.backend);
+    int gpus = 0;
+    if constexpr (BuildConfig::with_cuda) gpus = ddp_example::cuda_devices();
+    const train::DeviceChoice device = train::choose_device({.flag = args["device"].as<std::string>(),
+                                                             .backend = dist.backend,
+                                                             .built_with_cuda = BuildConfig::with_cuda,
+                                                             .visible_gpus = gpus});
+    if (!device.reason.empty()) DDP_LOG_INFO(device.reason);
 
-    // Launch info -> store -> communicator.
+    // Launch info -> (GPU) -> store -> communicator.
     const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = dist.needs_store(), .backend = dist.backend});
     log::set_rank(info.rank, info.world_size);
+    const int gpu = device.is_cuda() ? train::cuda_device_for(dist.backend, info.local_rank, gpus) : -1;
+    if constexpr (BuildConfig::with_cuda)
+      if (gpu >= 0) ddp_example::use_cuda_device(gpu);  // before nccl touches a GPU
     std::unique_ptr<store::Store> store = dist.needs_store() ? store::make_store(info, dist.timeout, dist.store_port)
                                                              : std::make_unique<store::HashStore>(dist.timeout);
     auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options());
-    const int rank = comm->rank();
 
-    // Model, optimizer, data (the same 2048 samples on every rank).
-    nn::Linear<float, Cpu> net({.in_features = kIn, .out_features = 1});
-    Generator init(seed, 0, kStreamInit);
-    net.reset_parameters(init);
-    optim::SGD<float, Cpu> opt(net.parameters(), {.lr = args["lr"].as<double>()});
-    Tensor<float, Cpu> xs(Shape{kSamples, kIn}), ys(Shape{kSamples, 1});
-    Generator data_gen(seed, 0, kStreamData);
-    data_gen.fill_uniform(xs.view(), -1.0, 1.0);
-    data_gen.fill_uniform(ys.view(), -1.0, 1.0);
-    data::DistributedSampler sampler(kSamples, {.num_replicas = comm->size(), .rank = rank, .shuffle = true, .seed = seed});
-
-    // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
-    const std::vector<std::uint8_t> bytes = train::read_and_broadcast(*comm, snapshot_path);
-    long start_epoch = 0;
-    if (!bytes.empty()) {
-      start_epoch = static_cast<long>(train::load_snapshot_bytes<float>(bytes, net, opt, snapshot_path).epoch);
-      if (rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
-    }
-    parallel::DistributedDataParallel<float, Cpu> model(net, *comm, dist.ddp);
-
+    const multinode_example::Setup setup{
+        .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
+        .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(),
+        .die_after_epoch = args["die-after-epoch"].as<long>(), .restart_count = info.restart_count,
+        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = comm.get()};
+    if constexpr (BuildConfig::with_cuda)
+      if (gpu >= 0) return multinode_example::train_cuda(setup, gpu);
     Exec<Cpu> exec;
-    nn::MSELoss<float, Cpu> mse;
-    nn::CrossEntropyLoss<float, Cpu> ce;
-    train::MetricsWriter metrics(rank == 0 ? dist.metrics_file : std::string());  // per-step JSON lines
-    const auto t0 = std::chrono::steady_clock::now();
-    for (long epoch = start_epoch; epoch < total_epochs; ++epoch) {
-      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-      const auto idx = sampler.indices();
-      const std::size_t steps = (idx.size() + batch_size - 1) / batch_size;
-      std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << batch_size << " | Steps: " << steps
-                << std::endl;
-      for (std::size_t s = 0; s < steps; ++s) {
-        const auto ts = std::chrono::steady_clock::now();
-        const std::size_t b0 = s * batch_size, n = std::min(batch_size, idx.size() - b0);
-        Tensor<float, Cpu> x(Shape{static_cast<std::int64_t>(n), kIn}), y(Shape{static_cast<std::int64_t>(n), 1});
-        Tensor<std::int64_t, Cpu> labels = Tensor<std::int64_t, Cpu>::zeros(Shape{static_cast<std::int64_t>(n)});
-        for (std::size_t k = 0; k < n; ++k) {
-          const auto i = idx[b0 + k];
-          std::copy_n(xs.data() + i * kIn, kIn, x.data() + k * kIn);
-          y.data()[k] = ys.data()[i];
-        }
-        opt.zero_grad();
-        auto out = model.forward(exec, x.cview());
-        double loss = 0;
-        if (loss_name == "mse") {
-          loss = mse.forward(exec, out.cview(), y.cview());
-          model.backward(exec, mse.backward(exec).cview());
-        } else {
-          loss = ce.forward(exec, out.cview(), labels.cview());
-          model.backward(exec, ce.backward(exec).cview());
-        }
-        opt.step(exec);
-        if (metrics.enabled())
-          metrics.write({{"epoch", epoch}, {"step", s}, {"loss", loss},
-                         {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()}});
-      }
-      if (epoch % save_every == 0 || epoch + 1 == total_epochs) {
-        if (rank == 0) {
-          train::save_snapshot(snapshot_path, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()});
-          std::cout << "Epoch " << epoch << " | Training snapshot saved at " << snapshot_path << std::endl;
-        }
-        if (epoch == args["die-after-epoch"].as<long>() && info.restart_count == 0) {
-          comm->barrier().wait();  // the snapshot is on disk before the simulated crash
-          if (rank == 1) std::raise(SIGKILL);
-        }
-      }
-    }
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rank == 0) std::cout << "Training took " << took << " s" << std::endl;
-    return 0;  // the communicator's destructor runs a bounded barrier: never hangs at exit
+    return multinode_example::train<Cpu>(setup, exec);  // the communicator's destructor runs a bounded barrier
   } catch (const std::exception& e) {
     std::cerr << e.what() << '\n';
     return 1;

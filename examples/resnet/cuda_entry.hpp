@@ -11,9 +11,7 @@
 
 namespace resnet_example {
 
-// CUDA devices visible to this process (0 without a driver or device; never throws).
-int cuda_devices();
-// Trains on GPU `device` (LOCAL_RANK) at `precision` ("fp32" | "tf32" | "bf16"; ConfigError otherwise);
+// Trains on GPU `device` (train::cuda_device_for) at `precision` ("fp32" | "tf32" | "bf16"; ConfigError otherwise);
 // deterministic: Exec<Cuda>::deterministic. Returns the process exit code.
 int train_cuda(Setup& s, int device, const std::string& precision, bool deterministic);
 

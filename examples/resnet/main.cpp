@@ -13,9 +13,11 @@
 // ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --deterministic, --threads,
 // --width (channel multiplier; 64 is torchvision's), --num_classes, --data_dir, --log_every, and the
 // distributed flags of train/options.hpp (--bucket-cap-mb, ...).
-// Device: --device cuda trains on GPU LOCAL_RANK (built with CUDA; NCCL for more than one rank). Without
-// --device, a build with CUDA and a visible GPU trains on the GPU, anything else on the CPU (a log line
-// says which and why); --backend nccl without a GPU is a ConfigError.
+// Device (train/device_choice.hpp, shared with the multinode example): --device cuda trains on GPU LOCAL_RANK
+// with nccl, or shares the visible GPUs round-robin with gloo/tcp (world 2-4 on one GPU); --backend mpi is
+// host memory only. Without --device, a build with CUDA and a visible GPU trains on the GPU (except under
+// mpi), anything else on the CPU (a log line says which and why); --backend nccl without a GPU is a
+// ConfigError.
 // SGD momentum 0.9, weight decay 1e-5, cross-entropy. samples_per_sec counts every step of every rank.
 // Expected output (rank 0):
 //   epoch 0 step 1/10 loss 6.9412 samples/s 41.3
@@ -34,57 +36,17 @@
 #include <ddp/store/hash_store.hpp>
 #include <ddp/store/rendezvous.hpp>
 #include <ddp/tensor/precision.hpp>
+#include <ddp/train/device_choice.hpp>
 #include <ddp/train/options.hpp>
 #include <filesystem>
 #include <iostream>
 #include <thread>
 
+#include "../common/cuda_device.hpp"
 #include "cuda_entry.hpp"
 #include "train.hpp"
 
 using namespace ddp;
-
-namespace {
-
-// "cpu" or "cuda" from --device (empty: pick) and --backend. Picking: a build with CUDA and a visible GPU
-// trains on the GPU (the tutorial's `resnet --backend=nccl ...` needs nothing else), anything else on the
-// CPU; the choice and its reason are logged once.
-std::string choose_device(const std::string& flag, const std::string& backend) {
-  int gpus = 0;
-  if constexpr (BuildConfig::with_cuda) gpus = resnet_example::cuda_devices();
-  if (flag == "cpu") {
-    if (backend == "nccl")
-      throw ConfigError("ddp: --backend nccl reduces GPU memory, but --device cpu was given; use --backend gloo (or "
-                        "tcp, mpi) on the CPU, or drop --device");
-    return flag;
-  }
-  if (flag == "cuda") {
-    if (!BuildConfig::with_cuda)
-      throw ConfigError("ddp: --device cuda: this resnet was built without CUDA; reconfigure with -DDDP_WITH_CUDA=ON "
-                        "(and NCCL for --backend nccl) or pass --device cpu");
-    if (gpus == 0)
-      throw ConfigError("ddp: --device cuda: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); pass "
-                        "--device cpu with --backend gloo");
-    return flag;
-  }
-  if (!flag.empty())
-    throw ConfigError(ddp::detail::str("ddp: unknown --device ", ddp::detail::quoted(flag), "; valid: cpu, cuda"));
-  if (gpus > 0) {
-    DDP_LOG_INFO("--device not given: training on the GPU (", gpus, " visible; this rank uses LOCAL_RANK's)");
-    return "cuda";
-  }
-  if (backend == "nccl")
-    throw ConfigError(BuildConfig::with_cuda
-                          ? "ddp: --backend nccl needs a GPU but no CUDA device is visible; use --backend gloo to "
-                            "train on the CPU"
-                          : "ddp: --backend nccl needs a build with CUDA and NCCL; this one has neither, so use "
-                            "--backend gloo to train on the CPU");
-  DDP_LOG_INFO("--device not given: training on the CPU (",
-               BuildConfig::with_cuda ? "no CUDA device is visible" : "built without CUDA", ")");
-  return "cpu";
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -102,7 +64,7 @@ int main(int argc, char** argv) {
         "resume", "resume from model_dir/model_filename")(
         "image_size", "synthetic image height and width", cxxopts::value<long>()->default_value("224"))(
         "steps_syn", "steps per epoch on synthetic data", cxxopts::value<long>()->default_value("20"))(
-        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, else cpu)",
+        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)",
         cxxopts::value<std::string>()->default_value(""))(
         "precision", "GPU arithmetic of convolutions and Linear: fp32, tf32 or bf16", cxxopts::value<std::string>()->default_value("tf32"))(
         "deterministic", "GPU: bitwise-reproducible kernels only")(
@@ -119,7 +81,13 @@ int main(int argc, char** argv) {
     }
     log::init();
     const train::DistFlags dist = train::read_dist_flags(args);
-    const std::string device = choose_device(args["device"].as<std::string>(), dist.backend);
+    int gpus = 0;
+    if constexpr (BuildConfig::with_cuda) gpus = ddp_example::cuda_devices();
+    const train::DeviceChoice device = train::choose_device({.flag = args["device"].as<std::string>(),
+                                                             .backend = dist.backend,
+                                                             .built_with_cuda = BuildConfig::with_cuda,
+                                                             .visible_gpus = gpus});
+    if (!device.reason.empty()) DDP_LOG_INFO(device.reason);
     const std::string precision = args["precision"].as<std::string>();
     (void)parse_precision(precision);  // a bad --precision fails before any rendezvous
     const auto batch_size = static_cast<std::size_t>(args["batch_size"].as<long>());
@@ -131,6 +99,9 @@ int main(int argc, char** argv) {
     // Launch info -> store -> communicator.
     const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = dist.needs_store(), .backend = dist.backend});
     log::set_rank(info.rank, info.world_size);
+    const int gpu = device.is_cuda() ? train::cuda_device_for(dist.backend, info.local_rank, gpus) : -1;
+    if constexpr (BuildConfig::with_cuda)
+      if (gpu >= 0) ddp_example::use_cuda_device(gpu);  // before nccl touches a GPU
     std::unique_ptr<store::Store> store = dist.needs_store() ? store::make_store(info, dist.timeout, dist.store_port)
                                                              : std::make_unique<store::HashStore>(dist.timeout);
     auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options());
@@ -160,10 +131,8 @@ int main(int argc, char** argv) {
                     .string(),
         .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = comm.get(), .train_set = train_set.get(),
         .test_set = test_set.get(), .loader = &loader};
-    if (device == "cuda") {
-      if constexpr (BuildConfig::with_cuda)
-        return resnet_example::train_cuda(setup, info.local_rank, precision, args.count("deterministic") > 0);
-    }
+    if constexpr (BuildConfig::with_cuda)
+      if (gpu >= 0) return resnet_example::train_cuda(setup, gpu, precision, args.count("deterministic") > 0);
     int threads = args["threads"].as<int>();
     if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / info.local_world_size);
     kernels::cpu::ThreadPool pool(threads);

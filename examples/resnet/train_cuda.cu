@@ -1,5 +1,5 @@
-// The resnet example on the GPU: the device given by LOCAL_RANK, a compute stream, Exec<Cuda> at the
-// chosen precision, and the shared training loop of train.hpp instantiated for Cuda.
+// The resnet example on the GPU: the device main.cpp chose (train::cuda_device_for), a compute stream,
+// Exec<Cuda> at the chosen precision, and the shared training loop of train.hpp instantiated for Cuda.
 // SPDX-License-Identifier: MIT
 #include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
@@ -10,8 +10,6 @@
 #include "cuda_entry.hpp"
 
 namespace resnet_example {
-
-int cuda_devices() { return ddp::cuda_device_count(); }
 
 int train_cuda(Setup& s, int device, const std::string& precision, bool deterministic) {
   const ddp::Precision p = ddp::parse_precision(precision);

@@ -154,8 +154,10 @@
 // defines: parallel::Broadcaster<Cuda>, parallel::Transport<T, Cuda> (DistributedDataParallel<T, Cuda> needs them)
 #  include "ddp/parallel/cuda/transport.cuh"
 #endif
-// defines: train::DistFlags, train::add_dist_options, train::read_dist_flags, train::resolve_device
+// defines: train::DistFlags, train::add_dist_options, train::read_dist_flags
 #include "ddp/train/options.hpp"
+// defines: train::choose_device, train::DeviceRequest, train::DeviceChoice, train::cuda_device_for
+#include "ddp/train/device_choice.hpp"
 // defines: train::MetricsWriter, train::progress_line
 #include "ddp/train/metrics.hpp"
 // defines: train::read_and_broadcast

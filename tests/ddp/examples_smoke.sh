@@ -44,6 +44,12 @@ PY
   CUDA_VISIBLE_DEVICES= "$resnet" --backend nccl --use_syn > "$work/out.log" 2>&1 && fail "--backend nccl without a GPU should fail"
   grep -q "ddp: " "$work/out.log" || fail "--backend nccl error message"
   echo "ok: resnet --backend nccl fails with: $(head -c 200 "$work/out.log")"
+  # The same device rules in multinode (train/device_choice.hpp): --device cuda needs a GPU; without --device it says what it picked.
+  CUDA_VISIBLE_DEVICES= "$multinode" 1 1 --device cuda --snapshot_path "$work/d.safetensors" > "$work/out.log" 2>&1 && fail "multinode --device cuda without a GPU should fail"
+  grep -q "ddp: --device cuda: " "$work/out.log" || fail "multinode --device cuda error message"
+  echo "ok: multinode --device cuda fails with: $(head -c 200 "$work/out.log")"
+  "$multinode" 1 1 --snapshot_path "$work/d.safetensors" > "$work/out.log" 2>&1 || fail "multinode without --device"
+  grep -q "training on the CPU" "$work/out.log" || grep -q "training on the GPU" "$work/out.log" || fail "multinode: no log line saying which device it picked"
   ;;
 torch)
   /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null || { echo "skip: no torchrun"; exit 77; }

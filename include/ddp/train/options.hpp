@@ -83,15 +83,4 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   return f;
 }
 
-// "cpu" or "cuda"; default cuda for nccl, cpu otherwise. CUDA training is not built in this version.
-inline std::string resolve_device(const std::string& flag, const std::string& backend) {
-  const std::string device = flag.empty() ? (backend == "nccl" ? "cuda" : "cpu") : flag;
-  if (device == "cpu") return device;
-  if (device == "cuda")
-    throw ConfigError(ddp::detail::str("ddp: --device cuda", flag.empty() ? " (the default for --backend nccl)" : "",
-                                       " is not available: this version trains on the CPU only; pass --device cpu "
-                                       "with --backend gloo (or tcp, mpi)"));
-  throw ConfigError(ddp::detail::str("ddp: unknown --device ", ddp::detail::quoted(device), "; valid: cpu, cuda"));
-}
-
 }  // namespace ddp::train

@@ -221,18 +221,18 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
   if (a.training) {
     detail::channel_partial_kernel<T, detail::BnSum::X><<<g.grid, g.block, 0, s>>>(
         a.x.data(), nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
-    DDP_CUDA_CHECK(cudaGetLastError());
+    check_launch("channel_partial_kernel<BnSum::X>", s);
     detail::bn_mean_kernel<T><<<cblocks, kThreads, 0, s>>>(partial.data(), g.chunks, c, rows, mean.data());
-    DDP_CUDA_CHECK(cudaGetLastError());
+    check_launch("bn_mean_kernel", s);
     detail::channel_partial_kernel<T, detail::BnSum::CenteredSquare><<<g.grid, g.block, 0, s>>>(
         a.x.data(), nullptr, mean.data(), nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
-    DDP_CUDA_CHECK(cudaGetLastError());
+    check_launch("channel_partial_kernel<BnSum::CenteredSquare>", s);
   }
   detail::bn_stats_kernel<T><<<cblocks, kThreads, 0, s>>>(
       partial.data(), g.chunks, c, rows, mean.data(), a.training, a.momentum, a.eps, a.gamma.data(), a.beta.data(),
       a.running_mean.data(), a.running_var.data(), a.save_mean.data(), a.save_invstd.data(), coef.data(),
       coef.data() + c);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("bn_stats_kernel", s);
 }
 
 }  // namespace detail
@@ -269,12 +269,12 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
   else
     channel_partial_kernel<T, BnSum::Backward><<<g.grid, g.block, 0, s>>>(
         a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch(ymask ? "channel_partial_kernel<BnSum::BackwardMasked>" : "channel_partial_kernel<BnSum::Backward>", s);
   bn_backward_coef_kernel<T><<<grid_for(c), kThreads, 0, s>>>(
       p0, p1, g.chunks, c, rows, a.training, a.gamma.data(), a.save_invstd.data(),
       a.dgamma.empty() ? nullptr : a.dgamma.data(), a.dbeta.empty() ? nullptr : a.dbeta.data(), coef.data(),
       coef.data() + c, coef.data() + 2 * c);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("bn_backward_coef_kernel", s);
 }
 
 }  // namespace detail

@@ -22,6 +22,7 @@
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/precision.hpp"
@@ -82,6 +83,7 @@ void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::
                                 static_cast<int>(k), &alpha, a, cuda_data_type<T>, static_cast<int>(lda), b,
                                 cuda_data_type<T>, static_cast<int>(ldb), &beta, c, cuda_data_type<T>,
                                 static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+  sync_check_after("cublasGemmEx", cuda_stream(e));  // DDP_CUDA_SYNC_CHECK=1 only
 }
 
 }  // namespace ddp::kernels::cuda::detail

@@ -15,7 +15,8 @@
 // partial products that a second kernel adds in split order (deterministic, no atomics).
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
 // 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
-// Accumulation is always fp32. The exec's Precision (tensor/precision.hpp) picks the arithmetic:
+// Element type float only (a double instantiation is a compile error, D23); accumulation is always fp32. The
+// exec's Precision (tensor/precision.hpp) picks the arithmetic:
 //   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
 //   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
 //   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
@@ -32,6 +33,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/kernels/args.hpp"
@@ -327,11 +329,13 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
     implicit_gemm_bf16_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
   else
     implicit_gemm_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch(math == Precision::Tf32   ? "implicit_gemm_tf32_kernel"
+               : math == Precision::Bf16 ? "implicit_gemm_bf16_kernel"
+                                         : "implicit_gemm_kernel", s);
   if (splits == 1) return;
   implicit_gemm_reduce_kernel<T, P>
       <<<grid_for(m * n), kThreads, 0, s>>>(p, m, n, static_cast<int>(splits), partial.data());
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("implicit_gemm_reduce_kernel", s);
 }
 
 // out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
@@ -352,9 +356,9 @@ void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64
   const cudaStream_t s = cuda_stream(e);
   channel_partial_kernel<T, BnSum::X><<<g.grid, g.block, 0, s>>>(v, nullptr, nullptr, nullptr, nullptr, rows, c,
                                                                    g.rows_per_chunk, partial.data(), nullptr);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("channel_partial_kernel<BnSum::X>", s);
   channel_sum_finalize_kernel<T><<<grid_for(c), kThreads, 0, s>>>(partial.data(), g.chunks, c, out);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("channel_sum_finalize_kernel", s);
 }
 
 // A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
@@ -363,10 +367,23 @@ inline bool cublas_pointwise(const ConvGeometry& g) {
   return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
+// float only (docs/ARCHITECTURE.md D23): the tiles above stage operands in float registers and shared
+// memory and accumulate in float, so a double conv would silently compute in single precision, while its
+// 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry points.
+template <class T>
+constexpr void require_float() {
+  static_assert(std::is_same_v<T, float>,
+                "ddp: conv2d on CUDA computes in float only: its implicit-GEMM kernels stage and accumulate in "
+                "float, so a double model would not get double precision (docs/ARCHITECTURE.md D23). Use float on "
+                "the GPU (Conv2d<float, Cuda>, ResNet<float, Cuda>); for double-precision references run the model "
+                "on the CPU (Cpu).");
+}
+
 }  // namespace detail
 
 template <class T>
 void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Precision math) {
+  detail::require_float<T>();
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
@@ -381,6 +398,7 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
 
 template <class T>
 void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, Precision math) {
+  detail::require_float<T>();
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const bool pw = detail::cublas_pointwise(g);

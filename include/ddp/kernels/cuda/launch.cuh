@@ -6,15 +6,22 @@
 // (a 16x56x56x256 activation) with 256 threads per block gives 50,176 blocks, capped at kMaxBlocks =
 // 65,536, each thread handling one index per pass. Every kernel here is a template (STYLE.md 3: a
 // non-template __global__ in a header breaks the link once two .cu files include it), and every
-// launch is followed by DDP_CUDA_CHECK(cudaGetLastError()).
+// launch is followed by check_launch(name, stream): a bad launch throws at once, and in the debug mode
+// DDP_CUDA_SYNC_CHECK=1 (sync_check.hpp) a fault inside the kernel throws there too, naming the kernel.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/cuda/sync_check.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
 
@@ -31,6 +38,67 @@ inline unsigned grid_for(std::int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(b);
 }
 
+namespace detail {
+
+// "0 (the legacy default stream)" or the handle in hex, for error messages.
+inline std::string stream_name(cudaStream_t s) {
+  if (s == nullptr) return "0 (the legacy default stream)";
+  return ddp::detail::str("0x", std::hex, reinterpret_cast<std::uintptr_t>(s));
+}
+
+// The DDP_CUDA_SYNC_CHECK wait: the host waits for `stream`; a failure throws naming what() (called only
+// then). Skipped while the stream is being captured into a CUDA graph (its work runs at replay; a wait
+// would end the capture).
+template <class What>
+void sync_check(const What& what, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) return;
+  cudaError_t e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw CudaError(ddp::detail::str("ddp: ", what(), " on stream ", stream_name(stream), " failed: ",
+                                     cudaGetErrorName(e), " (", cudaGetErrorString(e), "); found by ", kSyncCheckVar,
+                                     "=1, which waits for the stream after every launch"));
+}
+
+// "kernel NAME" or "kernel NAME<ARG>".
+inline std::string kernel_label(std::string_view kernel, std::string_view arg) {
+  return arg.empty() ? ddp::detail::str("kernel ", kernel) : ddp::detail::str("kernel ", kernel, "<", arg, ">");
+}
+
+}  // namespace detail
+
+// After every kernel launch on `stream`: a launch that failed (bad configuration, no image for this GPU)
+// throws a CudaError naming `kernel` (and its template argument `arg`, if given) and the stream; with
+// DDP_CUDA_SYNC_CHECK=1 the host also waits for the stream, so a fault inside the kernel throws here
+// instead of at some later synchronising call. Costs one cudaGetLastError when the mode is off.
+inline void check_launch(std::string_view kernel, cudaStream_t stream, std::string_view arg = {}) {
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    throw CudaError(ddp::detail::str("ddp: launch of ", detail::kernel_label(kernel, arg), " on stream ",
+                                     detail::stream_name(stream), " failed: ", cudaGetErrorName(e), " (",
+                                     cudaGetErrorString(e), ")"));
+  if (sync_check_enabled()) detail::sync_check([&] { return detail::kernel_label(kernel, arg); }, stream);
+}
+
+// After a library call that launches its own kernels on `stream` (cuBLAS reports launch failures in its
+// status): only the DDP_CUDA_SYNC_CHECK wait, naming `call`.
+inline void sync_check_after(std::string_view call, cudaStream_t stream) {
+  if (sync_check_enabled()) detail::sync_check([&] { return call; }, stream);
+}
+
+// The type name of F as the compiler spells it, e.g. "ddp::kernels::ReluForward<float>" (for error
+// messages; a view of a static string, so naming costs nothing until an error is built).
+template <class F>
+std::string_view type_name() {
+  // "... type_name() [with F = X; ...]" (GCC) or "... type_name<F>() [with F=X]" (nvcc's front end)
+  std::string_view p = __PRETTY_FUNCTION__;
+  const auto b = p.find("[with F");
+  if (b == std::string_view::npos) return p;
+  p.remove_prefix(b + 7);
+  while (!p.empty() && (p.front() == ' ' || p.front() == '=')) p.remove_prefix(1);
+  return p.substr(0, std::min(p.find(';'), p.rfind(']')));
+}
+
 template <class F>
 __global__ void for_each_index_kernel(std::size_t n, F f) {
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -41,7 +109,7 @@ template <class F>
 void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
   if (n == 0) return;
   for_each_index_kernel<F><<<grid_for(static_cast<std::int64_t>(n)), kThreads, 0, cuda_stream(e)>>>(n, f);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("for_each_index_kernel", cuda_stream(e), type_name<F>());
 }
 
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.

@@ -98,7 +98,7 @@ double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, Cuda>& a) {
   detail::cross_entropy_kernel<T><<<blocks, kThreads, 0, s>>>(a.logits.data(), a.labels.data(),
                                                               a.dlogits.empty() ? nullptr : a.dlogits.data(), n, c,
                                                               a.label_smoothing, row_loss.data(), bad.data());
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("cross_entropy_kernel", s);
   std::vector<double> host(static_cast<std::size_t>(n));
   unsigned long long bad_row = none;
   DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), row_loss.data(), host.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -123,7 +123,7 @@ double mse(const Exec<Cuda>& e, const MseArgs<T, Cuda>& a) {
   Tensor<double, Cuda> partial(Shape{static_cast<std::int64_t>(blocks)});
   detail::mse_kernel<T><<<blocks, kThreads, 0, s>>>(a.x.data(), a.target.data(), a.dx.empty() ? nullptr : a.dx.data(),
                                                     n, partial.data());
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("mse_kernel", s);
   std::vector<double> host(blocks);
   DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.data(), blocks * sizeof(double), cudaMemcpyDeviceToHost, s));
   DDP_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -84,7 +84,7 @@ void sgd_step_multi(const Exec<Cuda>& e, const MultiSgdArgs<T, Cuda>& a) {
   auto launch = [&] {
     if (b.count == 0) return;
     detail::sgd_multi_kernel<T><<<static_cast<unsigned>(b.block_begin[b.count]), kThreads, 0, cuda_stream(e)>>>(b);
-    DDP_CUDA_CHECK(cudaGetLastError());
+    check_launch("sgd_multi_kernel", cuda_stream(e));
     b.count = 0;
   };
   constexpr std::int64_t kMaxBlocksPerLaunch = 2147483647 - 65536;

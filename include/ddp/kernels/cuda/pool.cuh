@@ -137,7 +137,7 @@ void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, Cuda>
   const PoolGeometry g = pool_geometry(a.x, a.y, a.kernel, a.stride, a.padding);
   detail::max_pool2d_forward_kernel<T><<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(
       a.x.data(), a.y.data(), a.argmax.empty() ? nullptr : a.argmax.data(), g);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("max_pool2d_forward_kernel", cuda_stream(e));
 }
 
 template <class T>
@@ -154,7 +154,7 @@ void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, Cud
                                       " but dy is ", a.dy.shape(), "; pass the forward's window geometry"));
   detail::max_pool2d_backward_kernel<T><<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(
       a.dy.data(), a.argmax.data(), a.dx.data(), g);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("max_pool2d_backward_kernel", cuda_stream(e));
 }
 
 template <class T>
@@ -163,7 +163,7 @@ void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dFor
   const PoolGeometry g = pool_geometry(a.x, a.y);
   detail::adaptive_avg_pool2d_forward_kernel<T>
       <<<grid_for(a.y.numel()), kThreads, 0, cuda_stream(e)>>>(a.x.data(), a.y.data(), g);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("adaptive_avg_pool2d_forward_kernel", cuda_stream(e));
 }
 
 template <class T>
@@ -172,7 +172,7 @@ void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBa
   const PoolGeometry g = pool_geometry(a.dx, a.dy);
   detail::adaptive_avg_pool2d_backward_kernel<T>
       <<<grid_for(a.dx.numel()), kThreads, 0, cuda_stream(e)>>>(a.dy.data(), a.dx.data(), g);
-  DDP_CUDA_CHECK(cudaGetLastError());
+  check_launch("adaptive_avg_pool2d_backward_kernel", cuda_stream(e));
 }
 
 }  // namespace ddp::kernels::cuda

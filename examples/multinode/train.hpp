@@ -1,0 +1,145 @@
+// The multinode example's training loop, written once for both devices (main.cpp runs it on the CPU,
+// train_cuda.cu on the GPU).
+// SPDX-License-Identifier: MIT
+//
+// Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from the seed on the host, the same on every rank.
+// One step gathers the sampler's batch on the host (x (n, 20), y (n, 1), zero labels (n) for cross_entropy),
+// uses it in place on the CPU or uploads it for Cuda (alive until backward returns: Linear keeps a view of
+// its input), then DDP forward, the loss (its value read on the host), DDP backward and the SGD step.
+// Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors) through
+// train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads the file
+// and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/ARCHITECTURE.md
+// D10, D21).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/communicator.hpp>
+#include <ddp/data/distributed_sampler.hpp>
+#include <ddp/nn/linear.hpp>
+#include <ddp/nn/loss.hpp>
+#include <ddp/optim/sgd.hpp>
+#include <ddp/parallel/ddp.hpp>
+#include <ddp/tensor/random.hpp>
+#include <ddp/train/checkpoint.hpp>
+#include <ddp/train/device_state.hpp>
+#include <ddp/train/metrics.hpp>
+#include <ddp/train/snapshot_sync.hpp>
+
+namespace multinode_example {
+
+using namespace ddp;
+inline constexpr std::int64_t kSamples = 2048, kIn = 20;
+
+// Everything main() decided before choosing the device.
+struct Setup {
+  long total_epochs = 0;
+  long save_every = 1;
+  std::size_t batch_size = 32;
+  std::string snapshot_path;
+  std::string loss = "mse";  // mse | cross_entropy
+  std::uint64_t seed = 0;
+  double lr = 0.001;
+  long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot
+  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
+  std::string metrics_file;   // rank 0's JSON lines (empty: none)
+  parallel::DdpOptions ddp;
+  comm::Communicator* comm = nullptr;
+};
+
+template <Device D>
+int train(const Setup& s, Exec<D>& exec) {
+  comm::Communicator& comm = *s.comm;
+  const int rank = comm.rank();
+
+  // Model, optimizer, data (the same 2048 samples on every rank).
+  const nn::LinearOptions mo{.in_features = kIn, .out_features = 1};
+  nn::Linear<float, D> net(mo);
+  Generator init(s.seed, 0, kStreamInit);
+  net.reset_parameters(init);  // drawn on the host: the same values on every device
+  optim::SGD<float, D> opt(net.parameters(), {.lr = s.lr});
+  Tensor<float, Cpu> xs(Shape{kSamples, kIn}), ys(Shape{kSamples, 1});  // host
+  Generator data_gen(s.seed, 0, kStreamData);
+  data_gen.fill_uniform(xs.view(), -1.0, 1.0);
+  data_gen.fill_uniform(ys.view(), -1.0, 1.0);
+  data::DistributedSampler sampler(kSamples,
+                                   {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
+
+  // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
+  auto host = train::state_on<Cpu>(exec, net, opt, mo);
+  const std::vector<std::uint8_t> bytes = train::read_and_broadcast(comm, s.snapshot_path, exec);
+  long start_epoch = 0;
+  if (!bytes.empty()) {
+    start_epoch = static_cast<long>(
+        train::load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), s.snapshot_path).epoch);
+    host.push(exec);
+    if (rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
+  }
+  parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
+
+  nn::MSELoss<float, D> mse;
+  nn::CrossEntropyLoss<float, D> ce;
+  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string());  // per-step JSON lines
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long epoch = start_epoch; epoch < s.total_epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto idx = sampler.indices();
+    const std::size_t steps = (idx.size() + s.batch_size - 1) / s.batch_size;
+    std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << s.batch_size << " | Steps: " << steps
+              << std::endl;
+    for (std::size_t step = 0; step < steps; ++step) {
+      const auto ts = std::chrono::steady_clock::now();
+      const std::size_t b0 = step * s.batch_size, n = std::min(s.batch_size, idx.size() - b0);
+      Tensor<float, Cpu> x(Shape{static_cast<std::int64_t>(n), kIn}), y(Shape{static_cast<std::int64_t>(n), 1});
+      for (std::size_t k = 0; k < n; ++k) {
+        const auto i = idx[b0 + k];
+        std::copy_n(xs.data() + i * kIn, kIn, x.data() + k * kIn);
+        y.data()[k] = ys.data()[i];
+      }
+      const auto xd = train::on_device<D>(x.cview(), exec);  // alive until backward returns
+      opt.zero_grad();
+      auto out = model.forward(exec, xd.cview());
+      double loss = 0;
+      if (s.loss == "mse") {
+        const auto yd = train::on_device<D>(y.cview(), exec);
+        loss = mse.forward(exec, out.cview(), yd.cview());
+        model.backward(exec, mse.backward(exec).cview());
+      } else {
+        const auto labels = Tensor<std::int64_t, Cpu>::zeros(Shape{static_cast<std::int64_t>(n)});
+        const auto ld = train::on_device<D>(labels.cview(), exec);
+        loss = ce.forward(exec, out.cview(), ld.cview());
+        model.backward(exec, ce.backward(exec).cview());
+      }
+      opt.step(exec);
+      if (metrics.enabled())
+        metrics.write(
+            {{"epoch", epoch},
+             {"step", step},
+             {"loss", loss},
+             {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()}});
+    }
+    if (epoch % s.save_every == 0 || epoch + 1 == s.total_epochs) {
+      if (rank == 0) {
+        host.pull(exec);
+        train::save_snapshot(s.snapshot_path, host.model(), host.optimizer(),
+                             {.epoch = epoch + 1, .rng = data_gen.state()});
+        std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
+      }
+      if (epoch == s.die_after_epoch && s.restart_count == 0) {
+        comm.barrier().wait();  // the snapshot is on disk before the simulated crash
+        if (rank == 1) std::raise(SIGKILL);
+      }
+    }
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0) std::cout << "Training took " << took << " s" << std::endl;
+  return 0;
+}
+
+}  // namespace multinode_example

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
       if (gpu >= 0) ddp_example::use_cuda_device(gpu);  // before nccl touches a GPU
     std::unique_ptr<store::Store> store = dist.needs_store() ? store::make_store(info, dist.timeout, dist.store_port)
                                                              : std::make_unique<store::HashStore>(dist.timeout);
-    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options());
+    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options(gpu));
     const int rank = comm->rank(), world = comm->size();
     // Data: synthetic images or CIFAR-10, split across ranks by the DistributedSampler.
     std::unique_ptr<data::Dataset> train_set, test_set;

@@ -33,7 +33,11 @@ struct DistFlags {
   parallel::DdpOptions ddp;                 // bucket caps, compression, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
 
-  comm::CommOptions comm_options() const { return {.timeout = timeout, .socket_ifname = socket_ifname, .shm = shm}; }
+  // cuda_device: the GPU this rank trains on (train::cuda_device_for), -1 on the CPU. With it, tcp/gloo (and
+  // mpi) stage device tensors through pinned memory and nccl uses that GPU (comm::CommOptions::cuda_device).
+  comm::CommOptions comm_options(int cuda_device = -1) const {
+    return {.timeout = timeout, .socket_ifname = socket_ifname, .shm = shm, .cuda_device = cuda_device};
+  }
   bool needs_store() const { return backend != "mpi"; }
 };
 

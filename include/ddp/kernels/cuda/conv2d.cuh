@@ -15,7 +15,7 @@
 // partial products that a second kernel adds in split order (deterministic, no atomics).
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
 // 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
-// Element type float only (a double instantiation is a compile error, D23); accumulation is always fp32. The
+// Element type float only (a double instantiation is a compile error, D24); accumulation is always fp32. The
 // exec's Precision (tensor/precision.hpp) picks the arithmetic:
 //   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
 //   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
@@ -367,14 +367,14 @@ inline bool cublas_pointwise(const ConvGeometry& g) {
   return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
-// float only (docs/ARCHITECTURE.md D23): the tiles above stage operands in float registers and shared
+// float only (docs/ARCHITECTURE.md D24): the tiles above stage operands in float registers and shared
 // memory and accumulate in float, so a double conv would silently compute in single precision, while its
 // 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry points.
 template <class T>
 constexpr void require_float() {
   static_assert(std::is_same_v<T, float>,
                 "ddp: conv2d on CUDA computes in float only: its implicit-GEMM kernels stage and accumulate in "
-                "float, so a double model would not get double precision (docs/ARCHITECTURE.md D23). Use float on "
+                "float, so a double model would not get double precision (docs/ARCHITECTURE.md D24). Use float on "
                 "the GPU (Conv2d<float, Cuda>, ResNet<float, Cuda>); for double-precision references run the model "
                 "on the CPU (Cpu).");
 }

@@ -26,18 +26,13 @@
 //   ...
 //   Training took 0.01 s
 #include <cxxopts.hpp>
-#include <ddp/comm/factory.hpp>
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
-#include <ddp/env/detect.hpp>
 #include <ddp/env/flags.hpp>
-#include <ddp/store/hash_store.hpp>
-#include <ddp/store/rendezvous.hpp>
-#include <ddp/train/device_choice.hpp>
 #include <ddp/train/options.hpp>
 #include <iostream>
 
-#include "../common/cuda_device.hpp"
+#include "../common/placement.hpp"
 #include "cuda_entry.hpp"
 #include "train.hpp"
 
@@ -78,31 +73,18 @@ int main(int argc, char** argv) {
     if (save_every < 1 || batch_size < 1) throw ConfigError("ddp: save_every and --batch_size must be >= 1");
     if (loss_name != "mse" && loss_name != "cross_entropy")
       throw ConfigError("ddp: --loss must be mse or cross_entropy, got '" + loss_name + "'");
-    int gpus = 0;
-    if constexpr (BuildConfig::with_cuda) gpus = ddp_example::cuda_devices();
-    const train::DeviceChoice device = train::choose_device({.flag = args["device"].as<std::string>(),
-                                                             .backend = dist.backend,
-                                                             .built_with_cuda = BuildConfig::with_cuda,
-                                                             .visible_gpus = gpus});
-    if (!device.reason.empty()) DDP_LOG_INFO(device.reason);
+    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
 
     // Launch info -> (GPU) -> store -> communicator.
-    const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = dist.needs_store(), .backend = dist.backend});
-    log::set_rank(info.rank, info.world_size);
-    const int gpu = device.is_cuda() ? train::cuda_device_for(dist.backend, info.local_rank, gpus) : -1;
-    if constexpr (BuildConfig::with_cuda)
-      if (gpu >= 0) ddp_example::use_cuda_device(gpu);  // before nccl touches a GPU
-    std::unique_ptr<store::Store> store = dist.needs_store() ? store::make_store(info, dist.timeout, dist.store_port)
-                                                             : std::make_unique<store::HashStore>(dist.timeout);
-    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options(gpu));
+    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
 
     const multinode_example::Setup setup{
         .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
         .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(),
-        .die_after_epoch = args["die-after-epoch"].as<long>(), .restart_count = info.restart_count,
-        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = comm.get()};
+        .die_after_epoch = args["die-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
+        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = job.comm.get()};
     if constexpr (BuildConfig::with_cuda)
-      if (gpu >= 0) return multinode_example::train_cuda(setup, gpu);
+      if (job.gpu >= 0) return multinode_example::train_cuda(setup, job.gpu);
     Exec<Cpu> exec;
     return multinode_example::train<Cpu>(setup, exec);  // the communicator's destructor runs a bounded barrier
   } catch (const std::exception& e) {

@@ -25,24 +25,19 @@
 //   samples_per_sec: 95.2 (2 ranks x 8 samples x 10 steps in 1.68 s)
 #include <algorithm>
 #include <cxxopts.hpp>
-#include <ddp/comm/factory.hpp>
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
 #include <ddp/data/cifar10.hpp>
 #include <ddp/data/loader.hpp>
 #include <ddp/data/synthetic.hpp>
-#include <ddp/env/detect.hpp>
 #include <ddp/env/flags.hpp>
-#include <ddp/store/hash_store.hpp>
-#include <ddp/store/rendezvous.hpp>
 #include <ddp/tensor/precision.hpp>
-#include <ddp/train/device_choice.hpp>
 #include <ddp/train/options.hpp>
 #include <filesystem>
 #include <iostream>
 #include <thread>
 
-#include "../common/cuda_device.hpp"
+#include "../common/placement.hpp"
 #include "cuda_entry.hpp"
 #include "train.hpp"
 
@@ -81,13 +76,7 @@ int main(int argc, char** argv) {
     }
     log::init();
     const train::DistFlags dist = train::read_dist_flags(args);
-    int gpus = 0;
-    if constexpr (BuildConfig::with_cuda) gpus = ddp_example::cuda_devices();
-    const train::DeviceChoice device = train::choose_device({.flag = args["device"].as<std::string>(),
-                                                             .backend = dist.backend,
-                                                             .built_with_cuda = BuildConfig::with_cuda,
-                                                             .visible_gpus = gpus});
-    if (!device.reason.empty()) DDP_LOG_INFO(device.reason);
+    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
     const std::string precision = args["precision"].as<std::string>();
     (void)parse_precision(precision);  // a bad --precision fails before any rendezvous
     const auto batch_size = static_cast<std::size_t>(args["batch_size"].as<long>());
@@ -96,16 +85,9 @@ int main(int argc, char** argv) {
     if (!args.count("use_syn") && data_dir.empty())
       throw ConfigError("ddp: no data: pass --use_syn for synthetic images or --data_dir <cifar-10-batches-bin>");
 
-    // Launch info -> store -> communicator.
-    const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = dist.needs_store(), .backend = dist.backend});
-    log::set_rank(info.rank, info.world_size);
-    const int gpu = device.is_cuda() ? train::cuda_device_for(dist.backend, info.local_rank, gpus) : -1;
-    if constexpr (BuildConfig::with_cuda)
-      if (gpu >= 0) ddp_example::use_cuda_device(gpu);  // before nccl touches a GPU
-    std::unique_ptr<store::Store> store = dist.needs_store() ? store::make_store(info, dist.timeout, dist.store_port)
-                                                             : std::make_unique<store::HashStore>(dist.timeout);
-    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options(gpu));
-    const int rank = comm->rank(), world = comm->size();
+    // Launch info -> (GPU) -> store -> communicator.
+    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
+    const int rank = job.comm->rank(), world = job.comm->size();
     // Data: synthetic images or CIFAR-10, split across ranks by the DistributedSampler.
     std::unique_ptr<data::Dataset> train_set, test_set;
     if (!data_dir.empty()) {
@@ -129,12 +111,12 @@ int main(int argc, char** argv) {
         .resume = args.count("resume") > 0,
         .path = (std::filesystem::path(args["model_dir"].as<std::string>()) / args["model_filename"].as<std::string>())
                     .string(),
-        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = comm.get(), .train_set = train_set.get(),
+        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = job.comm.get(), .train_set = train_set.get(),
         .test_set = test_set.get(), .loader = &loader};
     if constexpr (BuildConfig::with_cuda)
-      if (gpu >= 0) return resnet_example::train_cuda(setup, gpu, precision, args.count("deterministic") > 0);
+      if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, args.count("deterministic") > 0);
     int threads = args["threads"].as<int>();
-    if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / info.local_world_size);
+    if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / job.info.local_world_size);
     kernels::cpu::ThreadPool pool(threads);
     Exec<Cpu> exec{.pool = &pool};
     return resnet_example::train<Cpu>(setup, exec);

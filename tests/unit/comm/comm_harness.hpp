@@ -16,24 +16,37 @@
 
 namespace ddp::test {
 
-// Runs body(comm) for ranks 0..n-1, each on its own thread with its own TcpCommunicator over one
-// HashStore. Returns each rank's exception (nullptr on success); construction failures count too.
-inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void(comm::TcpCommunicator&)>& body,
-                                                 comm::CommOptions opts = {.timeout = std::chrono::seconds(5)}) {
+// Runs body(rank, store) for ranks 0..n-1, each on its own thread, over one HashStore. Returns each rank's
+// exception (nullptr on success).
+inline std::vector<std::exception_ptr> run_threads(int n, const std::function<void(int, store::Store&)>& body) {
   store::HashStore store(std::chrono::seconds(5));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        comm::TcpCommunicator c(env::LaunchInfo{.rank = r, .world_size = n, .master_addr = "127.0.0.1"}, store, opts);
-        body(c);
+        body(r, store);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The launch info of rank r of n on this host (what a TcpCommunicator in a thread-per-rank test gets).
+inline env::LaunchInfo local_rank_info(int r, int n) {
+  return env::LaunchInfo{.rank = r, .world_size = n, .master_addr = "127.0.0.1"};
+}
+
+// Runs body(comm) for ranks 0..n-1, each on its own thread with its own TcpCommunicator over one
+// HashStore. Returns each rank's exception (nullptr on success); construction failures count too.
+inline std::vector<std::exception_ptr> run_ranks(int n, const std::function<void(comm::TcpCommunicator&)>& body,
+                                                 comm::CommOptions opts = {.timeout = std::chrono::seconds(5)}) {
+  return run_threads(n, [&](int r, store::Store& store) {
+    comm::TcpCommunicator c(local_rank_info(r, n), store, opts);
+    body(c);
+  });
 }
 
 inline std::string message(const std::exception_ptr& e) {

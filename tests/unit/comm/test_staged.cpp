@@ -176,23 +176,11 @@ constexpr comm::CommOptions kOpts{.timeout = 5000ms, .shutdown_timeout = 2000ms}
 // its own TcpCommunicator. Returns each rank's exception.
 std::vector<std::exception_ptr> run_staged(int n, const std::function<void(Staged&, FakeDevice&)>& body,
                                            comm::CommOptions opts = kOpts) {
-  store::HashStore store(std::chrono::seconds(5));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        FakeDevice device;
-        Staged c(std::make_unique<comm::TcpCommunicator>(
-                     env::LaunchInfo{.rank = r, .world_size = n, .master_addr = "127.0.0.1"}, store, opts),
-                 device, opts);
-        body(c, device);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
+  return test::run_threads(n, [&](int r, store::Store& store) {
+    FakeDevice device;
+    Staged c(std::make_unique<comm::TcpCommunicator>(test::local_rank_info(r, n), store, opts), device, opts);
+    body(c, device);
+  });
 }
 
 void check_no_errors(const std::vector<std::exception_ptr>& errors) {

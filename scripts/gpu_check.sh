@@ -132,7 +132,7 @@ if want build; then
   arch=${cap/./}
   [ "$arch" = 90 ] && arch=90a  # Hopper: wgmma and the bulk copy engine need the arch-specific target
   deps=${DDP_GPU_DEPS:-$repo/.gpu_deps}
-  cfg=(-S "$repo" -B "$repo/$build" -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_CUDA=ON -DDDP_WITH_NCCL=ON
+  cfg=(-S "$repo" -B "$repo/$build" -DCMAKE_BUILD_TYPE=Release -DDDP_CUDA_COMPILE_ONLY=OFF -DDDP_WITH_CUDA=ON -DDDP_WITH_NCCL=ON
        "-DCMAKE_CUDA_ARCHITECTURES=${arch:-90}" "-DCMAKE_CUDA_COMPILER=$nvcc")
   command -v ninja >/dev/null && cfg+=(-G Ninja)
   [ -d "$deps" ] && cfg+=("-DCMAKE_PREFIX_PATH=$deps")

@@ -2,9 +2,17 @@
 // SPDX-License-Identifier: MIT
 //
 // Explicit forward and backward, no autograd (docs/ARCHITECTURE.md D6):
-//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (inputs, masks, statistics)
+//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (masks, statistics, a VIEW of x)
 //     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills parameter grads
 // backward must follow a forward of the same module; calling it twice for one forward is an error.
+// THE CALLER KEEPS x ALIVE AND UNCHANGED UNTIL backward RETURNS. Modules that need their input in
+// backward (Conv2d, Linear, BatchNorm2d; ReLU and the residual blocks their output) keep a view, not a copy:
+// copying every activation would double the memory traffic of a step. Inside a model, parents keep their
+// children's inputs (each layer's output is the next one's input and is kept); at the top, the training loop
+// owns the batch. A batch destroyed between forward and backward is a use after free: on the GPU the caching
+// allocator may hand its memory to a tensor of the backward pass (silently wrong gradients); on the CPU the
+// ASan build (DDP_CPU_CACHING=0, scripts/sanitize.sh) reports it. Keep the batch alive across both calls:
+//     while (auto batch = loader.next()) { model.forward(exec, batch->images.cview()); ...; model.backward(exec, dy); }
 //
 // Names. Every parameter and buffer carries its full torchvision state_dict key. A module registers
 // its own tensors under local names ("weight", "running_mean") and children under theirs ("layer1",

@@ -215,6 +215,7 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
   const cudaStream_t s = cuda_stream(e);
   const detail::BnGrid g = detail::bn_grid(rows, c);
   const unsigned cblocks = grid_for(c);
+  const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
   Tensor<double, Cuda> partial(Shape{g.chunks, c});
   Tensor<double, Cuda> mean(Shape{c});
   coef = Tensor<T, Cuda>(Shape{2, c});  // scale, shift
@@ -258,6 +259,7 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
   const BnGrid g = bn_grid(rows, c);
+  const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
   Tensor<double, Cuda> partial(Shape{2, g.chunks, c});
   coef = Tensor<T, Cuda>(Shape{3, c});  // k1, k2, k3
   double* p0 = partial.data();

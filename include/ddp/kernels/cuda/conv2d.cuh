@@ -321,6 +321,7 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
                   static_cast<unsigned>(splits));
   const cudaStream_t s = cuda_stream(e);
+  const CudaAllocStream on_stream(e);  // the split-K partials are reused in the order of e's stream
   Tensor<float, Cuda> partial;
   if (splits > 1) partial = Tensor<float, Cuda>(Shape{splits, m, n});
   if (math == Precision::Tf32)
@@ -352,6 +353,7 @@ __global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, 
 template <class T>
 void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64_t c, T* out) {
   const BnGrid g = bn_grid(rows, c);
+  const CudaAllocStream on_stream(e);  // freed while the kernels below may still run on e's stream
   Tensor<double, Cuda> partial(Shape{g.chunks, c});
   const cudaStream_t s = cuda_stream(e);
   channel_partial_kernel<T, BnSum::X><<<g.grid, g.block, 0, s>>>(v, nullptr, nullptr, nullptr, nullptr, rows, c,

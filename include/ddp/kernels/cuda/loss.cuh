@@ -90,6 +90,7 @@ double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t n = a.logits.dim(0), c = a.logits.dim(1);
   const cudaStream_t s = cuda_stream(e);
+  const CudaAllocStream on_stream(e);  // temporaries are reused in the order of e's stream
   Tensor<double, Cuda> row_loss(Shape{n});
   Tensor<unsigned long long, Cuda> bad(Shape{1});
   const auto none = static_cast<unsigned long long>(n);
@@ -120,6 +121,7 @@ double mse(const Exec<Cuda>& e, const MseArgs<T, Cuda>& a) {
   const std::int64_t n = a.x.numel();
   const cudaStream_t s = cuda_stream(e);
   const unsigned blocks = grid_for(n) < 1024u ? grid_for(n) : 1024u;
+  const CudaAllocStream on_stream(e);  // temporaries are reused in the order of e's stream
   Tensor<double, Cuda> partial(Shape{static_cast<std::int64_t>(blocks)});
   detail::mse_kernel<T><<<blocks, kThreads, 0, s>>>(a.x.data(), a.target.data(), a.dx.empty() ? nullptr : a.dx.data(),
                                                     n, partial.data());

@@ -1,6 +1,6 @@
-// The examples' CUDA runtime calls (placement.hpp); needs the CUDA runtime's headers, not nvcc.
+// The examples' CUDA runtime calls (cuda_device.hpp); needs the CUDA runtime's headers, not nvcc.
 // SPDX-License-Identifier: MIT
-#include "placement.hpp"
+#include "cuda_device.hpp"
 
 #include <ddp/core/cuda_check.hpp>
 #include <ddp/tensor/cuda/stream.hpp>

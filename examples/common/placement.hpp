@@ -1,6 +1,6 @@
 // How an example joins its job: the device by train::choose_device's rules, then launch info -> the rank's
 // GPU (made current before the communicator exists) -> store -> communicator. The two CUDA runtime calls
-// it needs are defined in cuda_device.cpp (compiled, with the CUDA runtime's headers, only when ddp::cuda
+// it needs are declared in cuda_device.hpp and defined in cuda_device.cpp (compiled only when ddp::cuda
 // exists).
 // SPDX-License-Identifier: MIT
 //
@@ -25,12 +25,9 @@
 #include <ddp/train/device_choice.hpp>
 #include <ddp/train/options.hpp>
 
-namespace ddp_example {
+#include "cuda_device.hpp"
 
-// CUDA devices visible to this process (0 without a driver or device; never throws).
-int cuda_devices();
-// Makes `device` this process's current GPU (cudaSetDevice; CudaError if it fails).
-void use_cuda_device(int device);
+namespace ddp_example {
 
 struct Placement {
   ddp::train::DeviceChoice choice;

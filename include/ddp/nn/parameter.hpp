@@ -102,13 +102,22 @@ class Parameter {
     return s;
   }
 
-  // Zeroes the gradient; the next backward overwrites instead of accumulating.
+  // Zeroes the gradient; the next backward overwrites instead of accumulating. Until then the parameter
+  // has no gradient (has_grad() is false): torch's zero_grad(set_to_none=True), the default since torch 2.0,
+  // after which .grad is None and optimizers skip the parameter.
   void zero_grad() {
     detail::zero_fill(grad_);
     fresh_ = true;
   }
-  // True between zero_grad() and the first grad_done().
+  // True between zero_grad() and the first grad_done() (or set_grad_written()).
   bool grad_is_zero() const noexcept { return fresh_; }
+  // False while the gradient is "None" in torch's terms: no backward and no DDP reduction has written it since
+  // zero_grad() (or construction). Optimizers skip such parameters (weight decay and momentum leave them
+  // alone), and DDP leaves them so when no rank used them (find_unused_parameters, docs/ARCHITECTURE.md D25).
+  bool has_grad() const noexcept { return !fresh_; }
+  // Someone other than backward wrote grad() (DDP's reduced gradient for a parameter this rank did not use):
+  // the gradient now exists, and the next backward accumulates into it.
+  void set_grad_written() noexcept { fresh_ = false; }
 
   // Where backward must write d(loss)/d(value): grad() after zero_grad(), else a scratch buffer that
   // grad_done() adds into grad().

@@ -141,8 +141,10 @@
 #include "ddp/data/loader.hpp"
 // defines: parallel::assign_buckets, parallel::BucketLayout
 #include "ddp/parallel/bucket.hpp"
-// defines: parallel::BucketSchedule, parallel::BucketTransport, parallel::ReducerOptions, parallel::GradCompression,
-//          parallel::StepTrace
+// defines: parallel::GradBucket, parallel::HookResult, parallel::CommHook, parallel::allreduce_hook,
+//          parallel::fp16_compress_hook, parallel::bf16_compress_hook, parallel::CommHookKind, parallel::parse_comm_hook
+#include "ddp/parallel/comm_hooks.hpp"
+// defines: parallel::BucketSchedule, parallel::BucketTransport, parallel::ReducerOptions, parallel::StepTrace
 #include "ddp/parallel/bucket_schedule.hpp"
 // defines: parallel::Broadcaster<Cpu>, parallel::Transport<T, Cpu>
 #include "ddp/parallel/transport.hpp"

@@ -9,12 +9,18 @@
 //                             bucket's last gradient arrives it is complete, and every complete bucket at the
 //                             head of the launch order is handed to transport.launch(b) -- buckets launch
 //                             strictly in index order, so that all ranks issue the same collectives in the
-//                             same order, while backward carries on with earlier layers
+//                             same order, while backward carries on with earlier layers. Outside a
+//                             synchronised step (no_sync) it only notes that p was used.
 //   finish()                  after backward: a parameter that never reported is an Error naming every such
 //                             parameter (the transport is drained first, so no collective still writes into
-//                             a bucket while the error unwinds), or, with find_unused_parameters, it is
-//                             launched with zeros in its slot; then transport.finish(b) for every bucket makes
-//                             the averages visible in grad()
+//                             a bucket while the error unwinds). With find_unused_parameters (torch >= 2.0's
+//                             reducer, docs/ARCHITECTURE.md D25): the ranks agree which parameters were used
+//                             on some rank since the last synchronised step (no_sync passes included) with
+//                             one all-reduce (max) of a flag per parameter after the last bucket; a parameter
+//                             that was not reported is launched with its accumulated gradient in its slot, or
+//                             zeros when it has none (has_grad() false); a parameter no rank used keeps its
+//                             grad() untouched -- no gradient after zero_grad(), so the optimizer skips it. Then transport.finish(b)
+//                             for every bucket makes the averages visible in grad()
 // Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
 // p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
 // p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
@@ -40,26 +46,16 @@
 #include "ddp/core/str.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::parallel {
 
-enum class GradCompression : std::uint8_t { None, Bf16, Fp16 };
-
-// "none" | "bf16" | "fp16" (--grad-compression); ValueError otherwise.
-inline GradCompression parse_grad_compression(const std::string& s) {
-  if (s == "none" || s.empty()) return GradCompression::None;
-  if (s == "bf16") return GradCompression::Bf16;
-  if (s == "fp16") return GradCompression::Fp16;
-  throw ValueError(ddp::detail::str("ddp: unknown gradient compression ", ddp::detail::quoted(s),
-                                    "; valid: none, bf16, fp16 (--grad-compression)"));
-}
-
 struct ReducerOptions {
   std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
-  GradCompression compression = GradCompression::None;  // the transport's business (CPU only)
-  bool find_unused_parameters = false;                  // unused parameters contribute zeros instead of raising
+  CommHookKind comm_hook = CommHookKind::Allreduce;  // the transport's business (parallel/comm_hooks.hpp)
+  bool find_unused_parameters = false;               // unused parameters: see finish() instead of raising
   bool rebuild_buckets = true;                          // rebuild in arrival order after the first synchronised step
 };
 
@@ -98,20 +94,23 @@ struct StepTrace {
 //                         the transport was constructed with. Nothing of the old buckets is in flight.
 //   begin_step(exec)      a synchronised step starts and backward runs on exec; raises errors of earlier
 //                         collectives that were never waited for (CUDA retires them here)
-//   launch(b, unused)     bucket b is complete: pack its gradients (zeros where unused[i], i a parameter
-//                         index) and start its all-reduce (Avg) without waiting for it
-//   finish(b)             after backward, in bucket order: the averaged gradients of bucket b are in grad()
-//                         for whatever runs next (CPU: wait and unpack; CUDA: the compute stream waits)
+//   launch(b, zero)       bucket b is complete: pack its gradients (zeros where zero[i], i a parameter index)
+//                         and start its reduction (the comm hook; Avg by default) without waiting for it
+//   finish(b, keep)       after backward, in bucket order: the averaged gradients of bucket b are in grad()
+//                         for whatever runs next (CPU: wait and unpack; CUDA: the compute stream waits),
+//                         except where keep[i]: that parameter's grad() is left as it is
+//   any_rank(flags)       every element of the host flags becomes its maximum over ranks; the host waits
 //   drain()               waits for every collective in flight and drops its errors; never throws
 //   broadcast_order(o)    rank 0's values of o (host memory) on every rank; the host waits
 template <class Tr, class D>
 concept BucketTransport = requires(Tr& t, const std::vector<BucketLayout>& layouts, std::size_t b,
-                                   const std::vector<bool>& unused, const Exec<D>& exec,
+                                   const std::vector<bool>& mask, const Exec<D>& exec,
                                    std::span<std::int64_t> order) {
   t.build(layouts);
   t.begin_step(exec);
-  t.launch(b, unused);
-  t.finish(b);
+  t.launch(b, mask);
+  t.finish(b, mask);
+  t.any_rank(order);
   { t.drain() }
   noexcept;
   t.broadcast_order(order);
@@ -126,6 +125,7 @@ class BucketSchedule {
       : params_(std::move(params)), o_(o), transport_(params_, o_, std::forward<TransportArgs>(transport_args)...) {
     static_assert(BucketTransport<Transport, D>, "ddp: the transport lacks a member BucketSchedule calls");
     for (std::size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
+    used_since_sync_.assign(params_.size(), false);
     build(reverse_order(params_.size()));
   }
   BucketSchedule(const BucketSchedule&) = delete;
@@ -158,7 +158,8 @@ class BucketSchedule {
     active_ = false;
     transport_.begin_step(exec);
     ready_.assign(params_.size(), false);
-    unused_.assign(params_.size(), false);
+    zero_.assign(params_.size(), false);
+    keep_.assign(params_.size(), false);
     for (std::size_t b = 0; b < layouts_.size(); ++b) pending_[b] = layouts_[b].params.size();
     next_launch_ = 0;
     arrival_.clear();
@@ -170,10 +171,11 @@ class BucketSchedule {
 
   // The grad-ready hook: p's gradient is final for this backward.
   void mark_ready(nn::Parameter<T, D>& p) {
-    if (!active_) return;  // no_sync pass, or a backward that DDP's forward did not start
     auto it = index_.find(&p);
     if (it == index_.end()) return;
     const std::size_t i = it->second;
+    used_since_sync_[i] = true;
+    if (!active_) return;  // no_sync pass, or a backward that DDP's forward did not start
     if (ready_[i])
       throw Error(ddp::detail::str("ddp: parameter '", p.name(), "' reported its gradient twice in step ", step_,
                                    "; DDP supports one backward per synchronised forward (use no_sync() for "
@@ -204,12 +206,26 @@ class BucketSchedule {
           "take part in the loss. Use it in forward, remove it from the model, or set "
           ".find_unused_parameters = true (--find-unused-parameters)"));
     }
-    for (std::size_t i : missing) {  // find_unused_parameters: contribute zeros
+    for (std::size_t i : missing) {  // find_unused_parameters
       ready_[i] = true;
-      unused_[i] = true;
+      zero_[i] = !params_[i]->has_grad();  // torch: the bucket takes .grad when defined, else zeros
       if (--pending_[where_[i]] == 0) launch_ready();
     }
-    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.finish(b);
+    if (o_.find_unused_parameters) {
+      // Used on some rank since the last synchronised step? Reported parameters were used here; a missing one
+      // may have been used in a no_sync pass (its gradient accumulated) or on another rank. Every rank takes
+      // part, after its last bucket (collectives are issued in the same order everywhere), as in torch.
+      std::vector<std::int64_t> used(params_.size());
+      for (std::size_t i = 0; i < params_.size(); ++i) used[i] = used_since_sync_[i] ? 1 : 0;
+      transport_.any_rank(std::span<std::int64_t>(used));
+      for (std::size_t i = 0; i < params_.size(); ++i) keep_[i] = used[i] == 0;
+    }
+    for (std::size_t b = 0; b < layouts_.size(); ++b) {
+      transport_.finish(b, keep_);
+      for (std::size_t i : layouts_[b].params)
+        if (!keep_[i]) params_[i]->set_grad_written();  // a zero-slot parameter now has the average
+    }
+    used_since_sync_.assign(params_.size(), false);
     ++synced_steps_;
     if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
   }
@@ -218,7 +234,7 @@ class BucketSchedule {
   void launch_ready() {
     while (next_launch_ < layouts_.size() && pending_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
-      transport_.launch(b, unused_);
+      transport_.launch(b, zero_);
       trace_.buckets.push_back(BucketTrace{
           .index = b, .numel = layouts_[b].numel, .num_params = layouts_[b].params.size(), .launched = Clock::now()});
     }
@@ -243,7 +259,9 @@ class BucketSchedule {
   std::vector<std::size_t> pending_;  // per bucket: gradients still to arrive this step
   std::vector<std::size_t> where_;    // parameter -> bucket
   std::vector<bool> ready_;           // per parameter, this step
-  std::vector<bool> unused_;          // per parameter: launched with zeros (find_unused_parameters)
+  std::vector<bool> zero_;            // per parameter: launched with zeros (find_unused_parameters, no gradient)
+  std::vector<bool> keep_;            // per parameter: no rank used it, grad() is left untouched
+  std::vector<bool> used_since_sync_; // per parameter: reported since the last synchronised step (no_sync too)
   std::vector<std::size_t> arrival_;  // parameter indices in the order their gradients arrived
   std::size_t next_launch_ = 0;
   bool active_ = false;

@@ -3,10 +3,11 @@
 // SPDX-License-Identifier: MIT
 //
 // Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/bucket_schedule.hpp for the contract):
-//   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for unused parameters),
-//               optionally convert it to bf16/fp16 (half the bytes; the backend reduces in float), and start
-//               an asynchronous all-reduce (Avg) -- the backend's progress thread runs it while backward goes on
-//   finish(b)   wait for it, convert back, memcpy each slot into its parameter's grad()
+//   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters without a
+//               gradient) and hand it to the communication hook (parallel/comm_hooks.hpp; by default an
+//               asynchronous all-reduce (Avg) that the backend's progress thread runs while backward goes on)
+//   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each slot into its
+//               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps those)
 // Example: bucket {fc.bias (10), fc.weight (10 x 64)} -> flat of 650 floats, fc.bias at 0, fc.weight at 10.
 // The CUDA versions (device buffers, a communication stream ordered by events) are in
 // parallel/cuda/transport.cuh, compiled only by nvcc; <ddp/ddp.hpp> includes them there.
@@ -24,9 +25,11 @@
 #include "ddp/comm/work.hpp"
 #include "ddp/config.hpp"
 #include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::parallel {
@@ -88,11 +91,18 @@ class Transport<T, Cpu> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), comm_(&comm), compression_(o.compression), bcast_(comm) {}
+      : params_(params), comm_(&comm), hook_(make_comm_hook<T>(o.comm_hook)), bcast_(comm) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
-  // An all-reduce still in flight (backward threw half-way) writes into our buffers: wait for it first.
+  // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first.
   ~Transport() { drain(); }
+
+  // Replaces the communication hook (parallel/comm_hooks.hpp); nothing may be in flight.
+  void set_comm_hook(CommHook<T> hook) {
+    if (!hook) throw ValueError("ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T>()");
+    drain();
+    hook_ = std::move(hook);
+  }
 
   void build(const std::vector<BucketLayout>& layouts) {
     drain();
@@ -105,41 +115,30 @@ class Transport<T, Cpu> {
 
   void begin_step(const Exec<Cpu>& /*exec*/) {}  // finish() waited for every collective of the last step
 
-  void launch(std::size_t b, const std::vector<bool>& unused) {
+  void launch(std::size_t b, const std::vector<bool>& zero) {
     Bucket& bk = buckets_[b];
     const BucketLayout& l = layouts_[b];
     for (std::size_t k = 0; k < l.params.size(); ++k) {
       const std::size_t i = l.params[k];
       T* slot = bk.flat.data() + l.offsets[k];
-      if (unused[i])
+      if (zero[i])
         std::fill_n(slot, params_[i]->numel(), T(0));
       else
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
-    const comm::AllreduceOptions ar{.op = comm::ReduceOp::Avg};
-    if (compression_ == GradCompression::Bf16) {
-      bk.flat_bf16.resize(bk.flat.size());
-      for (std::size_t i = 0; i < bk.flat.size(); ++i) bk.flat_bf16[i] = bfloat16(static_cast<float>(bk.flat[i]));
-      bk.work = comm_->all_reduce(std::span<bfloat16>(bk.flat_bf16), ar);
-    } else if (compression_ == GradCompression::Fp16) {
-      bk.flat_fp16.resize(bk.flat.size());
-      for (std::size_t i = 0; i < bk.flat.size(); ++i) bk.flat_fp16[i] = half(static_cast<float>(bk.flat[i]));
-      bk.work = comm_->all_reduce(std::span<half>(bk.flat_fp16), ar);
-    } else {
-      bk.work = comm_->all_reduce(std::span<T>(bk.flat), ar);
-    }
+    GradBucket<T> gb{.index = b, .buffer = std::span<T>(bk.flat), .layout = &l, .comm = comm_,
+                     .is_last = b + 1 == layouts_.size()};
+    bk.pending = hook_(gb);
   }
 
-  void finish(std::size_t b) {
+  void finish(std::size_t b, const std::vector<bool>& keep) {
     Bucket& bk = buckets_[b];
-    bk.work.wait();
-    bk.work = comm::Work();
-    if (compression_ == GradCompression::Bf16)
-      for (std::size_t i = 0; i < bk.flat.size(); ++i) bk.flat[i] = static_cast<T>(static_cast<float>(bk.flat_bf16[i]));
-    else if (compression_ == GradCompression::Fp16)
-      for (std::size_t i = 0; i < bk.flat.size(); ++i) bk.flat[i] = static_cast<T>(static_cast<float>(bk.flat_fp16[i]));
+    HookResult r = std::exchange(bk.pending, HookResult{});
+    r.work.wait();
+    if (r.then) r.then();
     const BucketLayout& l = layouts_[b];
     for (std::size_t k = 0; k < l.params.size(); ++k) {
+      if (keep[l.params[k]]) continue;
       auto& g = params_[l.params[k]]->grad();
       std::memcpy(g.data(), bk.flat.data() + l.offsets[k], g.bytes());
     }
@@ -148,29 +147,30 @@ class Transport<T, Cpu> {
   void drain() noexcept {
     for (Bucket& bk : buckets_) {
       try {
-        bk.work.wait();
+        bk.pending.work.wait();
       } catch (...) {  // dropped: the caller is already handling another error, or abandons the step
       }
-      bk.work = comm::Work();
+      bk.pending = HookResult{};
     }
   }
 
   void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order); }
+  void any_rank(std::span<std::int64_t> flags) {
+    if (comm_->size() > 1) comm_->all_reduce(flags, {.op = comm::ReduceOp::Max}).wait();
+  }
 
   // Parameter and buffer broadcasts of DistributedDataParallel.
   Broadcaster<Cpu>& broadcaster() noexcept { return bcast_; }
 
  private:
   struct Bucket {
-    std::vector<T> flat;              // gradients back to back, bucket order
-    std::vector<bfloat16> flat_bf16;  // compression buffers (allocated on first use)
-    std::vector<half> flat_fp16;
-    comm::Work work;  // the all-reduce in flight (empty when none)
+    std::vector<T> flat;  // gradients back to back, bucket order
+    HookResult pending;   // the hook's reduction in flight (an empty Work when none)
   };
 
   std::vector<nn::Parameter<T, Cpu>*> params_;
   comm::Communicator* comm_;
-  GradCompression compression_;
+  CommHook<T> hook_;
   Broadcaster<Cpu> bcast_;
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;

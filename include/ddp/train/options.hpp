@@ -30,7 +30,7 @@ struct DistFlags {
   std::string socket_ifname;
   bool shm = true;                          // tcp: shared memory between ranks on one host (DDP_SHM=0: off)
   std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
-  parallel::DdpOptions ddp;                 // bucket caps, compression, unused parameters
+  parallel::DdpOptions ddp;                 // bucket caps, communication hook, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
 
   // cuda_device: the GPU this rank trains on (train::cuda_device_for), -1 on the CPU. With it, tcp/gloo (and
@@ -62,9 +62,11 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
       ("store-port", "store port when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
        cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))
       ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
-      ("grad-compression", "compress gradients for the all-reduce: none, bf16, fp16",
-       cxxopts::value<std::string>()->default_value("none"))
-      ("find-unused-parameters", "parameters without a gradient contribute zeros instead of failing")
+      ("comm-hook", "what gradient buckets go through: allreduce (average), fp16 or bf16 (divide by the world "
+       "size, round to 16 bits, sum: half the bytes; torch's fp16/bf16_compress_hook)",
+       cxxopts::value<std::string>()->default_value("allreduce"))
+      ("find-unused-parameters", "allow parameters without a gradient in a step (torch's find_unused_parameters: "
+       "one more small all-reduce per step; a parameter no rank used keeps no gradient)")
       ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""));
 }
 
@@ -81,7 +83,7 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p, " (DDP_STORE_PORT)"));
   if (p > 0) f.store_port = static_cast<std::uint16_t>(p);
   f.ddp.bucket_cap_bytes = parallel::bucket_cap_bytes_from_mb(args["bucket-cap-mb"].as<double>());
-  f.ddp.compression = parallel::parse_grad_compression(args["grad-compression"].as<std::string>());
+  f.ddp.comm_hook = parallel::parse_comm_hook(args["comm-hook"].as<std::string>());
   f.ddp.find_unused_parameters = args.count("find-unused-parameters") > 0;
   f.metrics_file = args["metrics-file"].as<std::string>();
   return f;

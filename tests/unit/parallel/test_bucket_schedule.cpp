@@ -1,5 +1,6 @@
 // BucketSchedule over a recording transport: strictly in-order launches, the unused-parameter error (after
-// draining), find_unused_parameters zeros, the rebuild from rank 0's arrival order. The CUDA transport runs
+// draining), find_unused_parameters (zeros, the used-flag reduction, kept gradients, no_sync use), the rebuild
+// from rank 0's arrival order. The CUDA transport runs
 // this same schedule, so these cases cover its bookkeeping without a GPU.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
@@ -29,6 +30,7 @@ struct Log {
   std::vector<std::string> events;
   int in_flight = 0;
   std::vector<std::int64_t> rank0_order;  // broadcast_order() hands this out, as rank 0's order (empty: keep ours)
+  std::vector<std::int64_t> others_used;  // any_rank() takes the max with this, as the other ranks' flags
 };
 
 std::string list(const std::vector<std::size_t>& v) {
@@ -49,18 +51,20 @@ class RecordingTransport {
     log_->events.push_back(ddp::detail::join(parts, " "));
   }
   void begin_step(const Exec<Cpu>& /*exec*/) { log_->events.push_back("begin"); }
-  void launch(std::size_t b, const std::vector<bool>& unused) {
-    REQUIRE(unused.size() == n_);
-    std::vector<std::size_t> zeros;
-    for (std::size_t i : layouts_[b].params)
-      if (unused[i]) zeros.push_back(i);
-    log_->events.push_back(zeros.empty() ? ddp::detail::str("launch ", b)
-                                         : ddp::detail::str("launch ", b, " zeros {", list(zeros), '}'));
+  void launch(std::size_t b, const std::vector<bool>& zero) {
+    REQUIRE(zero.size() == n_);
+    log_->events.push_back(ddp::detail::str("launch ", b, marked(b, zero, " zeros")));
     ++log_->in_flight;
   }
-  void finish(std::size_t b) {
-    log_->events.push_back(ddp::detail::str("finish ", b));
+  void finish(std::size_t b, const std::vector<bool>& keep) {
+    REQUIRE(keep.size() == n_);
+    log_->events.push_back(ddp::detail::str("finish ", b, marked(b, keep, " keep")));
     --log_->in_flight;
+  }
+  void any_rank(std::span<std::int64_t> flags) {
+    std::vector<std::size_t> f(flags.begin(), flags.end());
+    log_->events.push_back(ddp::detail::str("used ", list(f)));
+    for (std::size_t i = 0; i < log_->others_used.size(); ++i) flags[i] = std::max(flags[i], log_->others_used[i]);
   }
   void drain() noexcept {
     log_->events.push_back("drain");
@@ -76,6 +80,14 @@ class RecordingTransport {
   }
 
  private:
+  // " zeros {2}" for the parameters of bucket b set in mask, or "" when none is.
+  std::string marked(std::size_t b, const std::vector<bool>& mask, const char* what) const {
+    std::vector<std::size_t> on;
+    for (std::size_t i : layouts_[b].params)
+      if (mask[i]) on.push_back(i);
+    return on.empty() ? std::string() : ddp::detail::str(what, " {", list(on), '}');
+  }
+
   std::size_t n_;
   Log* log_;
   std::vector<parallel::BucketLayout> layouts_;
@@ -205,9 +217,46 @@ TEST_SUITE("parallel") {
     s->mark_ready(*f.params[1]);
     CHECK(f.take() == Events{"begin", "launch 0"});
     s->finish();
-    // p2 completes bucket 1 and p0 bucket 2, both as zeros; the rebuilt order has them after the arrivals.
-    CHECK(f.take() == Events{"launch 1 zeros {2}", "launch 2 zeros {0}", "finish 0", "finish 1", "finish 2",
-                             "order 3,1,0,2", "build {3} {1,0} {2}"});
+    // p2 completes bucket 1 and p0 bucket 2, both as zeros (no gradient); after the last bucket the ranks agree
+    // on the used flags (p0..p3); no rank used p0 and p2, so their grad() is kept; the rebuilt order has them
+    // after the arrivals.
+    CHECK(f.take() == Events{"launch 1 zeros {2}", "launch 2 zeros {0}", "used 0,1,0,1", "finish 0",
+                             "finish 1 keep {2}", "finish 2 keep {0}", "order 3,1,0,2", "build {3} {1,0} {2}"});
+    CHECK(f.params[1]->has_grad());  // written by the reduction (the hook of a real backward would have too)
+    CHECK_FALSE(f.params[0]->has_grad());
+    // The flags are exchanged in every step with find_unused_parameters, also when nothing is missing here,
+    // because another rank may miss some (every rank must take part).
+    s->prepare_step(1);
+    for (int i : {3, 1, 0, 2}) s->mark_ready(*f.params[static_cast<std::size_t>(i)]);
+    s->finish();
+    CHECK(f.take() == Events{"begin", "launch 0", "launch 1", "launch 2", "used 1,1,1,1", "finish 0", "finish 1",
+                             "finish 2"});
+  }
+
+  TEST_CASE("bucket schedule: find_unused_parameters counts no_sync use and other ranks' use (torch >= 2.0)") {
+    Fixture f;
+    auto s = f.schedule({.find_unused_parameters = true, .rebuild_buckets = false});
+    f.take();
+    Exec<Cpu> ex;
+    f.params[0]->grad_done(ex);   // a no_sync backward accumulated p0's gradient ...
+    s->mark_ready(*f.params[0]);  // ... and its hook fired outside a step
+    f.log.others_used = {0, 0, 1, 0};  // another rank used p2
+    s->prepare_step(0);
+    s->mark_ready(*f.params[3]);
+    s->mark_ready(*f.params[1]);
+    s->finish();
+    // p0 goes into its slot with its accumulated gradient (no zeros) and is reduced; p2 has no gradient here
+    // (zeros) but another rank used it, so it takes the average too; nothing is kept.
+    CHECK(f.take() == Events{"begin", "launch 0", "launch 1 zeros {2}", "launch 2", "used 1,1,0,1", "finish 0",
+                             "finish 1", "finish 2"});
+    CHECK(f.params[2]->has_grad());
+    // The no_sync use counts until the synchronised step that reduced it, not after.
+    f.log.others_used.clear();
+    s->prepare_step(1);
+    s->mark_ready(*f.params[3]);
+    s->finish();
+    CHECK(f.take() == Events{"begin", "launch 0", "launch 1", "launch 2", "used 0,0,0,1", "finish 0",
+                             "finish 1 keep {2,1}", "finish 2 keep {0}"});
   }
 
   TEST_CASE("bucket schedule: rebuilt once, after the first synchronised step, from rank 0's arrival order") {

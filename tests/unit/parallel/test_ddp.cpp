@@ -179,9 +179,10 @@ TEST_SUITE("parallel") {
     CHECK(b[1].offsets == std::vector<std::int64_t>{0, 10240 * kib});
     CHECK_THROWS_WITH_AS(parallel::assign_buckets({0, 0}, {1, 1}, 4, 8, 8),
                          "ddp: bucket order is not a permutation: index 0 is repeated", ValueError);
-    CHECK(parallel::parse_grad_compression("bf16") == parallel::GradCompression::Bf16);
-    CHECK_THROWS_WITH_AS(parallel::parse_grad_compression("int8"),
-                         "ddp: unknown gradient compression 'int8'; valid: none, bf16, fp16 (--grad-compression)",
+    CHECK(parallel::parse_comm_hook("bf16") == parallel::CommHookKind::Bf16);
+    CHECK(parallel::parse_comm_hook("none") == parallel::CommHookKind::Allreduce);
+    CHECK_THROWS_WITH_AS(parallel::parse_comm_hook("int8"),
+                         "ddp: unknown communication hook 'int8'; valid: allreduce, fp16, bf16 (--comm-hook)",
                          ValueError);
   }
 
@@ -324,7 +325,7 @@ TEST_SUITE("parallel") {
     CHECK(got[0] == got[1]);
   }
 
-  TEST_CASE("buffers: broadcast from rank 0 at construction and before every forward") {
+  TEST_CASE("buffers: broadcast from rank 0 at construction and on request") {
     const int world = 2;
     std::vector<std::vector<float>> mean_after_ctor(world), mean_before_fwd(world);
     std::vector<std::int64_t> tracked(world);
@@ -354,7 +355,7 @@ TEST_SUITE("parallel") {
     CHECK(tracked[1] == 2);
   }
 
-  TEST_CASE("a parameter without a gradient is named; find_unused_parameters contributes zeros") {
+  TEST_CASE("a parameter without a gradient is named; with find_unused_parameters it keeps no gradient") {
     check_all_ok(test::run_ranks(2, [&](comm::TcpCommunicator& c) {
       Exec<Cpu> ex;
       TwoHeads net;
@@ -374,8 +375,64 @@ TEST_SUITE("parallel") {
       net.zero_grad();
       toy_pass(ex, model, c.rank() * 4, 4);
       toy_pass(ex, model, c.rank() * 4, 4);  // a second step works too (after the bucket rebuild)
+      CHECK_FALSE(net.find_parameter("unused.weight")->has_grad());  // no rank used it: torch's .grad is None
       CHECK(net.find_parameter("unused.weight")->grad().data()[0] == 0.0f);
+      CHECK(net.find_parameter("used.weight")->has_grad());
       CHECK(net.find_parameter("used.weight")->grad().data()[0] != 0.0f);
+    }));
+  }
+
+  TEST_CASE("different parameter shapes on two ranks: every rank raises, naming the rank and the parameter") {
+    std::vector<std::string> msgs(2);
+    auto errors = test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      nn::Linear<float, Cpu> net({.in_features = 20, .out_features = c.rank() == 0 ? 1 : 2});
+      try {
+        DistributedDataParallel<float, Cpu> model(net, c);
+      } catch (const ValueError& e) {
+        msgs[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    check_all_ok(errors);
+    CHECK(msgs[0] == "ddp: DistributedDataParallel needs the same model on every rank: rank 1 differs from rank 0 at "
+                     "parameter #0 (here on rank 0: 'weight' (1, 20)). Build the same architecture (same options) on "
+                     "every rank before wrapping it");
+    CHECK(msgs[1] == "ddp: DistributedDataParallel needs the same model on every rank: rank 1 differs from rank 0 at "
+                     "parameter #0 (here on rank 1: 'weight' (2, 20)). Build the same architecture (same options) on "
+                     "every rank before wrapping it");
+    // A different parameter count is caught before the shapes are compared (no collective of mismatched size).
+    auto counts = test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      std::unique_ptr<nn::Module<float, Cpu>> net;
+      if (c.rank() == 0)
+        net = std::make_unique<TwoHeads>();
+      else
+        net = std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 20, .out_features = 1});
+      std::string msg;
+      try {
+        DistributedDataParallel<float, Cpu> model(*net, c);
+      } catch (const ValueError& e) {
+        msg = e.what();
+      }
+      CHECK(msg.find("rank 1 has a different number of parameters or dimensions than rank 0 (rank 0: 4 parameters") !=
+            std::string::npos);
+    });
+    check_all_ok(counts);
+  }
+
+  TEST_CASE("fp16 hook divides before it sums: an average of 40000 over two ranks is 40000, not inf") {
+    // torch's fp16_compress_hook: (g / W) in fp16, summed. Summing first would give 80000 > 65504 (fp16's max).
+    check_all_ok(test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      Exec<Cpu> ex;
+      nn::Linear<float, Cpu> net({.in_features = 1, .out_features = 1});
+      DistributedDataParallel<float, Cpu> model(net, c, {.comm_hook = parallel::CommHookKind::Fp16});
+      net.zero_grad();
+      Tensor<float, Cpu> x(Shape{1, 1});
+      x.data()[0] = 1.0f;
+      model.forward(ex, x.cview());
+      Tensor<float, Cpu> dy(Shape{1, 1});
+      dy.data()[0] = 40000.0f;  // d(loss)/dy = 40000 on both ranks -> weight and bias gradients 40000
+      model.backward(ex, dy.cview());
+      CHECK(net.find_parameter("weight")->grad().data()[0] == 40000.0f);  // exact in fp16 (40000 = 625 * 64)
+      CHECK(net.find_parameter("bias")->grad().data()[0] == 40000.0f);
     }));
   }
 
@@ -406,16 +463,16 @@ TEST_SUITE("parallel") {
     }
   }
 
-  TEST_CASE("bf16 gradient compression stays close to the uncompressed result") {
+  TEST_CASE("bf16 hook stays close to the uncompressed result") {
     const int world = 2;
     const std::int64_t B = 8;
     std::vector<Params> plain(world), packed(world);
-    for (auto comp : {parallel::GradCompression::None, parallel::GradCompression::Bf16}) {
-      auto& out = comp == parallel::GradCompression::None ? plain : packed;
+    for (auto comp : {parallel::CommHookKind::Allreduce, parallel::CommHookKind::Bf16}) {
+      auto& out = comp == parallel::CommHookKind::Allreduce ? plain : packed;
       check_all_ok(test::run_ranks(world, [&](comm::TcpCommunicator& c) {
         Exec<Cpu> ex;
         auto net = toy_model(1);
-        DistributedDataParallel<float, Cpu> model(*net, c, {.compression = comp});
+        DistributedDataParallel<float, Cpu> model(*net, c, {.comm_hook = comp});
         optim::SGD<float, Cpu> opt(net->parameters(), kSgd);
         for (int s = 0; s < 3; ++s) {
           opt.zero_grad();

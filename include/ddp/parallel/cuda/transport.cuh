@@ -8,17 +8,17 @@
 //   launch(b)          enqueues, without blocking the host:
 //       ready[b].record(compute)             the bucket's gradients are written when compute gets here
 //       ready[b].wait(comm)                  the comm stream waits for that point
-//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync for unused)
+//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync without a gradient)
 //       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for it
-//       copies flat -> grad (comm stream), done[b].record(comm)
-//   finish(b)          compute waits for done[b]: the optimizer step, enqueued next on the compute stream,
-//                      sees averaged gradients. The host never waits here.
+//   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a parameter no rank
+//                      used), done[b].record(comm), compute waits for done[b]: the optimizer step, enqueued
+//                      next on the compute stream, sees averaged gradients. The host never waits here.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
 // Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
 // and mpi made with CommOptions::cuda_device, which stage through pinned host memory: comm/staging/
-// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, no gradient
-// compression (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
+// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, the default
+// allreduce hook (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
 // small device buffer (one host wait).
 // The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
 // device for the copies before it, and the copies after it wait for it; the host is never involved (staged
@@ -151,11 +151,10 @@ class Transport<T, Cuda> {
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
       : params_(params), bcast_(comm), comm_(&comm) {
-    if (o.compression != GradCompression::None)
-      throw ValueError(
-          "ddp: --grad-compression bf16/fp16 is not supported for CUDA models in this version; use "
-          "--grad-compression none (NCCL reduces float32 buckets)");
+    if (o.comm_hook != CommHookKind::Allreduce) refuse_hook();
   }
+  // Hooks run on host buffers (parallel/comm_hooks.hpp); CUDA buckets take the default all-reduce only.
+  void set_comm_hook(const CommHook<T>& /*hook*/) { refuse_hook(); }
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   ~Transport() { drain(); }
@@ -176,7 +175,7 @@ class Transport<T, Cuda> {
     compute_ = exec;
   }
 
-  void launch(std::size_t b, const std::vector<bool>& unused) {
+  void launch(std::size_t b, const std::vector<bool>& zero) {
     Bucket& bk = buckets_[b];
     const BucketLayout& l = layouts_[b];
     const Exec<Cuda> comm_exec = comm_stream_.exec();
@@ -187,20 +186,29 @@ class Transport<T, Cuda> {
       const std::size_t i = l.params[k];
       T* dst = bk.flat.data() + l.offsets[k];
       const std::size_t bytes = params_[i]->grad().bytes();
-      if (unused[i])
+      if (zero[i])
         DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cs));
       else
         DDP_CUDA_CHECK(cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
     }
     bk.work = all_reduce_on(cs, std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)));
+  }
+
+  // The copies back into grad() are enqueued here, after backward, because only now is it known which
+  // parameters no rank used (keep[i]: left untouched); the comm stream still runs them after the all-reduce
+  // and the compute stream, where the optimizer runs next, waits for them. The host does not wait.
+  void finish(std::size_t b, const std::vector<bool>& keep) {
+    Bucket& bk = buckets_[b];
+    const BucketLayout& l = layouts_[b];
+    const cudaStream_t cs = comm_stream_.get();
     for (std::size_t k = 0; k < l.params.size(); ++k) {
+      if (keep[l.params[k]]) continue;
       auto& g = params_[l.params[k]]->grad();
       DDP_CUDA_CHECK(cudaMemcpyAsync(g.data(), bk.flat.data() + l.offsets[k], g.bytes(), cudaMemcpyDeviceToDevice, cs));
     }
-    bk.done.record(comm_exec);
+    bk.done.record(comm_stream_.exec());
+    bk.done.wait(compute_);
   }
-
-  void finish(std::size_t b) { buckets_[b].done.wait(compute_); }  // the optimizer, next on compute, sees the averages
 
   void drain() noexcept {
     for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));
@@ -209,6 +217,14 @@ class Transport<T, Cuda> {
   }
 
   void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order, compute_); }
+  // Element-wise max over ranks of host flags, staged through the device on the compute stream; the host waits.
+  void any_rank(std::span<std::int64_t> flags) {
+    if (comm_->size() == 1 || flags.empty()) return;
+    Tensor<std::int64_t, Cuda> dev = to<Cuda>(
+        TensorView<const std::int64_t, Cpu>(flags.data(), Shape{static_cast<std::int64_t>(flags.size())}), compute_);
+    comm_->all_reduce(dev.view(), {.op = comm::ReduceOp::Max, .stream = cuda_stream(compute_)}).wait();
+    copy(dev.cview(), TensorView<std::int64_t, Cpu>(flags.data(), dev.shape()), compute_);  // waits for the stream
+  }
 
   // Parameter and buffer broadcasts of DistributedDataParallel.
   Broadcaster<Cuda>& broadcaster() noexcept { return bcast_; }
@@ -221,6 +237,12 @@ class Transport<T, Cuda> {
     Event ready, done;
     comm::Work work;  // the all-reduce, retired at the next begin_step
   };
+
+  [[noreturn]] static void refuse_hook() {
+    throw ValueError(
+        "ddp: communication hooks other than allreduce (--comm-hook fp16/bf16, register_comm_hook) are not "
+        "supported for CUDA models in this version; use --comm-hook allreduce (NCCL reduces float32 buckets)");
+  }
 
   // Waits for the previous step's collectives (complete by now in a healthy job) and raises the first error.
   void retire() {

@@ -87,17 +87,13 @@ class DistributedDataParallel {
   // value when destroyed.
   class ModeGuard {
    public:
-    ModeGuard(DistributedDataParallel& d, bool DistributedDataParallel::* flag)
-        : d_(&d), flag_(flag), prev_(d.*flag) {
-      d.*flag = false;
-    }
+    explicit ModeGuard(bool& flag) : flag_(&flag), prev_(flag) { flag = false; }
     ModeGuard(const ModeGuard&) = delete;
     ModeGuard& operator=(const ModeGuard&) = delete;
-    ~ModeGuard() { d_->*flag_ = prev_; }
+    ~ModeGuard() { *flag_ = prev_; }
 
    private:
-    DistributedDataParallel* d_;
-    bool DistributedDataParallel::* flag_;
+    bool* flag_;  // a mode flag of the DistributedDataParallel that made the guard
     bool prev_;
   };
   using NoSyncGuard = ModeGuard;
@@ -144,11 +140,11 @@ class DistributedDataParallel {
   void finish() { reducer_.finish(); }
 
   // [[nodiscard]]: the guard must be kept in a variable for the scope of the accumulation.
-  [[nodiscard]] ModeGuard no_sync() { return ModeGuard(*this, &DistributedDataParallel::sync_); }
+  [[nodiscard]] ModeGuard no_sync() { return ModeGuard(sync_); }
   bool sync_enabled() const noexcept { return sync_; }
   // Inference forwards (evaluation): no synchronised step starts, and buffers are not broadcast before the
   // next forward (torch.no_grad()). Keep the guard in a variable.
-  [[nodiscard]] ModeGuard no_grad() { return ModeGuard(*this, &DistributedDataParallel::grad_); }
+  [[nodiscard]] ModeGuard no_grad() { return ModeGuard(grad_); }
 
   // Replaces what a full bucket goes through (parallel/comm_hooks.hpp), e.g. parallel::fp16_compress_hook<float>()
   // or your own; call it between steps, on every rank. CUDA models take only the default (ValueError).
@@ -213,7 +209,7 @@ class DistributedDataParallel {
     // 1. The counts, so that the shape lists have one length everywhere before they are compared.
     std::vector<std::int64_t> head{static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(dims.size())};
     std::vector<std::int64_t> mine = head;
-    tr.broadcaster().broadcast_host(std::span<std::int64_t>(head));
+    tr.broadcaster().broadcast_host(std::span<std::int64_t>(head), Exec<D>{});
     std::vector<std::int64_t> bad(static_cast<std::size_t>(world), 0);  // per rank: 0 fine, 1 + parameter index,
     const int me = comm_->rank();                                         // or kCountMismatch
     if (mine != head) bad[static_cast<std::size_t>(me)] = kCountMismatch;
@@ -221,7 +217,7 @@ class DistributedDataParallel {
     raise_shape_mismatch(bad, params, head[0]);
     // 2. The shapes.
     std::vector<std::int64_t> ref = dims;
-    tr.broadcaster().broadcast_host(std::span<std::int64_t>(ref));
+    tr.broadcaster().broadcast_host(std::span<std::int64_t>(ref), Exec<D>{});
     std::size_t at = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::size_t n = static_cast<std::size_t>(dims[at]) + 1;

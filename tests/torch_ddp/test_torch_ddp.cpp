@@ -1,0 +1,303 @@
+// ddp's DistributedDataParallel against PyTorch's (torch 1.13, gloo, CPU) on the same weights, data and plan, world 2
+// and 4: the parameters and buffers every rank ends with (label torch; skipped when /usr/bin/python3 has no torch).
+// SPDX-License-Identifier: MIT
+//
+// ddp_torch_reference.py defines the scenarios (model, plan, options, and how torch's side was computed; see its
+// header) and writes torch's results; this file runs ddp's side from the same files. Ranks are threads here
+// (tcp communicator over loopback), processes there.
+// Tolerances: the local arithmetic differs (our conv, BatchNorm and GEMM kernels sum in another order than
+// oneDNN/MKL), and for world 4 so does the order of the all-reduce's sum; both give float32 rounding
+// differences of ~1e-7 relative per step, which momentum carries over steps. The fp16 and bf16 hooks round
+// gradients to 10 and 7 mantissa bits, so a rounding difference of 1e-7 can move a rounded value by one unit
+// of the 16-bit format: 1e-3 and 1e-2 relative in a gradient, less in the parameters.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/nn/adaptive_avg_pool2d.hpp>
+#include <ddp/nn/batchnorm2d.hpp>
+#include <ddp/nn/conv2d.hpp>
+#include <ddp/nn/linear.hpp>
+#include <ddp/nn/loss.hpp>
+#include <ddp/nn/relu.hpp>
+#include <ddp/optim/sgd.hpp>
+#include <ddp/parallel/ddp.hpp>
+#include <ddp/train/checkpoint.hpp>
+#include <ddp/train/safetensors.hpp>
+
+#include "../unit/comm/comm_harness.hpp"
+
+using namespace ddp;
+
+namespace {
+
+// The model of ddp_torch_reference.py: conv -> bn -> relu -> mean over H, W -> a [+ b], by `mode`.
+class Net : public nn::Module<float, Cpu> {
+ public:
+  explicit Net(std::int64_t head_out = 3) {
+    conv_ = &register_module("conv", std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{
+                                         .in_channels = 3, .out_channels = 4, .kernel_size = 3, .padding = 1}));
+    bn_ = &register_module("bn", std::make_unique<nn::BatchNorm2d<float, Cpu>>(nn::BatchNorm2dOptions{.num_features = 4}));
+    relu_ = &register_module("relu", std::make_unique<nn::ReLU<float, Cpu>>());
+    pool_ = &register_module("pool", std::make_unique<nn::AdaptiveAvgPool2d<float, Cpu>>());
+    a_ = &register_module("a", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 4, .out_features = head_out}));
+    b_ = &register_module("b", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 4, .out_features = 3}));
+  }
+  std::string mode = "ab";
+
+  Tensor<float, Cpu> forward(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
+    h1_ = conv_->forward(e, x);  // kept: each module keeps a view of its input until backward
+    h2_ = bn_->forward(e, h1_.cview());
+    h3_ = relu_->forward(e, h2_.cview());
+    p_ = pool_->forward(e, h3_.cview());  // (N, 1, 1, 4)
+    used_ = mode;
+    Tensor<float, Cpu> out;
+    for (char h : used_) {
+      Tensor<float, Cpu> y = head(h).forward(e, p_.cview());
+      if (out.numel() == 0)
+        out = std::move(y);
+      else
+        for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] += y.data()[i];
+    }
+    return out;
+  }
+  Tensor<float, Cpu> backward(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
+    Tensor<float, Cpu> dp;
+    for (char h : used_) {
+      Tensor<float, Cpu> d = head(h).backward(e, dy);
+      if (dp.numel() == 0)
+        dp = std::move(d);
+      else
+        for (std::int64_t i = 0; i < dp.numel(); ++i) dp.data()[i] += d.data()[i];
+    }
+    auto d3 = pool_->backward(e, dp.cview());
+    auto d2 = relu_->backward(e, d3.cview());
+    auto d1 = bn_->backward(e, d2.cview());
+    return conv_->backward(e, d1.cview());
+  }
+  std::string describe() const override { return "TorchDdpNet"; }
+
+ private:
+  nn::Linear<float, Cpu>& head(char h) { return h == 'a' ? *a_ : *b_; }
+  nn::Conv2d<float, Cpu>* conv_;
+  nn::BatchNorm2d<float, Cpu>* bn_;
+  nn::ReLU<float, Cpu>* relu_;
+  nn::AdaptiveAvgPool2d<float, Cpu>* pool_;
+  nn::Linear<float, Cpu>* a_;
+  nn::Linear<float, Cpu>* b_;
+  std::string used_;
+  Tensor<float, Cpu> h1_, h2_, h3_, p_;
+};
+
+struct Pass {
+  char kind;                       // S, N or E
+  std::vector<std::string> modes;  // per rank
+};
+using Plan = std::vector<std::vector<Pass>>;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t next = s.find(sep, at);
+    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) return out;
+    at = next + 1;
+  }
+}
+
+// The plan grammar of ddp_torch_reference.py.
+Plan parse_plan(const std::string& plan, int world) {
+  Plan steps;
+  for (const auto& step : split(plan, ';')) {
+    std::vector<Pass> passes;
+    for (const auto& p : split(step, ',')) {
+      const auto parts = split(p, ':');
+      REQUIRE(parts.size() == 2);
+      const auto modes = split(parts[1], '|');
+      Pass pass{.kind = parts[0].at(0), .modes = {}};
+      for (int r = 0; r < world; ++r) pass.modes.push_back(modes[std::min<std::size_t>(static_cast<std::size_t>(r), modes.size() - 1)]);
+      passes.push_back(pass);
+    }
+    steps.push_back(passes);
+  }
+  return steps;
+}
+
+int run_reference(int world, const std::string& out_dir) {
+  const std::string cmd = std::string(DDP_TEST_PYTHON) + " " + DDP_TORCH_DDP_DIR + "/ddp_torch_reference.py " +
+                          std::to_string(world) + " " + out_dir;
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// max |ours - theirs| / max(1e-3, max |theirs|) over one tensor.
+double rel_diff(const float* ours, const std::vector<float>& theirs) {
+  double diff = 0, scale = 1e-3;
+  for (std::size_t i = 0; i < theirs.size(); ++i) {
+    diff = std::max(diff, std::abs(double(ours[i]) - double(theirs[i])));
+    scale = std::max(scale, std::abs(double(theirs[i])));
+  }
+  return diff / scale;
+}
+
+struct Outcome {
+  double worst = 0;          // the largest rel_diff over every parameter and float buffer of every rank
+  std::string worst_tensor;  // where
+  bool counters_equal = true;
+};
+
+// Runs ddp's side of `scenario` at `world` and compares every rank with torch's file.
+Outcome run_scenario(const std::string& dir, const std::string& scenario, int world, const train::SafetensorsFile& init) {
+  std::vector<train::SafetensorsFile> theirs;
+  for (int r = 0; r < world; ++r)
+    theirs.push_back(train::read_safetensors(ddp::detail::str(dir, "/", scenario, "_w", world, "_r", r, ".safetensors")));
+  const auto& meta = theirs[0].metadata;
+  const Plan plan = parse_plan(meta.at("plan"), world);
+  const parallel::DdpOptions options{.find_unused_parameters = meta.at("find_unused") == "1",
+                                     .comm_hook = parallel::parse_comm_hook(meta.at("hook"))};
+  const std::int64_t B = std::stoll(init.metadata.at("batch"));
+  const auto sgd = split(init.metadata.at("sgd"), ',');
+  const optim::SgdOptions so{.lr = std::stod(sgd[0]), .momentum = std::stod(sgd[1]), .weight_decay = std::stod(sgd[2])};
+  const auto& xs = init.at("x_nhwc");
+  const auto x_all = xs.as<float>();
+  const auto labels_all = init.at("labels").as<std::int64_t>();
+  const std::int64_t H = xs.shape[1], W = xs.shape[2], C = xs.shape[3];
+
+  Outcome out;
+  std::vector<std::string> notes(static_cast<std::size_t>(world));
+  auto errors = test::run_ranks(world, [&](comm::TcpCommunicator& c) {
+    const int rank = c.rank();
+    Exec<Cpu> exec;
+    Net net;
+    train::detail::load_state_dict_from(init, "init.safetensors", net, /*strict=*/false);
+    parallel::DistributedDataParallel<float, Cpu> model(net, c, options);
+    optim::SGD<float, Cpu> opt(net.parameters(), so);
+    nn::CrossEntropyLoss<float, Cpu> ce;
+    std::int64_t k = 0;
+    for (const auto& step : plan) {
+      opt.zero_grad();
+      bool trained = false;
+      for (const Pass& pass : step) {
+        const std::int64_t lo = (k++ * world + rank) * B;
+        Tensor<float, Cpu> x(Shape{B, H, W, C});
+        std::copy_n(x_all.data() + lo * H * W * C, B * H * W * C, x.data());
+        Tensor<std::int64_t, Cpu> y(Shape{B});
+        std::copy_n(labels_all.data() + lo, B, y.data());
+        net.mode = pass.modes[static_cast<std::size_t>(rank)];
+        if (pass.kind == 'E') {
+          auto guard = model.no_grad();
+          net.eval();
+          model.forward(exec, x.cview());
+          net.train();
+          continue;
+        }
+        trained = true;
+        auto run = [&] {
+          auto logits = model.forward(exec, x.cview());
+          ce.forward(exec, logits.cview(), y.cview());
+          model.backward(exec, ce.backward(exec).cview());
+        };
+        if (pass.kind == 'N') {
+          auto guard = model.no_sync();
+          run();
+        } else {
+          run();
+        }
+      }
+      if (trained) opt.step(exec);
+    }
+    // Compare (the main thread reads `out` after every rank joined; each rank writes its own note).
+    const auto& ref = theirs[static_cast<std::size_t>(rank)];
+    double worst = 0;
+    std::string where;
+    bool counters = true;
+    for (auto* p : net.parameters()) {
+      const auto& e = ref.at("param." + p->name());
+      std::vector<float> mine(static_cast<std::size_t>(p->numel()));
+      if (p->layout() == nn::Layout::Krsc)  // torch's OIHW -> our KRSC, as checkpoints do
+        train::detail::oihw_to_krsc(reinterpret_cast<const float*>(e.data.data()), mine.data(), p->shape());
+      else
+        mine = e.as<float>();
+      const double d = rel_diff(p->value().data(), mine);
+      if (d >= worst) worst = d, where = p->name();
+    }
+    // A manual reference runs without torch's DDP, so its buffers never follow rank 0: compare parameters only
+    // (in training mode they do not depend on the running statistics).
+    for (auto* b : net.buffers()) {
+      if (meta.at("kind") == "manual") break;
+      const auto& e = ref.at("buffer." + b->name());
+      if (b->is_integer()) {
+        counters = counters && e.as<std::int64_t>() == std::vector<std::int64_t>(b->count().data(), b->count().data() + 1);
+        continue;
+      }
+      const double d = rel_diff(b->real().data(), e.as<float>());
+      if (d >= worst) worst = d, where = b->name();
+    }
+    notes[static_cast<std::size_t>(rank)] = ddp::detail::str(worst, ' ', where, ' ', counters ? 1 : 0);
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank ", r, ": ", test::message(errors[r]));
+    REQUIRE(!errors[r]);
+    const auto parts = split(notes[r], ' ');
+    const double d = std::stod(parts[0]);
+    if (d >= out.worst) out.worst = d, out.worst_tensor = ddp::detail::str("rank ", r, " ", parts[1]);
+    out.counters_equal = out.counters_equal && parts[2] == "1";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DistributedDataParallel matches torch's on the same weights, data and plan (world 2 and 4)") {
+  // scenario -> the tolerance it must meet (see the file comment).
+  const std::map<std::string, double> tolerance{{"plain", 1e-6},   {"find_unused", 1e-6}, {"nosync_unused", 1e-6},
+                                                {"buffers", 1e-6}, {"fp16", 1e-3},        {"bf16", 1e-3}};
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    const std::string dir = ddp::detail::str(DDP_TORCH_DDP_OUT, "/w", world);
+    const int rc = run_reference(world, dir);
+    if (rc == 77) {
+      MESSAGE("SKIP: ddp_torch_reference.py could not import torch");
+      std::exit(77);
+    }
+    REQUIRE(rc == 0);
+    const auto init = train::read_safetensors(dir + "/init.safetensors");
+    for (const auto& scenario : split(init.metadata.at("scenarios"), ',')) {
+      CAPTURE(scenario);
+      if (scenario == "shapes") {
+        // torch raises on the rank whose shapes differ (the others raise when its group times out); ddp raises
+        // on every rank at once, naming the rank.
+        for (int r = 0; r < world; ++r)
+          CHECK(train::read_safetensors(ddp::detail::str(dir, "/shapes_w", world, "_r", r, ".safetensors"))
+                    .metadata.at("raised") == "yes");
+        std::vector<int> raised(static_cast<std::size_t>(world), 0);
+        auto errors = test::run_ranks(world, [&](comm::TcpCommunicator& c) {
+          Net net(c.rank() == 1 ? 5 : 3);
+          try {
+            parallel::DistributedDataParallel<float, Cpu> model(net, c);
+          } catch (const ValueError& e) {
+            raised[static_cast<std::size_t>(c.rank())] =
+                std::string(e.what()).find("rank 1 differs from rank 0 at parameter #3") != std::string::npos;
+          }
+        });
+        for (const auto& e : errors) CHECK(!e);
+        CHECK(raised == std::vector<int>(static_cast<std::size_t>(world), 1));
+        continue;
+      }
+      const Outcome o = run_scenario(dir, scenario, world, init);
+      MESSAGE("world ", world, ", ", scenario, ": max relative difference to torch ", o.worst, " (", o.worst_tensor, ")");
+      CHECK(o.worst <= tolerance.at(scenario));
+      CHECK(o.counters_equal);
+    }
+  }
+}

@@ -124,6 +124,8 @@
 #include "ddp/nn/bottleneck.hpp"
 #include "ddp/nn/loss.hpp"
 #include "ddp/nn/resnet.hpp"
+// defines: nn::convert_sync_batchnorm, nn::CommChannelSums (BatchNorm2d statistics over all ranks)
+#include "ddp/nn/sync_batchnorm.hpp"
 // defines: optim::SGD, optim::LrSchedule
 #include "ddp/optim/lr_schedule.hpp"
 #include "ddp/optim/sgd.hpp"

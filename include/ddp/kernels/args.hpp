@@ -99,6 +99,24 @@ void validate(const Conv2dBackwardArgs<T, D>& a) {
 }
 
 // ---- batchnorm over the last dimension C of an (..., C) tensor (NHWC: per channel over N*H*W) ----
+
+// How a synchronised BatchNorm (torch.nn.SyncBatchNorm) sums its per-channel statistics over the ranks of a
+// process group, without the kernels knowing of communicators: nn/sync_batchnorm.hpp implements it with one
+// all-reduce (docs/ARCHITECTURE.md D27). Training kernels given one (Args::sync) compute this rank's sums,
+// hand them here, and go on with the sums over every rank:
+//   forward   (2C + 1) doubles: sum x (C), sum x^2 (C), row count M
+//   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M   (g: the gradient reaching the BN)
+template <Device D>
+class ChannelSumReducer {
+ public:
+  virtual ~ChannelSumReducer() = default;
+  // How many ranks take part (1: nothing to synchronise; the layer then runs the ordinary kernels, as torch).
+  virtual int ranks() const noexcept = 0;
+  // In place: every element becomes its sum over the ranks. Ordered after the work already enqueued on
+  // exec (CUDA: its stream), and the work enqueued on exec afterwards sees the sums.
+  virtual void all_reduce_sum(const Exec<D>& exec, TensorView<double, D> sums) = 0;
+};
+
 template <class T, Device D>
 struct BatchNormForwardArgs {
   TensorView<const T, D> x;       // (N, H, W, C) or (N, C)
@@ -112,6 +130,9 @@ struct BatchNormForwardArgs {
   bool training = true;
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch
   double eps = 1e-5;
+  // Training only, optional: the statistics are those of every rank's batch together (count M summed over
+  // the ranks; this rank's x may then be empty, as in torch >= 1.12). Eval ignores it (no communication).
+  ChannelSumReducer<D>* sync = nullptr;
 };
 
 template <class T, Device D>
@@ -125,20 +146,33 @@ struct BatchNormBackwardArgs {
   TensorView<T, D> dgamma;             // (C), optional; overwritten
   TensorView<T, D> dbeta;              // (C), optional; overwritten
   bool training = true;                // must match the forward call: batch statistics depend on x
+  // Training only, optional, as in the forward call: dx uses sum g and sum g xhat over every rank; dgamma
+  // and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them, docs/ARCHITECTURE.md D27).
+  ChannelSumReducer<D>* sync = nullptr;
 };
 
+// allow_empty: a synchronised training call, where one rank's batch may be empty (the others' are not).
 template <class T, Device D>
-std::int64_t batchnorm_channels(const TensorView<const T, D>& x, const char* op) {
+std::int64_t batchnorm_channels(const TensorView<const T, D>& x, const char* op, bool allow_empty = false) {
   if (x.rank() < 2) throw ValueError(detail::str("ddp: ", op, ": x must be (N, ..., C), got shape ", x.shape()));
-  if (x.dim(0) == 0)
+  if (x.dim(0) == 0 && !allow_empty)
     throw ValueError(detail::str("ddp: ", op, ": batch of zero samples (x has shape ", x.shape(), ")"));
   return x.dim(-1);
+}
+
+// The synchronised check that validate() cannot make alone: the rows of every rank together.
+inline void check_sync_count(double total_rows, const char* op) {
+  if (total_rows < 2)
+    throw ValueError(detail::str("ddp: ", op, " (synchronised over ranks): training needs more than 1 value per "
+                                 "channel over all ranks together, got ", total_rows,
+                                 "; use larger batches or eval mode"));
 }
 
 template <class T, Device D>
 void validate(const BatchNormForwardArgs<T, D>& a) {
   const char* op = "batchnorm_forward";
-  const std::int64_t c = batchnorm_channels(a.x, op);
+  const bool synced = a.training && a.sync;
+  const std::int64_t c = batchnorm_channels(a.x, op, synced);
   const Shape cs{c};
   expect_shape(a.gamma, cs, "gamma (weight)", op);
   expect_shape(a.beta, cs, "beta (bias)", op);
@@ -147,7 +181,7 @@ void validate(const BatchNormForwardArgs<T, D>& a) {
   expect_shape(a.save_mean, cs, "save_mean", op);
   expect_shape(a.save_invstd, cs, "save_invstd", op);
   expect_shape(a.y, a.x.shape(), "output y", op);
-  if (a.training && a.x.numel() / c < 2)
+  if (a.training && !synced && a.x.numel() / c < 2)  // synchronised: check_sync_count on the total
     throw ValueError(detail::str("ddp: ", op, ": training needs more than 1 value per channel, got x of shape ",
                                  a.x.shape(), "; use a batch larger than 1 or eval mode"));
 }
@@ -155,7 +189,7 @@ void validate(const BatchNormForwardArgs<T, D>& a) {
 template <class T, Device D>
 void validate(const BatchNormBackwardArgs<T, D>& a) {
   const char* op = "batchnorm_backward";
-  const std::int64_t c = batchnorm_channels(a.x, op);
+  const std::int64_t c = batchnorm_channels(a.x, op, a.training && a.sync);
   const Shape cs{c};
   expect_shape(a.dy, a.x.shape(), "output gradient dy", op);
   expect_shape(a.gamma, cs, "gamma (weight)", op);

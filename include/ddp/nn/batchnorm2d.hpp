@@ -11,11 +11,18 @@
 // forward_act/backward_act: the same layer followed by "+ residual, ReLU" (Kernels<D>::batchnorm_act_*),
 // what the residual blocks and the stem use: one fused pass on the GPU (kernels/cuda/bn_act.cuh), the
 // unfused passes in a row on the CPU (kernels/cpu/bn_act.hpp), the same numbers as forward + add + relu.
+// Synchronised (torch.nn.SyncBatchNorm, docs/ARCHITECTURE.md D27): set_sync(reducer) -- what
+// nn/sync_batchnorm.hpp's convert_sync_batchnorm(model, comm) does to every BatchNorm2d -- makes training
+// use the statistics of every rank's batch together (one all-reduce in forward, one in backward, also in
+// forward_act/backward_act); a rank's batch may then be empty. Eval and a single rank communicate nothing.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
@@ -74,14 +81,20 @@ class BatchNorm2d : public Module<T, D> {
   Tensor<T, D>& running_var() noexcept { return running_var_->real(); }
   Tensor<std::int64_t, D>& num_batches_tracked() noexcept { return num_batches_tracked_->count(); }
 
+  // Synchronises the training statistics through `sync` (shared by the layers of a model; nullptr: this
+  // rank's batch alone again). Every rank of the group must then run the same layers in the same order.
+  void set_sync(std::shared_ptr<kernels::ChannelSumReducer<D>> sync) { sync_ = std::move(sync); }
+  bool is_sync() const noexcept { return sync_ != nullptr; }
+
   std::string describe() const override {
-    return ddp::detail::str("BatchNorm2d(", o_.num_features, ", eps=", o_.eps, ", momentum=", o_.momentum, ")");
+    return ddp::detail::str(sync_ ? "SyncBatchNorm(" : "BatchNorm2d(", o_.num_features, ", eps=", o_.eps,
+                            ", momentum=", o_.momentum, ")");
   }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
     check_input(x);
     Tensor<T, D> y(x.shape());
-    Kernels<D>::batchnorm_forward(exec, forward_args(x, y));
+    run_synced([&] { Kernels<D>::batchnorm_forward(exec, forward_args(x, y)); });
     after_forward(exec, x);
     return y;
   }
@@ -92,7 +105,7 @@ class BatchNorm2d : public Module<T, D> {
     check_input(x);
     Tensor<T, D> y(x.shape());
     const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
-    Kernels<D>::batchnorm_act_forward(exec, a);
+    run_synced([&] { Kernels<D>::batchnorm_act_forward(exec, a); });
     after_forward(exec, x);
     act_relu_ = relu;
     return y;
@@ -128,7 +141,7 @@ class BatchNorm2d : public Module<T, D> {
     if (x.rank() < 2)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be NHWC (N, H, W, C), got shape ",
                                         x.shape()));
-    if (x.dim(0) == 0)
+    if (x.dim(0) == 0 && !syncing())  // synchronised: the other ranks' batches count (torch >= 1.12)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": batch of zero images (input shape ", x.shape(),
                                         "); check --batch-size and the loader"));
     if (x.dim(-1) != o_.num_features)
@@ -136,11 +149,25 @@ class BatchNorm2d : public Module<T, D> {
                                         " channels but the layer expects ", o_.num_features, " (input shape ",
                                         x.shape(), ", NHWC)"));
   }
+  // Whether this forward synchronises: training, a reducer, more than one rank (torch's need_sync).
+  bool syncing() const noexcept { return this->is_training() && sync_ && sync_->ranks() > 1; }
+  // Runs a kernel call; a synchronised one's argument errors (a total batch too small) name this layer.
+  template <class F>
+  void run_synced(F&& f) {
+    if (!syncing()) return f();
+    try {
+      f();
+    } catch (const ValueError& e) {
+      std::string_view what = e.what();
+      if (what.starts_with("ddp: ")) what.remove_prefix(5);
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": ", what));
+    }
+  }
   kernels::BatchNormForwardArgs<T, D> forward_args(TensorView<const T, D> x, Tensor<T, D>& y) {
     return {.x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
             .running_mean = running_mean_->real().view(), .running_var = running_var_->real().view(), .y = y.view(),
             .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(), .training = this->is_training(),
-            .momentum = o_.momentum, .eps = o_.eps};
+            .momentum = o_.momentum, .eps = o_.eps, .sync = syncing() ? sync_.get() : nullptr};
   }
   void after_forward(Exec<D>& exec, TensorView<const T, D> x) {
     const bool training = this->is_training();
@@ -150,11 +177,13 @@ class BatchNorm2d : public Module<T, D> {
     x_ = x;
     have_x_ = true;
     forward_training_ = training;
+    forward_sync_ = syncing();
   }
   kernels::BatchNormBackwardArgs<T, D> backward_args(TensorView<const T, D> dy, Tensor<T, D>& dx) {
     return {.x = x_, .dy = dy, .gamma = weight_->value().cview(), .save_mean = save_mean_.cview(),
             .save_invstd = save_invstd_.cview(), .dx = dx.view(), .dgamma = weight_->grad_dest(),
-            .dbeta = bias_->grad_dest(), .training = forward_training_};
+            .dbeta = bias_->grad_dest(), .training = forward_training_,
+            .sync = forward_sync_ ? sync_.get() : nullptr};
   }
 
   BatchNorm2dOptions o_;
@@ -169,6 +198,8 @@ class BatchNorm2d : public Module<T, D> {
   bool have_x_ = false;
   bool forward_training_ = true;
   bool act_relu_ = true;  // the relu flag of the last forward_act
+  bool forward_sync_ = false;  // whether the last forward synchronised (its backward must too)
+  std::shared_ptr<kernels::ChannelSumReducer<D>> sync_;  // set by convert_sync_batchnorm (nn/sync_batchnorm.hpp)
 };
 
 }  // namespace ddp::nn

@@ -15,6 +15,8 @@
 // Sums are accumulated in double per thread block and combined in block order (deterministic). Backward
 // reads all of dy (the sums) before it writes dx, one element from the same element, so dx may alias dy
 // (bn_act.hpp relies on that to mask dy in place).
+// Synchronised (Args::sync, training): one pass of sum x and sum x^2, the reducer's all-reduce, then the
+// global statistics (kernels/batchnorm_sync.hpp); backward all-reduces sum dy and sum dy xhat before dx.
 #pragma once
 
 #include <cmath>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/batchnorm_sync.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
 
@@ -44,11 +47,81 @@ std::vector<double> channel_sums(const Exec<Cpu>& exec, std::int64_t rows, std::
   return sum;
 }
 
+// y = x * scale + shift per channel (one FMA per element).
+template <class T>
+void bn_apply(const Exec<Cpu>& exec, const T* x, T* y, std::int64_t rows, std::int64_t c, const T* sc, const T* sh) {
+  parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
+    for (std::int64_t m = m0; m < m1; ++m)
+      for (std::int64_t k = 0; k < c; ++k) y[m * c + k] = x[m * c + k] * sc[k] + sh[k];
+  });
+}
+
+// dx = k1 * dy + k2 * (x - mean) + k3 per channel.
+template <class T>
+void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* mean, const T* p1, const T* p2,
+                       const T* p3, T* dx, std::int64_t rows, std::int64_t c) {
+  parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
+    for (std::int64_t m = m0; m < m1; ++m)
+      for (std::int64_t k = 0; k < c; ++k)
+        dx[m * c + k] = p1[k] * dy[m * c + k] + p2[k] * (x[m * c + k] - mean[k]) + p3[k];
+  });
+}
+
+// Synchronised training forward (docs/ARCHITECTURE.md D27, kernels/batchnorm_sync.hpp): this rank's sum x and
+// sum x^2 in one pass, one all-reduce of (2C + 1) doubles, then the global statistics and the apply pass.
+template <class T>
+void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>& a) {
+  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
+  const T* x = a.x.data();
+  const auto local = channel_sums(exec, rows, c, 2, [&](std::int64_t m, double* acc) {
+    const T* xm = x + m * c;
+    for (std::int64_t k = 0; k < c; ++k) {
+      const double v = static_cast<double>(xm[k]);
+      acc[k] += v;
+      acc[c + k] += v * v;
+    }
+  });
+  std::vector<double> sums(local.begin(), local.end());
+  sums.push_back(static_cast<double>(rows));
+  a.sync->all_reduce_sum(exec, TensorView<double, Cpu>(sums.data(), Shape{2 * c + 1}));
+  check_sync_count(sums[static_cast<std::size_t>(2 * c)], "batchnorm_forward");
+  std::vector<T> coef(static_cast<std::size_t>(2 * c));  // scale, shift
+  for_each_index(exec, static_cast<std::size_t>(c),
+                 BnSyncStatistics<T>{.sums = sums.data(), .gamma = a.gamma.data(), .beta = a.beta.data(),
+                                     .running_mean = a.running_mean.data(), .running_var = a.running_var.data(),
+                                     .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
+                                     .scale = coef.data(), .shift = coef.data() + c, .c = c,
+                                     .momentum = a.momentum, .eps = a.eps});
+  bn_apply(exec, x, a.y.data(), rows, c, coef.data(), coef.data() + c);
+}
+
+// Synchronised training backward: this rank's sums give dgamma and dbeta; their all-reduce gives dx.
+template <class T>
+void batchnorm_backward_sync(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cpu>& a,
+                             const std::vector<double>& local, std::int64_t rows) {
+  const std::int64_t c = a.x.dim(-1);
+  std::vector<double> sums(local.begin(), local.end());
+  sums.push_back(static_cast<double>(rows));
+  for_each_index(exec, static_cast<std::size_t>(c),
+                 BnLocalGrads<T>{.sums = sums.data(), .dgamma = a.dgamma.empty() ? nullptr : a.dgamma.data(),
+                                 .dbeta = a.dbeta.empty() ? nullptr : a.dbeta.data(), .c = c});
+  a.sync->all_reduce_sum(exec, TensorView<double, Cpu>(sums.data(), Shape{2 * c + 1}));  // every rank, even without dx
+  if (a.dx.empty()) return;
+  std::vector<T> coef(static_cast<std::size_t>(3 * c));  // k1, k2, k3
+  for_each_index(exec, static_cast<std::size_t>(c),
+                 BnSyncBackwardCoefficients<T>{.sums = sums.data(), .gamma = a.gamma.data(),
+                                               .invstd = a.save_invstd.data(), .k1 = coef.data(),
+                                               .k2 = coef.data() + c, .k3 = coef.data() + 2 * c, .c = c});
+  bn_backward_apply(exec, a.x.data(), a.dy.data(), a.save_mean.data(), coef.data(), coef.data() + c,
+                    coef.data() + 2 * c, a.dx.data(), rows, c);
+}
+
 }  // namespace detail
 
 template <class T>
 void batchnorm_forward(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>& a) {
   validate(a);
+  if (a.training && a.sync) return detail::batchnorm_forward_sync(exec, a);
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const T* x = a.x.data();
   std::vector<double> mean(static_cast<std::size_t>(c)), invstd(static_cast<std::size_t>(c));
@@ -89,13 +162,7 @@ void batchnorm_forward(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>
     a.save_mean.data()[k] = static_cast<T>(mean[i]);
     a.save_invstd.data()[k] = static_cast<T>(invstd[i]);
   }
-  T* y = a.y.data();
-  const T* sc = scale.data();
-  const T* sh = shift.data();
-  parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
-    for (std::int64_t m = m0; m < m1; ++m)
-      for (std::int64_t k = 0; k < c; ++k) y[m * c + k] = x[m * c + k] * sc[k] + sh[k];
-  });
+  detail::bn_apply(exec, x, a.y.data(), rows, c, scale.data(), shift.data());
 }
 
 template <class T>
@@ -115,6 +182,7 @@ void batchnorm_backward(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cp
       acc[c + k] += static_cast<double>(dym[k]) * (static_cast<double>(xm[k]) - mean[k]) * invstd[k];
     }
   });
+  if (a.training && a.sync) return detail::batchnorm_backward_sync(exec, a, sums, rows);
   for (std::int64_t k = 0; k < c; ++k) {
     if (!a.dbeta.empty()) a.dbeta.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(k)]);
     if (!a.dgamma.empty()) a.dgamma.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(c + k)]);
@@ -135,13 +203,7 @@ void batchnorm_backward(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cp
     k2[i] = static_cast<T>(c2);
     k3[i] = static_cast<T>(c3);
   }
-  T* dx = a.dx.data();
-  const T *p1 = k1.data(), *p2 = k2.data(), *p3 = k3.data();
-  parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
-    for (std::int64_t m = m0; m < m1; ++m)
-      for (std::int64_t k = 0; k < c; ++k)
-        dx[m * c + k] = p1[k] * dy[m * c + k] + p2[k] * (x[m * c + k] - mean[k]) + p3[k];
-  });
+  detail::bn_backward_apply(exec, x, dy, mean, k1.data(), k2.data(), k3.data(), a.dx.data(), rows, c);
 }
 
 }  // namespace ddp::kernels::cpu

@@ -10,6 +10,10 @@
 // Training forward makes two such passes (mean, then sum (x - mean)^2: no cancellation), then
 // y = x * scale_c + shift_c with scale = gamma invstd, shift = beta - mean scale (one FMA per element).
 // Backward sums dy and dy * xhat, then dx = k1 dy + k2 (x - mean) + k3 (k2 = k3 = 0 in eval).
+// Synchronised (Args::sync, training; docs/ARCHITECTURE.md D27): the forward makes one Moments pass (sum x,
+// sum x^2), the backward its usual pass; the chunks are folded into (2C + 1) doubles (BnFoldChunks), the
+// reducer all-reduces them on the exec's stream, and the per-channel functors of kernels/batchnorm_sync.hpp
+// finish the statistics. An empty local batch (rows 0) launches no pass over x and contributes zeros.
 // Example: ResNet's bn1 at batch 16: M = 200,704 rows, C = 64 -> grid (2, 512) for the partial sums,
 // each chunk 392 rows; then 64 threads finish the statistics.
 #pragma once
@@ -21,6 +25,7 @@
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/batchnorm_sync.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
@@ -33,7 +38,8 @@ namespace detail {
 
 // Backward and BackwardMasked differ only in the gradient they sum: dy, or dy * (y > 0) (the ReLU that
 // follows the BatchNorm in bn_act.cuh, with y its forward output).
-enum class BnSum : int { X = 0, CenteredSquare = 1, Backward = 2, BackwardMasked = 3 };
+// Moments: partial0 = sum x, partial1 = sum x^2 (the synchronised forward's one pass).
+enum class BnSum : int { X = 0, CenteredSquare = 1, Backward = 2, BackwardMasked = 3, Moments = 4 };
 
 inline constexpr int kBnChannels = 32, kBnRowLanes = 8;
 
@@ -63,6 +69,9 @@ __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restr
       const double v = static_cast<double>(x[m * c + ch]);
       if constexpr (Mode == BnSum::X) {
         a0 += v;
+      } else if constexpr (Mode == BnSum::Moments) {
+        a0 += v;
+        a1 += v * v;
       } else if constexpr (Mode == BnSum::CenteredSquare) {
         const double d = v - mu;
         a0 += d * d;
@@ -83,7 +92,7 @@ __global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restr
       a1 += s1[l][threadIdx.x];
     }
     partial0[chunk * c + ch] = a0;
-    if constexpr (kBackward) partial1[chunk * c + ch] = a1;
+    if constexpr (kBackward || Mode == BnSum::Moments) partial1[chunk * c + ch] = a1;
   }
 }
 
@@ -207,11 +216,55 @@ inline BnGrid bn_grid(std::int64_t rows, std::int64_t c) {
 
 namespace detail {
 
+// This rank's chunked sums (2, chunks, C) -> sums (2C + 1); partial may be null when rows == 0 (no chunks).
+inline void bn_fold_chunks(const Exec<Cuda>& e, const double* partial, std::int64_t chunks, std::int64_t c,
+                           std::int64_t rows, Tensor<double, Cuda>& sums) {
+  for_each_index(e, static_cast<std::size_t>(2 * c + 1),
+                 BnFoldChunks{.partial = partial, .sums = sums.data(), .chunks = chunks, .c = c,
+                              .rows = static_cast<double>(rows)});
+}
+
+// Synchronised training forward: coef = [scale, shift] from the statistics of every rank's batch.
+template <class T>
+void sync_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
+  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
+  const cudaStream_t s = cuda_stream(e);
+  const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
+  coef = Tensor<T, Cuda>(Shape{2, c});  // scale, shift
+  Tensor<double, Cuda> sums(Shape{2 * c + 1});
+  Tensor<double, Cuda> partial;
+  std::int64_t chunks = 0;
+  if (rows > 0) {
+    const BnGrid g = bn_grid(rows, c);
+    chunks = g.chunks;
+    partial = Tensor<double, Cuda>(Shape{2, chunks, c});
+    channel_partial_kernel<T, BnSum::Moments><<<g.grid, g.block, 0, s>>>(
+        a.x.data(), nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(),
+        partial.data() + chunks * c);
+    check_launch("channel_partial_kernel<BnSum::Moments>", s);
+  }
+  bn_fold_chunks(e, partial.data(), chunks, c, rows, sums);
+  a.sync->all_reduce_sum(e, sums.view());
+  if (rows < 2) {  // only then can the total be too small (every rank sees the same total): a host wait here only
+    double total = 0.0;
+    DDP_CUDA_CHECK(cudaMemcpyAsync(&total, sums.data() + 2 * c, sizeof(double), cudaMemcpyDeviceToHost, s));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(s));
+    check_sync_count(total, "batchnorm_forward");
+  }
+  for_each_index(e, static_cast<std::size_t>(c),
+                 BnSyncStatistics<T>{.sums = sums.data(), .gamma = a.gamma.data(), .beta = a.beta.data(),
+                                     .running_mean = a.running_mean.data(), .running_var = a.running_var.data(),
+                                     .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
+                                     .scale = coef.data(), .shift = coef.data() + c, .c = c,
+                                     .momentum = a.momentum, .eps = a.eps});
+}
+
 // Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics when
 // training, and writes coef = [scale (C), shift (C)] for y = x scale + shift. Enqueued on e's stream.
 template <class T>
 void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
+  if (a.training && a.sync) return sync_coefficients(e, a, coef);
   const cudaStream_t s = cuda_stream(e);
   const detail::BnGrid g = detail::bn_grid(rows, c);
   const unsigned cblocks = grid_for(c);
@@ -251,6 +304,24 @@ void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>&
 
 namespace detail {
 
+// Synchronised training backward, after this rank's chunked sums (2, chunks, C) of g and g xhat: dgamma and
+// dbeta from this rank's sums, then coef = [k1, k2, k3] from every rank's.
+template <class T>
+void sync_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const double* partial,
+                                std::int64_t chunks, Tensor<T, Cuda>& coef) {
+  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
+  Tensor<double, Cuda> sums(Shape{2 * c + 1});
+  bn_fold_chunks(e, partial, chunks, c, rows, sums);
+  for_each_index(e, static_cast<std::size_t>(c),
+                 BnLocalGrads<T>{.sums = sums.data(), .dgamma = a.dgamma.empty() ? nullptr : a.dgamma.data(),
+                                 .dbeta = a.dbeta.empty() ? nullptr : a.dbeta.data(), .c = c});
+  a.sync->all_reduce_sum(e, sums.view());
+  for_each_index(e, static_cast<std::size_t>(c),
+                 BnSyncBackwardCoefficients<T>{.sums = sums.data(), .gamma = a.gamma.data(),
+                                               .invstd = a.save_invstd.data(), .k1 = coef.data(),
+                                               .k2 = coef.data() + c, .k3 = coef.data() + 2 * c, .c = c});
+}
+
 // dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3 for a (validated)
 // backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused ReLU).
 template <class T>
@@ -258,10 +329,12 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
                                      Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
-  const BnGrid g = bn_grid(rows, c);
   const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
-  Tensor<double, Cuda> partial(Shape{2, g.chunks, c});
   coef = Tensor<T, Cuda>(Shape{3, c});  // k1, k2, k3
+  const bool synced = a.training && a.sync;
+  if (synced && rows == 0) return sync_backward_coefficients(e, a, nullptr, 0, coef);
+  const BnGrid g = bn_grid(rows, c);
+  Tensor<double, Cuda> partial(Shape{2, g.chunks, c});
   double* p0 = partial.data();
   double* p1 = partial.data() + g.chunks * c;
   if (ymask)
@@ -272,6 +345,7 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
     channel_partial_kernel<T, BnSum::Backward><<<g.grid, g.block, 0, s>>>(
         a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1);
   check_launch(ymask ? "channel_partial_kernel<BnSum::BackwardMasked>" : "channel_partial_kernel<BnSum::Backward>", s);
+  if (synced) return sync_backward_coefficients(e, a, partial.data(), g.chunks, coef);
   bn_backward_coef_kernel<T><<<grid_for(c), kThreads, 0, s>>>(
       p0, p1, g.chunks, c, rows, a.training, a.gamma.data(), a.save_invstd.data(),
       a.dgamma.empty() ? nullptr : a.dgamma.data(), a.dbeta.empty() ? nullptr : a.dbeta.data(), coef.data(),

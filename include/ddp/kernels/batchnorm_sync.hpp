@@ -1,0 +1,116 @@
+// Per-channel arithmetic of the synchronised BatchNorm (torch.nn.SyncBatchNorm), written once for both devices:
+// functors run by Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and
+// kernels/cuda/batchnorm.cuh call them between their own "sums" and "apply" passes).
+// SPDX-License-Identifier: MIT
+//
+// A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/ARCHITECTURE.md D27) is:
+//   forward   this rank's sums s = [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics -> y = x scale + shift
+//   backward  this rank's sums s = [sum g (C), sum g xhat (C), M] -> BnLocalGrads (dbeta, dgamma from this
+//             rank's sums) -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean) + k3
+// With the global M, mean = sum x / M and var = sum x^2 / M - mean^2 (biased, for normalising); running_var
+// takes var M / (M - 1), the unbiased variance over all ranks, as torch. The sums are doubles: x^2 of a
+// float is exact in double, so the one-pass variance loses nothing that matters next to float's rounding
+// unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep their two-pass variance).
+// Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} = {16, 84, 4}
+// -> mean 4, var 84/4 - 16 = 5, running_var moves towards 5 * 4/3.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "ddp/config.hpp"
+
+namespace ddp::kernels {
+
+// Global sums (2C + 1: sum x, sum x^2, M) -> save_mean, save_invstd, scale = gamma invstd,
+// shift = beta - mean scale, and the running statistics' update. One index per channel.
+template <class T>
+struct BnSyncStatistics {
+  const double* sums;  // (2C + 1), summed over the ranks
+  const T* gamma;
+  const T* beta;
+  T* running_mean;
+  T* running_var;
+  T* save_mean;
+  T* save_invstd;
+  T* scale;
+  T* shift;
+  std::int64_t c;
+  double momentum;
+  double eps;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto k = static_cast<std::int64_t>(i);
+    const double m = sums[2 * c];
+    const double mu = sums[k] / m;
+    double var = sums[c + k] / m - mu * mu;
+    var = var > 0.0 ? var : 0.0;  // rounding can push a constant channel's variance below zero
+    const double is = 1.0 / ::sqrt(var + eps);
+    const double unbiased = var * m / (m - 1.0);
+    running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
+    running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
+    const double sc = static_cast<double>(gamma[k]) * is;
+    scale[k] = static_cast<T>(sc);
+    shift[k] = static_cast<T>(static_cast<double>(beta[k]) - mu * sc);
+    save_mean[k] = static_cast<T>(mu);
+    save_invstd[k] = static_cast<T>(is);
+  }
+};
+
+// This rank's backward sums (before the all-reduce) -> dbeta = sum g, dgamma = sum g xhat (either nullable).
+template <class T>
+struct BnLocalGrads {
+  const double* sums;  // (2C + 1)
+  T* dgamma;
+  T* dbeta;
+  std::int64_t c;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto k = static_cast<std::int64_t>(i);
+    if (dbeta) dbeta[k] = static_cast<T>(sums[k]);
+    if (dgamma) dgamma[k] = static_cast<T>(sums[c + k]);
+  }
+};
+
+// Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of dx = k1 g + k2 (x - mean) + k3
+// (kernels/cpu/batchnorm.hpp's formula with the global M).
+template <class T>
+struct BnSyncBackwardCoefficients {
+  const double* sums;  // (2C + 1), summed over the ranks
+  const T* gamma;
+  const T* invstd;
+  T* k1;
+  T* k2;
+  T* k3;
+  std::int64_t c;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto k = static_cast<std::int64_t>(i);
+    const double m = sums[2 * c];
+    const double is = static_cast<double>(invstd[k]);
+    const double g = static_cast<double>(gamma[k]) * is;
+    k1[k] = static_cast<T>(g);
+    k2[k] = static_cast<T>(-g * is * sums[c + k] / m);
+    k3[k] = static_cast<T>(-g * sums[k] / m);
+  }
+};
+
+// Chunked partial sums (2, chunks, C) -> sums (2C + 1) = [sum over chunks (2C), rows]: chunks added in order.
+struct BnFoldChunks {
+  const double* partial;  // (2, chunks, C)
+  double* sums;           // (2C + 1)
+  std::int64_t chunks;
+  std::int64_t c;
+  double rows;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto j = static_cast<std::int64_t>(i);
+    if (j == 2 * c) {
+      sums[j] = rows;
+      return;
+    }
+    const std::int64_t half = j / c, k = j % c;
+    double s = 0.0;
+    for (std::int64_t q = 0; q < chunks; ++q) s += partial[(half * chunks + q) * c + k];
+    sums[j] = s;
+  }
+};
+
+}  // namespace ddp::kernels

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -63,6 +64,10 @@ class AdamW {
   }
   AdamW(std::vector<nn::Parameter<T, D>*> params, const AdamwOptions& o)
       : AdamW(std::vector<ParamGroup<T, D>>{ParamGroup<T, D>{.params = std::move(params)}}, o) {}
+  // AdamW({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s iterator-pair
+  // constructor.
+  AdamW(std::initializer_list<nn::Parameter<T, D>*> params, const AdamwOptions& o)
+      : AdamW(std::vector<nn::Parameter<T, D>*>(params), o) {}
   AdamW(nn::Module<T, D>& model, const AdamwOptions& o) : AdamW(model.parameters(), o) {}
 
   // One update of every parameter that has a gradient, in one Kernels<D>::adamw_step_multi call.

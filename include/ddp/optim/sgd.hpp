@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -61,6 +62,10 @@ class SGD {
   }
   SGD(std::vector<nn::Parameter<T, D>*> params, const SgdOptions& o)
       : SGD(std::vector<ParamGroup<T, D>>{ParamGroup<T, D>{.params = std::move(params)}}, o) {}
+  // SGD({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s iterator-pair
+  // constructor.
+  SGD(std::initializer_list<nn::Parameter<T, D>*> params, const SgdOptions& o)
+      : SGD(std::vector<nn::Parameter<T, D>*>(params), o) {}
   SGD(nn::Module<T, D>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
 
   // One update of every parameter that has a gradient: one Kernels<D>::sgd_step_multi call per group (one

@@ -105,7 +105,7 @@
 #  include "ddp/kernels/cuda/kernels.cuh"
 #endif
 
-// ---- nn, optim: modules with explicit backward, ResNet, losses, SGD ----
+// ---- nn, optim: modules with explicit backward, ResNet, losses, SGD, AdamW ----
 // defines: nn::Parameter, nn::Buffer, nn::Module, nn::Sequential
 #include "ddp/nn/parameter.hpp"
 #include "ddp/nn/module.hpp"
@@ -126,7 +126,12 @@
 #include "ddp/nn/resnet.hpp"
 // defines: nn::convert_sync_batchnorm, nn::CommChannelSums (BatchNorm2d statistics over all ranks)
 #include "ddp/nn/sync_batchnorm.hpp"
-// defines: optim::SGD, optim::LrSchedule
+// defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/optim/param_groups.hpp"
+// defines: optim::SGD, optim::AdamW, optim::clip_grad_norm, optim::LrSchedule
+#include "ddp/optim/adamw.hpp"
+#include "ddp/optim/clip.hpp"
 #include "ddp/optim/lr_schedule.hpp"
 #include "ddp/optim/sgd.hpp"
 

@@ -7,6 +7,7 @@
 // as PyTorch's kernels, so float results match PyTorch's bit for bit in the common cases.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 
 #include "ddp/config.hpp"
@@ -90,6 +91,36 @@ struct SgdStep {
       g = nesterov ? g + momentum * b : b;
     }
     param[i] = param[i] + (-lr) * g;
+  }
+};
+
+// One element of torch.optim.AdamW's step (amsgrad off), in the order of torch 1.13's _single_tensor_adamw:
+//   p = p * decay                                     decay = 1 - lr * weight_decay (decoupled weight decay)
+//   m = m * beta1 + (1 - beta1) * g                   exp_avg
+//   v = v * beta2 + (1 - beta2) * g * g               exp_avg_sq
+//   p = p + (-step_size * m) / (sqrt(v) / bias_correction2_sqrt + eps)
+// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt = sqrt(1 - beta2^t) for the tensor's own step
+// count t, computed in double on the host and converted to T (as PyTorch converts Python scalars).
+// Example: lr 0.1, no decay, first step (t = 1), g = 2, m = v = 0: m = 0.2, v = 0.004, step_size = 1,
+// bias_correction2_sqrt = sqrt(0.001), so p -= 0.2 / (0.0632.. / 0.0316.. + eps) = 0.1 (Adam's first step is
+// lr * sign(g)).
+template <class T>
+struct AdamwStep {
+  T* param;
+  const T* grad;
+  T* exp_avg;
+  T* exp_avg_sq;
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bias_correction2_sqrt, eps;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::sqrt;
+    const T g = grad[i];
+    const T p = param[i] * decay;
+    const T m = exp_avg[i] * beta1 + one_minus_beta1 * g;
+    const T v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const T denom = sqrt(v) / bias_correction2_sqrt + eps;
+    param[i] = p + (-step_size) * m / denom;  // addcdiv: self + value * t1 / t2
   }
 };
 

@@ -6,16 +6,21 @@
 //   batchnorm_act_forward   y  = relu(bn(x) + residual)            (residual and relu optional)
 //   batchnorm_act_backward  g  = dy * (y > 0); dresidual = g; dx, dgamma, dbeta = bn_backward(g)
 //   sgd_step_multi          SgdStep (kernels/elementwise.hpp) over every parameter tensor in one launch
-// The CPU versions (kernels/cpu/bn_act.hpp, kernels/cpu/multi_sgd.hpp) run the unfused CPU passes in a
+//   adamw_step_multi        AdamwStep likewise (per-tensor lr, weight decay and step count)
+//   sum_squares_multi       sum of x^2 over many tensors, accumulated in double (clip_grad_norm's norm)
+//   scale_multi             x *= alpha over many tensors (clip_grad_norm's clipping)
+// The CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) run the unfused CPU passes in a
 // row and are the reference the GPU tests compare against. validate() throws ValueError like args.hpp's.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/elementwise.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
 
@@ -88,6 +93,103 @@ void validate(const MultiSgdArgs<T, D>& a) {
           detail::str("ddp: ", op, ": tensor ", i, " (", t.numel,
                       " elements) needs param and grad pointers, and a momentum buffer when momentum != 0"));
   }
+}
+
+// ---- multi-tensor AdamW: torch.optim.AdamW's rule (AdamwStep in elementwise.hpp) over many tensors ----
+// Learning rate, weight decay and step count are per tensor (parameter groups; a parameter skipped while it
+// had no gradient has a smaller step count), the betas and eps are shared.
+template <class T>
+struct AdamwTensor {
+  T* param = nullptr;
+  const T* grad = nullptr;
+  T* exp_avg = nullptr;     // zeros before the first step (torch's state initialisation)
+  T* exp_avg_sq = nullptr;  // likewise
+  std::int64_t numel = 0;
+  double lr = 1e-3;
+  double weight_decay = 1e-2;
+  std::int64_t step = 1;  // this tensor's step count including this step (torch's state['step'] after += 1)
+};
+
+template <class T, Device D>
+struct MultiAdamwArgs {
+  std::span<const AdamwTensor<T>> tensors;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+template <class T, Device D>
+void validate(const MultiAdamwArgs<T, D>& a) {
+  const char* op = "adamw_step_multi";
+  if (!(a.beta1 >= 0.0 && a.beta1 < 1.0) || !(a.beta2 >= 0.0 && a.beta2 < 1.0) || !(a.eps >= 0.0))
+    throw ValueError(detail::str("ddp: ", op, ": betas must be in [0, 1) and eps >= 0, got betas (", a.beta1, ", ",
+                                 a.beta2, ") and eps ", a.eps));
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const AdamwTensor<T>& t = a.tensors[i];
+    if (t.numel < 0 || (t.numel > 0 && (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq)))
+      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, " (", t.numel,
+                                   " elements) needs param, grad, exp_avg and exp_avg_sq pointers"));
+    if (!(t.lr >= 0.0) || !(t.weight_decay >= 0.0) || t.step < 1)
+      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, ": lr (", t.lr, ") and weight_decay (",
+                                   t.weight_decay, ") must be >= 0 and step (", t.step, ") >= 1"));
+  }
+}
+
+// The functor that updates tensor t: the bias corrections and the decay factor computed in double, as
+// torch computes them in Python, then converted to T. Shared by the CPU loop and the CUDA kernel.
+template <class T>
+AdamwStep<T> adamw_step_for(const AdamwTensor<T>& t, double beta1, double beta2, double eps) {
+  const double step = static_cast<double>(t.step);
+  const double bias_correction1 = 1.0 - std::pow(beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(beta2, step);
+  return AdamwStep<T>{.param = t.param,
+                      .grad = t.grad,
+                      .exp_avg = t.exp_avg,
+                      .exp_avg_sq = t.exp_avg_sq,
+                      .decay = static_cast<T>(1.0 - t.lr * t.weight_decay),
+                      .beta1 = static_cast<T>(beta1),
+                      .one_minus_beta1 = static_cast<T>(1.0 - beta1),
+                      .beta2 = static_cast<T>(beta2),
+                      .one_minus_beta2 = static_cast<T>(1.0 - beta2),
+                      .step_size = static_cast<T>(t.lr / bias_correction1),
+                      .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
+                      .eps = static_cast<T>(eps)};
+}
+
+// ---- multi-tensor reductions and scaling (clip_grad_norm) ----
+template <class T>
+struct TensorPtr {
+  T* data = nullptr;
+  std::int64_t numel = 0;
+};
+
+// sum_squares_multi: returns sum over every tensor of sum(x^2), accumulated in double in a fixed order
+// (deterministic on each device; CPU and CUDA differ in the order, so by rounding).
+template <class T, Device D>
+struct MultiTensorArgs {
+  std::span<const TensorPtr<T>> tensors;
+};
+
+// scale_multi: x *= alpha (converted to T) for every tensor.
+template <class T, Device D>
+struct MultiScaleArgs {
+  std::span<const TensorPtr<T>> tensors;
+  double alpha = 1.0;
+};
+
+template <class T>
+void validate_tensor_ptrs(const char* op, std::span<const TensorPtr<T>> tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].numel < 0 || (tensors[i].numel > 0 && !tensors[i].data))
+      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, " (", tensors[i].numel, " elements) has no data"));
+}
+template <class T, Device D>
+void validate(const MultiTensorArgs<T, D>& a) {
+  validate_tensor_ptrs("sum_squares_multi", a.tensors);
+}
+template <class T, Device D>
+void validate(const MultiScaleArgs<T, D>& a) {
+  validate_tensor_ptrs("scale_multi", a.tensors);
 }
 
 }  // namespace ddp::kernels

@@ -90,7 +90,9 @@ concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const 
                               const AdaptiveAvgPool2dBackwardArgs<float, D>& avg_b,
                               const LinearForwardArgs<float, D>& lin_f, const LinearBackwardArgs<float, D>& lin_b,
                               const CrossEntropyArgs<float, D>& ce, const MseArgs<float, D>& mse,
-                              const SgdArgs<float, D>& sgd, const MultiSgdArgs<float, D>& sgd_multi) {
+                              const SgdArgs<float, D>& sgd, const MultiSgdArgs<float, D>& sgd_multi,
+                              const MultiAdamwArgs<float, D>& adamw_multi, const MultiTensorArgs<float, D>& tensors,
+                              const MultiScaleArgs<float, D>& scale_multi) {
   K::for_each_index(e, n, Fill<float>{});
   K::relu_forward(e, cx, x);
   K::relu_backward(e, cx, cx, x);
@@ -114,6 +116,9 @@ concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const 
   { K::mse(e, mse) } -> std::same_as<double>;
   K::sgd_step(e, sgd);
   K::sgd_step_multi(e, sgd_multi);
+  K::adamw_step_multi(e, adamw_multi);
+  { K::sum_squares_multi(e, tensors) } -> std::same_as<double>;
+  K::scale_multi(e, scale_multi);
 };
 
 }  // namespace ddp::kernels

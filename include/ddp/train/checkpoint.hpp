@@ -10,10 +10,18 @@
 // Conversion (how it works): OIHW index ((o * C + c) * kH + r) * kW + s  <->  KRSC ((o * kH + r) * kW + s) * C + c.
 // Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is permuted.
 //
-// Snapshot (save_snapshot / load_snapshot, docs/ARCHITECTURE.md D10): the model's state dict plus, in the same file,
-//   optimizer.momentum_buffer.<param name>   each momentum buffer in the parameter's torch layout
-//   __metadata__: ddp.kind=snapshot, ddp.model, ddp.data_hash, epoch, optimizer.lr, optimizer.steps, rng.seed,
-//                 rng.rank, rng.stream, rng.offset, and any user entries
+// Snapshot (save_snapshot / load_snapshot, docs/ARCHITECTURE.md D10, D26): the model's state dict plus, in the
+// same file, the optimizer's per-parameter state (optim/optimizer.hpp) under torch's state names:
+//   optimizer.momentum_buffer.<param name>   SGD: each momentum buffer in the parameter's torch layout
+//   optimizer.exp_avg.<param name>           AdamW: the moments in the parameter's torch layout, and
+//   optimizer.exp_avg_sq.<param name>               the parameter's step count as an I64 scalar (shape [])
+//   optimizer.step.<param name>
+//   __metadata__: ddp.kind=snapshot, ddp.model, ddp.data_hash, epoch, optimizer.kind (sgd | adamw; files
+//                 without it are SGD snapshots), optimizer.lr, optimizer.steps, rng.seed, rng.rank, rng.stream,
+//                 rng.offset, optimizer.group_lr.<g> for each parameter group g with an lr of its own, and
+//                 any user entries
+// Loading restores the learning rate (optimizer.lr, written with enough digits to read back the same
+// double) and the step count, which is also the LR schedule's clock (optim/lr_schedule.hpp).
 // ddp.data_hash (16 hex digits, SafetensorsWriter::data_hash) covers every tensor byte: safetensors has no
 // checksum of its own, so without it a bit flipped on disk inside the data would load as a wrong weight.
 // load_snapshot checks it when present (files written by PyTorch or older ddp versions have none).
@@ -32,10 +40,12 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,13 +54,17 @@
 #include "ddp/core/str.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
-#include "ddp/optim/sgd.hpp"
+#include "ddp/optim/optimizer.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/train/safetensors.hpp"
 
 namespace ddp::train {
 
+// Every optimizer tensor of a snapshot starts with this; a state dict load ignores them.
+inline constexpr const char* kOptimizerPrefix = "optimizer.";
 inline constexpr const char* kMomentumPrefix = "optimizer.momentum_buffer.";
+// The per-parameter step count of optimizers with optim::HasParamSteps: "optimizer.step.<param name>".
+inline constexpr std::string_view kParamStepState = "step";
 
 // What a snapshot holds besides the tensors.
 struct SnapshotInfo {
@@ -232,6 +246,28 @@ inline std::uint64_t meta_u64(const SafetensorsFile& f, const std::string& path,
   return v;
 }
 
+// A double written by double_text (shortest text that reads back the same double); nullopt when absent.
+inline std::optional<double> meta_double(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end()) return std::nullopt;
+  double v = 0.0;
+  const std::string& t = it->second;
+  auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc{} || ptr != t.data() + t.size() || !(v >= 0.0))
+    throw IoError(ddp::detail::str("ddp: snapshot '", path, "': metadata '", key, "' = ", ddp::detail::quoted(t),
+                                   " is not a number >= 0; the file is corrupt"));
+  return v;
+}
+inline std::string double_text(double v) {
+  char buf[32];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc{} ? std::string(buf, ptr) : ddp::detail::str(v);
+}
+
+inline std::string state_key(std::string_view state, const std::string& param) {
+  return ddp::detail::str(kOptimizerPrefix, state, '.', param);
+}
+
 }  // namespace detail
 
 // ---- state dicts ----
@@ -251,24 +287,35 @@ void save_state_dict(const std::string& path, nn::Module<T, Cpu>& model,
 template <class T>
 void load_state_dict(const std::string& path, nn::Module<T, Cpu>& model, bool strict = true) {
   const SafetensorsFile f = read_safetensors(path);
-  detail::load_state_dict_from(f, path, model, strict, kMomentumPrefix);
+  detail::load_state_dict_from(f, path, model, strict, kOptimizerPrefix);
 }
 
 // ---- snapshots ----
+// Opt is any optim::Optimizer on the CPU (optim::SGD, optim::AdamW); a GPU optimizer goes through a host copy
+// (train/device_state.hpp).
 
-template <class T>
-SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt, const SnapshotInfo& info) {
+template <class T, optim::Optimizer Opt>
+SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, Opt& opt, const SnapshotInfo& info) {
   SafetensorsWriter w;
   detail::add_state_dict(w, model);
   const auto& params = opt.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (Tensor<T, Cpu>* buf = opt.momentum_buffer(i))
-      detail::add_param_tensor(w, kMomentumPrefix + params[i]->name(), *params[i], buf->data());
+  for (const optim::StateTensor& st : Opt::state_tensors)
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (Tensor<T, Cpu>* t = opt.state(st.name, i))
+        detail::add_param_tensor(w, detail::state_key(st.name, params[i]->name()), *params[i], t->data());
+  if constexpr (optim::HasParamSteps<Opt>)
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (const std::int64_t n = opt.param_step(i); n > 0)
+        w.add<std::int64_t>(detail::state_key(kParamStepState, params[i]->name()), {}, std::vector<std::int64_t>{n});
   for (const auto& [k, v] : info.metadata) w.set_metadata(k, v);
   w.set_metadata("ddp.kind", "snapshot");
   w.set_metadata("epoch", std::to_string(info.epoch));
-  w.set_metadata("optimizer.lr", ddp::detail::str(opt.lr()));
+  w.set_metadata("optimizer.kind", std::string(Opt::kind));
+  w.set_metadata("optimizer.lr", detail::double_text(opt.lr()));
   w.set_metadata("optimizer.steps", std::to_string(opt.steps()));
+  for (std::size_t g = 0; g < opt.groups().size(); ++g)
+    if (optim::has_own_group_lr(opt, g))
+      w.set_metadata(ddp::detail::str("optimizer.group_lr.", g), detail::double_text(opt.group_lr(g)));
   w.set_metadata("rng.seed", std::to_string(info.rng.seed));
   w.set_metadata("rng.rank", std::to_string(info.rng.rank));
   w.set_metadata("rng.stream", std::to_string(info.rng.stream));
@@ -278,22 +325,22 @@ SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>&
 }
 
 // Writes model + optimizer state + info atomically; keep_previous keeps the old file as `<path>.prev`.
-template <class T>
-void save_snapshot(const std::string& path, nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt,
-                   const SnapshotInfo& info, const WriteOptions& options = {.keep_previous = true}) {
+template <class T, optim::Optimizer Opt>
+void save_snapshot(const std::string& path, nn::Module<T, Cpu>& model, Opt& opt, const SnapshotInfo& info,
+                   const WriteOptions& options = {.keep_previous = true}) {
   snapshot_writer(model, opt, info).write(path, options);
 }
 // The same file as bytes (rank 0 serialises, broadcasts; the others call load_snapshot_bytes).
-template <class T>
-std::vector<std::uint8_t> serialize_snapshot(nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt,
-                                             const SnapshotInfo& info) {
+template <class T, optim::Optimizer Opt>
+std::vector<std::uint8_t> serialize_snapshot(nn::Module<T, Cpu>& model, Opt& opt, const SnapshotInfo& info) {
   return snapshot_writer(model, opt, info).serialize();
 }
 
-// Restores model and optimizer from a parsed snapshot; returns its info. `source` names it in errors.
-template <class T>
+// Restores model and optimizer (state tensors, step counts, learning rate, steps) from a parsed snapshot;
+// returns its info. `source` names it in errors. Nothing changes unless the whole file checks out.
+template <class T, optim::Optimizer Opt>
 SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& source, nn::Module<T, Cpu>& model,
-                                optim::SGD<T, Cpu>& opt) {
+                                Opt& opt) {
   auto kind = f.metadata.find("ddp.kind");
   if (kind == f.metadata.end() || kind->second != "snapshot")
     throw IoError(
@@ -301,6 +348,13 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
                          kind == f.metadata.end() ? std::string("missing") : ddp::detail::quoted(kind->second),
                          "); pass a file written by save_snapshot (--snapshot-path)"));
   detail::check_data_hash(f, source);
+  // Snapshots from before optimizer.kind existed are SGD's.
+  auto opt_kind = f.metadata.find("optimizer.kind");
+  const std::string file_kind = opt_kind == f.metadata.end() ? std::string("sgd") : opt_kind->second;
+  if (file_kind != Opt::kind)
+    throw IoError(ddp::detail::str("ddp: snapshot '", source, "' holds the state of optimizer '", file_kind,
+                                   "' but this run uses '", Opt::kind, "'; resume with the optimizer it was written "
+                                   "with (--optimizer ", file_kind, ") or start without the snapshot"));
   SnapshotInfo info;
   // Counters are never negative; rank and stream are 32-bit; seed and offset are written as unsigned 64-bit.
   constexpr std::int64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
@@ -310,50 +364,109 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
   info.rng.stream = static_cast<std::uint32_t>(detail::meta_int(f, source, "rng.stream", 0, kU32Max));
   info.rng.offset = detail::meta_u64(f, source, "rng.offset");
   const std::int64_t steps = detail::meta_int(f, source, "optimizer.steps", 0);
-  // Check the momentum buffers before touching anything: each must belong to a parameter of this model
-  // (a buffer for another model's parameter means the wrong snapshot, not one to drop silently).
+  const std::optional<double> lr = detail::meta_double(f, source, "optimizer.lr");
+  std::vector<std::pair<std::size_t, double>> group_lrs;  // parameter groups with an lr of their own
+  for (const auto& [key, value] : f.metadata) {
+    constexpr std::string_view kGroupLr = "optimizer.group_lr.";
+    if (key.rfind(kGroupLr, 0) != 0) continue;
+    std::size_t g = 0;
+    const char* first = key.data() + kGroupLr.size();
+    auto [ptr, ec] = std::from_chars(first, key.data() + key.size(), g);
+    if (ec != std::errc{} || ptr != key.data() + key.size() || ptr == first || g >= opt.groups().size())
+      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has metadata '", key, "' = ", value,
+                                     " but this optimizer has ", opt.groups().size(),
+                                     " parameter groups; resume with the parameter groups it was written with"));
+    group_lrs.emplace_back(g, *detail::meta_double(f, source, key));
+  }
+  // Check the optimizer state before touching anything: each tensor must be a state this optimizer keeps,
+  // of a parameter of this model, with the parameter's shape (a tensor for another model's parameter means
+  // the wrong snapshot, not one to drop silently), and a parameter has all of its state tensors or none.
   const auto& params = opt.parameters();
+  constexpr bool kParamSteps = optim::HasParamSteps<Opt>;
   std::set<std::string, std::less<>> param_names;
   for (const auto* p : params) {
     param_names.insert(p->name());
-    const std::string name = kMomentumPrefix + p->name();
-    if (f.contains(name)) detail::expect_tensor(f, source, name, p->torch_shape(), dtype_of<T>, model.describe());
+    std::size_t present = 0;
+    for (const optim::StateTensor& st : Opt::state_tensors) {
+      const std::string name = detail::state_key(st.name, p->name());
+      if (!f.contains(name)) continue;
+      detail::expect_tensor(f, source, name, p->torch_shape(), dtype_of<T>, model.describe());
+      ++present;
+    }
+    if constexpr (kParamSteps) {
+      const std::string name = detail::state_key(kParamStepState, p->name());
+      if (f.contains(name)) {
+        detail::expect_tensor(f, source, name, Shape{}, DType::I64, model.describe());
+        std::int64_t n = 0;
+        std::memcpy(&n, f.tensors.at(name).data.data(), sizeof n);
+        if (n < 1)
+          throw IoError(ddp::detail::str("ddp: snapshot '", source, "': '", name, "' = ", n,
+                                         " is not a step count >= 1; the file is corrupt"));
+        ++present;
+      }
+    }
+    const std::size_t all = Opt::state_tensors.size() + (kParamSteps ? 1 : 0);
+    if (present != 0 && present != all)
+      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has ", present, " of the ", all, " ", Opt::kind,
+                                     " state tensors of parameter '", p->name(), "'; the file is corrupt"));
   }
-  // (A buffer whose parameter tensor is in the file too is left to the state-dict check below, whose message
-  // about the unexpected parameter says more.)
+  // (A state tensor whose parameter tensor is in the file too is left to the state-dict check below, whose
+  // message about the unexpected parameter says more.)
   for (const auto& name : f.order) {
-    if (name.rfind(kMomentumPrefix, 0) != 0) continue;
-    const std::string param = name.substr(std::string_view(kMomentumPrefix).size());
+    if (name.rfind(kOptimizerPrefix, 0) != 0) continue;
+    const std::string_view rest = std::string_view(name).substr(std::string_view(kOptimizerPrefix).size());
+    const std::size_t dot = rest.find('.');
+    const std::string_view state = rest.substr(0, dot);
+    const std::string param = dot == std::string_view::npos ? std::string() : std::string(rest.substr(dot + 1));
+    std::string_view label;
+    for (const optim::StateTensor& st : Opt::state_tensors)
+      if (st.name == state) label = st.label;
+    if (kParamSteps && state == kParamStepState) label = "step count";
+    if (label.empty())
+      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has optimizer tensor '", name, "' that ", Opt::kind,
+                                     " does not keep; was it written with another --optimizer?"));
     if (!param_names.contains(param) && !f.contains(param))
-      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has momentum buffer '", name, "' for a parameter that ",
+      throw IoError(ddp::detail::str("ddp: snapshot '", source, "' has ", label, " '", name, "' for a parameter that ",
                                      model.describe(), " does not have; was it written for another --arch or model?"));
   }
-  detail::load_state_dict_from(f, source, model, /*strict=*/true, kMomentumPrefix);
-  opt.clear_momentum_buffers();
+  detail::load_state_dict_from(f, source, model, /*strict=*/true, kOptimizerPrefix);
+  opt.clear_state();
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string name = kMomentumPrefix + params[i]->name();
-    if (!f.contains(name)) continue;
-    const T* src = reinterpret_cast<const T*>(f.tensors.at(name).data.data());
-    Tensor<T, Cpu>& buf = opt.set_momentum_buffer(i);
-    if (params[i]->layout() == nn::Layout::Krsc)
-      detail::oihw_to_krsc(src, buf.data(), params[i]->shape());
-    else
-      std::memcpy(buf.data(), src, buf.bytes());
+    for (const optim::StateTensor& st : Opt::state_tensors) {
+      const std::string name = detail::state_key(st.name, params[i]->name());
+      if (!f.contains(name)) continue;
+      const T* src = reinterpret_cast<const T*>(f.tensors.at(name).data.data());
+      Tensor<T, Cpu>& dst = opt.set_state(st.name, i);
+      if (params[i]->layout() == nn::Layout::Krsc)
+        detail::oihw_to_krsc(src, dst.data(), params[i]->shape());
+      else
+        std::memcpy(dst.data(), src, dst.bytes());
+    }
+    if constexpr (kParamSteps) {
+      const std::string name = detail::state_key(kParamStepState, params[i]->name());
+      if (f.contains(name)) {
+        std::int64_t n = 0;
+        std::memcpy(&n, f.tensors.at(name).data.data(), sizeof n);
+        opt.set_param_step(i, n);
+      }
+    }
   }
   opt.set_steps(steps);
+  if (lr) opt.set_lr(*lr);  // absent only in files not written by save_snapshot: keep the configured lr
+  for (const auto& [g, v] : group_lrs) opt.set_group_lr(g, v);
   for (const auto& [k, v] : f.metadata)
     if (k.rfind("ddp.", 0) != 0 && k.rfind("rng.", 0) != 0 && k.rfind("optimizer.", 0) != 0 && k != "epoch")
       info.metadata[k] = v;
   return info;
 }
 
-template <class T>
-SnapshotInfo load_snapshot(const std::string& path, nn::Module<T, Cpu>& model, optim::SGD<T, Cpu>& opt) {
+template <class T, optim::Optimizer Opt>
+SnapshotInfo load_snapshot(const std::string& path, nn::Module<T, Cpu>& model, Opt& opt) {
   return load_snapshot_from(read_safetensors(path), path, model, opt);
 }
-template <class T>
-SnapshotInfo load_snapshot_bytes(std::span<const std::uint8_t> bytes, nn::Module<T, Cpu>& model,
-                                 optim::SGD<T, Cpu>& opt, const std::string& source = "<broadcast snapshot>") {
+template <class T, optim::Optimizer Opt>
+SnapshotInfo load_snapshot_bytes(std::span<const std::uint8_t> bytes, nn::Module<T, Cpu>& model, Opt& opt,
+                                 const std::string& source = "<broadcast snapshot>") {
   return load_snapshot_from(parse_safetensors(bytes, source), source, model, opt);
 }
 

@@ -8,8 +8,9 @@
 //                                                          // D = Cuda: a ResNet<float, Cpu>(mo) + SGD, copied
 //   load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), path);  host.push(exec);  // resume
 //   host.pull(exec);  save_snapshot(path, host.model(), host.optimizer(), info);                // save
-// pull()/push() copy every parameter value, buffer (BatchNorm running statistics and counters) and momentum
-// buffer, the learning rate and the step count (copy_state); on a view they do nothing. The exec orders
+// pull()/push() copy every parameter value, buffer (BatchNorm running statistics and counters) and optimizer
+// state tensor (SGD's momentum buffers, AdamW's moments and per-parameter step counts), the learning rate and
+// the step count (copy_state); on a view they do nothing. Any optim::Optimizer works (optim/optimizer.hpp). The exec orders
 // the copies (an Exec<Cuda> for CPU <-> CUDA; a copy to the host is complete when the call returns).
 // on_device<To>(view, exec) does the same for one tensor: the input batch of a training step is a view of
 // the loader's host tensor on the CPU and an uploaded copy on the GPU; keep it alive until backward returns
@@ -17,14 +18,19 @@
 #pragma once
 
 #include <concepts>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/nn/module.hpp"
-#include "ddp/optim/sgd.hpp"
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/optim/sgd.hpp"  // the default optimizer of StateOn
 #include "ddp/tensor/copy.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -45,12 +51,14 @@ void copy_between(TensorView<const T, From> src, TensorView<T, To> dst, const E&
 }
 }  // namespace detail
 
-// Copies the state of (src, src_opt) into (dst, dst_opt): models of the same structure, on any devices.
-// dst_opt ends with exactly src_opt's momentum buffers (none where src_opt has none), learning rate and
-// step count. Throws ValueError when the parameter or buffer lists differ in length or shape.
-template <class T, Device From, Device To, class E>
-void copy_state(const E& exec, nn::Module<T, From>& src, optim::SGD<T, From>& src_opt, nn::Module<T, To>& dst,
-                optim::SGD<T, To>& dst_opt) {
+// Copies the state of (src, src_opt) into (dst, dst_opt): models of the same structure, on any devices, and
+// optimizers of the same kind over the same parameters in the same groups. dst_opt ends with exactly src_opt's
+// state tensors (none where src_opt has none), per-parameter step counts, learning rates and step count.
+// Throws ValueError when the parameter or buffer lists differ in length or shape, or the optimizers' lists of
+// parameter names or group counts differ.
+template <class T, Device From, Device To, class E, optim::Optimizer SrcOpt, optim::Optimizer DstOpt>
+  requires(SrcOpt::kind == DstOpt::kind)
+void copy_state(const E& exec, nn::Module<T, From>& src, SrcOpt& src_opt, nn::Module<T, To>& dst, DstOpt& dst_opt) {
   auto sp = src.parameters();
   auto dp = dst.parameters();
   auto sb = src.buffers();
@@ -59,11 +67,24 @@ void copy_state(const E& exec, nn::Module<T, From>& src, optim::SGD<T, From>& sr
     throw ValueError(ddp::detail::str("ddp: copy_state: the source model has ", sp.size(), " parameters and ",
                                       sb.size(), " buffers, the destination ", dp.size(), " and ", db.size(),
                                       "; both models must be built with the same options"));
-  dst_opt.clear_momentum_buffers();
-  for (std::size_t i = 0; i < sp.size(); ++i) {
+  for (std::size_t i = 0; i < sp.size(); ++i)
     detail::copy_between<T>(sp[i]->value().cview(), dp[i]->value().view(), exec);
-    if (auto* m = src_opt.momentum_buffer(i))
-      detail::copy_between<T>(m->cview(), dst_opt.set_momentum_buffer(i).view(), exec);
+  // Optimizer state by the optimizers' own parameter order (groups may order parameters unlike the model).
+  const auto& sop = src_opt.parameters();
+  const auto& dop = dst_opt.parameters();
+  bool same = sop.size() == dop.size() && src_opt.groups().size() == dst_opt.groups().size();
+  for (std::size_t i = 0; same && i < sop.size(); ++i) same = sop[i]->name() == dop[i]->name();
+  if (!same)
+    throw ValueError(ddp::detail::str("ddp: copy_state: the optimizers differ: ", sop.size(), " parameters in ",
+                                      src_opt.groups().size(), " groups vs ", dop.size(), " in ",
+                                      dst_opt.groups().size(), " (or in parameter order); build both with the same "
+                                      "parameter groups"));
+  dst_opt.clear_state();
+  for (std::size_t i = 0; i < sop.size(); ++i) {
+    for (const optim::StateTensor& st : SrcOpt::state_tensors)
+      if (auto* m = src_opt.state(st.name, i))
+        detail::copy_between<T>(m->cview(), dst_opt.set_state(st.name, i).view(), exec);
+    if constexpr (optim::HasParamSteps<SrcOpt>) dst_opt.set_param_step(i, src_opt.param_step(i));
   }
   for (std::size_t i = 0; i < sb.size(); ++i) {
     if (sb[i]->is_integer() != db[i]->is_integer())
@@ -75,35 +96,57 @@ void copy_state(const E& exec, nn::Module<T, From>& src, optim::SGD<T, From>& sr
       detail::copy_between<T>(sb[i]->real().cview(), db[i]->real().view(), exec);
   }
   dst_opt.set_lr(src_opt.lr());
+  for (std::size_t g = 0; g < src_opt.groups().size(); ++g)
+    if (optim::has_own_group_lr(src_opt, g)) dst_opt.set_group_lr(g, src_opt.group_lr(g));
   dst_opt.set_steps(src_opt.steps());
 }
 
-// The state of a model (type Src = M<T, From>) and its SGD on device To, as Dst = M<T, To> (see the file
-// comment). The general case owns a copy; the same-device case below is a view. Not copyable; the source
-// model and optimizer must outlive it.
-template <class Dst, class Src>
+// The state of a model (type Src = M<T, From>) and its optimizer (SrcOpt, e.g. optim::SGD<T, From>) on
+// device To, as Dst = M<T, To> and the same optimizer on To (see the file comment). The general case owns a
+// copy; the same-device case below is a view. Not copyable; the source model and optimizer must outlive it.
+template <class Dst, class Src,
+          optim::Optimizer SrcOpt = optim::SGD<typename Src::value_type, typename Src::device_type>>
 class StateOn {
   using T = typename Src::value_type;
   using From = typename Src::device_type;
   using To = typename Dst::device_type;
+  using DstOpt = optim::on_device_t<SrcOpt, To>;
 
  public:
   static constexpr bool is_view = false;
 
-  // Builds Dst(model_args...) and an SGD with src_opt's options on To, and pulls the source's state.
+  // Builds Dst(model_args...) and an optimizer on To with src_opt's options and parameter groups, and pulls
+  // the source's state.
   template <class E, class... ModelArgs>
-  StateOn(const E& exec, Src& src, optim::SGD<T, From>& src_opt, const ModelArgs&... model_args)
+  StateOn(const E& exec, Src& src, SrcOpt& src_opt, const ModelArgs&... model_args)
       : src_(&src),
         src_opt_(&src_opt),
         model_(std::make_unique<Dst>(model_args...)),
-        opt_(std::make_unique<optim::SGD<T, To>>(model_->parameters(), src_opt.options())) {
+        opt_(std::make_unique<DstOpt>(same_groups(src_opt, *model_), src_opt.options())) {
     pull(exec);
   }
   StateOn(const StateOn&) = delete;
   StateOn& operator=(const StateOn&) = delete;
 
   Dst& model() noexcept { return *model_; }
-  optim::SGD<T, To>& optimizer() noexcept { return *opt_; }
+  DstOpt& optimizer() noexcept { return *opt_; }
+  // src_opt's groups over model's parameters (matched by name).
+  static std::vector<optim::ParamGroup<T, To>> same_groups(const SrcOpt& src_opt, Dst& model) {
+    std::map<std::string, nn::Parameter<T, To>*, std::less<>> by_name;
+    for (auto* p : model.parameters()) by_name[p->name()] = p;
+    std::vector<optim::ParamGroup<T, To>> groups;
+    for (const auto& g : src_opt.groups())
+      groups.push_back(optim::ParamGroup<T, To>{.weight_decay = g.weight_decay, .lr = g.lr, .name = g.name});
+    const auto& sp = src_opt.parameters();
+    for (std::size_t i = 0; i < sp.size(); ++i) {
+      auto it = by_name.find(sp[i]->name());
+      if (it == by_name.end())
+        throw ValueError(ddp::detail::str("ddp: state_on: the optimizer's parameter '", sp[i]->name(),
+                                          "' is not in the copy of the model; build both with the same options"));
+      groups[src_opt.group_of(i)].params.push_back(it->second);
+    }
+    return groups;
+  }
   // Source -> this copy.
   template <class E>
   void pull(const E& exec) {
@@ -117,28 +160,26 @@ class StateOn {
 
  private:
   Src* src_;
-  optim::SGD<T, From>* src_opt_;
+  SrcOpt* src_opt_;
   std::unique_ptr<Dst> model_;  // heap: modules are neither copyable nor movable
-  std::unique_ptr<optim::SGD<T, To>> opt_;
+  std::unique_ptr<DstOpt> opt_;
 };
 
 // Same device: refers to the model and optimizer themselves; pull() and push() have nothing to copy.
-template <class M>
-class StateOn<M, M> {
-  using T = typename M::value_type;
-  using D = typename M::device_type;
+template <class M, optim::Optimizer Opt>
+class StateOn<M, M, Opt> {
 
  public:
   static constexpr bool is_view = true;
 
   template <class E, class... ModelArgs>
-  StateOn(const E& /*exec*/, M& model, optim::SGD<T, D>& opt, const ModelArgs&... /*unused: nothing to build*/)
+  StateOn(const E& /*exec*/, M& model, Opt& opt, const ModelArgs&... /*unused: nothing to build*/)
       : model_(&model), opt_(&opt) {}
   StateOn(const StateOn&) = delete;
   StateOn& operator=(const StateOn&) = delete;
 
   M& model() noexcept { return *model_; }
-  optim::SGD<T, D>& optimizer() noexcept { return *opt_; }
+  Opt& optimizer() noexcept { return *opt_; }
   template <class E>
   void pull(const E& /*exec*/) {}
   template <class E>
@@ -146,15 +187,16 @@ class StateOn<M, M> {
 
  private:
   M* model_;
-  optim::SGD<T, D>* opt_;
+  Opt* opt_;
 };
 
 // The state of (model, opt) on To, current as of this call: a view on the same device, else a copy built
 // from model_args (M<T, To>(model_args...), the arguments the model was built with) and pulled with exec.
-template <Device To, template <class, Device> class M, class T, Device From, class E, class... ModelArgs>
-StateOn<M<T, To>, M<T, From>> state_on(const E& exec, M<T, From>& model, optim::SGD<T, From>& opt,
-                                       const ModelArgs&... model_args) {
-  return StateOn<M<T, To>, M<T, From>>(exec, model, opt, model_args...);  // not movable: guaranteed elision
+template <Device To, template <class, Device> class M, class T, Device From, class E, optim::Optimizer Opt,
+          class... ModelArgs>
+StateOn<M<T, To>, M<T, From>, Opt> state_on(const E& exec, M<T, From>& model, Opt& opt,
+                                            const ModelArgs&... model_args) {
+  return StateOn<M<T, To>, M<T, From>, Opt>(exec, model, opt, model_args...);  // not movable: guaranteed elision
 }
 
 // A tensor's data on device To: the source itself when it already lives there, else a copy made with exec.

@@ -1,5 +1,6 @@
 // The GPU-path additions against their CPU references: precision flag, fused BatchNorm + ReLU (+ residual),
-// multi-tensor SGD, atomic-free max-pool backward, and run-to-run determinism.
+// multi-tensor SGD and AdamW, multi-tensor sum of squares and scaling (clip_grad_norm), atomic-free max-pool
+// backward, and run-to-run determinism.
 // SPDX-License-Identifier: MIT
 //
 // Same method as test_cuda_kernels.cu (cuda_compare.hpp): fresh random inputs (seed printed on failure),
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include <ddp/kernels/cpu/bn_act.hpp>
+#include <ddp/kernels/cpu/multi_adamw.hpp>
+#include <ddp/kernels/cpu/multi_norm.hpp>
 #include <ddp/kernels/cpu/multi_sgd.hpp>
 #include <ddp/kernels/fused_args.hpp>
 
@@ -164,6 +167,57 @@ TEST_SUITE("kernels_cuda_fused") {
         expect_close(buf[i], f.down(gbuf[i]), kFp32, "multi-sgd momentum buffer");
       }
     }
+  }
+
+  TEST_CASE("multi-tensor AdamW, sum of squares and scale match the CPU over many tensors and several launches") {
+    if (ddp::test::skip_without_gpu()) return;
+    Fixture f;
+    INFO("seed ", f.seed);
+    std::vector<std::int64_t> sizes;
+    for (int i = 0; i < 300; ++i) sizes.push_back(1 + (i * 53) % 211);  // > kMultiAdamwMaxTensors: two launches
+    sizes[7] = 0;                                                       // an empty one is skipped
+    sizes[40] = (std::int64_t{1} << 14) * 2 + 3;                        // several chunks
+    std::vector<Tensor<float, Cpu>> p, g, m, v;
+    std::vector<Tensor<float, Cuda>> gp, gg, gm, gv;
+    for (const std::int64_t n : sizes) {
+      p.push_back(f.random({n}));
+      g.push_back(f.random({n}));
+      m.push_back(f.random({n}, -0.1, 0.1));
+      v.push_back(f.random({n}, 0.0, 0.1));
+      gp.push_back(f.up(p.back()));
+      gg.push_back(f.up(g.back()));
+      gm.push_back(f.up(m.back()));
+      gv.push_back(f.up(v.back()));
+    }
+    std::vector<kn::AdamwTensor<float>> th, td;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      // Per-tensor lr, decay and step counts, as parameter groups and skipped parameters give.
+      const double lr = i % 2 ? 1e-3 : 5e-4, wd = i % 3 ? 1e-2 : 0.0;
+      const std::int64_t step = 1 + static_cast<std::int64_t>(i % 5);
+      th.push_back({.param = p[i].data(), .grad = g[i].data(), .exp_avg = m[i].data(), .exp_avg_sq = v[i].data(),
+                    .numel = sizes[i], .lr = lr, .weight_decay = wd, .step = step});
+      td.push_back({.param = gp[i].data(), .grad = gg[i].data(), .exp_avg = gm[i].data(), .exp_avg_sq = gv[i].data(),
+                    .numel = sizes[i], .lr = lr, .weight_decay = wd, .step = step});
+    }
+    kn::cpu::adamw_step_multi(f.cpu, kn::MultiAdamwArgs<float, Cpu>{.tensors = th});
+    KC::adamw_step_multi(f.gpu, kn::MultiAdamwArgs<float, Cuda>{.tensors = td});
+    std::vector<kn::TensorPtr<float>> nh, nd;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] == 0) continue;
+      INFO("tensor ", i, " of ", sizes[i], " elements");
+      expect_close(p[i], f.down(gp[i]), kFp32, "multi-adamw param");
+      expect_close(m[i], f.down(gm[i]), kFp32, "multi-adamw exp_avg");
+      expect_close(v[i], f.down(gv[i]), kFp32, "multi-adamw exp_avg_sq");
+      nh.push_back({.data = g[i].data(), .numel = sizes[i]});
+      nd.push_back({.data = gg[i].data(), .numel = sizes[i]});
+    }
+    const double cpu_sum = kn::cpu::sum_squares_multi(f.cpu, kn::MultiTensorArgs<float, Cpu>{.tensors = nh});
+    const double gpu_sum = KC::sum_squares_multi(f.gpu, kn::MultiTensorArgs<float, Cuda>{.tensors = nd});
+    CHECK(gpu_sum == doctest::Approx(cpu_sum).epsilon(1e-12));  // both in double, different order
+    kn::cpu::scale_multi(f.cpu, kn::MultiScaleArgs<float, Cpu>{.tensors = nh, .alpha = 0.3});
+    KC::scale_multi(f.gpu, kn::MultiScaleArgs<float, Cuda>{.tensors = nd, .alpha = 0.3});
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      if (sizes[i] > 0) expect_close(g[i], f.down(gg[i]), 0.0, "scale_multi (exact)");
   }
 
   TEST_CASE("max-pool backward gathers without atomics: overlapping, abutting and padded windows; bitwise repeatable") {

@@ -23,6 +23,7 @@ std::vector<double> run(const optim::SgdOptions& o, float p0, float g, int steps
   std::vector<double> out;
   for (int i = 0; i < steps; ++i) {
     p.grad().data()[0] = g;
+    p.set_grad_written();  // a gradient written by hand exists (has_grad()); optimizers skip parameters without
     opt.step(exec);
     out.push_back(p.value().data()[0]);
   }
@@ -78,6 +79,7 @@ TEST_SUITE("optim") {
     CHECK(opt.momentum_buffer(0) == nullptr);
     p.grad().data()[0] = 1.0f;
     p.grad().data()[1] = 2.0f;
+    p.set_grad_written();
     opt.step(exec);
     REQUIRE(opt.momentum_buffer(0) != nullptr);
     CHECK(opt.momentum_buffer(0)->data()[1] == 2.0f);
@@ -97,7 +99,8 @@ TEST_SUITE("optim") {
                          "ddp: SGD got an empty parameter list; pass model.parameters()", ValueError);
   }
 
-  TEST_CASE("step and cosine schedules match torch's StepLR / CosineAnnealingLR") {
+  // The per-step schedules against torch itself are in tests/optim_torch; these pin the closed forms.
+  TEST_CASE("step, multistep and cosine schedules with per-step linear warmup") {
     const optim::LrSchedule step({.policy = optim::LrPolicy::Step, .base_lr = 0.1, .step_size = 30, .gamma = 0.1});
     CHECK(step.lr_at(0) == doctest::Approx(0.1));
     CHECK(step.lr_at(29) == doctest::Approx(0.1));
@@ -107,12 +110,34 @@ TEST_SUITE("optim") {
     CHECK(cos.lr_at(0) == doctest::Approx(0.1));
     CHECK(cos.lr_at(5) == doctest::Approx(0.05));
     CHECK(cos.lr_at(10) == doctest::Approx(0.0));
-    const optim::LrSchedule warm({.policy = optim::LrPolicy::Constant, .base_lr = 0.4, .warmup_epochs = 4});
+    // torch's CosineAnnealingLR is not clamped at t_max: it rises again (the old per-epoch code clamped).
+    CHECK(cos.lr_at(15) == doctest::Approx(0.05));
+    CHECK(cos.lr_at(20) == doctest::Approx(0.1));
+    const optim::LrSchedule multi(
+        {.policy = optim::LrPolicy::MultiStep, .base_lr = 1.0, .gamma = 0.5, .milestones = {3, 5}});
+    CHECK(multi.lr_at(2) == 1.0);
+    CHECK(multi.lr_at(3) == 0.5);
+    CHECK(multi.lr_at(5) == 0.25);
+    CHECK(multi.lr_at(100) == 0.25);
+    // The worked example of lr_schedule.hpp: warmup is per step, then the schedule from its own step 0.
+    const optim::LrSchedule warm({.policy = optim::LrPolicy::Cosine, .base_lr = 0.4, .t_max = 10, .warmup_steps = 4,
+                                  .warmup_start_factor = 0.25});
     CHECK(warm.lr_at(0) == doctest::Approx(0.1));
-    CHECK(warm.lr_at(3) == doctest::Approx(0.4));
-    CHECK(warm.lr_at(7) == doctest::Approx(0.4));
+    CHECK(warm.lr_at(1) == doctest::Approx(0.175));
+    CHECK(warm.lr_at(3) == doctest::Approx(0.325));
+    CHECK(warm.lr_at(4) == doctest::Approx(0.4));
+    CHECK(warm.lr_at(9) == doctest::Approx(0.2));
     CHECK_THROWS_WITH_AS(optim::parse_lr_policy("linear"),
-                         "ddp: unknown learning-rate schedule 'linear'; valid: constant, step, cosine (--lr-schedule)",
+                         "ddp: unknown learning-rate schedule 'linear'; valid: constant, step, multistep, cosine "
+                         "(--lr-schedule)",
                          ConfigError);
+    CHECK(optim::parse_lr_policy("multistep") == optim::LrPolicy::MultiStep);
+    CHECK_THROWS_WITH_AS(optim::LrSchedule({.policy = optim::LrPolicy::MultiStep, .milestones = {5, 5}}),
+                         "ddp: invalid LR schedule: milestones [5, 5] must be positive and strictly increasing "
+                         "(steps after warmup)",
+                         ValueError);
+    CHECK_THROWS_WITH_AS(optim::LrSchedule({.policy = optim::LrPolicy::MultiStep}),
+                         "ddp: invalid LR schedule: multistep needs at least one milestone (--lr-milestones)",
+                         ValueError);
   }
 }

@@ -18,6 +18,8 @@
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/linear.hpp"
 #include "ddp/kernels/cpu/loss.hpp"
+#include "ddp/kernels/cpu/multi_adamw.hpp"
+#include "ddp/kernels/cpu/multi_norm.hpp"
 #include "ddp/kernels/cpu/multi_sgd.hpp"
 #include "ddp/kernels/cpu/pool.hpp"
 #include "ddp/kernels/cpu/sgd.hpp"
@@ -109,6 +111,20 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   template <class T>
   static void sgd_step_multi(const Exec<Cpu>& e, const MultiSgdArgs<T, D>& a) {
     cpu::sgd_step_multi(e, a);
+  }
+  // AdamW over every tensor in one call (tensor after tensor).
+  template <class T>
+  static void adamw_step_multi(const Exec<Cpu>& e, const MultiAdamwArgs<T, D>& a) {
+    cpu::adamw_step_multi(e, a);
+  }
+  // Sum of squares over many tensors in double (chunk partials added in a fixed order), and x *= alpha.
+  template <class T>
+  static double sum_squares_multi(const Exec<Cpu>& e, const MultiTensorArgs<T, D>& a) {
+    return cpu::sum_squares_multi(e, a);
+  }
+  template <class T>
+  static void scale_multi(const Exec<Cpu>& e, const MultiScaleArgs<T, D>& a) {
+    cpu::scale_multi(e, a);
   }
 };
 static_assert(KernelsApi<Kernels<Cpu>, Cpu>, "ddp: Kernels<Cpu> lacks a member of KernelsApi (kernels/kernels.hpp)");

@@ -4,12 +4,13 @@
 // Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), in the
 // same order, so a module written against Kernels<D> runs on either device; the element-wise ones come
 // from ElementwiseKernels (kernels/kernels.hpp) through for_each_index below. The fused and multi-tensor
-// ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi) are one pass / one launch here; their
-// CPU versions (kernels/cpu/bn_act.hpp, kernels/cpu/multi_sgd.hpp) are the references. Convolutions and
-// Linear compute at exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp).
+// ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi, adamw_step_multi, sum_squares_multi,
+// scale_multi) are one pass / one launch here; their CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp,
+// multi_adamw.hpp, multi_norm.hpp) are the references. Convolutions and Linear compute at exec.precision
+// (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp).
 // Contract: members validate their Args on the host (the same ValueError words as the CPU) and then
-// enqueue work on exec.stream and return without waiting, except the losses, which return the loss value
-// and so wait for the stream.
+// enqueue work on exec.stream and return without waiting, except the losses and sum_squares_multi, which
+// return a value and so wait for the stream.
 // Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
 // Thread-safety: concurrent calls on different streams are safe; one stream's calls are ordered.
 // Compiled only by nvcc (a .cu file linked with ddp::cuda).
@@ -25,6 +26,8 @@
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/kernels/cuda/linear.cuh"
 #include "ddp/kernels/cuda/loss.cuh"
+#include "ddp/kernels/cuda/multi_adamw.cuh"
+#include "ddp/kernels/cuda/multi_norm.cuh"
 #include "ddp/kernels/cuda/multi_sgd.cuh"
 #include "ddp/kernels/cuda/pool.cuh"
 #include "ddp/kernels/cuda/sgd.cuh"
@@ -119,6 +122,20 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   template <class T>
   static void sgd_step_multi(const Exec<Cuda>& e, const MultiSgdArgs<T, D>& a) {
     cuda::sgd_step_multi(e, a);
+  }
+  // AdamW over every tensor in one launch (per-tensor functors as the kernel parameter).
+  template <class T>
+  static void adamw_step_multi(const Exec<Cuda>& e, const MultiAdamwArgs<T, D>& a) {
+    cuda::adamw_step_multi(e, a);
+  }
+  // Sum of squares over many tensors in double (one launch; waits for the stream), and x *= alpha.
+  template <class T>
+  static double sum_squares_multi(const Exec<Cuda>& e, const MultiTensorArgs<T, D>& a) {
+    return cuda::sum_squares_multi(e, a);
+  }
+  template <class T>
+  static void scale_multi(const Exec<Cuda>& e, const MultiScaleArgs<T, D>& a) {
+    cuda::scale_multi(e, a);
   }
 };
 static_assert(KernelsApi<Kernels<Cuda>, Cuda>, "ddp: Kernels<Cuda> lacks a member of KernelsApi (kernels/kernels.hpp)");

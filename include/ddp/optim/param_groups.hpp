@@ -1,0 +1,105 @@
+// Parameter groups (torch's optimizer param_groups): per-group weight decay and learning-rate scale, and the
+// usual split of a model into "decay" and "no decay" groups.
+// SPDX-License-Identifier: MIT
+//
+// A group is a list of parameters plus the hyper-parameters it overrides, as in torch's param_groups; SGD
+// and AdamW take a list of groups (optim/sgd.hpp, optim/adamw.hpp). A group without its own lr follows the
+// optimizer's lr() (set_lr); a group with one keeps it (set_group_lr), and LrSchedule::apply schedules it from
+// that initial value as torch's schedulers schedule each group from its initial_lr.
+//   torch:  AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+//   ddp:    AdamW<float, D>(weight_decay_groups(model, 0.05), {.lr = 1e-3})
+// weight_decay_groups applies the common recipe: no weight decay on parameters with fewer than two
+// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear weights).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/nn/parameter.hpp"
+#include "ddp/tensor/device.hpp"
+
+namespace ddp::optim {
+
+template <class T, Device D>
+struct ParamGroup {
+  std::vector<nn::Parameter<T, D>*> params;
+  std::optional<double> weight_decay;  // unset: the optimizer's options().weight_decay
+  std::optional<double> lr;            // unset: the optimizer's lr(); set: this group's initial lr
+  std::string name;                    // for messages and inspection, e.g. "decay", "no_decay"
+};
+
+// Two groups of `params` (in their order): "decay" (parameters of rank >= 2) with `weight_decay` and
+// "no_decay" (rank <= 1: biases, BatchNorm weights and biases) with 0. A group with no parameter is left out.
+// Example, Linear(20, 1) + BatchNorm: decay = {fc.weight}, no_decay = {fc.bias, bn.weight, bn.bias}.
+template <class T, Device D>
+std::vector<ParamGroup<T, D>> weight_decay_groups(const std::vector<nn::Parameter<T, D>*>& params,
+                                                  double weight_decay) {
+  ParamGroup<T, D> decay{.weight_decay = weight_decay, .name = "decay"};
+  ParamGroup<T, D> no_decay{.weight_decay = 0.0, .name = "no_decay"};
+  for (auto* p : params) (p->shape().rank() >= 2 ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup<T, D>> out;
+  if (!decay.params.empty()) out.push_back(std::move(decay));
+  if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
+  return out;
+}
+template <class T, Device D>
+std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D>& model, double weight_decay) {
+  return weight_decay_groups(model.parameters(), weight_decay);
+}
+
+namespace detail {
+
+// The groups of an optimizer flattened: parameter i of the optimizer is params[i], in group group_of[i].
+// Parameter indices are what snapshots and state accessors use (the order of the groups, then of each
+// group's list, like torch's state_dict numbering).
+template <class T, Device D>
+struct FlatGroups {
+  std::vector<nn::Parameter<T, D>*> params;
+  std::vector<std::size_t> group_of;
+  std::vector<ParamGroup<T, D>> groups;  // as given (lr: the initial one), with params cleared (params holds them)
+  std::vector<std::optional<double>> lr;  // each group's current own lr (unset: the optimizer's)
+
+  // Validates (no null, no parameter twice, at least one parameter, lr and weight decay >= 0);
+  // `who` names the optimizer in messages.
+  FlatGroups(std::vector<ParamGroup<T, D>> gs, const char* who) : groups(std::move(gs)) {
+    std::set<const nn::Parameter<T, D>*> seen;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      ParamGroup<T, D>& group = groups[g];
+      if ((group.lr && !(*group.lr >= 0.0)) || (group.weight_decay && !(*group.weight_decay >= 0.0)))
+        throw ValueError(ddp::detail::str("ddp: ", who, ": parameter group ", g, " ('", group.name, "') has lr ",
+                                          group.lr.value_or(0.0), " and weight_decay ", group.weight_decay.value_or(0.0),
+                                          "; both must be >= 0"));
+      lr.push_back(group.lr);
+      for (auto* p : group.params) {
+        if (!p) throw ValueError(ddp::detail::str("ddp: ", who, ": parameter group ", g, " holds a null parameter"));
+        if (!seen.insert(p).second)
+          throw ValueError(ddp::detail::str("ddp: ", who, ": parameter '", p->name(),
+                                            "' appears more than once in the parameter groups (group ", g,
+                                            "); give each parameter to one group"));
+        params.push_back(p);
+        group_of.push_back(g);
+      }
+      group.params.clear();
+    }
+    if (params.empty())
+      throw ValueError(ddp::detail::str("ddp: ", who, " got an empty parameter list; pass model.parameters()"));
+  }
+  double weight_decay(std::size_t g, double fallback) const { return groups[g].weight_decay.value_or(fallback); }
+  double group_lr(std::size_t g, double fallback) const { return lr.at(g).value_or(fallback); }
+  void set_group_lr(std::size_t g, double v, const char* who) {
+    if (!(v >= 0.0))
+      throw ValueError(ddp::detail::str("ddp: ", who, ": invalid learning rate ", v, " for parameter group ", g,
+                                        " (must be >= 0)"));
+    lr.at(g) = v;
+  }
+};
+
+}  // namespace detail
+}  // namespace ddp::optim

@@ -1,0 +1,125 @@
+// AdamW, parameter groups, skipping parameters without a gradient and clip_grad_norm: the worked examples of
+// the headers and the errors. (The comparisons with torch.optim itself are in tests/optim_torch.)
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include <ddp/nn/parameter.hpp>
+#include <ddp/optim/adamw.hpp>
+#include <ddp/optim/clip.hpp>
+#include <ddp/optim/param_groups.hpp>
+#include <ddp/optim/sgd.hpp>
+
+using namespace ddp;
+
+namespace {
+using Param = nn::Parameter<float, Cpu>;
+
+void set_grad(Param& p, std::vector<float> g) {
+  p.zero_grad();
+  for (std::size_t i = 0; i < g.size(); ++i) p.grad().data()[i] = g[i];
+  p.set_grad_written();
+}
+}  // namespace
+
+TEST_SUITE("optim") {
+  TEST_CASE("the worked example of adamw.hpp: the first step is lr * sign(g)") {
+    Exec<Cpu> exec;
+    Param p("w", Shape{1});
+    p.value().data()[0] = 1.0f;
+    optim::AdamW<float, Cpu> opt({&p}, {.lr = 0.1, .weight_decay = 0.0});
+    set_grad(p, {2.0f});
+    opt.step(exec);
+    CHECK(p.value().data()[0] == doctest::Approx(0.9).epsilon(1e-6));
+    CHECK(opt.param_step(0) == 1);
+    REQUIRE(opt.state("exp_avg", 0) != nullptr);
+    CHECK(opt.state("exp_avg", 0)->data()[0] == doctest::Approx(0.2));
+    CHECK(opt.state("exp_avg_sq", 0)->data()[0] == doctest::Approx(0.004));
+  }
+
+  TEST_CASE("parameters without a gradient are skipped: no decay, no momentum, no step count") {
+    Exec<Cpu> exec;
+    Param a("a", Shape{1}), b("b", Shape{1});
+    a.value().data()[0] = b.value().data()[0] = 1.0f;
+    optim::SGD<float, Cpu> sgd({&a, &b}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.5});
+    set_grad(a, {1.0f});
+    b.zero_grad();  // b: .grad is None
+    sgd.step(exec);
+    CHECK(b.value().data()[0] == 1.0f);
+    CHECK(sgd.momentum_buffer(1) == nullptr);
+    REQUIRE(sgd.momentum_buffer(0) != nullptr);
+    const float buf = sgd.momentum_buffer(0)->data()[0];
+    a.zero_grad();
+    const float a_before = a.value().data()[0];
+    sgd.step(exec);  // a skipped now: its buffer and value stay
+    CHECK(a.value().data()[0] == a_before);
+    CHECK(sgd.momentum_buffer(0)->data()[0] == buf);
+
+    optim::AdamW<float, Cpu> adamw({&a, &b}, {.lr = 0.1});
+    set_grad(b, {1.0f});
+    adamw.step(exec);
+    CHECK(adamw.param_step(0) == 0);
+    CHECK(adamw.state("exp_avg", 0) == nullptr);
+    CHECK(adamw.param_step(1) == 1);
+    CHECK(a.value().data()[0] == a_before);  // no decoupled decay either
+  }
+
+  TEST_CASE("weight_decay_groups: no decay on biases and normalisation weights (rank <= 1)") {
+    Param conv("conv.weight", Shape{4, 3, 3, 2}, nn::Layout::Krsc), bn_w("bn.weight", Shape{4}),
+        bn_b("bn.bias", Shape{4}), fc_w("fc.weight", Shape{2, 4}), fc_b("fc.bias", Shape{2});
+    const auto groups = optim::weight_decay_groups<float, Cpu>({&conv, &bn_w, &bn_b, &fc_w, &fc_b}, 0.05);
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].name == "decay");
+    CHECK(groups[0].weight_decay == 0.05);
+    CHECK(groups[0].params == std::vector<Param*>{&conv, &fc_w});
+    CHECK(groups[1].name == "no_decay");
+    CHECK(groups[1].weight_decay == 0.0);
+    CHECK(groups[1].params == std::vector<Param*>{&bn_w, &bn_b, &fc_b});
+
+    optim::AdamW<float, Cpu> opt(groups, {.lr = 1e-3});
+    CHECK(opt.parameters() == std::vector<Param*>{&conv, &fc_w, &bn_w, &bn_b, &fc_b});  // group after group
+    CHECK(opt.group_of(2) == 1);
+    CHECK(opt.group_lr(1) == 1e-3);
+    opt.set_lr(2e-3);
+    CHECK(opt.group_lr(1) == 2e-3);  // a group without its own lr follows lr()
+  }
+
+  TEST_CASE("parameter groups: a parameter twice, bad settings and bad AdamW options are ValueErrors") {
+    Param p("w", Shape{2}), q("v", Shape{2});
+    using Groups = std::vector<optim::ParamGroup<float, Cpu>>;
+    auto twice = [&] { return optim::SGD<float, Cpu>(Groups{{.params = {&p}}, {.params = {&q, &p}}}, {}); };
+    CHECK_THROWS_WITH_AS(twice(),
+                         "ddp: SGD: parameter 'w' appears more than once in the parameter groups (group 1); give "
+                         "each parameter to one group",
+                         ValueError);
+    auto bad_lr = [&] { return optim::AdamW<float, Cpu>(Groups{{.params = {&p}, .lr = -1.0, .name = "x"}}, {}); };
+    CHECK_THROWS_WITH_AS(bad_lr(),
+                         "ddp: AdamW: parameter group 0 ('x') has lr -1 and weight_decay 0; both must be >= 0",
+                         ValueError);
+    auto empty = [&] { return optim::AdamW<float, Cpu>(Groups{{.params = {}}}, {}); };
+    CHECK_THROWS_WITH_AS(empty(),
+                         "ddp: AdamW got an empty parameter list; pass model.parameters()", ValueError);
+    auto bad_beta = [&] { return optim::AdamW<float, Cpu>({&p}, {.beta2 = 1.0}); };
+    CHECK_THROWS_WITH_AS(bad_beta(),
+                         "ddp: AdamW: invalid betas (0.9, 1); each must be in [0, 1)", ValueError);
+  }
+
+  TEST_CASE("clip_grad_norm: the worked example of clip.hpp, no clipping below max_norm, bad max_norm") {
+    Exec<Cpu> exec;
+    Param a("a", Shape{2}), b("b", Shape{1}), none("none", Shape{1});
+    set_grad(a, {3.0f, 4.0f});
+    set_grad(b, {0.0f});
+    none.zero_grad();
+    none.grad().data()[0] = 100.0f;  // not a gradient (has_grad() is false): ignored and untouched
+    const std::vector<Param*> ps{&a, &b, &none};
+    CHECK(optim::clip_grad_norm(exec, ps, 1.0) == doctest::Approx(5.0));
+    CHECK(a.grad().data()[0] == doctest::Approx(0.6));
+    CHECK(a.grad().data()[1] == doctest::Approx(0.8));
+    CHECK(none.grad().data()[0] == 100.0f);
+    CHECK(optim::clip_grad_norm(exec, ps, 2.0) == doctest::Approx(1.0).epsilon(1e-6));
+    CHECK(a.grad().data()[1] == doctest::Approx(0.8));  // below max_norm: unchanged
+    CHECK_THROWS_WITH_AS(optim::clip_grad_norm(exec, ps, -1.0),
+                         "ddp: clip_grad_norm: max_norm -1 must be >= 0 (--clip-grad-norm)", ValueError);
+  }
+}

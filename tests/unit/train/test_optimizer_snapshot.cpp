@@ -1,0 +1,136 @@
+// train: snapshots and copy_state of AdamW (moments, per-parameter step counts) and of parameter groups'
+// learning rates; the learning rate is restored; an AdamW snapshot does not load into SGD.
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <ddp/nn/resnet.hpp>
+#include <ddp/optim/adamw.hpp>
+#include <ddp/optim/lr_schedule.hpp>
+#include <ddp/optim/param_groups.hpp>
+#include <ddp/optim/sgd.hpp>
+#include <ddp/tensor/random.hpp>
+#include <ddp/train/checkpoint.hpp>
+#include <ddp/train/device_state.hpp>
+
+using namespace ddp;
+
+namespace {
+
+const nn::ResNetOptions kNet{.arch = "resnet18", .num_classes = 5, .seed = 1, .width = 4};
+using Net = nn::ResNet<float, Cpu>;
+using Adamw = optim::AdamW<float, Cpu>;
+
+// Groups: decay / no decay, the no-decay group at its own lr (torch: {"params": ..., "lr": ...}).
+std::vector<optim::ParamGroup<float, Cpu>> groups_of(Net& net) {
+  auto g = optim::weight_decay_groups(net, 0.05);
+  g[1].lr = 2e-3;
+  return g;
+}
+
+// Gradients from seed for every parameter except every fifth (those have none: skipped by the step).
+void fake_grads(Net& net, std::uint64_t seed) {
+  auto ps = net.parameters();
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    ps[i]->zero_grad();
+    if (i % 5 == 0) continue;
+    Generator(seed + i).fill_normal(ps[i]->grad().view(), 0.0, 1.0);
+    ps[i]->set_grad_written();
+  }
+}
+
+bool same(const Tensor<float, Cpu>& a, const Tensor<float, Cpu>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+void expect_same_state(Net& a, Adamw& oa, Net& b, Adamw& ob) {
+  auto pa = a.parameters(), pb = b.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) CHECK(same(pa[i]->value(), pb[i]->value()));
+  for (std::size_t i = 0; i < oa.parameters().size(); ++i) {
+    INFO(oa.parameters()[i]->name());
+    CHECK(oa.param_step(i) == ob.param_step(i));
+    for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+      const auto *x = oa.state(s, i), *y = ob.state(s, i);
+      REQUIRE((x == nullptr) == (y == nullptr));
+      if (x) CHECK(same(*x, *y));
+    }
+  }
+  CHECK(oa.lr() == ob.lr());
+  CHECK(oa.group_lr(1) == ob.group_lr(1));
+  CHECK(oa.steps() == ob.steps());
+}
+
+}  // namespace
+
+TEST_SUITE("train") {
+  TEST_CASE("an AdamW snapshot restores moments, step counts, lr and group lrs; training continues bit for bit") {
+    Exec<Cpu> exec;
+    Net net(kNet);
+    Adamw opt(groups_of(net), {.lr = 1e-3});
+    const optim::LrSchedule sched({.policy = optim::LrPolicy::Cosine, .base_lr = 1e-3, .t_max = 5, .warmup_steps = 2});
+    for (int k = 0; k < 3; ++k) {
+      fake_grads(net, 100 * k);
+      sched.apply(opt);
+      opt.step(exec);
+    }
+    CHECK(opt.param_step(0) == 0);  // parameter 0 never had a gradient
+    CHECK(opt.param_step(1) == 3);
+    const auto bytes = train::serialize_snapshot(net, opt, {.epoch = 4});
+
+    Net back({.arch = "resnet18", .num_classes = 5, .seed = 9, .width = 4});
+    Adamw bopt(groups_of(back), {.lr = 0.5});
+    CHECK(train::load_snapshot_bytes<float>(bytes, back, bopt).epoch == 4);
+    expect_same_state(net, opt, back, bopt);
+    CHECK(bopt.lr() == sched.lr_at(2));  // the lr of the last step, exactly
+    CHECK(bopt.group_lr(1) == sched.lr_at(2, 2e-3));
+
+    // One more step on both, the schedule continuing from the restored step count.
+    fake_grads(net, 900);
+    fake_grads(back, 900);
+    sched.apply(opt);
+    sched.apply(bopt);
+    opt.step(exec);
+    bopt.step(exec);
+    expect_same_state(net, opt, back, bopt);
+
+    // The file names the optimizer: it does not load into SGD (nor an SGD snapshot into AdamW).
+    optim::SGD<float, Cpu> sgd(groups_of(back), {.lr = 0.1, .momentum = 0.9});
+    CHECK_THROWS_WITH_AS(train::load_snapshot_bytes<float>(bytes, back, sgd, "s.safetensors"),
+                         "ddp: snapshot 's.safetensors' holds the state of optimizer 'adamw' but this run uses 'sgd'; "
+                         "resume with the optimizer it was written with (--optimizer adamw) or start without the "
+                         "snapshot",
+                         IoError);
+  }
+
+  TEST_CASE("an SGD snapshot restores the learning rate (it used to be written but not read)") {
+    Exec<Cpu> exec;
+    Net net(kNet);
+    optim::SGD<float, Cpu> opt(net, {.lr = 0.1, .momentum = 0.9});
+    opt.set_lr(0.1 / 3.0);  // not representable in 6 digits
+    const auto bytes = train::serialize_snapshot(net, opt, {});
+    optim::SGD<float, Cpu> other(net, {.lr = 0.5, .momentum = 0.9});
+    train::load_snapshot_bytes<float>(bytes, net, other);
+    CHECK(other.lr() == 0.1 / 3.0);
+    CHECK(train::parse_safetensors(bytes).metadata.at("optimizer.kind") == "sgd");
+  }
+
+  TEST_CASE("copy_state and state_on copy AdamW state and groups; a host copy keeps the groups") {
+    Exec<Cpu> exec;
+    Net src(kNet), dst({.arch = "resnet18", .num_classes = 5, .seed = 2, .width = 4});
+    Adamw sopt(groups_of(src), {.lr = 1e-3}), dopt(groups_of(dst), {.lr = 0.5});
+    fake_grads(src, 7);
+    sopt.step(exec);
+    sopt.set_group_lr(1, 4e-3);
+    train::copy_state(exec, src, sopt, dst, dopt);
+    expect_same_state(src, sopt, dst, dopt);
+
+    Adamw ungrouped(dst.parameters(), {.lr = 0.5});  // other order and group count: refused
+    CHECK_THROWS_AS(train::copy_state(exec, src, sopt, dst, ungrouped), ValueError);
+
+    auto view = train::state_on<Cpu>(exec, src, sopt, kNet);
+    CHECK(&view.optimizer() == &sopt);
+  }
+}

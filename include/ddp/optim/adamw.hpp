@@ -49,7 +49,12 @@ struct AdamwOptions {  // torch.optim.AdamW's defaults
 };
 
 template <class T, Device D>
-class AdamW {
+class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
+  using Base = detail::GroupedOptimizer<T, D, AdamwOptions>;
+  using Base::flat_;
+  using Base::o_;
+  using Base::steps_;
+
  public:
   using value_type = T;
   using device_type = D;
@@ -57,7 +62,7 @@ class AdamW {
   static constexpr std::array<StateTensor, 2> state_tensors{StateTensor{"exp_avg", "first moment"},
                                                             StateTensor{"exp_avg_sq", "second moment"}};
 
-  AdamW(std::vector<ParamGroup<T, D>> groups, const AdamwOptions& o) : o_(o), flat_(validated(std::move(groups), o)) {
+  AdamW(std::vector<ParamGroup<T, D>> groups, const AdamwOptions& o) : Base(o, validated(std::move(groups), o), "AdamW") {
     exp_avg_.resize(flat_.params.size());
     exp_avg_sq_.resize(flat_.params.size());
     param_steps_.assign(flat_.params.size(), 0);
@@ -91,27 +96,6 @@ class AdamW {
           exec, kernels::MultiAdamwArgs<T, D>{.tensors = ts, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps});
     ++steps_;
   }
-
-  void zero_grad() {
-    for (auto* p : flat_.params) p->zero_grad();
-  }
-
-  double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) {
-    if (!(lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: AdamW: invalid learning rate ", lr, " (must be >= 0)"));
-    o_.lr = lr;
-  }
-  const AdamwOptions& options() const noexcept { return o_; }
-  // Calls of step() (the schedule's clock); each parameter's own count is param_step(i).
-  std::int64_t steps() const noexcept { return steps_; }
-  void set_steps(std::int64_t n) noexcept { steps_ = n; }
-  const std::vector<nn::Parameter<T, D>*>& parameters() const noexcept { return flat_.params; }
-  // The groups as given (their params lists are empty: parameters() and group_of() hold them).
-  const std::vector<ParamGroup<T, D>>& groups() const noexcept { return flat_.groups; }
-  std::size_t group_of(std::size_t i) const { return flat_.group_of.at(i); }
-  // Group g's current lr: its own (set_group_lr, or ParamGroup::lr at construction), else lr().
-  double group_lr(std::size_t g) const { return flat_.group_lr(g, o_.lr); }
-  void set_group_lr(std::size_t g, double lr) { flat_.set_group_lr(g, lr, "AdamW"); }
 
   // Steps parameter i has taken (0: no state yet); exp_avg / exp_avg_sq exist exactly when it is > 0.
   std::int64_t param_step(std::size_t i) const { return param_steps_.at(i); }
@@ -167,11 +151,8 @@ class AdamW {
     throw ValueError(ddp::detail::str("ddp: AdamW has no state '", name, "'; it keeps exp_avg and exp_avg_sq"));
   }
 
-  AdamwOptions o_;
-  detail::FlatGroups<T, D> flat_;
   std::vector<Tensor<T, D>> exp_avg_, exp_avg_sq_;  // [i]: parameters()[i]'s shape once it has state, else empty
   std::vector<std::int64_t> param_steps_;           // torch's state['step'] per parameter
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace ddp::optim

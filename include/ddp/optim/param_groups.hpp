@@ -1,5 +1,5 @@
-// Parameter groups (torch's optimizer param_groups): per-group weight decay and learning-rate scale, and the
-// usual split of a model into "decay" and "no decay" groups.
+// Parameter groups (torch's optimizer param_groups): per-group weight decay and learning rate, the usual split
+// of a model into "decay" and "no decay" groups, and GroupedOptimizer, what SGD and AdamW share around them.
 // SPDX-License-Identifier: MIT
 //
 // A group is a list of parameters plus the hyper-parameters it overrides, as in torch's param_groups; SGD
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -99,6 +100,44 @@ struct FlatGroups {
                                         " (must be >= 0)"));
     lr.at(g) = v;
   }
+};
+
+// What every optimizer over parameter groups has besides its update: the options (lr and weight_decay at
+// least), the flattened groups, the step count, and their accessors (the Optimizer concept's, optim/optimizer.hpp).
+// SGD and AdamW derive from it; `who` names the optimizer in messages.
+template <class T, Device D, class Options>
+class GroupedOptimizer {
+ public:
+  void zero_grad() {
+    for (auto* p : flat_.params) p->zero_grad();
+  }
+
+  double lr() const noexcept { return o_.lr; }
+  void set_lr(double lr) {
+    if (!(lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: ", who_, ": invalid learning rate ", lr, " (must be >= 0)"));
+    o_.lr = lr;
+  }
+  const Options& options() const noexcept { return o_; }
+  // Calls of step() (the schedule's clock).
+  std::int64_t steps() const noexcept { return steps_; }
+  void set_steps(std::int64_t n) noexcept { steps_ = n; }
+  // Every parameter, group after group; indices into this list name the per-parameter state.
+  const std::vector<nn::Parameter<T, D>*>& parameters() const noexcept { return flat_.params; }
+  // The groups as given (their params lists are empty: parameters() and group_of() hold them).
+  const std::vector<ParamGroup<T, D>>& groups() const noexcept { return flat_.groups; }
+  std::size_t group_of(std::size_t i) const { return flat_.group_of.at(i); }
+  // Group g's current lr: its own (set_group_lr, or ParamGroup::lr at construction), else lr().
+  double group_lr(std::size_t g) const { return flat_.group_lr(g, o_.lr); }
+  void set_group_lr(std::size_t g, double lr) { flat_.set_group_lr(g, lr, who_); }
+
+ protected:
+  GroupedOptimizer(const Options& o, FlatGroups<T, D> flat, const char* who)
+      : o_(o), flat_(std::move(flat)), who_(who) {}
+
+  Options o_;
+  FlatGroups<T, D> flat_;
+  std::int64_t steps_ = 0;
+  const char* who_;
 };
 
 }  // namespace detail

@@ -48,7 +48,12 @@ struct SgdOptions {
 };
 
 template <class T, Device D>
-class SGD {
+class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
+  using Base = detail::GroupedOptimizer<T, D, SgdOptions>;
+  using Base::flat_;
+  using Base::o_;
+  using Base::steps_;
+
  public:
   using value_type = T;
   using device_type = D;
@@ -56,7 +61,7 @@ class SGD {
   // The per-parameter state snapshots save (train/checkpoint.hpp): "optimizer.momentum_buffer.<param name>".
   static constexpr std::array<StateTensor, 1> state_tensors{StateTensor{"momentum_buffer", "momentum buffer"}};
 
-  SGD(std::vector<ParamGroup<T, D>> groups, const SgdOptions& o) : o_(o), flat_(validated(std::move(groups), o)) {
+  SGD(std::vector<ParamGroup<T, D>> groups, const SgdOptions& o) : Base(o, validated(std::move(groups), o), "SGD") {
     buffers_.resize(flat_.params.size());
     have_buffer_.assign(flat_.params.size(), false);
   }
@@ -94,27 +99,6 @@ class SGD {
     ++steps_;
   }
 
-  void zero_grad() {
-    for (auto* p : flat_.params) p->zero_grad();
-  }
-
-  double lr() const noexcept { return o_.lr; }
-  void set_lr(double lr) {
-    if (!(lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: SGD: invalid learning rate ", lr, " (must be >= 0)"));
-    o_.lr = lr;
-  }
-  const SgdOptions& options() const noexcept { return o_; }
-  std::int64_t steps() const noexcept { return steps_; }
-  void set_steps(std::int64_t n) noexcept { steps_ = n; }
-  // Every parameter, group after group; indices into this list name the per-parameter state.
-  const std::vector<nn::Parameter<T, D>*>& parameters() const noexcept { return flat_.params; }
-  // The groups as given (their params lists are empty: parameters() and group_of() hold them).
-  const std::vector<ParamGroup<T, D>>& groups() const noexcept { return flat_.groups; }
-  std::size_t group_of(std::size_t i) const { return flat_.group_of.at(i); }
-  // Group g's current lr: its own (set_group_lr, or ParamGroup::lr at construction), else lr().
-  double group_lr(std::size_t g) const { return flat_.group_lr(g, o_.lr); }
-  void set_group_lr(std::size_t g, double lr) { flat_.set_group_lr(g, lr, "SGD"); }
-
   // Momentum buffer of parameter i (same shape as it), or nullptr before its first step / without momentum.
   Tensor<T, D>* momentum_buffer(std::size_t i) { return have_buffer_.at(i) ? &buffers_[i] : nullptr; }
   // Installs a buffer (e.g. from a snapshot); the next step continues from it instead of starting afresh.
@@ -143,11 +127,8 @@ class SGD {
     return detail::FlatGroups<T, D>(std::move(groups), "SGD");
   }
 
-  SgdOptions o_;
-  detail::FlatGroups<T, D> flat_;
   std::vector<Tensor<T, D>> buffers_;  // buffers_[i] has parameters()[i]'s shape once used
   std::vector<bool> have_buffer_;
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace ddp::optim

@@ -96,7 +96,6 @@ class DistributedDataParallel {
     bool* flag_;  // a mode flag of the DistributedDataParallel that made the guard
     bool prev_;
   };
-  using NoSyncGuard = ModeGuard;
 
   // Collective: every rank constructs it with the same model structure. The module and communicator
   // must outlive this object.

@@ -64,6 +64,19 @@ SCENARIOS = {
     "fp16": ("ddp", 0, "fp16", "S:ab;S:ab;S:ab;S:ab"),
     "bf16": ("manual", 0, "bf16", "S:ab;S:ab;S:ab;S:ab"),
     "shapes": ("raises", 0, "allreduce", ""),
+    # gradient_as_bucket_view: the gradients are the buckets (accumulation under no_sync included).
+    "bucket_view": ("ddp", 0, "allreduce", "S:ab;N:ab,S:ab;S:ab;S:ab"),
+    "bucket_view_unused": ("ddp", 1, "allreduce", "S:a;S:a|ab;S:ab;S:a"),
+    # static_graph: b unused on rank 0 in every step; then b unused everywhere in every step.
+    "static_graph": ("ddp", 0, "allreduce", "S:a|ab;S:a|ab;S:a|ab;S:a|ab"),
+    "static_graph_unused": ("ddp", 0, "allreduce", "S:a;S:a;S:a"),
+}
+# Extra DistributedDataParallel arguments per scenario (written to the metadata as 0/1).
+DDP_FLAGS = {
+    "bucket_view": {"gradient_as_bucket_view": 1},
+    "bucket_view_unused": {"gradient_as_bucket_view": 1},
+    "static_graph": {"static_graph": 1},
+    "static_graph_unused": {"static_graph": 1, "gradient_as_bucket_view": 1},
 }
 
 
@@ -140,7 +153,10 @@ def manual_step_reduce(net, world, used_since_sync, find_unused, compress):
 
 def run_scenario(rank, world, name, state, x, labels, out_dir):
     kind, find_unused, hook, plan = SCENARIOS[name]
-    meta = {"kind": kind, "find_unused": find_unused, "hook": hook, "plan": plan}
+    flags = DDP_FLAGS.get(name, {})
+    meta = {"kind": kind, "find_unused": find_unused, "hook": hook, "plan": plan,
+            "static_graph": flags.get("static_graph", 0),
+            "gradient_as_bucket_view": flags.get("gradient_as_bucket_view", 0)}
     path = os.path.join(out_dir, f"{name}_w{world}_r{rank}.safetensors")
     if kind == "raises":
         # torch 1.13 raises on the rank whose shapes differ while the others wait in the check's collective;
@@ -157,7 +173,8 @@ def run_scenario(rank, world, name, state, x, labels, out_dir):
         return
     net = Net()
     net.load_state_dict(state)
-    model = DDP(net, find_unused_parameters=bool(find_unused)) if kind == "ddp" else net
+    model = DDP(net, find_unused_parameters=bool(find_unused), **{k: bool(v) for k, v in flags.items()}) \
+        if kind == "ddp" else net
     if kind == "ddp" and hook == "fp16":
         model.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
     compress = bf16_hook_reference(world) if hook == "bf16" else None

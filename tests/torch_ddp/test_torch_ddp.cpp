@@ -164,7 +164,9 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
   const auto& meta = theirs[0].metadata;
   const Plan plan = parse_plan(meta.at("plan"), world);
   const parallel::DdpOptions options{.find_unused_parameters = meta.at("find_unused") == "1",
-                                     .comm_hook = parallel::parse_comm_hook(meta.at("hook"))};
+                                     .comm_hook = parallel::parse_comm_hook(meta.at("hook")),
+                                     .static_graph = meta.at("static_graph") == "1",
+                                     .gradient_as_bucket_view = meta.at("gradient_as_bucket_view") == "1"};
   const std::int64_t B = std::stoll(init.metadata.at("batch"));
   const auto sgd = split(init.metadata.at("sgd"), ',');
   const optim::SgdOptions so{.lr = std::stod(sgd[0]), .momentum = std::stod(sgd[1]), .weight_decay = std::stod(sgd[2])};
@@ -261,7 +263,9 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
 TEST_CASE("DistributedDataParallel matches torch's on the same weights, data and plan (world 2 and 4)") {
   // scenario -> the tolerance it must meet (see the file comment).
   const std::map<std::string, double> tolerance{{"plain", 1e-6},   {"find_unused", 1e-6}, {"nosync_unused", 1e-6},
-                                                {"buffers", 1e-6}, {"fp16", 1e-3},        {"bf16", 1e-3}};
+                                                {"buffers", 1e-6}, {"fp16", 1e-3},        {"bf16", 1e-3},
+                                                {"bucket_view", 1e-6}, {"bucket_view_unused", 1e-6},
+                                                {"static_graph", 1e-6}, {"static_graph_unused", 1e-6}};
   for (int world : {2, 4}) {
     CAPTURE(world);
     const std::string dir = ddp::detail::str(DDP_TORCH_DDP_OUT, "/w", world);

@@ -119,6 +119,23 @@ class Parameter {
   // the gradient now exists, and the next backward accumulates into it.
   void set_grad_written() noexcept { fresh_ = false; }
 
+  // gradient_as_bucket_view (DDP, parallel/grad_views.hpp): grad() becomes a view of numel() elements at `slot`
+  // (D's memory, owned by the caller and alive until own_grad()), holding the current gradient (copied there on
+  // exec). Backward then writes and accumulates straight into the slot.
+  void set_grad_view(T* slot, const Exec<D>& exec) {
+    Tensor<T, D> v = Tensor<T, D>::borrow(slot, value_.shape());
+    copy(grad_.cview(), v.view(), exec);
+    grad_ = std::move(v);
+  }
+  // grad() owns its memory again, with the current values (copied on exec); no-op when it already does.
+  void own_grad(const Exec<D>& exec) {
+    if (grad_.owns_memory()) return;
+    Tensor<T, D> g(value_.shape());
+    copy(grad_.cview(), g.view(), exec);
+    grad_ = std::move(g);
+  }
+  bool grad_is_view() const noexcept { return !grad_.owns_memory(); }
+
   // Where backward must write d(loss)/d(value): grad() after zero_grad(), else a scratch buffer that
   // grad_done() adds into grad().
   TensorView<T, D> grad_dest() {

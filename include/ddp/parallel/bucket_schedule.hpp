@@ -21,6 +21,11 @@
 //                             zeros when it has none (has_grad() false); a parameter no rank used keeps its
 //                             grad() untouched -- no gradient after zero_grad(), so the optimizer skips it. Then transport.finish(b)
 //                             for every bucket makes the averages visible in grad()
+//                             static_graph (torch's): unused parameters are allowed as with
+//                             find_unused_parameters, and the first synchronised step's answer is kept: later
+//                             steps skip the flag all-reduce, and the parameters this rank did not use are
+//                             counted ready when the step starts, so their buckets need not wait for finish().
+//                             A later step that uses another set of parameters is an Error naming one.
 // Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
 // p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
 // p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
@@ -57,6 +62,8 @@ struct ReducerOptions {
   CommHookKind comm_hook = CommHookKind::Allreduce;  // the transport's business (parallel/comm_hooks.hpp)
   bool find_unused_parameters = false;               // unused parameters: see finish() instead of raising
   bool rebuild_buckets = true;                          // rebuild in arrival order after the first synchronised step
+  bool static_graph = false;            // the set of used parameters never changes: see finish()
+  bool gradient_as_bucket_view = false;  // the transport's business (parallel/grad_views.hpp)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -167,6 +174,8 @@ class BucketSchedule {
         StepTrace{.step = step, .backward_start = Clock::now(), .last_gradient = {}, .backward_end = {}, .buckets = {}};
     step_ = step;
     active_ = true;
+    static_marked_ = false;
+    if (static_known_) keep_ = static_keep_;
   }
 
   // The grad-ready hook: p's gradient is final for this backward.
@@ -176,6 +185,12 @@ class BucketSchedule {
     const std::size_t i = it->second;
     used_since_sync_[i] = true;
     if (!active_) return;  // no_sync pass, or a backward that DDP's forward did not start
+    mark_static_unused();
+    if (static_known_ && ready_[i] && static_unused_here_[i])
+      throw Error(ddp::detail::str("ddp: static_graph: parameter '", p.name(), "' received a gradient in step ", step_,
+                                   " but not in the first synchronised step; with static_graph every step must use "
+                                   "the same parameters. Turn static_graph off (use find_unused_parameters) for "
+                                   "models whose graph changes"));
     if (ready_[i])
       throw Error(ddp::detail::str("ddp: parameter '", p.name(), "' reported its gradient twice in step ", step_,
                                    "; DDP supports one backward per synchronised forward (use no_sync() for "
@@ -192,10 +207,19 @@ class BucketSchedule {
     if (!active_) return;
     active_ = false;
     trace_.backward_end = Clock::now();
+    mark_static_unused();  // a backward that produced no gradient at all
     std::vector<std::size_t> missing;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (!ready_[i]) missing.push_back(i);
-    if (!missing.empty() && !o_.find_unused_parameters) {
+    const bool unused_allowed = o_.find_unused_parameters || o_.static_graph;
+    if (static_known_ && !missing.empty()) {
+      transport_.drain();
+      throw Error(ddp::detail::str("ddp: static_graph: parameter '", params_[missing.front()]->name(),
+                                   "' received no gradient in step ", step_, " but did in the first synchronised "
+                                   "step; with static_graph every step must use the same parameters. Turn "
+                                   "static_graph off (use find_unused_parameters) for models whose graph changes"));
+    }
+    if (!missing.empty() && !unused_allowed) {
       transport_.drain();
       std::vector<std::string> names;
       for (std::size_t i : missing) names.push_back(ddp::detail::quoted(params_[i]->name()));
@@ -206,12 +230,12 @@ class BucketSchedule {
           "take part in the loss. Use it in forward, remove it from the model, or set "
           ".find_unused_parameters = true (--find-unused-parameters)"));
     }
-    for (std::size_t i : missing) {  // find_unused_parameters
+    for (std::size_t i : missing) {  // find_unused_parameters or static_graph
       ready_[i] = true;
       zero_[i] = !params_[i]->has_grad();  // torch: the bucket takes .grad when defined, else zeros
       if (--pending_[where_[i]] == 0) launch_ready();
     }
-    if (o_.find_unused_parameters) {
+    if (unused_allowed && !static_known_) {
       // Used on some rank since the last synchronised step? Reported parameters were used here; a missing one
       // may have been used in a no_sync pass (its gradient accumulated) or on another rank. Every rank takes
       // part, after its last bucket (collectives are issued in the same order everywhere), as in torch.
@@ -219,6 +243,13 @@ class BucketSchedule {
       for (std::size_t i = 0; i < params_.size(); ++i) used[i] = used_since_sync_[i] ? 1 : 0;
       transport_.any_rank(std::span<std::int64_t>(used));
       for (std::size_t i = 0; i < params_.size(); ++i) keep_[i] = used[i] == 0;
+      if (o_.static_graph) {  // the answer for every later step
+        static_known_ = true;
+        static_keep_ = keep_;
+        static_missing_ = missing;
+        static_unused_here_.assign(params_.size(), false);
+        for (std::size_t i : missing) static_unused_here_[i] = true;
+      }
     }
     for (std::size_t b = 0; b < layouts_.size(); ++b) {
       transport_.finish(b, keep_);
@@ -231,6 +262,19 @@ class BucketSchedule {
   }
 
  private:
+  // static_graph after the first step, once per step at the first gradient of backward (torch marks unused
+  // parameters there too, so a zero_grad() between forward and backward still counts): the parameters this
+  // rank does not use are ready, with their gradient (accumulated under no_sync) or zeros.
+  void mark_static_unused() {
+    if (!static_known_ || static_marked_) return;
+    static_marked_ = true;
+    for (std::size_t i : static_missing_) {
+      ready_[i] = true;
+      zero_[i] = !params_[i]->has_grad();
+      if (--pending_[where_[i]] == 0) launch_ready();
+    }
+  }
+
   void launch_ready() {
     while (next_launch_ < layouts_.size() && pending_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
@@ -266,6 +310,13 @@ class BucketSchedule {
   std::size_t next_launch_ = 0;
   bool active_ = false;
   bool rebuilt_ = false;
+  // static_graph, after the first synchronised step: which parameters no rank used (keep_ of that step) and
+  // which ones this rank did not use (counted ready at prepare_step).
+  bool static_known_ = false;
+  bool static_marked_ = false;  // this step's static_missing_ are marked ready
+  std::vector<bool> static_keep_;
+  std::vector<std::size_t> static_missing_;
+  std::vector<bool> static_unused_here_;
   std::int64_t step_ = 0;
   std::int64_t synced_steps_ = 0;
   StepTrace trace_;

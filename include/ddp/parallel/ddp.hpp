@@ -32,6 +32,8 @@
 // - A parameter without a gradient in a synchronised step is an Error naming it, unless find_unused_parameters
 //   (then torch >= 2.0's rules, bucket_schedule.hpp, docs/ARCHITECTURE.md D25).
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
+// - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp); static_graph: the
+//   first step's unused parameters are reused without the flag all-reduce (docs/ARCHITECTURE.md D33).
 // Not thread-safe: one thread drives forward/backward (the backend runs the all-reduces on its own thread).
 // Devices: the bucket schedule is the same on both (parallel/bucket_schedule.hpp); the data moves through
 // the device's transport (parallel/transport.hpp, parallel/cuda/transport.cuh). CUDA models
@@ -72,6 +74,13 @@ struct DdpOptions {
   bool find_unused_parameters = false;  // true: parameters without a gradient are allowed (bucket_schedule.hpp)
   bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
   CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16 (register_comm_hook: any)
+  // Every step uses the same parameters (torch's static_graph): unused ones are found in the first synchronised
+  // step, then reused without the flag all-reduce (bucket_schedule.hpp). --static-graph
+  bool static_graph = false;
+  // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the parameter's slot, so
+  // no copy into the bucket before the all-reduce nor back after it (parallel/grad_views.hpp).
+  // --gradient-as-bucket-view
+  bool gradient_as_bucket_view = false;
 };
 
 // Bytes from a --bucket-cap-mb value (fractions allowed: 0.25 = 256 KiB).
@@ -108,7 +117,9 @@ class DistributedDataParallel {
                                 .first_bucket_cap_bytes = o.first_bucket_cap_bytes,
                                 .comm_hook = o.comm_hook,
                                 .find_unused_parameters = o.find_unused_parameters,
-                                .rebuild_buckets = o.rebuild_buckets},
+                                .rebuild_buckets = o.rebuild_buckets,
+                                .static_graph = o.static_graph,
+                                .gradient_as_bucket_view = o.gradient_as_bucket_view},
                  comm) {
     verify_shapes_across_ranks();
     broadcast_parameters();

@@ -8,6 +8,8 @@
 //               asynchronous all-reduce (Avg) that the backend's progress thread runs while backward goes on)
 //   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each slot into its
 //               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps those)
+// With gradient_as_bucket_view the gradients ARE the slots (parallel/grad_views.hpp): launch only zeroes the
+// slots of parameters without a gradient, finish copies nothing.
 // Example: bucket {fc.bias (10), fc.weight (10 x 64)} -> flat of 650 floats, fc.bias at 0, fc.weight at 10.
 // The CUDA versions (device buffers, a communication stream ordered by events) are in
 // parallel/cuda/transport.cuh, compiled only by nvcc; <ddp/ddp.hpp> includes them there.
@@ -30,6 +32,7 @@
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
+#include "ddp/parallel/grad_views.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::parallel {
@@ -91,11 +94,19 @@ class Transport<T, Cpu> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), comm_(&comm), hook_(make_comm_hook<T>(o.comm_hook)), bcast_(comm) {}
+      : params_(params),
+        comm_(&comm),
+        hook_(make_comm_hook<T>(o.comm_hook)),
+        bcast_(comm),
+        view_(o.gradient_as_bucket_view) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
-  // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first.
-  ~Transport() { drain(); }
+  // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first. The
+  // parameters outlive us: their gradients move back into memory of their own.
+  ~Transport() {
+    drain();
+    if (view_) own_grads(params_, Exec<Cpu>{});
+  }
 
   // Replaces the communication hook (parallel/comm_hooks.hpp); nothing may be in flight.
   void set_comm_hook(CommHook<T> hook) {
@@ -106,11 +117,15 @@ class Transport<T, Cpu> {
 
   void build(const std::vector<BucketLayout>& layouts) {
     drain();
+    std::vector<Bucket> fresh(layouts.size());
+    std::vector<T*> flats;
+    for (std::size_t b = 0; b < layouts.size(); ++b) {
+      fresh[b].flat.assign(static_cast<std::size_t>(layouts[b].numel), T(0));
+      flats.push_back(fresh[b].flat.data());
+    }
+    if (view_) view_grads_in_buckets(params_, layouts, flats, Exec<Cpu>{});  // before the old buffers go
     layouts_ = layouts;
-    buckets_.clear();
-    buckets_.resize(layouts_.size());
-    for (std::size_t b = 0; b < layouts_.size(); ++b)
-      buckets_[b].flat.assign(static_cast<std::size_t>(layouts_[b].numel), T(0));
+    buckets_ = std::move(fresh);  // moving the vectors keeps every flat buffer where the views point
   }
 
   void begin_step(const Exec<Cpu>& /*exec*/) {}  // finish() waited for every collective of the last step
@@ -123,7 +138,7 @@ class Transport<T, Cpu> {
       T* slot = bk.flat.data() + l.offsets[k];
       if (zero[i])
         std::fill_n(slot, params_[i]->numel(), T(0));
-      else
+      else if (!view_)
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
     GradBucket<T> gb{.index = b, .buffer = std::span<T>(bk.flat), .layout = &l, .comm = comm_,
@@ -136,6 +151,7 @@ class Transport<T, Cpu> {
     HookResult r = std::exchange(bk.pending, HookResult{});
     r.work.wait();
     if (r.then) r.then();
+    if (view_) return;  // the slots are the gradients (a parameter no rank used: see docs/ARCHITECTURE.md D33)
     const BucketLayout& l = layouts_[b];
     for (std::size_t k = 0; k < l.params.size(); ++k) {
       if (keep[l.params[k]]) continue;
@@ -172,6 +188,7 @@ class Transport<T, Cpu> {
   comm::Communicator* comm_;
   CommHook<T> hook_;
   Broadcaster<Cpu> bcast_;
+  bool view_;  // gradient_as_bucket_view
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;
 };

@@ -106,14 +106,25 @@ class Storage {
  public:
   Storage() = default;
   explicit Storage(std::size_t bytes) : data_(Allocator<D>::allocate(bytes)), bytes_(bytes) {}
+  // Memory someone else owns and frees (`bytes` at `data`, in D's memory); it must outlive this Storage. DDP's
+  // gradient_as_bucket_view makes gradients such views into its buckets (parallel/grad_views.hpp).
+  static Storage borrowed(void* data, std::size_t bytes) noexcept {
+    Storage s;
+    s.data_ = data;
+    s.bytes_ = bytes;
+    s.owns_ = false;
+    return s;
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
-  Storage(Storage&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  Storage(Storage&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), owns_(std::exchange(o.owns_, true)) {}
   Storage& operator=(Storage&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
+      owns_ = std::exchange(o.owns_, true);
     }
     return *this;
   }
@@ -121,15 +132,18 @@ class Storage {
 
   void* data() const noexcept { return data_; }
   std::size_t bytes() const noexcept { return bytes_; }
+  bool owns() const noexcept { return owns_; }
 
  private:
   void release() noexcept {
-    if (data_) Allocator<D>::deallocate(data_);
+    if (data_ && owns_) Allocator<D>::deallocate(data_);
     data_ = nullptr;
     bytes_ = 0;
+    owns_ = true;
   }
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+  bool owns_ = true;  // false: borrowed(), never deallocated here
 };
 
 }  // namespace ddp

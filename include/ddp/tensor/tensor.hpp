@@ -1,4 +1,4 @@
-// Tensor<T, D>: a dense row-major array that owns its Storage<D>; move-only. Kernels take its view().
+// Tensor<T, D>: a dense row-major array that owns its Storage<D> (or borrows memory: Tensor::borrow); move-only. Kernels take its view().
 // SPDX-License-Identifier: MIT
 //
 //   auto x = Tensor<float, Cpu>::zeros({16, 224, 224, 3});   // NHWC activations
@@ -49,6 +49,15 @@ class Tensor {
   ~Tensor() = default;
 
   static Tensor empty(Shape shape) { return Tensor(shape); }
+  // A tensor over shape.numel() elements at `data` that it does not own: the owner keeps the memory alive for
+  // as long as the tensor (or what it is moved into) exists, and frees it.
+  static Tensor borrow(T* data, Shape shape) noexcept {
+    Tensor t;
+    t.storage_ = Storage<D>::borrowed(data, static_cast<std::size_t>(shape.numel()) * sizeof(T));
+    t.shape_ = shape;
+    return t;
+  }
+  bool owns_memory() const noexcept { return storage_.owns(); }
   static Tensor zeros(Shape shape) requires std::is_same_v<D, Cpu> {
     Tensor t(shape);
     if (t.storage_.bytes()) std::memset(t.storage_.data(), 0, t.storage_.bytes());

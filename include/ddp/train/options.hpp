@@ -67,6 +67,10 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        cxxopts::value<std::string>()->default_value("allreduce"))
       ("find-unused-parameters", "allow parameters without a gradient in a step (torch's find_unused_parameters: "
        "one more small all-reduce per step; a parameter no rank used keeps no gradient)")
+      ("static-graph", "every step uses the same parameters (torch's static_graph): unused ones are found in "
+       "the first step and their all-reduce flag is skipped afterwards")
+      ("gradient-as-bucket-view", "gradients live in DDP's buckets (torch's gradient_as_bucket_view): no copy "
+       "into the bucket before the all-reduce nor back after it")
       ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""));
 }
 
@@ -85,6 +89,8 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   f.ddp.bucket_cap_bytes = parallel::bucket_cap_bytes_from_mb(args["bucket-cap-mb"].as<double>());
   f.ddp.comm_hook = parallel::parse_comm_hook(args["comm-hook"].as<std::string>());
   f.ddp.find_unused_parameters = args.count("find-unused-parameters") > 0;
+  f.ddp.static_graph = args.count("static-graph") > 0;
+  f.ddp.gradient_as_bucket_view = args.count("gradient-as-bucket-view") > 0;
   f.metrics_file = args["metrics-file"].as<std::string>();
   return f;
 }

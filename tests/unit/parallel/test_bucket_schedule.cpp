@@ -259,6 +259,43 @@ TEST_SUITE("parallel") {
                              "finish 1 keep {2,1}", "finish 2 keep {0}"});
   }
 
+  TEST_CASE("bucket schedule: static_graph agrees on unused parameters once, then marks them at backward's start") {
+    Fixture f;
+    auto s = f.schedule({.rebuild_buckets = false, .static_graph = true});
+    f.take();
+    // Step 0 runs as find_unused_parameters does: p2 is missing here and on every rank, p0 only here.
+    f.log.others_used = {1, 0, 0, 0};
+    s->prepare_step(0);
+    s->mark_ready(*f.params[3]);
+    s->mark_ready(*f.params[1]);
+    s->finish();
+    CHECK(f.take() == Events{"begin", "launch 0", "launch 1 zeros {2}", "launch 2 zeros {0}", "used 0,1,0,1",
+                             "finish 0", "finish 1 keep {2}", "finish 2"});
+    // Later steps: no flag exchange; at the first gradient p0 and p2 count as ready, so bucket 2 ({p0}) is
+    // launched right away, before the gradients that backward still owes.
+    f.log.others_used.clear();
+    for (int step : {1, 2}) {
+      s->prepare_step(step);
+      for (auto* p : f.params) p->zero_grad();  // after forward: still counts (marked at backward's start)
+      s->mark_ready(*f.params[3]);
+      CHECK(f.take() == Events{"begin", "launch 0"});
+      s->mark_ready(*f.params[1]);
+      CHECK(f.take() == Events{"launch 1 zeros {2}", "launch 2 zeros {0}"});
+      s->finish();
+      CHECK(f.take() == Events{"finish 0", "finish 1 keep {2}", "finish 2"});
+    }
+    // A graph that changes is an error naming the parameter, both ways.
+    s->prepare_step(3);
+    s->mark_ready(*f.params[3]);
+    CHECK_THROWS_WITH_AS(s->mark_ready(*f.params[2]), doctest::Contains("static_graph: parameter 'p2' received a gradient"),
+                         Error);
+    s->prepare_step(4);
+    s->mark_ready(*f.params[3]);
+    CHECK_THROWS_WITH_AS(s->finish(), doctest::Contains("static_graph: parameter 'p1' received no gradient in step 4"),
+                         Error);
+    CHECK(f.log.in_flight == 0);
+  }
+
   TEST_CASE("bucket schedule: rebuilt once, after the first synchronised step, from rank 0's arrival order") {
     Fixture f;
     auto s = f.schedule();

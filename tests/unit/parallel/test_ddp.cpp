@@ -436,6 +436,47 @@ TEST_SUITE("parallel") {
     }));
   }
 
+  TEST_CASE("gradient_as_bucket_view: gradients live in the buckets, results are bitwise those of copying") {
+    // Small buckets, so that there are several and the rebuild after step 0 moves gradients between them.
+    const parallel::DdpOptions copying{.bucket_cap_bytes = 16 << 10, .first_bucket_cap_bytes = 4 << 10};
+    parallel::DdpOptions viewing = copying;
+    viewing.gradient_as_bucket_view = true;
+    const auto a = run_ddp_resnet(2, 4, 3, /*eval_bn=*/false, copying);
+    const auto b = run_ddp_resnet(2, 4, 3, /*eval_bn=*/false, viewing);
+    for (int r = 0; r < 2; ++r) CHECK(b[static_cast<std::size_t>(r)] == a[static_cast<std::size_t>(r)]);
+
+    check_all_ok(test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      Exec<Cpu> ex;
+      auto net = small_resnet(3);
+      const auto params = net->parameters();
+      std::vector<float> grads_before;
+      {
+        DistributedDataParallel<float, Cpu> model(*net, c, viewing);
+        for (int s = 0; s < 2; ++s) {
+          net->zero_grad();
+          local_backward(ex, model, range(c.rank() * 4, 4));
+        }
+        // Each bucket's gradients are one flat buffer: parameter k of a bucket starts offsets[k] after the first.
+        CHECK(model.buckets().size() > 2);
+        for (const auto& l : model.buckets()) {
+          const float* base = params[l.params[0]]->grad().data();
+          for (std::size_t k = 0; k < l.params.size(); ++k) {
+            CHECK(params[l.params[k]]->grad_is_view());
+            CHECK(params[l.params[k]]->grad().data() == base + l.offsets[k]);
+          }
+        }
+        for (auto* p : params) grads_before.insert(grads_before.end(), p->grad().data(), p->grad().data() + p->numel());
+      }
+      // Without DDP the gradients own their memory again, with the same values.
+      std::vector<float> grads_after;
+      for (auto* p : params) {
+        CHECK_FALSE(p->grad_is_view());
+        grads_after.insert(grads_after.end(), p->grad().data(), p->grad().data() + p->numel());
+      }
+      CHECK(grads_after == grads_before);
+    }));
+  }
+
   TEST_CASE("overlap: with small buckets, all-reduces start before backward ends") {
     std::vector<parallel::StepTrace> traces(2);
     std::vector<std::size_t> nbuckets(2);

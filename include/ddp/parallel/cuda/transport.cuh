@@ -13,6 +13,8 @@
 //   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a parameter no rank
 //                      used), done[b].record(comm), compute waits for done[b]: the optimizer step, enqueued
 //                      next on the compute stream, sees averaged gradients. The host never waits here.
+// gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so neither copy
+// runs (only the memset for parameters without a gradient); the all-reduce works in place. Unverified on a GPU.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
 // Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
@@ -150,24 +152,31 @@ class Transport<T, Cuda> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), bcast_(comm), comm_(&comm) {
+      : params_(params), bcast_(comm), comm_(&comm), view_(o.gradient_as_bucket_view) {
     if (o.comm_hook != CommHookKind::Allreduce) refuse_hook();
   }
   // Hooks run on host buffers (parallel/comm_hooks.hpp); CUDA buckets take the default all-reduce only.
   void set_comm_hook(const CommHook<T>& /*hook*/) { refuse_hook(); }
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
-  ~Transport() { drain(); }
+  // The parameters outlive us: with gradient_as_bucket_view their gradients move back into memory of their own
+  // (copied on the compute stream, before the buckets are freed in stream order).
+  ~Transport() {
+    drain();
+    if (view_) own_grads(params_, compute_);
+  }
 
   void build(const std::vector<BucketLayout>& layouts) {
     for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));  // raised at begin_step
-    layouts_ = layouts;
-    buckets_.clear();  // old flat buffers are freed in stream order (see the file comment)
-    buckets_.reserve(layouts_.size());
-    for (const BucketLayout& l : layouts_) {
-      buckets_.emplace_back();
-      buckets_.back().flat = Tensor<T, Cuda>(Shape{l.numel});
+    std::vector<Bucket> fresh(layouts.size());
+    std::vector<T*> flats;
+    for (std::size_t b = 0; b < layouts.size(); ++b) {
+      fresh[b].flat = Tensor<T, Cuda>(Shape{layouts[b].numel});
+      flats.push_back(fresh[b].flat.data());
     }
+    if (view_) view_grads_in_buckets(params_, layouts, flats, compute_);  // on the compute stream, before the
+    layouts_ = layouts;                                                   // old buffers are freed
+    buckets_ = std::move(fresh);  // old flat buffers are freed in stream order (see the file comment)
   }
 
   void begin_step(const Exec<Cuda>& exec) {
@@ -188,7 +197,7 @@ class Transport<T, Cuda> {
       const std::size_t bytes = params_[i]->grad().bytes();
       if (zero[i])
         DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cs));
-      else
+      else if (!view_)  // gradient_as_bucket_view: the gradient is the slot
         DDP_CUDA_CHECK(cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
     }
     bk.work = all_reduce_on(cs, std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)));
@@ -201,7 +210,7 @@ class Transport<T, Cuda> {
     Bucket& bk = buckets_[b];
     const BucketLayout& l = layouts_[b];
     const cudaStream_t cs = comm_stream_.get();
-    for (std::size_t k = 0; k < l.params.size(); ++k) {
+    for (std::size_t k = 0; k < l.params.size() && !view_; ++k) {
       if (keep[l.params[k]]) continue;
       auto& g = params_[l.params[k]]->grad();
       DDP_CUDA_CHECK(cudaMemcpyAsync(g.data(), bk.flat.data() + l.offsets[k], g.bytes(), cudaMemcpyDeviceToDevice, cs));
@@ -261,6 +270,7 @@ class Transport<T, Cuda> {
   std::vector<nn::Parameter<T, Cuda>*> params_;
   Broadcaster<Cuda> bcast_;
   comm::Communicator* comm_;
+  bool view_;  // gradient_as_bucket_view (parallel/grad_views.hpp)
   Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream
   Exec<Cuda> compute_{};
   std::vector<BucketLayout> layouts_;

@@ -198,8 +198,9 @@ TEST_CASE("zero_partition follows torch's greedy rule: per group, largest first,
   std::vector<nn::Parameter<float, Cpu>*> ps{&a, &b, &c, &d, &e};
   // One group: 100 -> r0, 60 -> r1, 50 -> r1, 10 -> r0, 5 -> r0 (r0 110 vs r1 110: the lower rank).
   CHECK(parallel::zero_partition(ps, {0, 0, 0, 0, 0}, 2) == std::vector<int>{0, 0, 1, 1, 0});
-  // Two groups {a, b} and {c, d, e}: the counts carry over (r0 100, r1 10 after the first group).
-  CHECK(parallel::zero_partition(ps, {0, 0, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 1, 1});
+  // Two groups {a, b} and {c, d, e}: the counts carry over (r0 100, r1 10 after the first group), so
+  // 60 -> r1 (70), 50 -> r1 (120), 5 -> r0 (105).
+  CHECK(parallel::zero_partition(ps, {0, 0, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 1, 0});
   // More ranks than parameters: ranks 2..5 get nothing of {a, b}; world 1 owns everything.
   CHECK(parallel::zero_partition(std::vector<nn::Parameter<float, Cpu>*>{&a, &b}, {0, 0}, 6) == std::vector<int>{0, 1});
   CHECK(parallel::zero_partition(ps, {0, 0, 0, 0, 0}, 1) == std::vector<int>(5, 0));

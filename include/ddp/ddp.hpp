@@ -157,8 +157,12 @@
 #include "ddp/parallel/transport.hpp"
 // defines: parallel::Reducer
 #include "ddp/parallel/reducer.hpp"
+// defines: parallel::view_grads_in_buckets, parallel::own_grads (gradient_as_bucket_view)
+#include "ddp/parallel/grad_views.hpp"
 // defines: parallel::DistributedDataParallel, parallel::DdpOptions
 #include "ddp/parallel/ddp.hpp"
+// defines: parallel::ZeroRedundancyOptimizer, parallel::optimizer_state_bytes
+#include "ddp/parallel/zero.hpp"
 #if DDP_CUDA_COMPILER
 // defines: parallel::Broadcaster<Cuda>, parallel::Transport<T, Cuda> (DistributedDataParallel<T, Cuda> needs them)
 #  include "ddp/parallel/cuda/transport.cuh"

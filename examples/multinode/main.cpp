@@ -3,6 +3,8 @@
 //
 // Usage: multinode total_epochs save_every [--batch_size 32] [--snapshot_path snapshot.safetensors]
 //                  [--loss mse|cross_entropy] [--backend gloo] [--device cpu] [--seed 0] [--lr 0.001]
+//                  [--optimizer sgd|adamw] [--momentum 0] [--weight-decay 0] [--clip-grad-norm 0]
+//                  [--lr-schedule constant|step|multistep|cosine] [--warmup-epochs 0] ... (train/optim_flags.hpp)
 //   ddprun --nproc-per-node 2 --standalone --max-restarts 3 ./multinode 50 10
 //   torchrun --nproc-per-node=1 --nnodes=2 --node-rank=0 --rdzv-id=456 --rdzv-backend=c10d
 //            --rdzv-endpoint=1.2.3.4:29603 ./multinode 1000 1000
@@ -18,7 +20,8 @@
 // model + optimizer + next epoch atomically (the previous file is kept as <path>.prev). On start rank 0
 // reads the snapshot if it exists and broadcasts its bytes (no shared filesystem needed); training
 // resumes at the first unfinished epoch (the tutorial re-ran the saved one), so a restarted run ends
-// bit-identical to an uninterrupted one.
+// bit-identical to an uninterrupted one. The optimizer (default: the tutorial's plain SGD, no momentum, no weight
+// decay, constant lr) and its schedule state (the step count) are part of the snapshot. There is no evaluation.
 // Expected output (2 ranks, `multinode 2 1`):
 //   [Rank 0] Epoch 0 | Batchsize: 32 | Steps: 32
 //   [Rank 1] Epoch 0 | Batchsize: 32 | Steps: 32
@@ -29,6 +32,7 @@
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
 #include <ddp/env/flags.hpp>
+#include <ddp/train/optim_flags.hpp>
 #include <ddp/train/options.hpp>
 #include <iostream>
 
@@ -54,10 +58,11 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>()->default_value("mse"))(
         "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)", cxxopts::value<std::string>()->default_value(""))(
         "seed", "data and initialisation seed", cxxopts::value<long>()->default_value("0"))(
-        "lr", "SGD learning rate", cxxopts::value<double>()->default_value("0.001"))(
+        "lr", "learning rate (with --lr-schedule: its base)", cxxopts::value<double>()->default_value("0.001"))(
         "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the "
         "first attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))("h,help", "this help");
     train::add_dist_options(options, env);
+    train::add_optim_options(options);  // the tutorial's SGD: momentum 0, weight decay 0
     options.parse_positional({"total_epochs", "save_every"});
     const auto args = options.parse(argc, argv);
     if (args.count("help") || !args.count("save_every")) {
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
     }
     log::init();
     const train::DistFlags dist = train::read_dist_flags(args);
+    const train::OptimFlags optim = train::read_optim_flags(args);
     const long total_epochs = args["total_epochs"].as<long>(), save_every = args["save_every"].as<long>();
     const auto batch_size = static_cast<std::size_t>(args["batch_size"].as<long>());
     const std::string snapshot_path = args["snapshot_path"].as<std::string>(), loss_name = args["loss"].as<std::string>();
@@ -80,7 +86,7 @@ int main(int argc, char** argv) {
 
     const multinode_example::Setup setup{
         .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
-        .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(),
+        .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(), .optim = optim,
         .die_after_epoch = args["die-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
         .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = job.comm.get()};
     if constexpr (BuildConfig::with_cuda)

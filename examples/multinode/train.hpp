@@ -1,11 +1,13 @@
 // The multinode example's training loop, written once for both devices (main.cpp runs it on the CPU,
-// train_cuda.cu on the GPU).
+// train_cuda.cu on the GPU) and once for every optimizer (train/optim_flags.hpp's with_optimizer calls it with
+// the SGD or AdamW that --optimizer chose).
 // SPDX-License-Identifier: MIT
 //
 // Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from the seed on the host, the same on every rank.
 // One step gathers the sampler's batch on the host (x (n, 20), y (n, 1), zero labels (n) for cross_entropy),
 // uses it in place on the CPU or uploads it for Cuda (alive until backward returns: Linear keeps a view of
-// its input), then DDP forward, the loss (its value read on the host), DDP backward and the SGD step.
+// its input), then DDP forward, the loss (its value read on the host), DDP backward, the optional gradient
+// clipping (--clip-grad-norm), this step's learning rate (--lr-schedule, --warmup-epochs) and the optimizer step.
 // Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors) through
 // train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads the file
 // and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/ARCHITECTURE.md
@@ -24,12 +26,13 @@
 #include <ddp/data/distributed_sampler.hpp>
 #include <ddp/nn/linear.hpp>
 #include <ddp/nn/loss.hpp>
-#include <ddp/optim/sgd.hpp>
+#include <ddp/optim/optimizer.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/random.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
+#include <ddp/train/optim_flags.hpp>
 #include <ddp/train/snapshot_sync.hpp>
 
 namespace multinode_example {
@@ -45,7 +48,8 @@ struct Setup {
   std::string snapshot_path;
   std::string loss = "mse";  // mse | cross_entropy
   std::uint64_t seed = 0;
-  double lr = 0.001;
+  double lr = 0.001;           // the schedule's base
+  train::OptimFlags optim;     // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, ...
   long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
   std::string metrics_file;   // rank 0's JSON lines (empty: none)
@@ -53,17 +57,13 @@ struct Setup {
   comm::Communicator* comm = nullptr;
 };
 
-template <Device D>
-int train(const Setup& s, Exec<D>& exec) {
+// The training loop for one optimizer type (optim::SGD or optim::AdamW over net's parameters).
+template <Device D, optim::Optimizer Opt>
+int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, const nn::LinearOptions& mo) {
   comm::Communicator& comm = *s.comm;
   const int rank = comm.rank();
 
-  // Model, optimizer, data (the same 2048 samples on every rank).
-  const nn::LinearOptions mo{.in_features = kIn, .out_features = 1};
-  nn::Linear<float, D> net(mo);
-  Generator init(s.seed, 0, kStreamInit);
-  net.reset_parameters(init);  // drawn on the host: the same values on every device
-  optim::SGD<float, D> opt(net.parameters(), {.lr = s.lr});
+  // Data: the same 2048 samples on every rank.
   Tensor<float, Cpu> xs(Shape{kSamples, kIn}), ys(Shape{kSamples, 1});  // host
   Generator data_gen(s.seed, 0, kStreamData);
   data_gen.fill_uniform(xs.view(), -1.0, 1.0);
@@ -86,11 +86,13 @@ int train(const Setup& s, Exec<D>& exec) {
   nn::MSELoss<float, D> mse;
   nn::CrossEntropyLoss<float, D> ce;
   train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string());  // per-step JSON lines
+  const std::size_t steps = (sampler.size() + s.batch_size - 1) / s.batch_size;  // per epoch
+  const optim::LrSchedule schedule =
+      train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
   const auto t0 = std::chrono::steady_clock::now();
   for (long epoch = start_epoch; epoch < s.total_epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto idx = sampler.indices();
-    const std::size_t steps = (idx.size() + s.batch_size - 1) / s.batch_size;
     std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << s.batch_size << " | Steps: " << steps
               << std::endl;
     for (std::size_t step = 0; step < steps; ++step) {
@@ -116,13 +118,19 @@ int train(const Setup& s, Exec<D>& exec) {
         loss = ce.forward(exec, out.cview(), ld.cview());
         model.backward(exec, ce.backward(exec).cview());
       }
+      const double grad_norm = train::clip_gradients(s.optim, exec, net);  // -1: --clip-grad-norm off
+      schedule.apply(opt);  // this step's lr, from the optimizer's step count
       opt.step(exec);
-      if (metrics.enabled())
-        metrics.write(
-            {{"epoch", epoch},
-             {"step", step},
-             {"loss", loss},
-             {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()}});
+      if (metrics.enabled()) {
+        nlohmann::json record{
+            {"epoch", epoch},
+            {"step", step},
+            {"loss", loss},
+            {"lr", opt.lr()},
+            {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()}};
+        if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        metrics.write(record);
+      }
     }
     if (epoch % s.save_every == 0 || epoch + 1 == s.total_epochs) {
       if (rank == 0) {
@@ -140,6 +148,16 @@ int train(const Setup& s, Exec<D>& exec) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank == 0) std::cout << "Training took " << took << " s" << std::endl;
   return 0;
+}
+
+template <Device D>
+int train(const Setup& s, Exec<D>& exec) {
+  const nn::LinearOptions mo{.in_features = kIn, .out_features = 1};
+  nn::Linear<float, D> net(mo);
+  Generator init(s.seed, 0, kStreamInit);
+  net.reset_parameters(init);                       // drawn on the host: the same values on every device
+  train::sync_batchnorm_if(s.optim, net, *s.comm);  // --sync-bn: Linear has no BatchNorm (a warning says so)
+  return train::with_optimizer(s.optim, s.lr, net, [&](auto& opt) { return run(s, exec, net, opt, mo); });
 }
 
 }  // namespace multinode_example

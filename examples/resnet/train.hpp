@@ -1,19 +1,27 @@
 // The resnet example's training loop, written once for both devices (main.cpp runs it on the CPU,
-// train_cuda.cu on the GPU).
+// train_cuda.cu on the GPU) and once for every optimizer (train/optim_flags.hpp's with_optimizer calls it with
+// the SGD or AdamW that --optimizer chose).
 // SPDX-License-Identifier: MIT
 //
 // One step: images and labels come from the DataLoader on the host (used in place on the CPU, uploaded for
 // Cuda; the device batch lives until backward returns, since conv1 keeps a view of its input), then DDP
 // forward, cross-entropy (its value is read on the host, so the host waits for the forward once per step,
-// like PyTorch's loss.item()), DDP backward (buckets all-reduced while backward runs; no host wait) and the
-// SGD step (one multi-tensor launch on the GPU). Snapshots are written and read on the host
+// like PyTorch's loss.item()), DDP backward (buckets all-reduced while backward runs; no host wait), the
+// optional gradient clipping (--clip-grad-norm: the norm of the all-reduced gradients, one host wait), the
+// learning rate of this step (--lr-schedule, --warmup-epochs: a function of the optimizer's step count) and
+// the optimizer step (one multi-tensor launch on the GPU). Snapshots are written and read on the host
 // (train/checkpoint.hpp works on host tensors) through train::state_on<Cpu>: the model itself on the CPU, a
 // host copy on the GPU. --resume: rank 0 reads the file and broadcasts its bytes (through the GPU for nccl),
-// so only rank 0's node needs it.
+// so only rank 0's node needs it; the optimizer kind, its state and step count (the schedule's clock) come back.
+// Evaluation (CIFAR-format data): every rank evaluates its share of the test set (data::EvalSampler: each
+// sample on exactly one rank, no padding) on the unwrapped model, then one all-reduce (Sum) of [correct,
+// samples] gives rank 0 the accuracy of the whole test set; no rank waits on another's evaluation.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -23,15 +31,18 @@
 
 #include <ddp/comm/communicator.hpp>
 #include <ddp/data/dataset.hpp>
+#include <ddp/data/distributed_sampler.hpp>
 #include <ddp/data/loader.hpp>
 #include <ddp/kernels/cpu/kernels.hpp>
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
-#include <ddp/optim/sgd.hpp>
+#include <ddp/optim/optimizer.hpp>
 #include <ddp/parallel/ddp.hpp>
+#include <ddp/tensor/copy.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
+#include <ddp/train/optim_flags.hpp>
 #include <ddp/train/snapshot_sync.hpp>
 
 namespace resnet_example {
@@ -43,7 +54,7 @@ struct Setup {
   std::string arch = "resnet50";
   long width = 64;
   std::uint64_t seed = 0;
-  double learning_rate = 0.1;
+  double learning_rate = 0.1;  // the schedule's base
   long num_epochs = 1;
   long log_every = 1;
   std::size_t batch_size = 256;
@@ -51,21 +62,57 @@ struct Setup {
   std::string path;          // snapshot file
   std::string metrics_file;  // rank 0's JSON lines (empty: none)
   parallel::DdpOptions ddp;
+  train::OptimFlags optim;   // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, --sync-bn, ...
   comm::Communicator* comm = nullptr;
   data::Dataset* train_set = nullptr;
-  data::Dataset* test_set = nullptr;  // CIFAR-10 evaluation on rank 0, or nullptr
+  data::Dataset* test_set = nullptr;  // CIFAR-format evaluation after every epoch, or nullptr
   data::DataLoader* loader = nullptr;
 };
 
+// [correct, samples] summed over every rank: one all-reduce in D's memory, the memory the communicator DDP
+// uses reaches (host for gloo/mpi on the CPU; the GPU for nccl or a staged tcp/mpi).
 template <Device D>
-int train(Setup& s, Exec<D>& exec) {
+std::array<double, 2> sum_over_ranks(comm::Communicator& comm, Exec<D>& exec, std::array<double, 2> counts) {
+  Tensor<double, Cpu> host(Shape{2});
+  std::copy(counts.begin(), counts.end(), host.data());
+  if constexpr (std::same_as<D, Cpu>) {
+    comm.all_reduce(host.view(), {.op = comm::ReduceOp::Sum}).wait();
+  } else {
+    Tensor<double, D> dev = to<D>(host.cview(), exec);
+    comm.all_reduce(dev.view(), {.op = comm::ReduceOp::Sum, .stream = exec.stream}).wait();
+    host = to<Cpu>(dev.cview(), exec);  // ordered after the all-reduce on exec's stream
+  }
+  return {host.data()[0], host.data()[1]};
+}
+
+// This rank's share of `test_set` (data::EvalSampler over world ranks) through the unwrapped model in eval
+// mode (running statistics: no collective, also with --sync-bn); returns [correct, samples].
+template <Device D>
+std::array<double, 2> evaluate_share(nn::ResNet<float, D>& net, Exec<D>& exec, const data::Dataset& test_set,
+                                     int world, int rank) {
+  net.eval();
+  data::EvalSampler es(test_set.size(), world, rank);
+  data::DataLoader tl(test_set, es, {.batch_size = 256});
+  tl.start_epoch(0);
+  std::size_t correct = 0, samples = 0;
+  while (auto b = tl.next()) {
+    const auto images = train::on_device<D>(b->images.cview(), exec);
+    const Tensor<float, D> logits = net.forward(exec, images.cview());
+    const auto y = train::on_device<Cpu>(logits.cview(), exec);  // (N, classes) on the host
+    const float* p = y.cview().data();
+    const auto c = y.cview().shape()[1];
+    for (std::int64_t i = 0; i < y.cview().shape()[0]; ++i)
+      correct += std::max_element(p + i * c, p + (i + 1) * c) - (p + i * c) == b->labels.data()[i];
+    samples += static_cast<std::size_t>(y.cview().shape()[0]);
+  }
+  return {static_cast<double>(correct), static_cast<double>(samples)};
+}
+
+// The training loop for one optimizer type (optim::SGD or optim::AdamW over net's parameters).
+template <Device D, optim::Optimizer Opt>
+int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::ResNetOptions& mo) {
   comm::Communicator& comm = *s.comm;
   const int rank = comm.rank(), world = comm.size();
-  const nn::ResNetOptions mo{
-      .arch = s.arch, .num_classes = s.train_set->num_classes(), .seed = s.seed, .width = s.width};
-  const optim::SgdOptions so{.lr = s.learning_rate, .momentum = 0.9, .weight_decay = 1e-5};
-  nn::ResNet<float, D> net(mo);
-  optim::SGD<float, D> opt(net.parameters(), so);
   // Snapshots are read and written here: net and opt themselves on the CPU, a host copy of them on the GPU.
   auto host = train::state_on<Cpu>(exec, net, opt, mo);
   long start_epoch = 0;
@@ -81,13 +128,14 @@ int train(Setup& s, Exec<D>& exec) {
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
   train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string());
   nn::CrossEntropyLoss<float, D> ce;
+  const auto steps = static_cast<long>(s.loader->num_batches());
+  const optim::LrSchedule schedule = train::lr_schedule(s.optim, s.learning_rate, steps, s.num_epochs);
 
   std::size_t total_steps = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (long epoch = start_epoch; epoch < s.num_epochs; ++epoch) {
     net.train();
     s.loader->start_epoch(static_cast<std::uint64_t>(epoch));
-    const auto steps = static_cast<long>(s.loader->num_batches());
     while (auto batch = s.loader->next()) {
       opt.zero_grad();
       const auto images = train::on_device<D>(batch->images.cview(), exec);  // alive until backward returns
@@ -95,37 +143,32 @@ int train(Setup& s, Exec<D>& exec) {
       auto logits = model.forward(exec, images.cview());
       const double loss = ce.forward(exec, logits.cview(), labels.cview());
       model.backward(exec, ce.backward(exec).cview());
+      const double grad_norm = train::clip_gradients(s.optim, exec, net);  // -1: --clip-grad-norm off
+      schedule.apply(opt);  // this step's lr, from the optimizer's step count
       opt.step(exec);
       ++total_steps;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
       const long step = static_cast<long>(batch->step) + 1;
       if (rank == 0 && (step % s.log_every == 0 || step == steps))
-        std::cout << train::progress_line(epoch, step, steps, loss, sps) << std::endl;
-      metrics.write({{"epoch", epoch}, {"step", step}, {"loss", loss}, {"samples_per_sec", sps}});
+        std::cout << train::progress_line(epoch, step, steps, loss, sps) << " lr " << opt.lr() << std::endl;
+      if (metrics.enabled()) {
+        nlohmann::json record{{"epoch", epoch}, {"step", step}, {"loss", loss}, {"lr", opt.lr()},
+                              {"samples_per_sec", sps}};
+        if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        metrics.write(record);
+      }
     }
     if (rank == 0) {
       std::filesystem::create_directories(std::filesystem::path(s.path).parent_path());
       host.pull(exec);
       train::save_snapshot(s.path, host.model(), host.optimizer(), {.epoch = epoch + 1});
     }
-    if (s.test_set && rank == 0) {  // evaluation on the unwrapped model: no collective involved
-      net.eval();
-      data::EvalSampler es(s.test_set->size(), 1, 0);
-      data::DataLoader tl(*s.test_set, es, {.batch_size = 256});
-      tl.start_epoch(0);
-      std::size_t correct = 0;
-      while (auto b = tl.next()) {
-        const auto images = train::on_device<D>(b->images.cview(), exec);
-        const Tensor<float, D> logits = net.forward(exec, images.cview());
-        const auto y = train::on_device<Cpu>(logits.cview(), exec);  // (N, classes) on the host
-        const float* p = y.cview().data();
-        const auto c = y.cview().shape()[1];
-        for (std::int64_t i = 0; i < y.cview().shape()[0]; ++i)
-          correct += std::max_element(p + i * c, p + (i + 1) * c) - (p + i * c) == b->labels.data()[i];
-      }
-      std::cout << "epoch " << epoch << " test accuracy " << static_cast<double>(correct) / s.test_set->size()
-                << std::endl;
+    if (s.test_set) {
+      const auto [correct, samples] = sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank));
+      if (rank == 0)
+        std::cout << "epoch " << epoch << " test accuracy " << correct / samples << " (" << static_cast<long>(correct)
+                  << "/" << static_cast<long>(samples) << ")" << std::endl;
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -134,6 +177,16 @@ int train(Setup& s, Exec<D>& exec) {
               << " ranks x " << s.batch_size << " samples x " << total_steps << " steps in " << secs << " s)"
               << std::endl;
   return 0;
+}
+
+template <Device D>
+int train(Setup& s, Exec<D>& exec) {
+  const nn::ResNetOptions mo{
+      .arch = s.arch, .num_classes = s.train_set->num_classes(), .seed = s.seed, .width = s.width};
+  nn::ResNet<float, D> net(mo);
+  train::sync_batchnorm_if(s.optim, net, *s.comm);  // --sync-bn: before DDP wraps net
+  return train::with_optimizer(s.optim, s.learning_rate, net,
+                               [&](auto& opt) { return run(s, exec, net, opt, mo); });
 }
 
 }  // namespace resnet_example

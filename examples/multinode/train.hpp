@@ -8,7 +8,7 @@
 // uses it in place on the CPU or uploads it for Cuda (alive until backward returns: Linear keeps a view of
 // its input), then DDP forward, the loss (its value read on the host), DDP backward, the optional gradient
 // clipping (--clip-grad-norm), this step's learning rate (--lr-schedule, --warmup-epochs) and the optimizer step.
-// Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors) through
+// Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors; train/snapshot_io.hpp) through
 // train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads the file
 // and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/ARCHITECTURE.md
 // D10, D21).
@@ -33,7 +33,7 @@
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/snapshot_sync.hpp>
+#include <ddp/train/snapshot_io.hpp>
 
 namespace multinode_example {
 
@@ -57,8 +57,9 @@ struct Setup {
   comm::Communicator* comm = nullptr;
 };
 
-// The training loop for one optimizer type (optim::SGD or optim::AdamW over net's parameters).
-template <Device D, optim::Optimizer Opt>
+// The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or (--zero) a
+// parallel::ZeroRedundancyOptimizer over one of them.
+template <Device D, class Opt>
 int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, const nn::LinearOptions& mo) {
   comm::Communicator& comm = *s.comm;
   const int rank = comm.rank();
@@ -72,15 +73,8 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
                                    {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
 
   // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
-  auto host = train::state_on<Cpu>(exec, net, opt, mo);
-  const std::vector<std::uint8_t> bytes = train::read_and_broadcast(comm, s.snapshot_path, exec);
-  long start_epoch = 0;
-  if (!bytes.empty()) {
-    start_epoch = static_cast<long>(
-        train::load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), s.snapshot_path).epoch);
-    host.push(exec);
-    if (rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
-  }
+  const long start_epoch = train::resume_snapshot(comm, s.snapshot_path, exec, net, opt, mo);
+  if (start_epoch > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
 
   nn::MSELoss<float, D> mse;
@@ -133,12 +127,9 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       }
     }
     if (epoch % s.save_every == 0 || epoch + 1 == s.total_epochs) {
-      if (rank == 0) {
-        host.pull(exec);
-        train::save_snapshot(s.snapshot_path, host.model(), host.optimizer(),
-                             {.epoch = epoch + 1, .rng = data_gen.state()});
-        std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
-      }
+      train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()},
+                                    mo);  // collective with --zero (the shards are consolidated on rank 0)
+      if (rank == 0) std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
       if (epoch == s.die_after_epoch && s.restart_count == 0) {
         comm.barrier().wait();  // the snapshot is on disk before the simulated crash
         if (rank == 1) std::raise(SIGKILL);
@@ -157,7 +148,7 @@ int train(const Setup& s, Exec<D>& exec) {
   Generator init(s.seed, 0, kStreamInit);
   net.reset_parameters(init);                       // drawn on the host: the same values on every device
   train::sync_batchnorm_if(s.optim, net, *s.comm);  // --sync-bn: Linear has no BatchNorm (a warning says so)
-  return train::with_optimizer(s.optim, s.lr, net, [&](auto& opt) { return run(s, exec, net, opt, mo); });
+  return train::with_optimizer(s.optim, s.lr, net, *s.comm, [&](auto& opt) { return run(s, exec, net, opt, mo); });
 }
 
 }  // namespace multinode_example

@@ -10,7 +10,7 @@
 // optional gradient clipping (--clip-grad-norm: the norm of the all-reduced gradients, one host wait), the
 // learning rate of this step (--lr-schedule, --warmup-epochs: a function of the optimizer's step count) and
 // the optimizer step (one multi-tensor launch on the GPU). Snapshots are written and read on the host
-// (train/checkpoint.hpp works on host tensors) through train::state_on<Cpu>: the model itself on the CPU, a
+// (train/checkpoint.hpp works on host tensors) through train/snapshot_io.hpp (train::state_on<Cpu>): the model itself on the CPU, a
 // host copy on the GPU. --resume: rank 0 reads the file and broadcasts its bytes (through the GPU for nccl),
 // so only rank 0's node needs it; the optimizer kind, its state and step count (the schedule's clock) come back.
 // Evaluation (CIFAR-format data): every rank evaluates its share of the test set (data::EvalSampler: each
@@ -43,7 +43,7 @@
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/snapshot_sync.hpp>
+#include <ddp/train/snapshot_io.hpp>
 
 namespace resnet_example {
 
@@ -108,21 +108,17 @@ std::array<double, 2> evaluate_share(nn::ResNet<float, D>& net, Exec<D>& exec, c
   return {static_cast<double>(correct), static_cast<double>(samples)};
 }
 
-// The training loop for one optimizer type (optim::SGD or optim::AdamW over net's parameters).
-template <Device D, optim::Optimizer Opt>
+// The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or (--zero) a
+// parallel::ZeroRedundancyOptimizer over one of them.
+template <Device D, class Opt>
 int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::ResNetOptions& mo) {
   comm::Communicator& comm = *s.comm;
   const int rank = comm.rank(), world = comm.size();
-  // Snapshots are read and written here: net and opt themselves on the CPU, a host copy of them on the GPU.
-  auto host = train::state_on<Cpu>(exec, net, opt, mo);
+  // Snapshots (train/snapshot_io.hpp): net and opt themselves on the CPU, a host copy of them on the GPU; a
+  // ZeRO optimizer's shards consolidated on rank 0.
   long start_epoch = 0;
   if (s.resume) {
-    const auto bytes = train::read_and_broadcast(comm, s.path, exec);
-    if (!bytes.empty()) {
-      start_epoch =
-          static_cast<long>(train::load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), s.path).epoch);
-      host.push(exec);
-    }
+    start_epoch = train::resume_snapshot(comm, s.path, exec, net, opt, mo);
     if (rank == 0) std::cout << "resumed from " << s.path << " at epoch " << start_epoch << std::endl;
   }
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
@@ -159,11 +155,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
         metrics.write(record);
       }
     }
-    if (rank == 0) {
-      std::filesystem::create_directories(std::filesystem::path(s.path).parent_path());
-      host.pull(exec);
-      train::save_snapshot(s.path, host.model(), host.optimizer(), {.epoch = epoch + 1});
-    }
+    train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
     if (s.test_set) {
       const auto [correct, samples] = sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank));
       if (rank == 0)
@@ -185,7 +177,7 @@ int train(Setup& s, Exec<D>& exec) {
       .arch = s.arch, .num_classes = s.train_set->num_classes(), .seed = s.seed, .width = s.width};
   nn::ResNet<float, D> net(mo);
   train::sync_batchnorm_if(s.optim, net, *s.comm);  // --sync-bn: before DDP wraps net
-  return train::with_optimizer(s.optim, s.learning_rate, net,
+  return train::with_optimizer(s.optim, s.learning_rate, net, *s.comm,
                                [&](auto& opt) { return run(s, exec, net, opt, mo); });
 }
 

@@ -55,6 +55,7 @@
 #include "ddp/optim/lr_schedule.hpp"
 #include "ddp/optim/param_groups.hpp"
 #include "ddp/optim/sgd.hpp"
+#include "ddp/parallel/zero.hpp"
 
 namespace ddp::train {
 
@@ -72,6 +73,7 @@ struct OptimFlags {
   double lr_gamma = 0.1;                   // Step, MultiStep
   double warmup_epochs = 0.0;
   bool sync_bn = false;
+  bool zero = false;  // shard the optimizer state over the ranks (parallel::ZeroRedundancyOptimizer)
 };
 
 // The defaults an example keeps when the flags are not given (its behaviour before the flags existed).
@@ -101,7 +103,9 @@ inline void add_optim_options(cxxopts::Options& options, const OptimDefaults& d 
       ("warmup-epochs", "linear warmup over this many epochs' steps, from lr/3 to lr (0: none; fractions allowed)",
        cxxopts::value<double>()->default_value("0"))
       ("sync-bn", "synchronise BatchNorm statistics across ranks (SyncBatchNorm; converted before DDP wraps the "
-       "model)");
+       "model)")
+      ("zero", "shard the optimizer state over the ranks (ZeRO-1, torch's ZeroRedundancyOptimizer): each rank "
+       "keeps and steps the state of its share of the parameters, then broadcasts them; snapshots are the same");
 }
 
 namespace detail {
@@ -160,6 +164,7 @@ inline OptimFlags read_optim_flags(const cxxopts::ParseResult& args) {
   f.lr_policy = optim::parse_lr_policy(args["lr-schedule"].as<std::string>());  // its message names --lr-schedule
   f.lr_milestones = detail::parse_milestones(args["lr-milestones"].as<std::string>());
   f.sync_bn = args.count("sync-bn") > 0;
+  f.zero = args.count("zero") > 0;
   // Flags the chosen optimizer or schedule would ignore: say so rather than train with a silent no-op.
   const std::string schedule = args["lr-schedule"].as<std::string>();
   const auto refuse = [&](const char* flag, bool used, const char* needs, const std::string& have) {
@@ -212,18 +217,25 @@ double clip_gradients(const OptimFlags& f, Exec<D>& exec, nn::Module<T, D>& mode
 
 // Builds the optimizer the flags choose over model's parameters, in weight_decay_groups (decay on weights of
 // rank >= 2 only), at learning rate lr, and returns fn(optimizer). fn is called with an optim::SGD<T, D>& or an
-// optim::AdamW<T, D>& (a generic lambda: the training loop), which lives for the duration of the call.
+// optim::AdamW<T, D>&, or with --zero a parallel::ZeroRedundancyOptimizer over one of them sharded over comm
+// (a generic lambda: the training loop; train/snapshot_io.hpp saves and resumes any of them), which lives for
+// the duration of the call.
 template <class T, Device D, class Fn>
 std::invoke_result_t<Fn&, optim::SGD<T, D>&> with_optimizer(const OptimFlags& f, double lr, nn::Module<T, D>& model,
-                                                            Fn&& fn) {
+                                                            comm::Communicator& comm, Fn&& fn) {
   auto groups = optim::weight_decay_groups(model, f.weight_decay);
-  if (f.optimizer == OptimizerKind::AdamW) {
-    optim::AdamW<T, D> opt(std::move(groups), optim::AdamwOptions{.lr = lr, .weight_decay = f.weight_decay});
+  auto build = [&]<class O>(const auto& o) {
+    if (f.zero) {
+      parallel::ZeroRedundancyOptimizer<O> opt(std::move(groups), o, comm);
+      return fn(opt);
+    }
+    O opt(std::move(groups), o);
     return fn(opt);
-  }
-  optim::SGD<T, D> opt(std::move(groups),
-                       optim::SgdOptions{.lr = lr, .momentum = f.momentum, .weight_decay = f.weight_decay});
-  return fn(opt);
+  };
+  if (f.optimizer == OptimizerKind::AdamW)
+    return build.template operator()<optim::AdamW<T, D>>(optim::AdamwOptions{.lr = lr, .weight_decay = f.weight_decay});
+  return build.template operator()<optim::SGD<T, D>>(
+      optim::SgdOptions{.lr = lr, .momentum = f.momentum, .weight_decay = f.weight_decay});
 }
 
 }  // namespace ddp::train

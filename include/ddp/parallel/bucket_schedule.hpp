@@ -21,6 +21,8 @@
 //                             zeros when it has none (has_grad() false); a parameter no rank used keeps its
 //                             grad() untouched -- no gradient after zero_grad(), so the optimizer skips it. Then transport.finish(b)
 //                             for every bucket makes the averages visible in grad()
+//   shadow_step()             a joined rank's part in the others' step (uneven inputs, docs/ARCHITECTURE.md D30):
+//                             the same collectives with zeros, no grad() written
 // Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
 // p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
 // p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
@@ -225,9 +227,30 @@ class BucketSchedule {
       for (std::size_t i : layouts_[b].params)
         if (!keep_[i]) params_[i]->set_grad_written();  // a zero-slot parameter now has the average
     }
-    used_since_sync_.assign(params_.size(), false);
-    ++synced_steps_;
-    if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
+    end_step(missing);
+  }
+
+  // A rank that ran out of data (DistributedDataParallel::join, docs/ARCHITECTURE.md D30) takes part in a
+  // synchronised step of the others: exactly the collectives a real step issues, in the same order -- every
+  // bucket through the transport as zeros (the comm hook runs on them, so a hook's own collectives match
+  // too; Avg then divides the others' sum by the full world size), the find_unused_parameters flags (none
+  // used here), each bucket's finish, and the first step's bucket rebuild (this rank's order: the parameter
+  // order, torch's _push_all_rebuilt_params). Every grad() is left as it is.
+  void shadow_step(const Exec<D>& exec = {}) {
+    if (active_) transport_.drain();
+    active_ = false;
+    transport_.begin_step(exec);
+    const std::vector<bool> all(params_.size(), true);  // zeros in every slot; keep every grad()
+    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.launch(b, all);
+    if (o_.find_unused_parameters) {
+      std::vector<std::int64_t> used(params_.size(), 0);
+      transport_.any_rank(std::span<std::int64_t>(used));
+    }
+    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.finish(b, all);
+    arrival_.clear();
+    std::vector<std::size_t> order(params_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    end_step(order);
   }
 
  private:
@@ -238,6 +261,13 @@ class BucketSchedule {
       trace_.buckets.push_back(BucketTrace{
           .index = b, .numel = layouts_[b].numel, .num_params = layouts_[b].params.size(), .launched = Clock::now()});
     }
+  }
+
+  // After the last bucket of a real or shadowed step: counts it, rebuilds the buckets after the first one.
+  void end_step(const std::vector<std::size_t>& missing) {
+    used_since_sync_.assign(params_.size(), false);
+    ++synced_steps_;
+    if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
   }
 
   // Rank 0's arrival order (unused parameters last) decides the new buckets on every rank.

@@ -29,6 +29,8 @@ SCENARIOS = {
     "rank0_empty": (0, "ab", {2: [0, 3], 4: [0, 2, 3, 1]}),  # rank 0 shadows the first step (bucket rebuild)
     # head b is used on ranks >= 1 only; each step some rank still training uses it.
     "find_unused": (1, "a|ab", {2: [2, 4], 4: [3, 4, 1, 2]}),
+    # only rank 0 uses head b, and it joins first: then no rank still training uses b
+    "find_unused_idle": (1, "ab|a", {2: [1, 3], 4: [1, 3, 2, 3]}),
 }
 
 

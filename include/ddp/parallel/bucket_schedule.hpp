@@ -128,6 +128,7 @@ class BucketSchedule {
     static_assert(BucketTransport<Transport, D>, "ddp: the transport lacks a member BucketSchedule calls");
     for (std::size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
     used_since_sync_.assign(params_.size(), false);
+    last_used_.assign(params_.size(), 0);
     build(reverse_order(params_.size()));
   }
   BucketSchedule(const BucketSchedule&) = delete;
@@ -221,6 +222,7 @@ class BucketSchedule {
       for (std::size_t i = 0; i < params_.size(); ++i) used[i] = used_since_sync_[i] ? 1 : 0;
       transport_.any_rank(std::span<std::int64_t>(used));
       for (std::size_t i = 0; i < params_.size(); ++i) keep_[i] = used[i] == 0;
+      last_used_ = std::move(used);
     }
     for (std::size_t b = 0; b < layouts_.size(); ++b) {
       transport_.finish(b, keep_);
@@ -233,19 +235,18 @@ class BucketSchedule {
   // A rank that ran out of data (DistributedDataParallel::join, docs/ARCHITECTURE.md D30) takes part in a
   // synchronised step of the others: exactly the collectives a real step issues, in the same order -- every
   // bucket through the transport as zeros (the comm hook runs on them, so a hook's own collectives match
-  // too; Avg then divides the others' sum by the full world size), the find_unused_parameters flags (none
-  // used here), each bucket's finish, and the first step's bucket rebuild (this rank's order: the parameter
-  // order, torch's _push_all_rebuilt_params). Every grad() is left as it is.
+  // too; Avg then divides the others' sum by the full world size), the find_unused_parameters flags, each
+  // bucket's finish, and the first step's bucket rebuild (this rank's order: the parameter order, torch's
+  // _push_all_rebuilt_params). Every grad() is left as it is. The flags it adds are the agreed ones of its last
+  // step, as torch's joined rank adds its reduced used map (_match_unused_params_allreduce): a parameter used
+  // then counts as used (zero gradient from here) in every step it shadows.
   void shadow_step(const Exec<D>& exec = {}) {
     if (active_) transport_.drain();
     active_ = false;
     transport_.begin_step(exec);
     const std::vector<bool> all(params_.size(), true);  // zeros in every slot; keep every grad()
     for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.launch(b, all);
-    if (o_.find_unused_parameters) {
-      std::vector<std::int64_t> used(params_.size(), 0);
-      transport_.any_rank(std::span<std::int64_t>(used));
-    }
+    if (o_.find_unused_parameters) transport_.any_rank(std::span<std::int64_t>(last_used_));
     for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.finish(b, all);
     arrival_.clear();
     std::vector<std::size_t> order(params_.size());
@@ -292,6 +293,7 @@ class BucketSchedule {
   std::vector<bool> zero_;            // per parameter: launched with zeros (find_unused_parameters, no gradient)
   std::vector<bool> keep_;            // per parameter: no rank used it, grad() is left untouched
   std::vector<bool> used_since_sync_; // per parameter: reported since the last synchronised step (no_sync too)
+  std::vector<std::int64_t> last_used_;  // per parameter: used on some rank in the last step (find_unused)
   std::vector<std::size_t> arrival_;  // parameter indices in the order their gradients arrived
   std::size_t next_launch_ = 0;
   bool active_ = false;

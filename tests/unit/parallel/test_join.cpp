@@ -174,19 +174,33 @@ std::vector<Params> run_join(const Case& c) {
   return out;
 }
 
-// One process: at step s, the sum over the ranks still training of their gradients, divided by W.
+// One process: at step s, the sum over the ranks still training of their gradients, divided by W. With
+// find_unused_parameters a joined rank adds the used flags agreed in the last step it took part in (torch's
+// _match_unused_params_allreduce), so from step 1 on, once some rank has joined, a parameter used in the previous
+// step counts as used: it gets a zero gradient (weight decay and momentum move it) instead of none.
 Params run_reference(const Case& c) {
   const int world = static_cast<int>(c.steps.size());
   Exec<Cpu> exec;
   Heads net(100);
   optim::SGD<float, Cpu> opt(net.parameters(), kSgd);
   const int steps = *std::max_element(c.steps.begin(), c.steps.end());
+  const auto params = net.parameters();
+  std::vector<bool> used_before(params.size(), false);  // agreed in step s - 1
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
+    bool someone_joined = false;
     for (int r = 0; r < world; ++r) {
-      if (s >= c.steps[static_cast<std::size_t>(r)]) continue;
+      if (s >= c.steps[static_cast<std::size_t>(r)]) {
+        someone_joined = true;
+        continue;
+      }
       net.mode = mode_of(c, r);
       for (int m = 0; m < c.micro; ++m) pass(exec, net, rows_of(c, world, r, s, m), 1.0f / static_cast<float>(world));
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (c.options.find_unused_parameters && s > 0 && someone_joined && used_before[i] && !params[i]->has_grad())
+        params[i]->set_grad_written();  // zero-filled by zero_grad()
+      used_before[i] = params[i]->has_grad();
     }
     opt.step(exec);
   }
@@ -224,9 +238,10 @@ TEST_SUITE("parallel") {
     }
   }
 
-  TEST_CASE("join + find_unused_parameters: a head unused by every rank still training keeps no gradient") {
-    // "b" is used on odd ranks only; once they joined, nobody still training uses it.
-    for (const auto& steps : std::vector<std::vector<int>>{{4, 1}, {1, 3}, {4, 2, 3, 1}}) {
+  TEST_CASE("join + find_unused_parameters: joined ranks add the used flags of their last step, as torch's do") {
+    // "b" is used on odd ranks only. {4, 1}: rank 1 joins after using b, so b stays used (zero gradients, decay
+    // and momentum) while rank 0 trains alone; {3, 0}: rank 1 never used it, so b keeps no gradient.
+    for (const auto& steps : std::vector<std::vector<int>>{{4, 1}, {3, 0}, {1, 3}, {4, 2, 3, 1}, {2, 0, 3, 0}}) {
       CAPTURE(steps.size());
       CAPTURE(steps[0]);
       Case c{.steps = steps, .modes = {}};

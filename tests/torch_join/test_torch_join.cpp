@@ -11,6 +11,7 @@
 // and of the reduction order, carried by momentum).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>

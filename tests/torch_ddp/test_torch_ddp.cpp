@@ -12,34 +12,25 @@
 // of the 16-bit format: 1e-3 and 1e-2 relative in a gradient, less in the parameters.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include <ddp/nn/adaptive_avg_pool2d.hpp>
-#include <ddp/nn/batchnorm2d.hpp>
-#include <ddp/nn/conv2d.hpp>
-#include <ddp/nn/linear.hpp>
 #include <ddp/nn/loss.hpp>
-#include <ddp/nn/relu.hpp>
 #include <ddp/optim/sgd.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/safetensors.hpp>
 
 #include "../unit/comm/comm_harness.hpp"
-#include "torch_ddp_net.hpp"
+#include "torch_ddp_common.hpp"
 
 using namespace ddp;
-using ddp::test::Net;
-using ddp::test::rel_diff;
+using test::torch_ddp::Net;
+using test::torch_ddp::split;
 
 namespace {
 
@@ -48,17 +39,6 @@ struct Pass {
   std::vector<std::string> modes;  // per rank
 };
 using Plan = std::vector<std::vector<Pass>>;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t next = s.find(sep, at);
-    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
-    if (next == std::string::npos) return out;
-    at = next + 1;
-  }
-}
 
 // The plan grammar of ddp_torch_reference.py.
 Plan parse_plan(const std::string& plan, int world) {
@@ -79,10 +59,7 @@ Plan parse_plan(const std::string& plan, int world) {
 }
 
 int run_reference(int world, const std::string& out_dir) {
-  const std::string cmd = std::string(DDP_TEST_PYTHON) + " " + DDP_TORCH_DDP_DIR + "/ddp_torch_reference.py " +
-                          std::to_string(world) + " " + out_dir;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return test::torch_ddp::run_python(std::string(DDP_TORCH_DDP_DIR) + "/ddp_torch_reference.py", world, out_dir);
 }
 
 struct Outcome {
@@ -102,13 +79,7 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
                                      .comm_hook = parallel::parse_comm_hook(meta.at("hook")),
                                      .static_graph = meta.at("static_graph") == "1",
                                      .gradient_as_bucket_view = meta.at("gradient_as_bucket_view") == "1"};
-  const std::int64_t B = std::stoll(init.metadata.at("batch"));
-  const auto sgd = split(init.metadata.at("sgd"), ',');
-  const optim::SgdOptions so{.lr = std::stod(sgd[0]), .momentum = std::stod(sgd[1]), .weight_decay = std::stod(sgd[2])};
-  const auto& xs = init.at("x_nhwc");
-  const auto x_all = xs.as<float>();
-  const auto labels_all = init.at("labels").as<std::int64_t>();
-  const std::int64_t H = xs.shape[1], W = xs.shape[2], C = xs.shape[3];
+  const test::torch_ddp::Inputs in(init);
 
   Outcome out;
   std::vector<std::string> notes(static_cast<std::size_t>(world));
@@ -118,18 +89,16 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     Net net;
     train::detail::load_state_dict_from(init, "init.safetensors", net, /*strict=*/false);
     parallel::DistributedDataParallel<float, Cpu> model(net, c, options);
-    optim::SGD<float, Cpu> opt(net.parameters(), so);
+    optim::SGD<float, Cpu> opt(net.parameters(), in.sgd);
     nn::CrossEntropyLoss<float, Cpu> ce;
     std::int64_t k = 0;
     for (const auto& step : plan) {
       opt.zero_grad();
       bool trained = false;
       for (const Pass& pass : step) {
-        const std::int64_t lo = (k++ * world + rank) * B;
-        Tensor<float, Cpu> x(Shape{B, H, W, C});
-        std::copy_n(x_all.data() + lo * H * W * C, B * H * W * C, x.data());
-        Tensor<std::int64_t, Cpu> y(Shape{B});
-        std::copy_n(labels_all.data() + lo, B, y.data());
+        const std::int64_t lo = (k++ * world + rank) * in.batch;
+        const Tensor<float, Cpu> x = in.images(lo);
+        const Tensor<std::int64_t, Cpu> y = in.targets(lo);
         net.mode = pass.modes[static_cast<std::size_t>(rank)];
         if (pass.kind == 'E') {
           auto guard = model.no_grad();
@@ -154,33 +123,10 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
       if (trained) opt.step(exec);
     }
     // Compare (the main thread reads `out` after every rank joined; each rank writes its own note).
-    const auto& ref = theirs[static_cast<std::size_t>(rank)];
-    double worst = 0;
-    std::string where;
-    bool counters = true;
-    for (auto* p : net.parameters()) {
-      const auto& e = ref.at("param." + p->name());
-      std::vector<float> mine(static_cast<std::size_t>(p->numel()));
-      if (p->layout() == nn::Layout::Krsc)  // torch's OIHW -> our KRSC, as checkpoints do
-        train::detail::oihw_to_krsc(reinterpret_cast<const float*>(e.data.data()), mine.data(), p->shape());
-      else
-        mine = e.as<float>();
-      const double d = rel_diff(p->value().data(), mine);
-      if (d >= worst) worst = d, where = p->name();
-    }
     // A manual reference runs without torch's DDP, so its buffers never follow rank 0: compare parameters only
     // (in training mode they do not depend on the running statistics).
-    for (auto* b : net.buffers()) {
-      if (meta.at("kind") == "manual") break;
-      const auto& e = ref.at("buffer." + b->name());
-      if (b->is_integer()) {
-        counters = counters && e.as<std::int64_t>() == std::vector<std::int64_t>(b->count().data(), b->count().data() + 1);
-        continue;
-      }
-      const double d = rel_diff(b->real().data(), e.as<float>());
-      if (d >= worst) worst = d, where = b->name();
-    }
-    notes[static_cast<std::size_t>(rank)] = ddp::detail::str(worst, ' ', where, ' ', counters ? 1 : 0);
+    const auto cmp = test::torch_ddp::compare(net, theirs[static_cast<std::size_t>(rank)], meta.at("kind") != "manual");
+    notes[static_cast<std::size_t>(rank)] = ddp::detail::str(cmp.worst, ' ', cmp.where, ' ', cmp.counters ? 1 : 0);
   });
   for (std::size_t r = 0; r < errors.size(); ++r) {
     INFO("rank ", r, ": ", test::message(errors[r]));

@@ -28,7 +28,7 @@
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/safetensors.hpp>
 
-#include "../torch_ddp/torch_ddp_net.hpp"
+#include "../torch_ddp/torch_ddp_common.hpp"
 #include "../unit/comm/comm_harness.hpp"
 
 using namespace ddp;
@@ -94,7 +94,7 @@ Outcome run(const std::string& dir, const std::string& scenario, int world, cons
     const int rank = c.rank();
     Outcome& out = per_rank[static_cast<std::size_t>(rank)];
     Exec<Cpu> exec;
-    test::Net net;
+    test::torch_ddp::Net net;
     train::detail::load_state_dict_from(init, "init.safetensors", net, /*strict=*/false);
     parallel::DistributedDataParallel<float, Cpu> model(net, c);
     std::vector<optim::ParamGroup<float, Cpu>> groups =
@@ -133,7 +133,7 @@ Outcome run(const std::string& dir, const std::string& scenario, int world, cons
       out.partition_equal = out.partition_equal && std::to_string(opt.owner(z)) == torch_owner[i];
     }
     for (auto* p : params)
-      note(out, test::rel_diff(p->value().data(), ours_from_torch(theirs.at("param." + p->name()), *p)),
+      note(out, test::torch_ddp::rel_diff(p->value().data(), ours_from_torch(theirs.at("param." + p->name()), *p)),
            ddp::detail::str("rank ", rank, " ", p->name()));
     auto full = opt.consolidate(exec, 0);
     if (!full) return;
@@ -146,7 +146,7 @@ Outcome run(const std::string& dir, const std::string& scenario, int world, cons
           out.state_names_equal = false;
           continue;
         }
-        if (t) note(out, test::rel_diff(t->data(), ours_from_torch(theirs.at(key), *fp[i])), key);
+        if (t) note(out, test::torch_ddp::rel_diff(t->data(), ours_from_torch(theirs.at(key), *fp[i])), key);
       }
       if constexpr (optim::HasParamSteps<Inner>) {
         const std::string key = "state.step." + fp[i]->name();

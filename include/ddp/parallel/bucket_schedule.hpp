@@ -26,6 +26,8 @@
 //                             steps skip the flag all-reduce, and the parameters this rank did not use are
 //                             counted ready when the step starts, so their buckets need not wait for finish().
 //                             A later step that uses another set of parameters is an Error naming one.
+//   shadow_step()             a joined rank's part in the others' step (uneven inputs, docs/ARCHITECTURE.md D30):
+//                             the same collectives with zeros, no grad() written
 // Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
 // p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
 // p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
@@ -133,6 +135,7 @@ class BucketSchedule {
     static_assert(BucketTransport<Transport, D>, "ddp: the transport lacks a member BucketSchedule calls");
     for (std::size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
     used_since_sync_.assign(params_.size(), false);
+    last_used_.assign(params_.size(), 0);
     build(reverse_order(params_.size()));
   }
   BucketSchedule(const BucketSchedule&) = delete;
@@ -250,15 +253,41 @@ class BucketSchedule {
         static_unused_here_.assign(params_.size(), false);
         for (std::size_t i : missing) static_unused_here_[i] = true;
       }
+      last_used_ = std::move(used);
     }
     for (std::size_t b = 0; b < layouts_.size(); ++b) {
       transport_.finish(b, keep_);
       for (std::size_t i : layouts_[b].params)
         if (!keep_[i]) params_[i]->set_grad_written();  // a zero-slot parameter now has the average
     }
-    used_since_sync_.assign(params_.size(), false);
-    ++synced_steps_;
-    if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
+    end_step(missing);
+  }
+
+  // A rank that ran out of data (DistributedDataParallel::join, docs/ARCHITECTURE.md D30) takes part in a
+  // synchronised step of the others: exactly the collectives a real step issues, in the same order -- every
+  // bucket through the transport as zeros (the comm hook runs on them, so a hook's own collectives match
+  // too; Avg then divides the others' sum by the full world size), the find_unused_parameters flags, each
+  // bucket's finish, and the first step's bucket rebuild (this rank's order: the parameter order, torch's
+  // _push_all_rebuilt_params). Every grad() is left as it is. The flags it adds are the agreed ones of its last
+  // step, as torch's joined rank adds its reduced used map (_match_unused_params_allreduce): a parameter used
+  // then counts as used (zero gradient from here) in every step it shadows.
+  void shadow_step(const Exec<D>& exec = {}) {
+    if (active_) transport_.drain();
+    active_ = false;
+    transport_.begin_step(exec);
+    const std::vector<bool> all(params_.size(), true);  // zeros in every slot; keep every grad()
+    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.launch(b, all);
+    if ((o_.find_unused_parameters || o_.static_graph) && !static_known_) {
+      transport_.any_rank(std::span<std::int64_t>(last_used_));
+      // static_graph: the others keep their first step's answer and exchange no flags after it; neither does
+      // this rank, which never trains again (nothing of the answer itself is needed here).
+      static_known_ = o_.static_graph;
+    }
+    for (std::size_t b = 0; b < layouts_.size(); ++b) transport_.finish(b, all);
+    arrival_.clear();
+    std::vector<std::size_t> order(params_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    end_step(order);
   }
 
  private:
@@ -284,6 +313,13 @@ class BucketSchedule {
     }
   }
 
+  // After the last bucket of a real or shadowed step: counts it, rebuilds the buckets after the first one.
+  void end_step(const std::vector<std::size_t>& missing) {
+    used_since_sync_.assign(params_.size(), false);
+    ++synced_steps_;
+    if (synced_steps_ == 1 && o_.rebuild_buckets && !rebuilt_) rebuild_from_arrival(missing);
+  }
+
   // Rank 0's arrival order (unused parameters last) decides the new buckets on every rank.
   void rebuild_from_arrival(const std::vector<std::size_t>& missing) {
     rebuilt_ = true;
@@ -306,6 +342,7 @@ class BucketSchedule {
   std::vector<bool> zero_;            // per parameter: launched with zeros (find_unused_parameters, no gradient)
   std::vector<bool> keep_;            // per parameter: no rank used it, grad() is left untouched
   std::vector<bool> used_since_sync_; // per parameter: reported since the last synchronised step (no_sync too)
+  std::vector<std::int64_t> last_used_;  // per parameter: used on some rank in the last step (find_unused)
   std::vector<std::size_t> arrival_;  // parameter indices in the order their gradients arrived
   std::size_t next_launch_ = 0;
   bool active_ = false;

@@ -34,6 +34,14 @@
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
 // - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp); static_graph: the
 //   first step's unused parameters are reused without the flag all-reduce (docs/ARCHITECTURE.md D33).
+// - Uneven inputs (torch's `with model.join():`, docs/ARCHITECTURE.md D30): ranks may run different numbers of
+//   steps inside a join context; a rank out of data calls join(), which takes part in the others' collectives
+//   with zero gradients until every rank has joined, then gives every rank the model of the last rank to join:
+//     { auto joining = model.join_context();   // every forward now also counts the ranks still training
+//       for (auto& batch : my_batches) { ...forward, backward, opt.step... }
+//       model.join(); }                         // returns on every rank at once, parameters equal everywhere
+//   Inside the context buffers follow the highest rank still training (rank 0 may be done), and the average
+//   divides by the full world size (joined ranks add zeros: torch's divide_by_initial_world_size=True).
 // Not thread-safe: one thread drives forward/backward (the backend runs the all-reduces on its own thread).
 // Devices: the bucket schedule is the same on both (parallel/bucket_schedule.hpp); the data moves through
 // the device's transport (parallel/transport.hpp, parallel/cuda/transport.cuh). CUDA models
@@ -106,6 +114,24 @@ class DistributedDataParallel {
     bool prev_;
   };
 
+  // RAII guard returned by join_context(): join mode while it lives. Its destructor only clears the mode (no
+  // collectives); leaving the scope without join() (an exception) leaves the other ranks to their timeout.
+  class JoinContext {
+   public:
+    explicit JoinContext(DistributedDataParallel& ddp) : ddp_(&ddp) {
+      if (ddp.join_mode_)
+        throw ValueError("ddp: join_context() is already active on this model; keep one join context per loop");
+      ddp.join_mode_ = true;
+      ddp.joined_ = false;
+    }
+    JoinContext(const JoinContext&) = delete;
+    JoinContext& operator=(const JoinContext&) = delete;
+    ~JoinContext() { ddp_->join_mode_ = ddp_->joined_ = false; }
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+
   // Collective: every rank constructs it with the same model structure. The module and communicator
   // must outlive this object.
   DistributedDataParallel(nn::Module<T, D>& module, comm::Communicator& comm, const DdpOptions& o = {})
@@ -131,8 +157,16 @@ class DistributedDataParallel {
   ~DistributedDataParallel() { module_->set_grad_ready_hook({}); }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
-    if (o_.broadcast_buffers && buffers_follow_) broadcast_buffers(exec);
     const bool synchronised = sync_ && grad_;
+    if (join_mode_) {
+      if (joined_)
+        throw Error("ddp: forward() after join() in the same join context; a joined rank has no data left -- "
+                    "leave the context (destroy the join_context() guard) before training or evaluating again");
+      const JoinRound r = join_round(true, o_.broadcast_buffers && buffers_follow_, synchronised);
+      if (r.buffers) broadcast_buffers(exec, r.buffer_root);
+    } else if (o_.broadcast_buffers && buffers_follow_) {
+      broadcast_buffers(exec);
+    }
     buffers_follow_ = synchronised;  // torch: require_forward_param_sync
     if (synchronised) reducer_.prepare_step(step_++, exec);
     return module_->forward(exec, x);
@@ -156,20 +190,62 @@ class DistributedDataParallel {
   // next forward (torch.no_grad()). Keep the guard in a variable.
   [[nodiscard]] ModeGuard no_grad() { return ModeGuard(grad_); }
 
+  // Uneven inputs (docs/ARCHITECTURE.md D30): every rank enters the context before its loop (keep the guard in a
+  // variable) and calls join() after it. Collective: all ranks, the same forwards until one runs out of data.
+  [[nodiscard]] JoinContext join_context() { return JoinContext(*this); }
+
+  // This rank is out of data: until every rank has called join(), take part in each forward of the ranks still
+  // training -- their buffer broadcast, and for a synchronised one every bucket's reduction with zero gradients
+  // (through the comm hook), the find_unused_parameters flags and the first step's bucket rebuild; grad() is
+  // left alone. Then the parameters and buffers of the highest-numbered rank among the last to join are
+  // broadcast to every rank (the others skipped optimizer steps; optimizer state such as momentum stays each
+  // rank's own, as in torch). Returns on every rank after the same collective. Call it between steps, inside
+  // join_context(), once; forward() afterwards in the same context is an Error.
+  void join(const Exec<D>& exec = {}) {
+    if (!join_mode_)
+      throw Error("ddp: join() outside a join context; enter `auto joining = model.join_context();` on every "
+                  "rank before the training loop and call join() after it");
+    if (joined_) throw Error("ddp: join() called twice in one join context; call it once, after this rank's loop");
+    if (reducer_.active())
+      throw Error(ddp::detail::str("ddp: join() during synchronised step ", step_ - 1,
+                                   "; run its backward (or finish()) first"));
+    joined_ = true;
+    bool last = true;  // no rank was still training when this one joined
+    while (true) {
+      const JoinRound r = join_round(false, false, false);
+      if (r.training == 0) break;
+      last = false;
+      if (r.buffers) broadcast_buffers(exec, r.buffer_root);
+      if (r.synchronised) reducer_.shadow_step(exec);
+    }
+    // torch's _sync_final_model: the highest rank among the last to join holds the model every rank ends with.
+    const int world = comm_->size();
+    std::vector<std::int64_t> lasts(static_cast<std::size_t>(world), 0);
+    lasts[static_cast<std::size_t>(comm_->rank())] = last ? 1 : 0;
+    reducer_.transport().any_rank(std::span<std::int64_t>(lasts));
+    int root = world - 1;
+    while (root > 0 && lasts[static_cast<std::size_t>(root)] == 0) --root;
+    broadcast_parameters(root);
+    broadcast_buffers(exec, root);
+    buffers_follow_ = true;  // every rank the same, whatever its last forward was
+  }
+  // Inside join_context() (join() may have been called).
+  bool join_mode() const noexcept { return join_mode_; }
+
   // Replaces what a full bucket goes through (parallel/comm_hooks.hpp), e.g. parallel::fp16_compress_hook<float>()
   // or your own; call it between steps, on every rank. CUDA models take only the default (ValueError).
   void register_comm_hook(CommHook<T> hook) { reducer_.transport().set_comm_hook(std::move(hook)); }
 
-  // Every parameter value from rank 0 (one flat broadcast; the host waits for it).
-  void broadcast_parameters() {
+  // Every parameter value from rank `root` (one flat broadcast; the host waits for it).
+  void broadcast_parameters(int root = 0) {
     std::vector<std::span<T>> parts;
     for (auto* p : module_->parameters()) parts.push_back(span_of(p->value()));
-    reducer_.transport().broadcaster().broadcast(parts, Exec<D>{}, /*host_wait=*/true);
+    reducer_.transport().broadcaster().broadcast(parts, Exec<D>{}, /*host_wait=*/true, root);
   }
 
-  // Every buffer from rank 0: one broadcast for the real-valued ones, one for the int64 counters. On
+  // Every buffer from rank `root`: one broadcast for the real-valued ones, one for the int64 counters. On
   // CUDA they are enqueued on exec's stream (which waits for them) and the host does not wait.
-  void broadcast_buffers(const Exec<D>& exec = {}) {
+  void broadcast_buffers(const Exec<D>& exec = {}, int root = 0) {
     std::vector<std::span<T>> reals;
     std::vector<std::span<std::int64_t>> counts;
     for (auto* b : module_->buffers()) {
@@ -179,8 +255,8 @@ class DistributedDataParallel {
         reals.push_back(span_of(b->real()));
     }
     auto& bc = reducer_.transport().broadcaster();
-    bc.broadcast(reals, exec, /*host_wait=*/false);
-    bc.broadcast(counts, exec, /*host_wait=*/false);
+    bc.broadcast(reals, exec, /*host_wait=*/false, root);
+    bc.broadcast(counts, exec, /*host_wait=*/false, root);
   }
 
   nn::Module<T, D>& module() noexcept { return *module_; }
@@ -203,6 +279,31 @@ class DistributedDataParallel {
   nn::Module<T, D>* module_;
   comm::Communicator* comm_;
   DdpOptions o_;
+
+  // What one round of join mode agreed on (every forward inside join_context(), every loop of join()).
+  struct JoinRound {
+    int training = 0;       // ranks that have not joined
+    bool buffers = false;   // the forward broadcasts the buffers ...
+    int buffer_root = 0;    // ... from the highest rank still training (torch: rank 0 may have joined)
+    bool synchronised = false;  // a synchronised step follows: joined ranks shadow it
+  };
+  // One max-reduction of [training on rank 0 .. W-1, buffers, synchronised] (a joined rank adds zeros), so that
+  // joined ranks issue exactly the collectives of this forward. torch spends two all-reduces (the count and
+  // _check_global_requires_backward_grad_sync) and one more for the buffer rank.
+  JoinRound join_round(bool training, bool buffers, bool synchronised) {
+    const int world = comm_->size();
+    std::vector<std::int64_t> f(static_cast<std::size_t>(world) + 2, 0);
+    f[static_cast<std::size_t>(comm_->rank())] = training ? 1 : 0;
+    f[static_cast<std::size_t>(world)] = buffers ? 1 : 0;
+    f[static_cast<std::size_t>(world) + 1] = synchronised ? 1 : 0;
+    reducer_.transport().any_rank(std::span<std::int64_t>(f));
+    JoinRound r;
+    for (int q = 0; q < world; ++q)
+      if (f[static_cast<std::size_t>(q)] != 0) ++r.training, r.buffer_root = q;
+    r.buffers = f[static_cast<std::size_t>(world)] != 0;
+    r.synchronised = f[static_cast<std::size_t>(world) + 1] != 0;
+    return r;
+  }
   // Every rank has rank 0's number of parameters and shapes, in the same order; else a ValueError on every rank
   // naming the first rank that differs and, where known, the parameter. Collective (small host messages).
   void verify_shapes_across_ranks() {
@@ -267,6 +368,8 @@ class DistributedDataParallel {
   bool sync_ = true;            // false inside no_sync()
   bool grad_ = true;            // false inside no_grad()
   bool buffers_follow_ = true;  // the next forward broadcasts the buffers (the last one was synchronised)
+  bool join_mode_ = false;      // inside join_context(): every forward takes part in a join round
+  bool joined_ = false;         // join() was called in this context: no more forwards
   std::int64_t step_ = 0;
 };
 

@@ -61,18 +61,20 @@ class Broadcaster<Cpu> {
   // `comm` must outlive this object.
   explicit Broadcaster(comm::Communicator& comm) : comm_(&comm) {}
 
-  // Rank 0's values of every part on every rank, as one flat broadcast (one part: in place). The host
-  // always waits (host_wait is for the CUDA version, which can leave the broadcast on the exec's stream).
+  // Rank `root`'s values (0 but for DDP's join, D30) of every part on every rank, as one flat broadcast (one
+  // part: in place). The host always waits (host_wait is for the CUDA version, which can leave the broadcast on
+  // the exec's stream).
   template <comm::CommElement V>
-  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cpu>& /*exec*/ = {}, bool /*host_wait*/ = true) {
+  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cpu>& /*exec*/ = {}, bool /*host_wait*/ = true,
+                 int root = 0) {
     if (comm_->size() == 1 || parts.empty()) return;
     if (parts.size() == 1) {
-      comm_->broadcast(parts.front(), {.root = 0}).wait();
+      comm_->broadcast(parts.front(), {.root = root}).wait();
       return;
     }
     std::vector<V> flat;
     for (const auto& p : parts) flat.insert(flat.end(), p.begin(), p.end());
-    comm_->broadcast(std::span<V>(flat), {.root = 0}).wait();
+    comm_->broadcast(std::span<V>(flat), {.root = root}).wait();
     std::size_t off = 0;
     for (const auto& p : parts) {
       std::copy_n(flat.data() + off, p.size(), p.data());

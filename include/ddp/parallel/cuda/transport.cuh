@@ -89,11 +89,11 @@ class Broadcaster<Cuda> {
   Broadcaster& operator=(const Broadcaster&) = delete;
   ~Broadcaster() { drain(); }
 
-  // Rank 0's values of `parts` (device memory) on every rank: one flat broadcast ordered after exec's
-  // stream, with exec's stream waiting for it. host_wait also blocks the host until it is done; otherwise
-  // retire() (the next synchronised step) raises its errors.
+  // Rank `root`'s values (0 but for DDP's join, D30) of `parts` (device memory) on every rank: one flat
+  // broadcast ordered after exec's stream, with exec's stream waiting for it. host_wait also blocks the host
+  // until it is done; otherwise retire() (the next synchronised step) raises its errors.
   template <comm::CommElement V>
-  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cuda>& exec, bool host_wait) {
+  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cuda>& exec, bool host_wait, int root = 0) {
     if (comm_->size() == 1 || parts.empty()) return;
     std::int64_t total = 0;
     for (const auto& p : parts) total += static_cast<std::int64_t>(p.size());
@@ -104,7 +104,7 @@ class Broadcaster<Cuda> {
       DDP_CUDA_CHECK(cudaMemcpyAsync(flat.data() + off, p.data(), p.size_bytes(), cudaMemcpyDeviceToDevice, s));
       off += p.size();
     }
-    comm::Work w = broadcast_on(s, std::span<V>(flat.data(), off));
+    comm::Work w = broadcast_on(s, std::span<V>(flat.data(), off), root);
     off = 0;
     for (const auto& p : parts) {
       DDP_CUDA_CHECK(cudaMemcpyAsync(p.data(), flat.data() + off, p.size_bytes(), cudaMemcpyDeviceToDevice, s));
@@ -138,9 +138,9 @@ class Broadcaster<Cuda> {
  private:
   // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the broadcast.
   template <class V>
-  comm::Work broadcast_on(cudaStream_t s, std::span<V> flat) {
+  comm::Work broadcast_on(cudaStream_t s, std::span<V> flat, int root) {
     return comm_->broadcast(TensorView<V, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
-                            {.root = 0, .stream = s});
+                            {.root = root, .stream = s});
   }
 
   comm::Communicator* comm_;

@@ -4,7 +4,8 @@
 //
 // Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/bucket_schedule.hpp for the contract):
 //   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters without a
-//               gradient) and hand it to the communication hook (parallel/comm_hooks.hpp; by default an
+//               gradient) and hand it to the communication hook with each parameter's torch shape
+//               (parallel/comm_hooks.hpp; by default an
 //               asynchronous all-reduce (Avg) that the backend's progress thread runs while backward goes on)
 //   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each slot into its
 //               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps those)
@@ -91,7 +92,7 @@ class Transport<T, Cpu> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), comm_(&comm), hook_(make_comm_hook<T>(o.comm_hook)), bcast_(comm) {}
+      : params_(params), comm_(&comm), hook_(make_comm_hook<T>(o.comm_hook, o.powersgd)), bcast_(comm) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first.
@@ -109,8 +110,10 @@ class Transport<T, Cpu> {
     layouts_ = layouts;
     buckets_.clear();
     buckets_.resize(layouts_.size());
-    for (std::size_t b = 0; b < layouts_.size(); ++b)
+    for (std::size_t b = 0; b < layouts_.size(); ++b) {
       buckets_[b].flat.assign(static_cast<std::size_t>(layouts_[b].numel), T(0));
+      for (std::size_t i : layouts_[b].params) buckets_[b].shapes.push_back(params_[i]->torch_shape());
+    }
   }
 
   void begin_step(const Exec<Cpu>& /*exec*/) {}  // finish() waited for every collective of the last step
@@ -127,7 +130,7 @@ class Transport<T, Cpu> {
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
     GradBucket<T> gb{.index = b, .buffer = std::span<T>(bk.flat), .layout = &l, .comm = comm_,
-                     .is_last = b + 1 == layouts_.size()};
+                     .is_last = b + 1 == layouts_.size(), .shapes = bk.shapes};
     bk.pending = hook_(gb);
   }
 
@@ -166,6 +169,7 @@ class Transport<T, Cpu> {
   struct Bucket {
     std::vector<T> flat;  // gradients back to back, bucket order
     HookResult pending;   // the hook's reduction in flight (an empty Work when none)
+    std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
   };
 
   std::vector<nn::Parameter<T, Cpu>*> params_;

@@ -35,85 +35,18 @@
 #include <ddp/train/safetensors.hpp>
 
 #include "../unit/comm/comm_harness.hpp"
+#include "torch_ddp_harness.hpp"
 
 using namespace ddp;
+using namespace ddp::test::torch_ddp;
 
 namespace {
-
-// The model of ddp_torch_reference.py: conv -> bn -> relu -> mean over H, W -> a [+ b], by `mode`.
-class Net : public nn::Module<float, Cpu> {
- public:
-  explicit Net(std::int64_t head_out = 3) {
-    conv_ = &register_module("conv", std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{
-                                         .in_channels = 3, .out_channels = 4, .kernel_size = 3, .padding = 1}));
-    bn_ = &register_module("bn", std::make_unique<nn::BatchNorm2d<float, Cpu>>(nn::BatchNorm2dOptions{.num_features = 4}));
-    relu_ = &register_module("relu", std::make_unique<nn::ReLU<float, Cpu>>());
-    pool_ = &register_module("pool", std::make_unique<nn::AdaptiveAvgPool2d<float, Cpu>>());
-    a_ = &register_module("a", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 4, .out_features = head_out}));
-    b_ = &register_module("b", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 4, .out_features = 3}));
-  }
-  std::string mode = "ab";
-
-  Tensor<float, Cpu> forward(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
-    h1_ = conv_->forward(e, x);  // kept: each module keeps a view of its input until backward
-    h2_ = bn_->forward(e, h1_.cview());
-    h3_ = relu_->forward(e, h2_.cview());
-    p_ = pool_->forward(e, h3_.cview());  // (N, 1, 1, 4)
-    used_ = mode;
-    Tensor<float, Cpu> out;
-    for (char h : used_) {
-      Tensor<float, Cpu> y = head(h).forward(e, p_.cview());
-      if (out.numel() == 0)
-        out = std::move(y);
-      else
-        for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] += y.data()[i];
-    }
-    return out;
-  }
-  Tensor<float, Cpu> backward(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
-    Tensor<float, Cpu> dp;
-    for (char h : used_) {
-      Tensor<float, Cpu> d = head(h).backward(e, dy);
-      if (dp.numel() == 0)
-        dp = std::move(d);
-      else
-        for (std::int64_t i = 0; i < dp.numel(); ++i) dp.data()[i] += d.data()[i];
-    }
-    auto d3 = pool_->backward(e, dp.cview());
-    auto d2 = relu_->backward(e, d3.cview());
-    auto d1 = bn_->backward(e, d2.cview());
-    return conv_->backward(e, d1.cview());
-  }
-  std::string describe() const override { return "TorchDdpNet"; }
-
- private:
-  nn::Linear<float, Cpu>& head(char h) { return h == 'a' ? *a_ : *b_; }
-  nn::Conv2d<float, Cpu>* conv_;
-  nn::BatchNorm2d<float, Cpu>* bn_;
-  nn::ReLU<float, Cpu>* relu_;
-  nn::AdaptiveAvgPool2d<float, Cpu>* pool_;
-  nn::Linear<float, Cpu>* a_;
-  nn::Linear<float, Cpu>* b_;
-  std::string used_;
-  Tensor<float, Cpu> h1_, h2_, h3_, p_;
-};
 
 struct Pass {
   char kind;                       // S, N or E
   std::vector<std::string> modes;  // per rank
 };
 using Plan = std::vector<std::vector<Pass>>;
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t next = s.find(sep, at);
-    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
-    if (next == std::string::npos) return out;
-    at = next + 1;
-  }
-}
 
 // The plan grammar of ddp_torch_reference.py.
 Plan parse_plan(const std::string& plan, int world) {
@@ -134,20 +67,7 @@ Plan parse_plan(const std::string& plan, int world) {
 }
 
 int run_reference(int world, const std::string& out_dir) {
-  const std::string cmd = std::string(DDP_TEST_PYTHON) + " " + DDP_TORCH_DDP_DIR + "/ddp_torch_reference.py " +
-                          std::to_string(world) + " " + out_dir;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// max |ours - theirs| / max(1e-3, max |theirs|) over one tensor.
-double rel_diff(const float* ours, const std::vector<float>& theirs) {
-  double diff = 0, scale = 1e-3;
-  for (std::size_t i = 0; i < theirs.size(); ++i) {
-    diff = std::max(diff, std::abs(double(ours[i]) - double(theirs[i])));
-    scale = std::max(scale, std::abs(double(theirs[i])));
-  }
-  return diff / scale;
+  return ddp::test::torch_ddp::run_reference(std::string(DDP_TORCH_DDP_DIR) + "/ddp_torch_reference.py", world, out_dir);
 }
 
 struct Outcome {
@@ -218,19 +138,9 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     }
     // Compare (the main thread reads `out` after every rank joined; each rank writes its own note).
     const auto& ref = theirs[static_cast<std::size_t>(rank)];
-    double worst = 0;
     std::string where;
     bool counters = true;
-    for (auto* p : net.parameters()) {
-      const auto& e = ref.at("param." + p->name());
-      std::vector<float> mine(static_cast<std::size_t>(p->numel()));
-      if (p->layout() == nn::Layout::Krsc)  // torch's OIHW -> our KRSC, as checkpoints do
-        train::detail::oihw_to_krsc(reinterpret_cast<const float*>(e.data.data()), mine.data(), p->shape());
-      else
-        mine = e.as<float>();
-      const double d = rel_diff(p->value().data(), mine);
-      if (d >= worst) worst = d, where = p->name();
-    }
+    double worst = worst_param_diff(net, ref, where);
     // A manual reference runs without torch's DDP, so its buffers never follow rank 0: compare parameters only
     // (in training mode they do not depend on the running statistics).
     for (auto* b : net.buffers()) {

@@ -23,10 +23,9 @@
 // torch runs the uncompressed all-reduce and the P all-reduce as two collectives; they do not depend on each
 // other, so we send them as one (the same bytes and sums). Iterations are counted on the last bucket of a
 // step (torch's maybe_increase_iter): iter = the number of steps whose last bucket completed.
-// Orthogonalisation is Gram-Schmidt for every rank; torch 1.13 uses it for rank <= 2 and Householder QR
-// (torch.linalg.qr) above. The two give the same orthonormal basis up to the sign of each column and
-// rounding; a column's sign does not change the result: flipping P's column j flips Q's column j (Q = M^T P)
-// and P Q^T keeps its value (docs/ARCHITECTURE.md D29).
+// Orthogonalisation as torch 1.13: Gram-Schmidt for r <= 2, Householder QR above (ours; torch calls LAPACK
+// through torch.linalg.qr). Column signs may differ from LAPACK's, and do not matter: flipping P's column j
+// flips Q's column j (Q = M^T P) and P Q^T keeps its value; likewise for Q's columns (docs/ARCHITECTURE.md D29).
 // The column order of a matrix is ours (conv weights are KRSC: columns (kH, kW, C_in), torch's (C_in, kH, kW)):
 // the algorithm is equivariant under a column permutation (P = M Q is unchanged when Q's rows are permuted
 // alike), so only a test that feeds torch's initial Q has to permute its rows.
@@ -96,7 +95,7 @@ namespace detail {
 // With eps = 0 a zero column stays zero (torch 1.13 divides by zero there and gets NaN; its try/except
 // cannot catch a tensor division).
 template <class T>
-void orthogonalize(T* a, std::int64_t rows, std::int64_t cols, double eps) {
+void gram_schmidt(T* a, std::int64_t rows, std::int64_t cols, double eps) {
   for (std::int64_t i = 0; i < cols; ++i) {
     double sq = 0;
     for (std::int64_t j = 0; j < rows; ++j) sq += double(a[j * cols + i]) * double(a[j * cols + i]);
@@ -109,6 +108,58 @@ void orthogonalize(T* a, std::int64_t rows, std::int64_t cols, double eps) {
       for (std::int64_t j = 0; j < rows; ++j) a[j * cols + c] = static_cast<T>(double(a[j * cols + c]) - dot * double(a[j * cols + i]));
     }
   }
+}
+
+// Householder QR of a (rows x cols) row-major matrix, rows >= cols, replaced by its orthonormal factor (thin Q),
+// as torch.linalg.qr (LAPACK geqrf + orgqr) in torch's _orthogonalize for rank > 2. Unlike Gram-Schmidt it stays
+// orthonormal to rounding when the matrix is (nearly) rank-deficient -- e.g. the gradient of a classifier's
+// weight, whose rows sum to zero under cross-entropy -- where Gram-Schmidt normalises rounding noise into a
+// column that is not orthogonal to the others. Computed in double; a zero column (H = I) is allowed.
+template <class T>
+void householder_orthonormalize(T* a, std::int64_t rows, std::int64_t cols) {
+  const auto at = [cols](std::int64_t i, std::int64_t j) { return static_cast<std::size_t>(i * cols + j); };
+  std::vector<double> r(static_cast<std::size_t>(rows * cols)), v(static_cast<std::size_t>(rows * cols), 0.0);
+  for (std::size_t i = 0; i < r.size(); ++i) r[i] = a[i];
+  // Reflector k: v_k (stored in column k of v, rows k..), H_k = I - 2 v_k v_k^T, zeroes r[k+1.., k].
+  for (std::int64_t k = 0; k < cols; ++k) {
+    double norm = 0;
+    for (std::int64_t i = k; i < rows; ++i) norm += r[at(i, k)] * r[at(i, k)];
+    norm = std::sqrt(norm);
+    if (norm == 0) continue;  // nothing to reflect: v_k = 0
+    const double alpha = r[at(k, k)] > 0 ? -norm : norm;
+    double vnorm = 0;
+    for (std::int64_t i = k; i < rows; ++i) {
+      v[at(i, k)] = r[at(i, k)] - (i == k ? alpha : 0.0);
+      vnorm += v[at(i, k)] * v[at(i, k)];
+    }
+    vnorm = std::sqrt(vnorm);
+    for (std::int64_t i = k; i < rows; ++i) v[at(i, k)] /= vnorm;
+    for (std::int64_t j = k; j < cols; ++j) {
+      double dot = 0;
+      for (std::int64_t i = k; i < rows; ++i) dot += v[at(i, k)] * r[at(i, j)];
+      for (std::int64_t i = k; i < rows; ++i) r[at(i, j)] -= 2 * dot * v[at(i, k)];
+    }
+  }
+  // Thin Q = H_0 H_1 ... H_{cols-1} applied to the first cols columns of the identity.
+  std::vector<double> q(static_cast<std::size_t>(rows * cols), 0.0);
+  for (std::int64_t j = 0; j < cols; ++j) q[at(j, j)] = 1;
+  for (std::int64_t k = cols - 1; k >= 0; --k)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double dot = 0;
+      for (std::int64_t i = k; i < rows; ++i) dot += v[at(i, k)] * q[at(i, j)];
+      for (std::int64_t i = k; i < rows; ++i) q[at(i, j)] -= 2 * dot * v[at(i, k)];
+    }
+  for (std::size_t i = 0; i < q.size(); ++i) a[i] = static_cast<T>(q[i]);
+}
+
+// torch's _orthogonalize for one matrix: Gram-Schmidt for up to 2 columns, Householder QR above (epsilon is
+// Gram-Schmidt's only, as in torch).
+template <class T>
+void orthogonalize(T* a, std::int64_t rows, std::int64_t cols, double eps) {
+  if (cols <= 2)
+    gram_schmidt(a, rows, cols, eps);
+  else
+    householder_orthonormalize(a, rows, cols);
 }
 
 // out (n x r) = m (n x k) x q (k x r), or with transpose_m: out (k x r) = m^T x q (q then n x r). Row-major;

@@ -68,7 +68,7 @@ void check_all_ok(const std::vector<std::exception_ptr>& errors) {
 TEST_CASE("PowerSGD: Gram-Schmidt gives orthonormal columns; a zero column stays zero") {
   const std::int64_t rows = 20, cols = 3;
   auto a = gaussian(static_cast<std::size_t>(rows * cols), 7);
-  parallel::detail::orthogonalize(a.data(), rows, cols, 0.0);
+  parallel::detail::gram_schmidt(a.data(), rows, cols, 0.0);
   for (std::int64_t i = 0; i < cols; ++i)
     for (std::int64_t j = 0; j < cols; ++j) {
       double dot = 0;
@@ -76,12 +76,31 @@ TEST_CASE("PowerSGD: Gram-Schmidt gives orthonormal columns; a zero column stays
       CHECK(dot == doctest::Approx(i == j ? 1.0 : 0.0).epsilon(1e-6));
     }
   std::vector<float> z(10, 0.0f);  // (10 x 1) of zeros: torch 1.13 would give NaN, we keep zeros
-  parallel::detail::orthogonalize(z.data(), 10, 1, 0.0);
+  parallel::detail::gram_schmidt(z.data(), 10, 1, 0.0);
   for (float v : z) CHECK(v == 0.0f);
   std::vector<float> e{3.0f, 4.0f};  // norm 5, eps 1: divided by 6
-  parallel::detail::orthogonalize(e.data(), 2, 1, 1.0);
+  parallel::detail::gram_schmidt(e.data(), 2, 1, 1.0);
   CHECK(e[0] == doctest::Approx(0.5));
   CHECK(e[1] == doctest::Approx(4.0 / 6.0));
+}
+
+TEST_CASE("PowerSGD: Householder QR (rank > 2, as torch) stays orthonormal on a rank-deficient matrix") {
+  // 3 x 3 whose columns are orthogonal to (1, 1, 1) (a cross-entropy classifier's weight gradient): rank 2.
+  std::vector<float> a{1, 2, -3, -1, 0.5f, 1, 0, -2.5f, 2};
+  auto gs = a, hh = a;
+  parallel::detail::gram_schmidt(gs.data(), 3, 3, 0.0);
+  parallel::detail::orthogonalize(hh.data(), 3, 3, 0.0);  // 3 columns: Householder, as torch
+  auto gram = [](const std::vector<float>& m, int i, int j) {
+    double d = 0;
+    for (int r = 0; r < 3; ++r) d += double(m[static_cast<std::size_t>(r * 3 + i)]) * m[static_cast<std::size_t>(r * 3 + j)];
+    return d;
+  };
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) CHECK(gram(hh, i, j) == doctest::Approx(i == j ? 1.0 : 0.0).scale(1.0).epsilon(1e-6));
+  // The third column of Householder's Q is +-(1, 1, 1) / sqrt(3), the complement of the matrix's column space.
+  CHECK(std::abs(hh[2] + hh[5] + hh[8]) == doctest::Approx(std::sqrt(3.0)).epsilon(1e-5));
+  // Gram-Schmidt's first two columns agree with Householder's up to sign.
+  for (int c = 0; c < 2; ++c) CHECK(std::abs(gram(gs, c, c)) == doctest::Approx(1.0).epsilon(1e-6));
 }
 
 TEST_CASE("PowerSGD: torch's _should_compress rule") {

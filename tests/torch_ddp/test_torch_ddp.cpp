@@ -75,10 +75,11 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     theirs.push_back(train::read_safetensors(ddp::detail::str(dir, "/", scenario, "_w", world, "_r", r, ".safetensors")));
   const auto& meta = theirs[0].metadata;
   const Plan plan = parse_plan(meta.at("plan"), world);
-  const parallel::DdpOptions options{.find_unused_parameters = meta.at("find_unused") == "1",
-                                     .comm_hook = parallel::parse_comm_hook(meta.at("hook")),
-                                     .static_graph = meta.at("static_graph") == "1",
-                                     .gradient_as_bucket_view = meta.at("gradient_as_bucket_view") == "1"};
+  parallel::DdpOptions options;  // field by field: GCC 12 misreads a designated initializer that skips powersgd
+  options.find_unused_parameters = meta.at("find_unused") == "1";
+  options.comm_hook = parallel::parse_comm_hook(meta.at("hook"));
+  options.static_graph = meta.at("static_graph") == "1";
+  options.gradient_as_bucket_view = meta.at("gradient_as_bucket_view") == "1";
   const test::torch_ddp::Inputs in(init);
 
   Outcome out;

@@ -62,6 +62,7 @@ struct ReducerOptions {
   std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
   CommHookKind comm_hook = CommHookKind::Allreduce;  // the transport's business (parallel/comm_hooks.hpp)
+  PowerSgdOptions powersgd;                          // comm_hook == PowerSgd (parallel/powersgd.hpp)
   bool find_unused_parameters = false;               // unused parameters: see finish() instead of raising
   bool rebuild_buckets = true;                          // rebuild in arrival order after the first synchronised step
   bool static_graph = false;            // the set of used parameters never changes: see finish()

@@ -1,14 +1,9 @@
 // DDP communication hooks: what DistributedDataParallel does with a full gradient bucket
-// (torch.distributed.algorithms.ddp_comm_hooks), and the built-in ones: allreduce, fp16 and bf16 compression.
+// (torch.distributed.algorithms.ddp_comm_hooks), and the built-in ones: allreduce, fp16 and bf16 compression,
+// and PowerSGD (parallel/powersgd.hpp), selected by name with --comm-hook.
 // SPDX-License-Identifier: MIT
 //
-// A hook receives a GradBucket -- the flat buffer of one bucket, holding this rank's gradients back to back
-// (the sum of every backward since zero_grad(), zeros where a parameter has no gradient) -- starts whatever
-// communication it wants without waiting, and returns a HookResult: the Work in flight and a `then` step.
-// DDP waits for the Work after backward, in bucket order, runs `then` on the thread that drives DDP, and
-// copies the buffer into the parameters' grad(). When `then` returns, buffer must hold the gradient every
-// rank should use (the average over ranks for the built-ins). That is torch's contract (a hook returns a
-// Future whose value becomes the bucket) with the continuation run at finish instead of on the comm thread.
+// The contract (GradBucket in, HookResult out) is in parallel/grad_bucket.hpp.
 //
 //   ddp::parallel::DistributedDataParallel<float, Cpu> model(net, comm, {.comm_hook = fp16_compress_hook<float>()});
 //
@@ -18,8 +13,11 @@
 // exponent range with 8 bits of mantissa; fp16 10 bits within +-65504.
 // Hooks run on the CPU transport (host buffers). CUDA models take the default allreduce only for now
 // (parallel/cuda/transport.cuh refuses others with a message).
-// A hook keeps its own state (compression buffers, error feedback) in its closure; hooks are called from
-// the thread that drives DDP only, one bucket at a time.
+// A hook keeps its own state (compression buffers, error feedback) in its closure, or in a state object it
+// shares with the caller (PowerSgdState: the counters of bytes put on the wire); hooks are called from the
+// thread that drives DDP only, one bucket at a time.
+// PowerSGD (docs/ARCHITECTURE.md D29) compresses each large gradient matrix M into low-rank factors P Q^T:
+// one all-reduce launched with the bucket (small tensors + P), one more (Q) in `then`, at finish.
 #pragma once
 
 #include <cstddef>
@@ -37,28 +35,10 @@
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
-#include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/grad_bucket.hpp"
+#include "ddp/parallel/powersgd.hpp"
 
 namespace ddp::parallel {
-
-// One bucket as a hook sees it (host memory).
-template <class T>
-struct GradBucket {
-  std::size_t index = 0;                  // bucket index (0 = the first to fill in backward)
-  std::span<T> buffer;                    // layout->numel gradients, parameter after parameter
-  const BucketLayout* layout = nullptr;   // which parameters, at which offsets
-  comm::Communicator* comm = nullptr;     // the process group
-  bool is_last = false;                   // the last bucket of this step (torch's is_last())
-};
-
-// What a hook returns: the communication in flight and what to do once it completed.
-struct HookResult {
-  comm::Work work;              // waited for by DDP after backward (an empty Work is complete)
-  std::function<void()> then;   // may be empty; runs after work, on the DDP thread
-};
-
-template <class T>
-using CommHook = std::function<HookResult(GradBucket<T>&)>;
 
 // torch's allreduce_hook: the average over ranks (the backend divides the sum by the world size).
 template <class T>
@@ -99,22 +79,26 @@ CommHook<T> bf16_compress_hook() {
 }
 
 // The built-in hooks by name (--comm-hook).
-enum class CommHookKind : std::uint8_t { Allreduce, Fp16, Bf16 };
+enum class CommHookKind : std::uint8_t { Allreduce, Fp16, Bf16, PowerSgd };
 
-// "allreduce" | "fp16" | "bf16" (--comm-hook; "none" means allreduce); ValueError otherwise.
+// "allreduce" | "fp16" | "bf16" | "powersgd" (--comm-hook; "none" means allreduce); ValueError otherwise.
 inline CommHookKind parse_comm_hook(const std::string& s) {
   if (s == "allreduce" || s == "none" || s.empty()) return CommHookKind::Allreduce;
   if (s == "fp16") return CommHookKind::Fp16;
   if (s == "bf16") return CommHookKind::Bf16;
+  if (s == "powersgd") return CommHookKind::PowerSgd;
   throw ValueError(ddp::detail::str("ddp: unknown communication hook ", ddp::detail::quoted(s),
-                                    "; valid: allreduce, fp16, bf16 (--comm-hook)"));
+                                    "; valid: allreduce, fp16, bf16, powersgd (--comm-hook)"));
 }
 
+// `powersgd`: the options of CommHookKind::PowerSgd (--powersgd-rank, --powersgd-start-iter); ValueError when
+// they are invalid (validate_powersgd_options).
 template <class T>
-CommHook<T> make_comm_hook(CommHookKind k) {
+CommHook<T> make_comm_hook(CommHookKind k, const PowerSgdOptions& powersgd = {}) {
   switch (k) {
     case CommHookKind::Fp16: return fp16_compress_hook<T>();
     case CommHookKind::Bf16: return bf16_compress_hook<T>();
+    case CommHookKind::PowerSgd: return powersgd_hook<T>(powersgd);
     case CommHookKind::Allreduce:
     default: return allreduce_hook<T>();
   }

@@ -81,7 +81,8 @@ struct DdpOptions {
   bool broadcast_buffers = true;        // rank 0's buffers before a forward that follows a synchronised one
   bool find_unused_parameters = false;  // true: parameters without a gradient are allowed (bucket_schedule.hpp)
   bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
-  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16 (register_comm_hook: any)
+  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16|powersgd (register_comm_hook: any)
+  PowerSgdOptions powersgd;  // comm_hook == PowerSgd: --powersgd-rank, --powersgd-start-iter (parallel/powersgd.hpp)
   // Every step uses the same parameters (torch's static_graph): unused ones are found in the first synchronised
   // step, then reused without the flag all-reduce (bucket_schedule.hpp). --static-graph
   bool static_graph = false;
@@ -142,6 +143,7 @@ class DistributedDataParallel {
                  ReducerOptions{.bucket_cap_bytes = o.bucket_cap_bytes,
                                 .first_bucket_cap_bytes = o.first_bucket_cap_bytes,
                                 .comm_hook = o.comm_hook,
+                                .powersgd = o.powersgd,
                                 .find_unused_parameters = o.find_unused_parameters,
                                 .rebuild_buckets = o.rebuild_buckets,
                                 .static_graph = o.static_graph,

@@ -4,7 +4,8 @@
 //
 // Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/bucket_schedule.hpp for the contract):
 //   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters without a
-//               gradient) and hand it to the communication hook (parallel/comm_hooks.hpp; by default an
+//               gradient) and hand it to the communication hook with each parameter's torch shape
+//               (parallel/comm_hooks.hpp; by default an
 //               asynchronous all-reduce (Avg) that the backend's progress thread runs while backward goes on)
 //   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each slot into its
 //               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps those)
@@ -98,7 +99,7 @@ class Transport<T, Cpu> {
   Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const ReducerOptions& o, comm::Communicator& comm)
       : params_(params),
         comm_(&comm),
-        hook_(make_comm_hook<T>(o.comm_hook)),
+        hook_(make_comm_hook<T>(o.comm_hook, o.powersgd)),
         bcast_(comm),
         view_(o.gradient_as_bucket_view) {}
   Transport(const Transport&) = delete;
@@ -123,6 +124,7 @@ class Transport<T, Cpu> {
     std::vector<T*> flats;
     for (std::size_t b = 0; b < layouts.size(); ++b) {
       fresh[b].flat.assign(static_cast<std::size_t>(layouts[b].numel), T(0));
+      for (std::size_t i : layouts[b].params) fresh[b].shapes.push_back(params_[i]->torch_shape());
       flats.push_back(fresh[b].flat.data());
     }
     if (view_) view_grads_in_buckets(params_, layouts, flats, Exec<Cpu>{});  // before the old buffers go
@@ -144,7 +146,7 @@ class Transport<T, Cpu> {
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
     GradBucket<T> gb{.index = b, .buffer = std::span<T>(bk.flat), .layout = &l, .comm = comm_,
-                     .is_last = b + 1 == layouts_.size()};
+                     .is_last = b + 1 == layouts_.size(), .shapes = bk.shapes};
     bk.pending = hook_(gb);
   }
 
@@ -184,6 +186,7 @@ class Transport<T, Cpu> {
   struct Bucket {
     std::vector<T> flat;  // gradients back to back, bucket order
     HookResult pending;   // the hook's reduction in flight (an empty Work when none)
+    std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
   };
 
   std::vector<nn::Parameter<T, Cpu>*> params_;

@@ -63,8 +63,13 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))
       ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
       ("comm-hook", "what gradient buckets go through: allreduce (average), fp16 or bf16 (divide by the world "
-       "size, round to 16 bits, sum: half the bytes; torch's fp16/bf16_compress_hook)",
+       "size, round to 16 bits, sum: half the bytes; torch's fp16/bf16_compress_hook), powersgd (low-rank "
+       "factors of each large gradient matrix with error feedback; torch's powerSGD_hook; CPU models)",
        cxxopts::value<std::string>()->default_value("allreduce"))
+      ("powersgd-rank", "--comm-hook powersgd: the rank of each gradient matrix's approximation (1-4 typical; "
+       "higher is more accurate and sends more)", cxxopts::value<int>()->default_value("1"))
+      ("powersgd-start-iter", "--comm-hook powersgd: plain all-reduce for this many steps first (torch's "
+       "start_powerSGD_iter; >= 2)", cxxopts::value<long>()->default_value("1000"))
       ("find-unused-parameters", "allow parameters without a gradient in a step (torch's find_unused_parameters: "
        "one more small all-reduce per step; a parameter no rank used keeps no gradient)")
       ("static-graph", "every step uses the same parameters (torch's static_graph): unused ones are found in "
@@ -88,6 +93,9 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   if (p > 0) f.store_port = static_cast<std::uint16_t>(p);
   f.ddp.bucket_cap_bytes = parallel::bucket_cap_bytes_from_mb(args["bucket-cap-mb"].as<double>());
   f.ddp.comm_hook = parallel::parse_comm_hook(args["comm-hook"].as<std::string>());
+  f.ddp.powersgd.matrix_approximation_rank = args["powersgd-rank"].as<int>();
+  f.ddp.powersgd.start_iter = args["powersgd-start-iter"].as<long>();
+  parallel::validate_powersgd_options(f.ddp.powersgd);
   f.ddp.find_unused_parameters = args.count("find-unused-parameters") > 0;
   f.ddp.static_graph = args.count("static-graph") > 0;
   f.ddp.gradient_as_bucket_view = args.count("gradient-as-bucket-view") > 0;

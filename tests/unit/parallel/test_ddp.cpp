@@ -182,7 +182,7 @@ TEST_SUITE("parallel") {
     CHECK(parallel::parse_comm_hook("bf16") == parallel::CommHookKind::Bf16);
     CHECK(parallel::parse_comm_hook("none") == parallel::CommHookKind::Allreduce);
     CHECK_THROWS_WITH_AS(parallel::parse_comm_hook("int8"),
-                         "ddp: unknown communication hook 'int8'; valid: allreduce, fp16, bf16 (--comm-hook)",
+                         "ddp: unknown communication hook 'int8'; valid: allreduce, fp16, bf16, powersgd (--comm-hook)",
                          ValueError);
   }
 

@@ -75,10 +75,11 @@ PY
 
 cifar=(--data_dir "$work/cifar" --device cpu --arch resnet18 --width 8 --batch_size 4 --num_classes 10 --threads 1
        --backend gloo --model_dir "$work/models" --learning_rate 0.003)
-adamw=(--optimizer adamw --weight-decay 0.05 --clip-grad-norm 1 --lr-schedule cosine --warmup-epochs 1 --sync-bn)
+adamw=(--optimizer adamw --weight-decay 0.05 --clip-grad-norm 1 --lr-schedule cosine --warmup-epochs 1 --sync-bn
+       --zero --comm-hook powersgd --powersgd-rank 2 --powersgd-start-iter 2)
 # 3 steps per epoch: warmup over steps 0-2 from lr/3, then cosine over the remaining 3 steps (2 epochs) or 6 (3).
 cos() { python3 -c "import math; print(0.003 * (1 + math.cos(math.pi * $1 / $2)) / 2)"; }
-run "resnet: adamw, weight decay, clipping, cosine + warmup, sync-bn, evaluation" \
+run "resnet: adamw, weight decay, clipping, cosine + warmup, sync-bn, zero, powersgd, evaluation" \
   launch "$resnet" "${cifar[@]}" "${adamw[@]}" --num_epochs 2 --metrics-file "$work/a.jsonl"
 check "resnet: finite losses" "len(losses) == 6 and all(math.isfinite(x) for x in losses)"
 check "resnet: one accuracy line per epoch, over all 21 test samples" \
@@ -104,9 +105,10 @@ if [ "$mode" = ddprun ]; then  # resuming works the same under any launcher: onc
   check "resnet: multistep halves the lr after epoch 1, no clipping recorded" \
     "lrs([0.1, 0.1, 0.05, 0.05]) and all('grad_norm' not in r for r in m) and all(math.isfinite(x) for x in losses)" "$work/c.jsonl"
 fi
-run "multinode: adamw, step schedule, clipping, --sync-bn on a model without BatchNorm" \
+run "multinode: adamw, step schedule, clipping, zero, gradient-as-bucket-view, static-graph, --sync-bn on a model without BatchNorm" \
   launch "$multinode" 2 1 --snapshot_path "$work/m.safetensors" --lr 0.01 --optimizer adamw --weight-decay 0.01 \
-  --clip-grad-norm 0.5 --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --sync-bn --metrics-file "$work/m.jsonl"
+  --clip-grad-norm 0.5 --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --sync-bn --zero --gradient-as-bucket-view \
+  --static-graph --metrics-file "$work/m.jsonl"
 check "multinode: lr halves after epoch 0, gradients clipped, finite losses" \
   "lrs([0.01] * 32 + [0.005] * 32) and all(math.isfinite(r['loss']) and math.isfinite(r['grad_norm']) for r in m)" "$work/m.jsonl"
 grep -q "no BatchNorm2d layer" "$work/out.log" || fail "multinode --sync-bn: no warning that there is nothing to synchronise"
@@ -129,5 +131,8 @@ if [ "$mode" = ddprun ]; then  # bad values fail before any rendezvous, so one p
   bad --warmup-epochs "$resnet" --use_syn --warmup-epochs -2
   bad --momentum "$resnet" --use_syn --optimizer adamw --momentum 0.9
   bad --momentum "$multinode" 1 1 --momentum -0.5
+  bad --comm-hook "$resnet" --use_syn --comm-hook topk
+  bad --powersgd-rank "$resnet" --use_syn --comm-hook powersgd --powersgd-rank 0
+  bad --powersgd-start-iter "$resnet" --use_syn --comm-hook powersgd --powersgd-start-iter 1
 fi
 echo "PASS ($mode)"

@@ -35,16 +35,7 @@ using namespace ddp;
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t next = s.find(sep, at);
-    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
-    if (next == std::string::npos) return out;
-    at = next + 1;
-  }
-}
+using test::torch_ddp::split;
 
 // "lr=0.1,momentum=0.9" -> {lr: 0.1, momentum: 0.9}
 std::map<std::string, double> parse_options(const std::string& s) {

@@ -19,43 +19,16 @@
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/random.hpp>
 
-#include "../comm/comm_harness.hpp"
+#include "parallel_test_util.hpp"
 
 using namespace ddp;
+using test::check_all_ok;
+using test::max_rel_diff;
+using test::Params;
+using test::snapshot_params;
 using ddp::parallel::DistributedDataParallel;
 
 namespace {
-
-using Params = std::map<std::string, std::vector<float>>;
-
-template <class M>
-Params snapshot_params(M& m) {
-  Params out;
-  for (auto* p : m.parameters()) out[p->name()] = std::vector<float>(p->value().data(), p->value().data() + p->numel());
-  return out;
-}
-
-// max |a - b| / max(1e-3, max |b|) over each tensor; the worst tensor's value.
-double max_rel_diff(const Params& a, const Params& b) {
-  double worst = 0;
-  for (const auto& [name, vb] : b) {
-    const auto& va = a.at(name);
-    double diff = 0, scale = 1e-3;
-    for (std::size_t i = 0; i < vb.size(); ++i) {
-      diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-      scale = std::max(scale, std::abs(double(vb[i])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
-void check_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank ", r, ": ", test::message(errors[r]));
-    CHECK(!errors[r]);
-  }
-}
 
 // ---- the ResNet case: resnet18 at width 4, 16x16 images, 5 classes ----
 std::unique_ptr<nn::ResNet<float, Cpu>> small_resnet(std::uint64_t seed) {

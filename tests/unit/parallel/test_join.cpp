@@ -20,42 +20,16 @@
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/random.hpp>
 
-#include "../comm/comm_harness.hpp"
+#include "parallel_test_util.hpp"
 
 using namespace ddp;
+using test::check_all_ok;
+using test::max_rel_diff;
+using test::Params;
+using test::snapshot_params;
 using ddp::parallel::DistributedDataParallel;
 
 namespace {
-
-using Params = std::map<std::string, std::vector<float>>;
-
-Params snapshot(nn::Module<float, Cpu>& m) {
-  Params out;
-  for (auto* p : m.parameters()) out[p->name()] = std::vector<float>(p->value().data(), p->value().data() + p->numel());
-  return out;
-}
-
-// max |a - b| / max(1e-3, max |b|) over each tensor; the worst tensor's value.
-double max_rel_diff(const Params& a, const Params& b) {
-  double worst = 0;
-  for (const auto& [name, vb] : b) {
-    const auto& va = a.at(name);
-    double diff = 0, scale = 1e-3;
-    for (std::size_t i = 0; i < vb.size(); ++i) {
-      diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-      scale = std::max(scale, std::abs(double(vb[i])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
-void check_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank ", r, ": ", test::message(errors[r]));
-    CHECK(!errors[r]);
-  }
-}
 
 // Two heads on 20 features, out = a(x) [+ b(x)] by `mode`: "b" is unused where mode is "a".
 class Heads : public nn::Module<float, Cpu> {
@@ -168,7 +142,7 @@ std::vector<Params> run_join(const Case& c) {
       }
       model.join();
     }
-    out[static_cast<std::size_t>(r)] = snapshot(net);
+    out[static_cast<std::size_t>(r)] = snapshot_params(net);
   });
   check_all_ok(errors);
   return out;
@@ -204,7 +178,7 @@ Params run_reference(const Case& c) {
     }
     opt.step(exec);
   }
-  return snapshot(net);
+  return snapshot_params(net);
 }
 
 void check_case(const Case& c) {

@@ -18,9 +18,13 @@
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/parallel/powersgd.hpp>
 
-#include "../comm/comm_harness.hpp"
+#include "parallel_test_util.hpp"
 
 using namespace ddp;
+using test::check_all_ok;
+using test::max_rel_diff;
+using test::Params;
+using test::snapshot_params;
 using namespace ddp::parallel;
 
 namespace {
@@ -55,13 +59,6 @@ struct TestBucket {
   BucketLayout layout;
   std::vector<float> buffer;
 };
-
-void check_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank ", r, ": ", test::message(errors[r]));
-    CHECK(!errors[r]);
-  }
-}
 
 }  // namespace
 

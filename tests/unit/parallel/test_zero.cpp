@@ -20,19 +20,16 @@
 #include <ddp/parallel/zero.hpp>
 #include <ddp/train/checkpoint.hpp>
 
-#include "../comm/comm_harness.hpp"
+#include "parallel_test_util.hpp"
 
 using namespace ddp;
+using test::check_all_ok;
+using test::max_rel_diff;
+using test::Params;
+using test::snapshot_params;
 using parallel::ZeroRedundancyOptimizer;
 
 namespace {
-
-void check_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank ", r, ": ", test::message(errors[r]));
-    CHECK(!errors[r]);
-  }
-}
 
 // A deterministic value per (salt, parameter, element) in about [-1, 1].
 float pattern(std::uint64_t salt, std::size_t param, std::int64_t k) {

@@ -29,6 +29,11 @@
 #include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/store/hash_store.hpp>
+
+// Every member of the CUDA DDP and its bucket schedule compiles under nvcc, including the paths no test here
+// drives yet (join(), shadow_step(), static_graph, gradient_as_bucket_view).
+template class ddp::parallel::DistributedDataParallel<float, ddp::Cuda>;
+template class ddp::parallel::BucketSchedule<float, ddp::Cuda, ddp::parallel::Transport<float, ddp::Cuda>>;
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/random.hpp>
 

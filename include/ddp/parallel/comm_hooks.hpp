@@ -5,7 +5,8 @@
 //
 // The contract (GradBucket in, HookResult out) is in parallel/grad_bucket.hpp.
 //
-//   ddp::parallel::DistributedDataParallel<float, Cpu> model(net, comm, {.comm_hook = fp16_compress_hook<float>()});
+//   ddp::parallel::DistributedDataParallel<float, Cpu> model(net, comm, {.comm_hook = CommHookKind::Fp16});
+//   model.register_comm_hook(fp16_compress_hook<float>());   // or any hook, between steps
 //
 // The compression hooks follow torch's default_hooks: divide by the world size BEFORE the reduction and sum
 // the 16-bit values, so the sum of W averages of values within range stays within range (an average of 40000

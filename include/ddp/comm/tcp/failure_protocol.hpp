@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ddp/comm/failure_report.hpp"
 #include "ddp/comm/tcp/mesh.hpp"
@@ -68,10 +69,15 @@ class FailureProtocol {
     std::string reported;
     for (int p : f.closed) {
       std::string msg = report_.message_of(p, t.timeout);
-      if (msg.empty() && report_.store_lost() && f.closed.size() > 1)  // no messages to tell the dead from the failed
-        return ddp::detail::str(label, " failed: ranks ", ddp::detail::join(f.closed, ", "),
-                                " closed their connections and the store is unreachable, so which of them died "
-                                "first is unknown [", f.detail, "]");
+      if (msg.empty() && report_.store_lost() && f.closed.size() > 1) {  // no messages to tell the dead from the failed
+        std::vector<int> others;
+        for (int q : f.closed)
+          if (q != p) others.push_back(q);
+        return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail,
+                                "]; rank(s) ", ddp::detail::join(others, ", "),
+                                " closed theirs too, and with the store unreachable which of them died first is "
+                                "unknown");
+      }
       if (msg.empty())
         return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail, "]");
       if (reported.empty()) reported = ddp::detail::str(label, " failed: rank ", p, " reported: ", msg);

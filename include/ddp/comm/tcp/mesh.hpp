@@ -261,8 +261,26 @@ class Mesh {
     f.kind = PeerFailure::Kind::Closed;
     f.peer = peer;
     f.closed = all.empty() ? std::vector<int>{peer} : std::move(all);
+    add_hung_up_peers(f.closed);
     f.detail = err ? net::errno_text(err) : std::string("end of stream");
     throw f;
+  }
+
+  // Adds every other peer whose connection has already closed (a poll that does not wait). Why: when rank 0 dies
+  // and rank 3 fails because of it, a rank reading from rank 3 sees rank 3's close first; with rank 0's store
+  // gone there is no message from rank 3, so naming only rank 3 would blame a survivor. With both in the list
+  // the message names both (FailureProtocol::describe prefers a peer that left no message).
+  void add_hung_up_peers(std::vector<int>& closed) const {
+    std::vector<pollfd> pfds;
+    std::vector<int> peers;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !fds_[p] || std::find(closed.begin(), closed.end(), p) != closed.end()) continue;
+      pfds.push_back({.fd = fds_[p].get(), .events = POLLRDHUP, .revents = 0});
+      peers.push_back(p);
+    }
+    if (pfds.empty() || ::poll(pfds.data(), pfds.size(), 0) <= 0) return;
+    for (std::size_t i = 0; i < pfds.size(); ++i)
+      if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
   }
 
   void advance_send(Transfer& x) {

@@ -91,17 +91,15 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     train::detail::load_state_dict_from(init, "init.safetensors", net, /*strict=*/false);
     parallel::DistributedDataParallel<float, Cpu> model(net, c, options);
     optim::SGD<float, Cpu> opt(net.parameters(), in.sgd);
-    nn::CrossEntropyLoss<float, Cpu> ce;
     std::int64_t k = 0;
     for (const auto& step : plan) {
       opt.zero_grad();
       bool trained = false;
       for (const Pass& pass : step) {
         const std::int64_t lo = (k++ * world + rank) * in.batch;
-        const Tensor<float, Cpu> x = in.images(lo);
-        const Tensor<std::int64_t, Cpu> y = in.targets(lo);
         net.mode = pass.modes[static_cast<std::size_t>(rank)];
         if (pass.kind == 'E') {
+          const Tensor<float, Cpu> x = in.images(lo);
           auto guard = model.no_grad();
           net.eval();
           model.forward(exec, x.cview());
@@ -109,16 +107,11 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
           continue;
         }
         trained = true;
-        auto run = [&] {
-          auto logits = model.forward(exec, x.cview());
-          ce.forward(exec, logits.cview(), y.cview());
-          model.backward(exec, ce.backward(exec).cview());
-        };
         if (pass.kind == 'N') {
           auto guard = model.no_sync();
-          run();
+          test::torch_ddp::forward_backward(exec, model, in, lo);
         } else {
-          run();
+          test::torch_ddp::forward_backward(exec, model, in, lo);
         }
       }
       if (trained) opt.step(exec);

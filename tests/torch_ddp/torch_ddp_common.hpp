@@ -1,4 +1,4 @@
-// Shared by tests/torch_ddp and tests/torch_join: the model of ddp_torch_reference.py in ddp, running a torch
+// Shared by tests/torch_ddp, torch_join, torch_powersgd and torch_zero: the model of ddp_torch_reference.py in ddp, running a torch
 // reference script, the data and optimizer it wrote to init.safetensors, and the comparison with torch's tensors.
 // SPDX-License-Identifier: MIT
 #pragma once
@@ -17,6 +17,7 @@
 #include <ddp/nn/batchnorm2d.hpp>
 #include <ddp/nn/conv2d.hpp>
 #include <ddp/nn/linear.hpp>
+#include <ddp/nn/loss.hpp>
 #include <ddp/nn/relu.hpp>
 #include <ddp/optim/sgd.hpp>
 #include <ddp/train/checkpoint.hpp>
@@ -122,8 +123,10 @@ struct Inputs {
         batch(std::stoll(init.metadata.at("batch"))) {
     const auto& shape = init.at("x_nhwc").shape;
     H = shape[1], W = shape[2], C = shape[3];
-    const auto s = split(init.metadata.at("sgd"), ',');
-    sgd = optim::SgdOptions{.lr = std::stod(s[0]), .momentum = std::stod(s[1]), .weight_decay = std::stod(s[2])};
+    if (const auto it = init.metadata.find("sgd"); it != init.metadata.end()) {  // absent: the script's own options
+      const auto s = split(it->second, ',');
+      sgd = optim::SgdOptions{.lr = std::stod(s[0]), .momentum = std::stod(s[1]), .weight_decay = std::stod(s[2])};
+    }
   }
   // Samples [lo, lo + batch) as an (N, H, W, C) batch and its labels.
   Tensor<float, Cpu> images(std::int64_t lo) const {
@@ -137,6 +140,17 @@ struct Inputs {
     return t;
   }
 };
+
+// Forward, cross entropy and backward of `model` (the Net or its DDP wrapper) on samples [lo, lo + batch).
+template <class M>
+void forward_backward(Exec<Cpu>& exec, M& model, const Inputs& in, std::int64_t lo) {
+  const Tensor<float, Cpu> x = in.images(lo);  // alive until backward: the modules keep views of their inputs
+  const Tensor<std::int64_t, Cpu> y = in.targets(lo);
+  nn::CrossEntropyLoss<float, Cpu> ce;
+  auto logits = model.forward(exec, x.cview());
+  ce.forward(exec, logits.cview(), y.cview());
+  model.backward(exec, ce.backward(exec).cview());
+}
 
 struct Comparison {
   double worst = 0;        // the largest rel_diff over every parameter (and float buffer)

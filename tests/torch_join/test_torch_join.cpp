@@ -59,17 +59,12 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     net.mode = modes[std::min<std::size_t>(static_cast<std::size_t>(rank), modes.size() - 1)];
     parallel::DistributedDataParallel<float, Cpu> model(net, c, options);
     optim::SGD<float, Cpu> opt(net.parameters(), in.sgd);
-    nn::CrossEntropyLoss<float, Cpu> ce;
     {
       auto joining = model.join_context();
       for (int s = 0; s < steps[static_cast<std::size_t>(rank)]; ++s) {
         const std::int64_t lo = (static_cast<std::int64_t>(s) * world + rank) * in.batch;
-        const Tensor<float, Cpu> x = in.images(lo);  // kept: the modules keep views of their inputs until backward
-        const Tensor<std::int64_t, Cpu> y = in.targets(lo);
         opt.zero_grad();
-        auto logits = model.forward(exec, x.cview());
-        ce.forward(exec, logits.cview(), y.cview());
-        model.backward(exec, ce.backward(exec).cview());
+        test::torch_ddp::forward_backward(exec, model, in, lo);
         opt.step(exec);
       }
       model.join();

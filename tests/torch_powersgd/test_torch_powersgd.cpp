@@ -46,13 +46,7 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
     theirs.push_back(train::read_safetensors(ddp::detail::str(dir, "/", scenario, "_w", world, "_r", r, ".safetensors")));
   const auto& meta = theirs[0].metadata;
   const std::int64_t steps = std::stoll(meta.at("steps"));
-  const std::int64_t B = std::stoll(init.metadata.at("batch"));
-  const auto sgd = split(init.metadata.at("sgd"), ',');
-  const optim::SgdOptions so{.lr = std::stod(sgd[0]), .momentum = std::stod(sgd[1]), .weight_decay = std::stod(sgd[2])};
-  const auto& xs = init.at("x_nhwc");
-  const auto x_all = xs.as<float>();
-  const auto labels_all = init.at("labels").as<std::int64_t>();
-  const std::int64_t H = xs.shape[1], W = xs.shape[2], C = xs.shape[3];
+  const Inputs in(init);
 
   std::vector<std::string> notes(static_cast<std::size_t>(world));
   auto errors = test::run_ranks(world, [&](comm::TcpCommunicator& c) {
@@ -74,18 +68,10 @@ Outcome run_scenario(const std::string& dir, const std::string& scenario, int wo
       std::copy(v.begin(), v.end(), q.begin());
     };
     parallel::DistributedDataParallel<float, Cpu> model(net, c, {.comm_hook = parallel::CommHookKind::PowerSgd, .powersgd = po});
-    optim::SGD<float, Cpu> opt(net.parameters(), so);
-    nn::CrossEntropyLoss<float, Cpu> ce;
+    optim::SGD<float, Cpu> opt(net.parameters(), in.sgd);
     for (std::int64_t k = 0; k < steps; ++k) {
       opt.zero_grad();
-      const std::int64_t lo = (k * world + rank) * B;
-      Tensor<float, Cpu> x(Shape{B, H, W, C});
-      std::copy_n(x_all.data() + lo * H * W * C, B * H * W * C, x.data());
-      Tensor<std::int64_t, Cpu> y(Shape{B});
-      std::copy_n(labels_all.data() + lo, B, y.data());
-      auto logits = model.forward(exec, x.cview());
-      ce.forward(exec, logits.cview(), y.cview());
-      model.backward(exec, ce.backward(exec).cview());
+      forward_backward(exec, model, in, (k * world + rank) * in.batch);
       opt.step(exec);
     }
     const Comparison cmp = compare(net, ref, /*buffers=*/false);

@@ -74,11 +74,7 @@ Outcome run(const std::string& dir, const std::string& scenario, int world, cons
   const auto& meta = theirs.metadata;
   const auto opts = parse_options(meta.at("options"));
   const std::int64_t steps = std::stoll(meta.at("steps"));
-  const std::int64_t B = std::stoll(init.metadata.at("batch"));
-  const auto& xs = init.at("x_nhwc");
-  const auto x_all = xs.as<float>();
-  const auto labels_all = init.at("labels").as<std::int64_t>();
-  const std::int64_t H = xs.shape[1], W = xs.shape[2], C = xs.shape[3];
+  const test::torch_ddp::Inputs in(init);
   std::vector<Outcome> per_rank(static_cast<std::size_t>(world));
 
   auto errors = test::run_ranks(world, [&](comm::TcpCommunicator& c) {
@@ -97,17 +93,9 @@ Outcome run(const std::string& dir, const std::string& scenario, int world, cons
     else
       o = {.lr = opts.at("lr"), .eps = opts.at("eps"), .weight_decay = opts.at("weight_decay")};
     parallel::ZeroRedundancyOptimizer<Inner> opt(std::move(groups), o, c);
-    nn::CrossEntropyLoss<float, Cpu> ce;
     for (std::int64_t k = 0; k < steps; ++k) {
       opt.zero_grad();
-      const std::int64_t lo = (k * world + rank) * B;
-      Tensor<float, Cpu> x(Shape{B, H, W, C});
-      std::copy_n(x_all.data() + lo * H * W * C, B * H * W * C, x.data());
-      Tensor<std::int64_t, Cpu> y(Shape{B});
-      std::copy_n(labels_all.data() + lo, B, y.data());
-      auto logits = model.forward(exec, x.cview());
-      ce.forward(exec, logits.cview(), y.cview());
-      model.backward(exec, ce.backward(exec).cview());
+      test::torch_ddp::forward_backward(exec, model, in, (k * world + rank) * in.batch);
       opt.step(exec);
     }
     // The partition, in net.parameters() order (torch's named_parameters()).

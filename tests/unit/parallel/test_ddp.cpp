@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +25,8 @@ using test::check_all_ok;
 using test::max_rel_diff;
 using test::Params;
 using test::snapshot_params;
+using test::mse_pass;
+using test::RegressionData;
 using ddp::parallel::DistributedDataParallel;
 
 namespace {
@@ -85,23 +86,8 @@ std::vector<Params> run_ddp_resnet(int world, std::int64_t B, int steps, bool ev
 }
 
 // ---- the toy case: Linear(20, 1) + MSE on seeded samples ----
-struct Toy {
-  Tensor<float, Cpu> x{Shape{512, 20}};
-  Tensor<float, Cpu> y{Shape{512, 1}};
-  Toy() {
-    Generator g(42, 0, kStreamData);
-    g.fill_uniform(x.view(), -1.0, 1.0);
-    g.fill_uniform(y.view(), -1.0, 1.0);
-  }
-  Tensor<float, Cpu> rows(const Tensor<float, Cpu>& t, std::int64_t from, std::int64_t n) const {
-    const std::int64_t w = t.shape()[1];
-    Tensor<float, Cpu> r(Shape{n, w});
-    std::memcpy(r.data(), t.data() + from * w, static_cast<std::size_t>(n * w) * sizeof(float));
-    return r;
-  }
-};
-const Toy& toy() {
-  static Toy t;
+const RegressionData& toy() {
+  static const RegressionData t(512, 20, 1);
   return t;
 }
 std::unique_ptr<nn::Linear<float, Cpu>> toy_model(std::uint64_t seed) {
@@ -113,14 +99,7 @@ std::unique_ptr<nn::Linear<float, Cpu>> toy_model(std::uint64_t seed) {
 // forward + MSE + backward of `model` (a Linear or a DDP wrapper) on rows [from, from + n), dy scaled.
 template <class M>
 void toy_pass(Exec<Cpu>& exec, M& model, std::int64_t from, std::int64_t n, float scale = 1.0f) {
-  auto x = toy().rows(toy().x, from, n);
-  auto t = toy().rows(toy().y, from, n);
-  nn::MSELoss<float, Cpu> mse;
-  auto y = model.forward(exec, x.cview());
-  mse.forward(exec, y.cview(), t.cview());
-  auto dy = mse.backward(exec);
-  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] *= scale;
-  model.backward(exec, dy.cview());
+  mse_pass(exec, model, toy(), from, n, scale);
 }
 
 // A model with a parameter that forward never uses.

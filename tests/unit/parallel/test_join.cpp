@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +26,8 @@ using test::check_all_ok;
 using test::max_rel_diff;
 using test::Params;
 using test::snapshot_params;
+using test::mse_pass;
+using test::RegressionData;
 using ddp::parallel::DistributedDataParallel;
 
 namespace {
@@ -67,23 +68,8 @@ class Heads : public nn::Module<float, Cpu> {
   std::string used_;
 };
 
-struct Data {
-  Tensor<float, Cpu> x{Shape{512, 20}};
-  Tensor<float, Cpu> y{Shape{512, 3}};
-  Data() {
-    Generator g(42, 0, kStreamData);
-    g.fill_uniform(x.view(), -1.0, 1.0);
-    g.fill_uniform(y.view(), -1.0, 1.0);
-  }
-  static Tensor<float, Cpu> rows(const Tensor<float, Cpu>& t, std::int64_t from, std::int64_t n) {
-    const std::int64_t w = t.shape()[1];
-    Tensor<float, Cpu> r(Shape{n, w});
-    std::memcpy(r.data(), t.data() + from * w, static_cast<std::size_t>(n * w) * sizeof(float));
-    return r;
-  }
-};
-const Data& data() {
-  static Data d;
+const RegressionData& data() {
+  static const RegressionData d(512, 20, 3);
   return d;
 }
 
@@ -93,14 +79,7 @@ constexpr optim::SgdOptions kSgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e
 // forward + MSE + backward of `model` (Heads or its DDP wrapper) on rows [from, from + kB), dy scaled.
 template <class M>
 void pass(Exec<Cpu>& exec, M& model, std::int64_t from, float scale = 1.0f) {
-  auto x = Data::rows(data().x, from, kB);
-  auto t = Data::rows(data().y, from, kB);
-  nn::MSELoss<float, Cpu> mse;
-  auto y = model.forward(exec, x.cview());
-  mse.forward(exec, y.cview(), t.cview());
-  auto dy = mse.backward(exec);
-  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] *= scale;
-  model.backward(exec, dy.cview());
+  mse_pass(exec, model, data(), from, kB, scale);
 }
 
 struct Case {

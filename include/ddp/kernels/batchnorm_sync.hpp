@@ -1,6 +1,7 @@
-// Per-channel arithmetic of the synchronised BatchNorm (torch.nn.SyncBatchNorm), written once for both devices:
-// functors run by Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and
-// kernels/cuda/batchnorm.cuh call them between their own "sums" and "apply" passes).
+// Per-channel arithmetic of BatchNorm, written once for both devices: the statistics' finish of every forward
+// (BnChannelOutputs), and the synchronised BatchNorm's (torch.nn.SyncBatchNorm) functors run by
+// Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and kernels/cuda/batchnorm.cuh
+// call them between their own "sums" and "apply" passes).
 // SPDX-License-Identifier: MIT
 //
 // A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/ARCHITECTURE.md D27) is:
@@ -23,11 +24,13 @@
 
 namespace ddp::kernels {
 
-// Global sums (2C + 1: sum x, sum x^2, M) -> save_mean, save_invstd, scale = gamma invstd,
-// shift = beta - mean scale, and the running statistics' update. One index per channel.
+// One channel's statistics -> everything a forward writes for it, for every forward (CPU and CUDA, plain and
+// synchronised): with `rows` > 0 (training) the running statistics move towards mu and the unbiased
+// var * rows / (rows - 1), as torch; rows == 0 (eval) leaves them alone (mu and var are then the running
+// ones). Then save_mean = mu, save_invstd = 1 / sqrt(var + eps), scale = gamma invstd and
+// shift = beta - mu scale, so that y = x scale + shift is one FMA per element.
 template <class T>
-struct BnSyncStatistics {
-  const double* sums;  // (2C + 1), summed over the ranks
+struct BnChannelOutputs {
   const T* gamma;
   const T* beta;
   T* running_mean;
@@ -36,24 +39,50 @@ struct BnSyncStatistics {
   T* save_invstd;
   T* scale;
   T* shift;
-  std::int64_t c;
   double momentum;
   double eps;
+  DDP_HOST_DEVICE void finish(std::int64_t k, double mu, double var, double rows) const {
+    const double is = 1.0 / ::sqrt(var + eps);
+    if (rows > 0.0) {
+      const double unbiased = var * rows / (rows - 1.0);
+      running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
+      running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
+    }
+    const double sc = static_cast<double>(gamma[k]) * is;
+    scale[k] = static_cast<T>(sc);
+    shift[k] = static_cast<T>(static_cast<double>(beta[k]) - mu * sc);
+    save_mean[k] = static_cast<T>(mu);
+    save_invstd[k] = static_cast<T>(is);
+  }
+  // Eval: the running statistics normalise, and nothing is updated.
+  DDP_HOST_DEVICE void finish_eval(std::int64_t k) const {
+    finish(k, static_cast<double>(running_mean[k]), static_cast<double>(running_var[k]), 0.0);
+  }
+};
+
+// The outputs of a forward's arguments (BatchNormForwardArgs<T, D> of kernels/args.hpp), with scale and shift
+// (C each) in the caller's scratch.
+template <class Args, class T>
+BnChannelOutputs<T> channel_outputs(const Args& a, T* scale, T* shift) {
+  return {.gamma = a.gamma.data(), .beta = a.beta.data(), .running_mean = a.running_mean.data(),
+          .running_var = a.running_var.data(), .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
+          .scale = scale, .shift = shift, .momentum = a.momentum, .eps = a.eps};
+}
+
+// Global sums (2C + 1: sum x, sum x^2, M) -> mean and biased variance -> BnChannelOutputs::finish with M rows.
+// One index per channel.
+template <class T>
+struct BnSyncStatistics {
+  const double* sums;  // (2C + 1), summed over the ranks
+  BnChannelOutputs<T> out;
+  std::int64_t c;
   DDP_HOST_DEVICE void operator()(std::size_t i) const {
     const auto k = static_cast<std::int64_t>(i);
     const double m = sums[2 * c];
     const double mu = sums[k] / m;
     double var = sums[c + k] / m - mu * mu;
     var = var > 0.0 ? var : 0.0;  // rounding can push a constant channel's variance below zero
-    const double is = 1.0 / ::sqrt(var + eps);
-    const double unbiased = var * m / (m - 1.0);
-    running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
-    running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
-    const double sc = static_cast<double>(gamma[k]) * is;
-    scale[k] = static_cast<T>(sc);
-    shift[k] = static_cast<T>(static_cast<double>(beta[k]) - mu * sc);
-    save_mean[k] = static_cast<T>(mu);
-    save_invstd[k] = static_cast<T>(is);
+    out.finish(k, mu, var, m);
   }
 };
 

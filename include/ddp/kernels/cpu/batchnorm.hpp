@@ -87,11 +87,7 @@ void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T,
   check_sync_count(sums[static_cast<std::size_t>(2 * c)], "batchnorm_forward");
   std::vector<T> coef(static_cast<std::size_t>(2 * c));  // scale, shift
   for_each_index(exec, static_cast<std::size_t>(c),
-                 BnSyncStatistics<T>{.sums = sums.data(), .gamma = a.gamma.data(), .beta = a.beta.data(),
-                                     .running_mean = a.running_mean.data(), .running_var = a.running_var.data(),
-                                     .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
-                                     .scale = coef.data(), .shift = coef.data() + c, .c = c,
-                                     .momentum = a.momentum, .eps = a.eps});
+                 BnSyncStatistics<T>{.sums = sums.data(), .out = channel_outputs(a, coef.data(), coef.data() + c), .c = c});
   bn_apply(exec, x, a.y.data(), rows, c, coef.data(), coef.data() + c);
 }
 
@@ -124,12 +120,14 @@ void batchnorm_forward(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>
   if (a.training && a.sync) return detail::batchnorm_forward_sync(exec, a);
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const T* x = a.x.data();
-  std::vector<double> mean(static_cast<std::size_t>(c)), invstd(static_cast<std::size_t>(c));
+  std::vector<T> scale(static_cast<std::size_t>(c)), shift(static_cast<std::size_t>(c));
+  const BnChannelOutputs<T> out = channel_outputs(a, scale.data(), shift.data());
   if (a.training) {
     const auto sum = detail::channel_sums(exec, rows, c, 1, [&](std::int64_t m, double* acc) {
       const T* xm = x + m * c;
       for (std::int64_t k = 0; k < c; ++k) acc[k] += static_cast<double>(xm[k]);
     });
+    std::vector<double> mean(static_cast<std::size_t>(c));
     for (std::int64_t k = 0; k < c; ++k) mean[static_cast<std::size_t>(k)] = sum[static_cast<std::size_t>(k)] / rows;
     const auto sq = detail::channel_sums(exec, rows, c, 1, [&](std::int64_t m, double* acc) {
       const T* xm = x + m * c;
@@ -140,27 +138,10 @@ void batchnorm_forward(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>
     });
     for (std::int64_t k = 0; k < c; ++k) {
       const auto i = static_cast<std::size_t>(k);
-      const double var = sq[i] / rows;
-      invstd[i] = 1.0 / std::sqrt(var + a.eps);
-      const double unbiased = var * static_cast<double>(rows) / static_cast<double>(rows - 1);
-      a.running_mean.data()[k] = static_cast<T>((1.0 - a.momentum) * a.running_mean.data()[k] + a.momentum * mean[i]);
-      a.running_var.data()[k] = static_cast<T>((1.0 - a.momentum) * a.running_var.data()[k] + a.momentum * unbiased);
+      out.finish(k, mean[i], sq[i] / rows, static_cast<double>(rows));
     }
   } else {
-    for (std::int64_t k = 0; k < c; ++k) {
-      mean[static_cast<std::size_t>(k)] = static_cast<double>(a.running_mean.data()[k]);
-      invstd[static_cast<std::size_t>(k)] = 1.0 / std::sqrt(static_cast<double>(a.running_var.data()[k]) + a.eps);
-    }
-  }
-  // y = x * scale + shift with scale = gamma invstd, shift = beta - mean scale (one FMA per element).
-  std::vector<T> scale(static_cast<std::size_t>(c)), shift(static_cast<std::size_t>(c));
-  for (std::int64_t k = 0; k < c; ++k) {
-    const auto i = static_cast<std::size_t>(k);
-    const double sc = static_cast<double>(a.gamma.data()[k]) * invstd[i];
-    scale[i] = static_cast<T>(sc);
-    shift[i] = static_cast<T>(static_cast<double>(a.beta.data()[k]) - mean[i] * sc);
-    a.save_mean.data()[k] = static_cast<T>(mean[i]);
-    a.save_invstd.data()[k] = static_cast<T>(invstd[i]);
+    for (std::int64_t k = 0; k < c; ++k) out.finish_eval(k);
   }
   detail::bn_apply(exec, x, a.y.data(), rows, c, scale.data(), shift.data());
 }

@@ -107,35 +107,18 @@ __global__ void bn_mean_kernel(const double* __restrict__ partial, std::int64_t 
   mean[k] = s / static_cast<double>(rows);
 }
 
-// Statistics -> save_mean, save_invstd, scale, shift; training also updates the running statistics.
-// training: partial holds sum (x - mean)^2 and mean the batch mean; eval: both unused.
+// Statistics -> BnChannelOutputs::finish. training: partial holds sum (x - mean)^2 and mean the batch mean;
+// eval: both unused (the running statistics normalise).
 template <class T>
 __global__ void bn_stats_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
-                                std::int64_t rows, const double* __restrict__ mean, bool training, double momentum,
-                                double eps, const T* __restrict__ gamma, const T* __restrict__ beta,
-                                T* __restrict__ running_mean, T* __restrict__ running_var, T* __restrict__ save_mean,
-                                T* __restrict__ save_invstd, T* __restrict__ scale, T* __restrict__ shift) {
+                                std::int64_t rows, const double* __restrict__ mean, bool training,
+                                BnChannelOutputs<T> out) {
   const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= c) return;
-  double mu = 0.0, is = 0.0;
-  if (training) {
-    double s = 0.0;
-    for (std::int64_t j = 0; j < chunks; ++j) s += partial[j * c + k];
-    const double var = s / static_cast<double>(rows);
-    mu = mean[k];
-    is = 1.0 / ::sqrt(var + eps);
-    const double unbiased = var * static_cast<double>(rows) / static_cast<double>(rows - 1);
-    running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
-    running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
-  } else {
-    mu = static_cast<double>(running_mean[k]);
-    is = 1.0 / ::sqrt(static_cast<double>(running_var[k]) + eps);
-  }
-  const double sc = static_cast<double>(gamma[k]) * is;
-  scale[k] = static_cast<T>(sc);
-  shift[k] = static_cast<T>(static_cast<double>(beta[k]) - mu * sc);
-  save_mean[k] = static_cast<T>(mu);
-  save_invstd[k] = static_cast<T>(is);
+  if (!training) return out.finish_eval(k);
+  double s = 0.0;
+  for (std::int64_t j = 0; j < chunks; ++j) s += partial[j * c + k];
+  out.finish(k, mean[k], s / static_cast<double>(rows), static_cast<double>(rows));
 }
 
 // Backward coefficients: dbeta, dgamma, and k1..k3 of dx = k1 dy + k2 (x - mean) + k3.
@@ -252,11 +235,7 @@ void sync_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>&
     check_sync_count(total, "batchnorm_forward");
   }
   for_each_index(e, static_cast<std::size_t>(c),
-                 BnSyncStatistics<T>{.sums = sums.data(), .gamma = a.gamma.data(), .beta = a.beta.data(),
-                                     .running_mean = a.running_mean.data(), .running_var = a.running_var.data(),
-                                     .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
-                                     .scale = coef.data(), .shift = coef.data() + c, .c = c,
-                                     .momentum = a.momentum, .eps = a.eps});
+                 BnSyncStatistics<T>{.sums = sums.data(), .out = channel_outputs(a, coef.data(), coef.data() + c), .c = c});
 }
 
 // Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics when
@@ -282,10 +261,8 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
         a.x.data(), nullptr, mean.data(), nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
     check_launch("channel_partial_kernel<BnSum::CenteredSquare>", s);
   }
-  detail::bn_stats_kernel<T><<<cblocks, kThreads, 0, s>>>(
-      partial.data(), g.chunks, c, rows, mean.data(), a.training, a.momentum, a.eps, a.gamma.data(), a.beta.data(),
-      a.running_mean.data(), a.running_var.data(), a.save_mean.data(), a.save_invstd.data(), coef.data(),
-      coef.data() + c);
+  detail::bn_stats_kernel<T><<<cblocks, kThreads, 0, s>>>(partial.data(), g.chunks, c, rows, mean.data(), a.training,
+                                                          channel_outputs(a, coef.data(), coef.data() + c));
   check_launch("bn_stats_kernel", s);
 }
 

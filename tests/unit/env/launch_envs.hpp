@@ -72,10 +72,36 @@ inline Env openmpi_two_nodes_rank2() {
                     {"OMPI_UNIVERSE_SIZE", "4"}, {"PMIX_RANK", "2"}});
 }
 
-// MPICH 4 / Intel MPI Hydra: `mpiexec -n 4 -ppn 2 -hosts a,b ./prog`, rank 3 on b.
+// MPICH 4.0.2 Hydra (Debian's mpich), captured here; tests/mpich/hydra_env_test.cpp checks these tables
+// against the real mpiexec.mpich on every run (the same names; the same values but the descriptors).
+// Two "hosts" on one machine: `mpiexec.mpich -launcher fork -hosts ddp-node-a,ddp-node-b -ppn 2 -n 4 env`,
+// rank 3 (on ddp-node-b).
 inline Env mpich_hydra_rank3() {
-  return Env::from({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"PMI_FD", "6"}, {"MPI_LOCALRANKID", "1"},
-                    {"MPI_LOCALNRANKS", "2"}, {"HYDRA_CONTROL_FD", "8"}});
+  return Env::from({{"GFORTRAN_UNBUFFERED_PRECONNECTED", "y"}, {"HYDI_CONTROL_FD", "9"},
+                    {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME", "ddp-node-b"}, {"MPI_LOCALNRANKS", "2"},
+                    {"MPI_LOCALRANKID", "1"}, {"PMI_FD", "7"}, {"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+}
+
+// `mpiexec.mpich -n 2 env` on one host (here named vm), rank 1: no MASTER_* (Hydra exports no address).
+inline Env mpich_hydra_local_rank1() {
+  return Env::from({{"GFORTRAN_UNBUFFERED_PRECONNECTED", "y"}, {"HYDI_CONTROL_FD", "7"},
+                    {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME", "vm"}, {"MPI_LOCALNRANKS", "2"}, {"MPI_LOCALRANKID", "1"},
+                    {"PMI_FD", "8"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}});
+}
+
+// `mpiexec.mpich -pmi-port -n 2 env`, rank 1: PMI_ID and PMI_PORT replace PMI_FD, PMI_RANK and PMI_SIZE.
+inline Env mpich_hydra_pmi_port_rank1() {
+  return Env::from({{"GFORTRAN_UNBUFFERED_PRECONNECTED", "y"}, {"HYDI_CONTROL_FD", "7"},
+                    {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME", "vm"}, {"MPI_LOCALNRANKS", "2"}, {"MPI_LOCALRANKID", "1"},
+                    {"PMI_ID", "1"}, {"PMI_PORT", "vm:36559"}});
+}
+
+// Uneven layout: `mpiexec.mpich -launcher fork -hosts ddp-node-a:1,ddp-node-b:3 -n 4 env`, rank 0, alone on
+// ddp-node-a.
+inline Env mpich_hydra_uneven_rank0() {
+  return Env::from({{"GFORTRAN_UNBUFFERED_PRECONNECTED", "y"}, {"HYDI_CONTROL_FD", "7"},
+                    {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME", "ddp-node-a"}, {"MPI_LOCALNRANKS", "1"},
+                    {"MPI_LOCALRANKID", "0"}, {"PMI_FD", "6"}, {"PMI_RANK", "0"}, {"PMI_SIZE", "4"}});
 }
 
 // HPE Cray PALS: `mpiexec -n 8 --ppn 4 ./prog`, rank 6.
@@ -84,7 +110,8 @@ inline Env cray_pals_rank6() {
                     {"PALS_RANKID", "6"}, {"PALS_NODEID", "1"}, {"PALS_APID", "e3b0c442"}});
 }
 
-// MVAPICH2 2.3 mpirun_rsh: `mpirun_rsh -np 4 h1 h1 h2 h2 MASTER_ADDR=h1 MASTER_PORT=29500 ./prog`, rank 2.
+// MVAPICH2 2.3 mpirun_rsh, from MVAPICH2's user guide (MVAPICH is not packaged in Debian, so this table
+// cannot be captured here): `mpirun_rsh -np 4 h1 h1 h2 h2 MASTER_ADDR=h1 MASTER_PORT=29500 ./prog`, rank 2.
 inline Env mvapich_rank2() {
   return Env::from({{"MV2_COMM_WORLD_RANK", "2"}, {"MV2_COMM_WORLD_SIZE", "4"}, {"MV2_COMM_WORLD_LOCAL_RANK", "0"},
                     {"MV2_COMM_WORLD_LOCAL_SIZE", "2"}, {"MPIRUN_RANK", "2"}, {"MPIRUN_NPROCS", "4"},

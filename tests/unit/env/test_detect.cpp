@@ -49,6 +49,8 @@ TEST_SUITE("env") {
         {"mpirun (Open MPI)", openmpi_rank1(), "openmpi", 1, 2, 1, 2},
         {"mpirun two nodes", openmpi_two_nodes_rank2(), "openmpi", 2, 4, 0, 2},
         {"mpiexec (Hydra)", mpich_hydra_rank3(), "pmi", 3, 4, 1, 2},
+        {"mpiexec.mpich -n 2 (Hydra, one host)", mpich_hydra_local_rank1(), "pmi", 1, 2, 1, 2},
+        {"mpiexec.mpich uneven hosts", mpich_hydra_uneven_rank0(), "pmi", 0, 4, 0, 1},
         {"mpiexec (Cray PALS)", cray_pals_rank6(), "pmi", 6, 8, 2, 4},
         {"mpirun_rsh (MVAPICH2)", mvapich_rank2(), "mvapich", 2, 4, 0, 2},
         {"srun", srun_rank4(), "slurm", 4, 7, 1, 2},
@@ -200,6 +202,10 @@ TEST_SUITE("env") {
     // env:// proves locality only with an explicit LOCAL_WORLD_SIZE.
     Env env_local = Env::from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}});
     CHECK(de::detect(env_local, {}, kTcp).master_addr == "127.0.0.1");
+    // mpiexec.mpich -n 2 on one host (captured): MPI_LOCALNRANKS = PMI_SIZE proves locality.
+    const LaunchInfo hydra = de::detect(mpich_hydra_local_rank1(), {}, kTcp);
+    CHECK(hydra.master_addr == "127.0.0.1");
+    CHECK(hydra.master_port == 29500);
   }
 
   TEST_CASE("store address: missing for a multi-process job is an error that says what to set") {

@@ -112,6 +112,19 @@ TEST_SUITE("env") {
     CHECK_FALSE(de::Pmi::detected(de::Env::from({{"PMIX_RANK", "0"}})));
   }
 
+  TEST_CASE("PMI: the environments captured from MPICH 4.0.2's Hydra (one host, uneven hosts, -pmi-port)") {
+    check_info(de::Pmi::read(mpich_hydra_local_rank1()),
+               {.rank = 1, .world_size = 2, .local_rank = 1, .local_world_size = 2, .node_rank = 0, .nnodes = 1,
+                .source = "pmi"});
+    // -hosts a:1,b:3: rank 0 is alone on its host. The node fields are the uniform-layout guess (4 nodes of
+    // 1), pinned here because Hydra exports nothing better; rank, size and the local pair are exact.
+    check_info(de::Pmi::read(mpich_hydra_uneven_rank0()),
+               {.rank = 0, .world_size = 4, .local_rank = 0, .local_world_size = 1, .node_rank = 0, .nnodes = 4,
+                .source = "pmi"});
+    // -pmi-port: the marker is there, so Pmi owns the job, and read() says why it cannot size it.
+    CHECK(de::Pmi::detected(mpich_hydra_pmi_port_rank1()));
+  }
+
   TEST_CASE("MVAPICH2 mpirun_rsh") {
     REQUIRE(de::Mvapich::detected(mvapich_rank2()));
     check_info(de::Mvapich::read(mvapich_rank2()),
@@ -193,6 +206,11 @@ TEST_SUITE("env") {
          [] { return de::Pmi::read(mpich_hydra_rank3().with("PMI_RANK", std::nullopt)); },
          "ddp: launched by MPICH/Intel MPI mpiexec (PMI) but PMI_RANK is not set. MPICH/Intel MPI mpiexec (PMI) always "
          "exports it; if you start workers yourself, export PMI_RANK."},
+        {"pmi in Hydra's -pmi-port mode", [] { return de::Pmi::read(mpich_hydra_pmi_port_rank1()); },
+         "ddp: launched by MPICH/Intel MPI mpiexec (PMI) in -pmi-port mode (PMI_PORT=vm:36559, PMI_ID=1), where Hydra "
+         "exports no PMI_RANK and no PMI_SIZE, so the world size is unknown. Run mpiexec without -pmi-port (Hydra's "
+         "default exports both), or export RANK and WORLD_SIZE yourself (mpiexec -genv WORLD_SIZE <n> sh -c "
+         "'RANK=$PMI_ID exec ./program')."},
         {"mvapich bad size", [] { return de::Mvapich::read(mvapich_rank2().with("MV2_COMM_WORLD_SIZE", "4.0")); },
          "ddp: MV2_COMM_WORLD_SIZE='4.0' (from MVAPICH2 mpirun) is not an integer."},
         {"slurm missing SLURM_LOCALID",

@@ -97,6 +97,30 @@ def free_ports(n):
     return ports
 
 
+def first_job_id(jobs=6):
+    """A FirstJobId whose jobs' store ports are free now. The Slurm policy's port rule, 29500 + job % 1000, is
+    the same on every cluster, and every fresh cluster would start at job 1 (port 29501): tests running side
+    by side (ctest -j), or anything else on 29501, would collide. So the ids start where the next `jobs`
+    ports (and the ids themselves) are free on this machine."""
+    import random
+    starts = list(range(29500, 30500 - jobs))
+    random.shuffle(starts)
+    for start in starts:
+        socks = []
+        try:
+            for port in range(start, start + jobs):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))  # rank 0's store binds the wildcard address
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return 1000 * random.randint(1, 999) + start - 29500
+    raise Skip(f"no {jobs} consecutive free ports in 29500..30499")
+
+
 def node_name():
     """The short hostname when it resolves (then the node list names a real host, as on a cluster: the
     Slurm policy's store address is the first host of SLURM_STEP_NODELIST); else localhost."""
@@ -152,6 +176,7 @@ ReturnToService=2
 KillWait=5
 InactiveLimit=0
 MinJobAge=300
+FirstJobId={first_job}
 NodeName={node} NodeAddr=127.0.0.1 {hw} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -218,7 +243,7 @@ class Cluster:
         ctld_port, slurmd_port = free_ports(2)
         with open(self.conf, "w") as f:
             f.write(CONF.format(d=d, node=self.node, ctld_port=ctld_port, slurmd_port=slurmd_port,
-                                hw=" ".join(slurmd_hardware())))
+                                hw=" ".join(slurmd_hardware()), first_job=first_job_id()))
         open(os.path.join(d, "plugstack.conf"), "w").close()  # not /etc/slurm's SPANK plugins
         self.start_daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", self.conf])
         self.start_daemon("slurmd", ["slurmd", "-D", "-N", self.node, "-f", self.conf])

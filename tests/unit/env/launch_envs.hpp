@@ -111,7 +111,28 @@ inline Env srun_captured_task1() {
                     {"SLURM_UMASK", "0022"}, {"SLURM_WORKING_CLUSTER", "ddptest:127.0.0.1:36817:9728:109"}});
 }
 
-// srun -N3 -n7 ./prog on node[01-03] (block distribution 3,2,2), rank 4 on node02: the captured set above
+// Real srun on two nodes, captured: `srun -N2 -n3 -l env` on tests/slurm's two-node cluster (network
+// namespaces ddpnode0/1 at 10.213.7.1/2, job 956467), task 2: the second node's only task (2,1 per node).
+inline Env srun_captured_node1_task2() {
+  return Env::from({{"SLURMD_NODENAME", "ddpnode1"}, {"SLURM_CLUSTER_NAME", "ddptest"},
+                    {"SLURM_CONF", "/tmp/d/slurm.conf"}, {"SLURM_CPUS_ON_NODE", "1"}, {"SLURM_GTIDS", "2"},
+                    {"SLURM_JOBID", "956467"}, {"SLURM_JOB_CPUS_PER_NODE", "2,1"}, {"SLURM_JOB_GID", "0"},
+                    {"SLURM_JOB_ID", "956467"}, {"SLURM_JOB_NAME", "env"}, {"SLURM_JOB_NODELIST", "ddpnode[0-1]"},
+                    {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_JOB_PARTITION", "debug"}, {"SLURM_JOB_UID", "0"},
+                    {"SLURM_JOB_USER", "root"}, {"SLURM_LABELIO", "1"}, {"SLURM_LAUNCH_NODE_IPADDR", "10.213.7.1"},
+                    {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_NODELIST", "ddpnode[0-1]"}, {"SLURM_NPROCS", "3"}, {"SLURM_NTASKS", "3"},
+                    {"SLURM_PRIO_PROCESS", "0"}, {"SLURM_PROCID", "2"}, {"SLURM_SRUN_COMM_HOST", "10.213.7.1"},
+                    {"SLURM_SRUN_COMM_PORT", "33549"}, {"SLURM_STEPID", "0"}, {"SLURM_STEP_ID", "0"},
+                    {"SLURM_STEP_LAUNCHER_PORT", "33549"}, {"SLURM_STEP_NODELIST", "ddpnode[0-1]"},
+                    {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "2,1"},
+                    {"SLURM_SUBMIT_DIR", "/tmp/d"}, {"SLURM_SUBMIT_HOST", "ddpnode0"}, {"SLURM_TASKS_PER_NODE", "2,1"},
+                    {"SLURM_TASK_PID", "11"}, {"SLURM_TOPOLOGY_ADDR", "ddpnode1"},
+                    {"SLURM_TOPOLOGY_ADDR_PATTERN", "node"}, {"SLURM_UMASK", "0022"},
+                    {"SLURM_WORKING_CLUSTER", "ddptest:10.213.7.1:6817:9728:109"}});
+}
+
+// srun -N3 -n7 ./prog on node[01-03] (block distribution 3,2,2), rank 4 on node02: the captured sets above
 // (every variable the policy or a fallback reads, and the neighbours that must not confuse it) with the
 // values of three nodes, compressed as Slurm writes node and task lists.
 inline Env srun_rank4() {

@@ -139,6 +139,14 @@ TEST_SUITE("env") {
                 .master_addr = "vm", .master_port = 29500 + 1, .run_id = "1", .source = "slurm"});
   }
 
+  TEST_CASE("Slurm: the environment real srun gave task 2 of `srun -N2 -n3` on the second node (tests/slurm)") {
+    // 2,1 tasks per node: the second node's only task; the store is on the first host of ddpnode[0-1].
+    check_info(de::Slurm::read(srun_captured_node1_task2()),
+               {.rank = 2, .world_size = 3, .local_rank = 0, .local_world_size = 1, .node_rank = 1, .nnodes = 2,
+                .master_addr = "ddpnode0", .master_port = 29500 + 956467 % 1000, .run_id = "956467",
+                .source = "slurm"});
+  }
+
   TEST_CASE("Slurm: the batch script itself (no srun, no SLURM_STEP_ID) is one process or refused") {
     // sbatch -n1: the script's program is the whole job.
     Env one = sbatch_allocation().with("SLURM_NTASKS", "1").with("SLURM_NPROCS", "1").with("SLURM_NNODES", "1");

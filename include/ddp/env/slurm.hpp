@@ -1,13 +1,25 @@
 // Slurm: launcher policy for tasks started by srun (one process per task), recognised by SLURM_PROCID.
 // SPDX-License-Identifier: MIT
 //
-// What srun (Slurm 22/23) exports to each task, e.g. `srun -N3 -n7 ./prog` on node[01-03]:
-//   SLURM_PROCID=4 SLURM_NTASKS=7 SLURM_STEP_NUM_TASKS=7 SLURM_LOCALID=1 SLURM_NODEID=1
-//   SLURM_NNODES=3 SLURM_STEP_NUM_NODES=3 SLURM_STEP_TASKS_PER_NODE=3,2(x2) SLURM_TASKS_PER_NODE=3,2(x2)
-//   SLURM_STEP_NODELIST=node[01-03] SLURM_JOB_NODELIST=node[01-03] SLURM_JOB_ID=123456 SLURM_STEP_ID=0
-// (SLURM_NTASKS_PER_NODE only with --ntasks-per-node.)
+// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/slurm, `srun -N1 -n2 env`, task 1;
+// tests/unit/env/launch_envs.hpp keeps the whole set as srun_captured_task1()):
+//   SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_GTIDS=0,1 SLURM_TASK_PID=12
+//   SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=vm
+//   SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_LAUNCHER_PORT=... SLURM_SRUN_COMM_HOST=127.0.0.1 ...
+//   SLURM_NTASKS=2 SLURM_NPROCS=2 SLURM_NNODES=1 SLURM_JOB_NUM_NODES=1 SLURM_TASKS_PER_NODE=2
+//   SLURM_JOB_ID=1 SLURM_JOBID=1 SLURM_JOB_NODELIST=vm SLURM_NODELIST=vm SLURM_JOB_CPUS_PER_NODE=2
+//   SLURM_CPUS_ON_NODE=2 SLURMD_NODENAME=vm SLURM_TOPOLOGY_ADDR=vm ...
+// srun always exports the SLURM_STEP_* set (also under sbatch, also with --ntasks-per-node, which adds
+// SLURM_NTASKS_PER_NODE). On several nodes the per-node lists are compressed: SLURM_STEP_NODELIST=node[01-03],
+// SLURM_STEP_TASKS_PER_NODE=3,2(x2) for `srun -N3 -n7` (block distribution).
 //
-// Field by field (first variable present wins):
+// The batch script itself (sbatch, no srun) also has SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 and the
+// JOB's SLURM_NTASKS and SLURM_TASKS_PER_NODE, but no SLURM_STEP_ID and no SLURM_STEP_* (captured likewise).
+// A program started there is no srun task: with one task in the job it runs as a single process; with more
+// it is refused (a ConfigError naming srun) instead of being rank 0 of a world whose other ranks nobody
+// starts, which used to wait out the store timeout.
+//
+// Field by field (first variable present wins; srun tasks always have the first):
 //   rank             SLURM_PROCID
 //   world_size       SLURM_STEP_NUM_TASKS, SLURM_NTASKS
 //   local_rank       SLURM_LOCALID
@@ -18,15 +30,14 @@
 //   run_id           SLURM_JOB_ID
 //   master_addr      MASTER_ADDR, else the FIRST host of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or
 //                    SLURM_NODELIST (expanded): with srun's default block distribution rank 0 runs there.
+//                    These are Slurm node names (NodeName), which must resolve on the nodes, as they do
+//                    where NodeName is the hostname.
 //   master_port      MASTER_PORT, else the port rule below.
 //
 // Port rule: master_port = 29500 + SLURM_JOB_ID % 1000 (so 29500..30499). Every task of the job reads the
 // same SLURM_JOB_ID, so all compute the same port without talking to each other, and two jobs sharing a
 // first node collide only if their ids are equal modulo 1000. Concurrent srun steps inside one job that
 // each need a store compute the same port: give them distinct MASTER_PORT values.
-//
-// Caveat: a program run directly in a batch script (no srun) also sees SLURM_PROCID=0 and the job's
-// SLURM_NTASKS; start it with srun, or export RANK/WORLD_SIZE (env://), which detect() tries first.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +77,7 @@ struct Slurm {
   }
 
   static LaunchInfo read(const Env& env) {
+    if (!env.has("SLURM_STEP_ID")) return batch_script(env);
     VarNames vars = names(env);
     LaunchInfo info{.rank = env.int_var(vars.rank, launcher),
                     .world_size = env.int_var(vars.world_size, launcher),
@@ -99,6 +111,33 @@ struct Slurm {
   }
 
  private:
+  // The batch script's own process (SLURM_PROCID without SLURM_STEP_ID, see above): a single process when
+  // the job has one task, else refused.
+  static LaunchInfo batch_script(const Env& env) {
+    const int tasks = env.has("SLURM_NTASKS") ? env.int_var("SLURM_NTASKS", launcher) : 1;
+    const std::string job = env.get("SLURM_JOB_ID").value_or("?");
+    if (tasks > 1)
+      throw ConfigError(ddp::detail::str(
+          "ddp: this process runs in the batch script of Slurm job ", job,
+          " (SLURM_PROCID is set but SLURM_STEP_ID is not: it is not an srun task), and the job has SLURM_NTASKS=",
+          tasks, " tasks, which would wait for ranks nobody starts. Start the program with srun in the script "
+          "(`srun ./prog`, one rank per task; see examples/slurm/ddp.sbatch), or run torchrun there, or export "
+          "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://)."));
+    LaunchInfo info{.rank = 0,
+                    .world_size = 1,
+                    .local_rank = 0,
+                    .local_world_size = 1,
+                    .node_rank = 0,
+                    .nnodes = 1,
+                    .master_addr = {},
+                    .master_port = 0,
+                    .restart_count = 0,
+                    .run_id = env.get("SLURM_JOB_ID").value_or(""),
+                    .launcher_owns_store = false,
+                    .source = std::string(name)};
+    return validate(info, names(env), launcher);
+  }
+
   static std::string_view local_size_var(const Env& env) {
     for (std::string_view v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
       if (env.has(v)) return v;

@@ -118,23 +118,74 @@ inline Env mvapich_rank2() {
                     {"MPIRUN_ID", "12345"}, {"MASTER_ADDR", "h1"}, {"MASTER_PORT", "29500"}});
 }
 
-// srun -N3 -n7 ./prog on node[01-03] (Slurm 23.02, block distribution 3,2,2), rank 4 on node02.
+// Real srun, captured: `srun -N1 -n2 -l env` on tests/slurm's one-node cluster (Debian's Slurm 22.05.8, node
+// vm, job 1), task 1, every SLURM_* variable (SLURM_LABELIO=1 comes from -l; SLURM_CONF and SLURM_SUBMIT_DIR
+// named the test's temporary directory). The policy must read this as is.
+inline Env srun_captured_task1() {
+  return Env::from({{"SLURMD_NODENAME", "vm"}, {"SLURM_CLUSTER_NAME", "ddptest"}, {"SLURM_CONF", "/tmp/d/slurm.conf"},
+                    {"SLURM_CPUS_ON_NODE", "2"}, {"SLURM_GTIDS", "0,1"}, {"SLURM_JOBID", "1"},
+                    {"SLURM_JOB_CPUS_PER_NODE", "2"}, {"SLURM_JOB_GID", "0"}, {"SLURM_JOB_ID", "1"},
+                    {"SLURM_JOB_NAME", "env"}, {"SLURM_JOB_NODELIST", "vm"}, {"SLURM_JOB_NUM_NODES", "1"},
+                    {"SLURM_JOB_PARTITION", "debug"}, {"SLURM_JOB_UID", "0"}, {"SLURM_JOB_USER", "root"},
+                    {"SLURM_LABELIO", "1"}, {"SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"}, {"SLURM_LOCALID", "1"},
+                    {"SLURM_NNODES", "1"}, {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "vm"}, {"SLURM_NPROCS", "2"},
+                    {"SLURM_NTASKS", "2"}, {"SLURM_PRIO_PROCESS", "0"}, {"SLURM_PROCID", "1"},
+                    {"SLURM_SRUN_COMM_HOST", "127.0.0.1"}, {"SLURM_SRUN_COMM_PORT", "40163"}, {"SLURM_STEPID", "0"},
+                    {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_LAUNCHER_PORT", "40163"}, {"SLURM_STEP_NODELIST", "vm"},
+                    {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                    {"SLURM_SUBMIT_DIR", "/tmp/d"}, {"SLURM_SUBMIT_HOST", "vm"}, {"SLURM_TASKS_PER_NODE", "2"},
+                    {"SLURM_TASK_PID", "12"}, {"SLURM_TOPOLOGY_ADDR", "vm"}, {"SLURM_TOPOLOGY_ADDR_PATTERN", "node"},
+                    {"SLURM_UMASK", "0022"}, {"SLURM_WORKING_CLUSTER", "ddptest:127.0.0.1:36817:9728:109"}});
+}
+
+// Real srun on two nodes, captured: `srun -N2 -n3 -l env` on tests/slurm's two-node cluster (network
+// namespaces ddpnode0/1 at 10.213.7.1/2, job 956467), task 2: the second node's only task (2,1 per node).
+inline Env srun_captured_node1_task2() {
+  return Env::from({{"SLURMD_NODENAME", "ddpnode1"}, {"SLURM_CLUSTER_NAME", "ddptest"},
+                    {"SLURM_CONF", "/tmp/d/slurm.conf"}, {"SLURM_CPUS_ON_NODE", "1"}, {"SLURM_GTIDS", "2"},
+                    {"SLURM_JOBID", "956467"}, {"SLURM_JOB_CPUS_PER_NODE", "2,1"}, {"SLURM_JOB_GID", "0"},
+                    {"SLURM_JOB_ID", "956467"}, {"SLURM_JOB_NAME", "env"}, {"SLURM_JOB_NODELIST", "ddpnode[0-1]"},
+                    {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_JOB_PARTITION", "debug"}, {"SLURM_JOB_UID", "0"},
+                    {"SLURM_JOB_USER", "root"}, {"SLURM_LABELIO", "1"}, {"SLURM_LAUNCH_NODE_IPADDR", "10.213.7.1"},
+                    {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_NODELIST", "ddpnode[0-1]"}, {"SLURM_NPROCS", "3"}, {"SLURM_NTASKS", "3"},
+                    {"SLURM_PRIO_PROCESS", "0"}, {"SLURM_PROCID", "2"}, {"SLURM_SRUN_COMM_HOST", "10.213.7.1"},
+                    {"SLURM_SRUN_COMM_PORT", "33549"}, {"SLURM_STEPID", "0"}, {"SLURM_STEP_ID", "0"},
+                    {"SLURM_STEP_LAUNCHER_PORT", "33549"}, {"SLURM_STEP_NODELIST", "ddpnode[0-1]"},
+                    {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "2,1"},
+                    {"SLURM_SUBMIT_DIR", "/tmp/d"}, {"SLURM_SUBMIT_HOST", "ddpnode0"}, {"SLURM_TASKS_PER_NODE", "2,1"},
+                    {"SLURM_TASK_PID", "11"}, {"SLURM_TOPOLOGY_ADDR", "ddpnode1"},
+                    {"SLURM_TOPOLOGY_ADDR_PATTERN", "node"}, {"SLURM_UMASK", "0022"},
+                    {"SLURM_WORKING_CLUSTER", "ddptest:10.213.7.1:6817:9728:109"}});
+}
+
+// srun -N3 -n7 ./prog on node[01-03] (block distribution 3,2,2), rank 4 on node02: the captured sets above
+// (every variable the policy or a fallback reads, and the neighbours that must not confuse it) with the
+// values of three nodes, compressed as Slurm writes node and task lists.
 inline Env srun_rank4() {
   return Env::from({{"SLURM_CLUSTER_NAME", "c"}, {"SLURM_JOB_ID", "123456"}, {"SLURM_JOBID", "123456"},
                     {"SLURM_JOB_NODELIST", "node[01-03]"}, {"SLURM_NODELIST", "node[01-03]"},
                     {"SLURM_JOB_NUM_NODES", "3"}, {"SLURM_NNODES", "3"}, {"SLURM_NTASKS", "7"}, {"SLURM_NPROCS", "7"},
-                    {"SLURM_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEPID", "0"},
+                    {"SLURM_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_JOB_CPUS_PER_NODE", "3,2(x2)"},
+                    {"SLURM_CPUS_ON_NODE", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEPID", "0"},
                     {"SLURM_STEP_NODELIST", "node[01-03]"}, {"SLURM_STEP_NUM_NODES", "3"},
                     {"SLURM_STEP_NUM_TASKS", "7"}, {"SLURM_STEP_TASKS_PER_NODE", "3,2(x2)"},
-                    {"SLURM_PROCID", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+                    {"SLURM_PROCID", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_GTIDS", "3,4"},
+                    {"SLURM_TASK_PID", "4242"}, {"SLURM_SRUN_COMM_HOST", "10.0.0.9"},
+                    {"SLURM_LAUNCH_NODE_IPADDR", "10.0.0.9"}, {"SLURM_SUBMIT_HOST", "login1"},
                     {"SLURMD_NODENAME", "node02"}, {"SLURM_TOPOLOGY_ADDR", "node02"}});
 }
 
-// The same allocation, as the environment of the batch script (or of `mpirun` started from it).
+// The batch script's own environment (sbatch -N2 -n8, no srun), as captured (`sbatch -N1 -n2` on the test
+// cluster) with two nodes' values: SLURM_PROCID=0 and the job's counts, but no SLURM_STEP_ID/SLURM_STEP_*.
+// Also what `mpirun` started from the script inherits.
 inline Env sbatch_allocation() {
-  return Env::from({{"SLURM_JOB_ID", "123456"}, {"SLURM_JOB_NODELIST", "node[01-02]"}, {"SLURM_NNODES", "2"},
-                    {"SLURM_NTASKS", "8"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_PROCID", "0"},
-                    {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURMD_NODENAME", "node01"}});
+  return Env::from({{"SLURM_JOB_ID", "123456"}, {"SLURM_JOBID", "123456"}, {"SLURM_JOB_NODELIST", "node[01-02]"},
+                    {"SLURM_NODELIST", "node[01-02]"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_NNODES", "2"},
+                    {"SLURM_NTASKS", "8"}, {"SLURM_NPROCS", "8"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                    {"SLURM_JOB_CPUS_PER_NODE", "4(x2)"}, {"SLURM_CPUS_ON_NODE", "4"}, {"SLURM_GTIDS", "0"},
+                    {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_TASK_PID", "25"},
+                    {"SLURM_NODE_ALIASES", "(null)"}, {"SLURMD_NODENAME", "node01"}, {"SLURM_TOPOLOGY_ADDR", "node01"}});
 }
 
 // Merges `extra` over `base`: a launcher started inside another (srun torchrun, mpirun inside Slurm).

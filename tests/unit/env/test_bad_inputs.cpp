@@ -36,9 +36,11 @@ struct Row {
   DetectOptions opts = {};
 };
 
-// `srun -N2 -n8 --ntasks-per-node=4`, task 5: no per-node list, only the uniform count.
+// `srun -N2 -n8 --ntasks-per-node=4`, task 5, reduced to the uniform count (real srun also exports the
+// per-node lists, which win; this exercises the last fallback).
 Env srun_uniform_rank5() {
-  return Env::from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+  return Env::from({{"SLURM_PROCID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                    {"SLURM_NODEID", "1"},
                     {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_ID", "77"},
                     {"SLURM_JOB_NODELIST", "n[1-2]"}});
 }
@@ -166,6 +168,12 @@ TEST_SUITE("env") {
          "1000) cannot be derived. Export MASTER_PORT or pass --master-port."},
         {"srun: MASTER_PORT out of range", srun.with("MASTER_PORT", "99999"), {},
          "ddp: MASTER_PORT='99999' (from Slurm srun) is not a TCP port; use a number from 1 to 65535."},
+        {"sbatch script without srun, 8 tasks", sbatch_allocation(), {},
+         "ddp: this process runs in the batch script of Slurm job 123456 (SLURM_PROCID is set but SLURM_STEP_ID is "
+         "not: it is not an srun task), and the job has SLURM_NTASKS=8 tasks, which would wait for ranks nobody "
+         "starts. Start the program with srun in the script (`srun ./prog`, one rank per task; see "
+         "examples/slurm/ddp.sbatch), or run torchrun there, or export RANK, WORLD_SIZE, MASTER_ADDR and "
+         "MASTER_PORT (env://)."},
         {"srun --ntasks-per-node: count not a number", srun_uniform_rank5().with("SLURM_NTASKS_PER_NODE", "4x"), {},
          "ddp: SLURM_NTASKS_PER_NODE='4x' (from Slurm srun) is not an integer."},
         {"srun --ntasks-per-node: SLURM_LOCALID beyond it", srun_uniform_rank5().with("SLURM_LOCALID", "4"), {},

@@ -145,6 +145,32 @@ TEST_SUITE("env") {
     CHECK(de::Slurm::port_for_job(999) == 30499);
   }
 
+  TEST_CASE("Slurm: the environment real srun gave task 1 of `srun -N1 -n2` (tests/slurm)") {
+    REQUIRE(de::Slurm::detected(srun_captured_task1()));
+    check_info(de::Slurm::read(srun_captured_task1()),
+               {.rank = 1, .world_size = 2, .local_rank = 1, .local_world_size = 2, .node_rank = 0, .nnodes = 1,
+                .master_addr = "vm", .master_port = 29500 + 1, .run_id = "1", .source = "slurm"});
+  }
+
+  TEST_CASE("Slurm: the environment real srun gave task 2 of `srun -N2 -n3` on the second node (tests/slurm)") {
+    // 2,1 tasks per node: the second node's only task; the store is on the first host of ddpnode[0-1].
+    check_info(de::Slurm::read(srun_captured_node1_task2()),
+               {.rank = 2, .world_size = 3, .local_rank = 0, .local_world_size = 1, .node_rank = 1, .nnodes = 2,
+                .master_addr = "ddpnode0", .master_port = 29500 + 956467 % 1000, .run_id = "956467",
+                .source = "slurm"});
+  }
+
+  TEST_CASE("Slurm: the batch script itself (no srun, no SLURM_STEP_ID) is one process or refused") {
+    // sbatch -n1: the script's program is the whole job.
+    Env one = sbatch_allocation().with("SLURM_NTASKS", "1").with("SLURM_NPROCS", "1").with("SLURM_NNODES", "1");
+    REQUIRE(de::Slurm::detected(one));
+    check_info(de::Slurm::read(one), {.run_id = "123456", .source = "slurm"});
+    // More tasks: refused, naming srun (the message is checked in test_bad_inputs.cpp).
+    CHECK_THROWS_AS(de::Slurm::read(sbatch_allocation()), ConfigError);
+    // The same process under srun has SLURM_STEP_ID and the step's counts.
+    CHECK(de::Slurm::read(srun_rank4()).world_size == 7);
+  }
+
   TEST_CASE("Slurm: MASTER_ADDR/MASTER_PORT win over the node list and the port rule; fallbacks") {
     auto env = srun_rank4().with("MASTER_ADDR", "10.9.8.7").with("MASTER_PORT", "2222");
     LaunchInfo info = de::Slurm::read(env);
@@ -164,7 +190,7 @@ TEST_SUITE("env") {
     CHECK(info.world_size == 7);
     CHECK(info.nnodes == 3);
     CHECK(info.local_world_size == 2);
-    auto uniform = de::Env::from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+    auto uniform = de::Env::from({{"SLURM_PROCID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                                   {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}});
     info = de::Slurm::read(uniform);
     CHECK(info.local_world_size == 4);

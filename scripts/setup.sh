@@ -7,6 +7,8 @@ debian_packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev python3
   doctest-dev libcxxopts-dev nlohmann-json3-dev libopenblas-dev
   openmpi-bin libopenmpi-dev
+  mpich libmpich-dev          # beside Open MPI, which stays the default mpirun (tests/mpich, docs/MPICH.md)
+  slurm-wlm munge util-linux  # a real Slurm cluster per test (tests/slurm, docs/SLURM.md)
   python3-torch python3-torchvision python3-numpy python3-sklearn
   iproute2 procps psmisc
 )

@@ -347,12 +347,15 @@ def have_torch():
         raise Skip("/usr/bin/python3 has no torch.distributed.run (install python3-torch)")
 
 
-def torchrun_nodes(c, rdzv, program):
+def torchrun_cmd(k, nnodes, launch, program, runner=("-m", "torch.distributed.run")):
     # torch 1.13 spells the flags with "_"; --redirects/--tee 9:1 as in tests/launch (this environment needs
     # them; they name local rank 9 only, so the workers keep writing to this torchrun's stdout and stderr).
-    return [[PY, "-m", "torch.distributed.run", "--redirects", "9:1", "--tee", "9:1", "--log_dir", f"logs{k}",
-             "--nnodes", str(len(c.nodes)), "--nproc_per_node", "1", *rdzv(k), "--no_python", *program]
-            for k in range(len(c.nodes))]
+    return [PY, *runner, "--redirects", "9:1", "--tee", "9:1", "--log_dir", f"logs{k}", "--nnodes", nnodes,
+            "--nproc_per_node", "1", *launch, "--no_python", *program]
+
+
+def torchrun_nodes(c, rdzv, program):
+    return [torchrun_cmd(k, str(len(c.nodes)), rdzv(k), program) for k in range(len(c.nodes))]
 
 
 def torchrun_case(a, c, rdzv):
@@ -376,6 +379,182 @@ def case_torchrun_c10d(a, c):
     # the hostname ddpnode0 through the node's /etc/hosts and finds 10.213.7.1.
     torchrun_case(a, c, lambda k: ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{c.addr(0)}:{PORT}",
                                    "--rdzv_id", f"netns{os.getpid()}"])
+
+
+# ---------------------------------------------------------------- elastic torchrun: a node lost, a node joining
+
+# torchrun --nnodes=1:2 with torch 1.13's c10d rendezvous (hosted by node 0's agent: the endpoint is its
+# address, and its hostname ddpnode0 sorts first, so it is always group rank 0 and our rank 0 - the one that
+# reads and writes the snapshot - runs there). A snapshot every epoch; batch 256 gives 4 steps per epoch with
+# two ranks and 8 with one (the DistributedSampler's share of 2048), so "Steps: N" shows the world size each
+# epoch ran with. Each node names its own snapshot file; only n0.safetensors may ever exist, so node 1's rank
+# got the joined state from rank 0's broadcast, not from a file. Each epoch costs about the same (a few ms,
+# mostly the snapshot's fsync) with one or two ranks, so the job's length does not depend on when a node
+# comes or goes. torch 1.13 keeps its keep-alive fixed (a heartbeat every 5 s, dead after 3 missed): a lost
+# node leaves the rendezvous 10-15 s after it died, which dominates the time to resume.
+ELASTIC_EPOCHS = 500
+ELASTIC_RDZV_CONF = "join_timeout=40,last_call_timeout=1"  # a single node starts after 1 s, not 30
+
+
+def elastic_launch(c, max_restarts):
+    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{c.addr(0)}:{PORT}", "--rdzv_id", f"elastic{os.getpid()}",
+            "--rdzv_conf", ELASTIC_RDZV_CONF, "--max_restarts", str(max_restarts), "--monitor_interval", "0.2"]
+
+
+def elastic_program(a, k):
+    return [a.multinode, str(ELASTIC_EPOCHS), "1", "--batch_size", "256", "--snapshot_path", f"n{k}.safetensors"]
+
+
+# torch.distributed.run imported first (seconds on a loaded CI machine), then started on a trigger file: the
+# joining node's agent reaches the rendezvous a fraction of a second after the test decides it joins, while
+# node 0 is certainly still training. main() is what `python3 -m torch.distributed.run` runs.
+LATE_AGENT = ("import os, sys, time\nimport torch.distributed.run as run\ntrigger = sys.argv.pop(1)\n"
+              "while not os.path.exists(trigger):\n    time.sleep(0.01)\nrun.main()\n")
+
+
+class Tail:
+    """The growing output file of a process started by Cluster.start, read by the driver while it runs."""
+
+    def __init__(self, p, stream=0):
+        self.f = open(p.files[stream].name)
+        self.text = ""
+
+    def read(self):
+        self.text += self.f.read()
+        return self.text
+
+
+def poll_until(cond, timeout, what, c, procs):
+    """Calls cond() every 10 ms until it returns true; raises with everyone's output after timeout s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s\n" + c.dump(procs))
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def node_pids(c, k, exe):
+    """Processes in node k running the executable exe (our workers, whose parent is torchrun)."""
+    pids = []
+    for p in sh("ip", "netns", "pids", c.nodes[k], check=False).split():
+        try:
+            if os.readlink(f"/proc/{p}/exe") == os.path.realpath(exe):
+                pids.append(int(p))
+        except OSError:
+            pass
+    return pids
+
+
+def running(pid):
+    """True until pid has exited (a zombie waiting for torchrun to reap it counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+EPOCH_LINE = re.compile(r"\[Rank (\d+)\] Epoch (\d+) \| Batchsize: 256 \| Steps: (\d+)")
+SAVED_LINE = re.compile(r"^Epoch (\d+) \| Training snapshot saved at n0\.safetensors$", re.M)
+RESUME_LINE = re.compile(r"^Resuming training from snapshot at Epoch (\d+)$", re.M)
+
+
+def check_elastic_resume(out0, before, after, c, procs):
+    """Node 0's stdout out0: the epochs ran with `before` ranks (4 steps if 2), then a restart resumed with
+    `after` ranks at the epoch after the last snapshot written before it, and training finished.
+    Returns the resume epoch."""
+    resumes = RESUME_LINE.findall(out0)
+    expect(len(resumes) == 1, f"expected one 'Resuming training' line, got {resumes}", c.dump(procs))
+    cut = RESUME_LINE.search(out0).start()
+    head, tail = out0[:cut], out0[cut:]
+    saved = SAVED_LINE.findall(head)
+    expect(saved, "no snapshot written before the restart", c.dump(procs))
+    resume = int(resumes[0])
+    expect(resume == int(saved[-1]) + 1, f"resumed at epoch {resume}, the last snapshot before the restart was "
+           f"epoch {saved[-1]}'s (expected {int(saved[-1]) + 1})", c.dump(procs))
+    steps = {1: "8", 2: "4"}
+    first = [m for m in EPOCH_LINE.findall(head) if m[0] == "0"]
+    expect(first and all(s == steps[before] for _, _, s in first),
+           f"before the restart rank 0's epochs should have {steps[before]} steps ({before} rank(s))", head)
+    later = [m for m in EPOCH_LINE.findall(tail) if m[0] == "0"]
+    expect([int(e) for _, e, _ in later] == list(range(resume, ELASTIC_EPOCHS)),
+           f"after the restart rank 0 should run epochs {resume}..{ELASTIC_EPOCHS - 1} once each", tail)
+    expect(all(s == steps[after] for _, _, s in later),
+           f"after the restart the sampler should give {steps[after]} steps per epoch ({after} rank(s))", tail)
+    expect(f"Epoch {ELASTIC_EPOCHS - 1} | Training snapshot saved at n0.safetensors" in tail and
+           "Training took" in tail, "training did not finish after the restart", tail)
+    return resume
+
+
+def check_world_sizes(err0, sizes, c, procs):
+    """Rank 0's DDP_LOG_LEVEL=debug mesh lines on node 0, one per communicator, in order: the world sizes."""
+    seen = [int(n) for n in re.findall(r"ddp\[rank 0/(\d+)\]: tcp mesh ready", err0)]
+    expect(seen == sizes, f"rank 0's communicators had world sizes {seen}, expected {sizes}", c.dump(procs))
+
+
+def case_torchrun_elastic_lose(a, c):
+    # Two nodes train; node 1 is lost (its torchrun agent and its worker SIGKILLed, as when the machine dies).
+    # Node 0's worker fails fast naming rank 1 (docs/ARCHITECTURE.md §4), its agent restarts the group (one
+    # of --max_restarts), waits in the rendezvous until torch declares node 1 dead, and starts our worker
+    # again with WORLD_SIZE=1: it resumes from rank 0's last snapshot with the sampler's one-rank share.
+    have_torch()
+    procs = [c.start(k, torchrun_cmd(k, "1:2", elastic_launch(c, 3), elastic_program(a, k)), env=DEBUG)
+             for k in range(2)]
+    out0 = Tail(procs[0])
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30 with two nodes", c, procs)
+    [survivor] = node_pids(c, 0, a.multinode)
+    expect(node_pids(c, 1, a.multinode), "node 1 has no worker to lose", c.dump(procs))
+    mark = len(out0.read())
+    t_fault = time.monotonic()
+    kill_inside(c.nodes[1])  # node 1's agent and worker, SIGKILL
+    resumed = re.compile(r"\[Rank 0\] Epoch \d+ \| Batchsize: 256 \| Steps: 8")
+    t_exit = poll_until(lambda: not running(survivor), 30, "exit of node 0's worker", c, procs)
+    t_resume = poll_until(lambda: resumed.search(out0.read(), mark), 40, "epoch with one rank", c, procs)
+    [(rc, out, err)] = c.wait(procs[:1], timeout=40)
+    expect(rc == 0, f"node 0's torchrun exited {rc}", c.dump(procs))
+    # The survivor named the lost rank (tcp: the peer's socket closed; or its report through the store).
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1", err), "node 0's worker did not name rank 1", err)
+    check_world_sizes(err, [2, 1], c, procs)
+    resume = check_elastic_resume(out, 2, 1, c, procs)
+    expect(not os.path.exists(os.path.join(c.work, "n1.safetensors")), "node 1 wrote a snapshot", out)
+    failure = next(ln for ln in err.splitlines() if re.search(r"ddp\[rank 0/2\].*rank 1", ln))
+    print(f"  node 0's worker: {failure.strip()[:200]}")
+    print(f"  world size 2 -> 1, resumed at epoch {resume} (last snapshot epoch {resume - 1}), steps per epoch "
+          f"4 -> 8, epochs {resume}..{ELASTIC_EPOCHS - 1} done")
+    print(f"  timings: fault -> node 0's worker exited {t_exit - t_fault:.2f} s; fault -> training resumed "
+          f"(first epoch with one rank) {t_resume - t_fault:.2f} s")
+
+
+def case_torchrun_elastic_join(a, c):
+    # Node 0 trains alone (--nnodes=1:2 lets one node complete the rendezvous after last_call_timeout); node
+    # 1's torchrun then arrives. Its agent waits for the next round; node 0's agent sees a node waiting,
+    # stops its worker (SIGTERM; not counted as a restart) and both join the next round: two ranks, resumed
+    # from rank 0's snapshot, the sampler's two-rank share.
+    have_torch()
+    trigger = os.path.join(c.work, "join")
+    p0 = c.start(0, torchrun_cmd(0, "1:2", elastic_launch(c, 0), elastic_program(a, 0)), env=DEBUG)
+    p1 = c.start(1, torchrun_cmd(1, "1:2", elastic_launch(c, 0), elastic_program(a, 1),
+                                 runner=("-c", LATE_AGENT, trigger)), env=DEBUG)
+    procs = [p0, p1]
+    out0, out1 = Tail(p0), Tail(p1)
+    poll_until(lambda: "Epoch 20 | Training snapshot saved" in out0.read(), 60, "epoch 20 with one node", c, procs)
+    expect(p1.poll() is None, "node 1's agent ended before joining", c.dump(procs))
+    t_join = time.monotonic()
+    open(trigger, "w").close()
+    t_resume = poll_until(lambda: EPOCH_LINE.search(out1.read()), 40, "epoch on node 1", c, procs)
+    res = c.wait(procs, timeout=40)
+    expect(all(rc == 0 for rc, _, _ in res), f"exit codes {[rc for rc, _, _ in res]}", c.dump(procs))
+    (_, out, err), (_, out_1, err_1) = res
+    check_world_sizes(err, [1, 2], c, procs)
+    resume = check_elastic_resume(out, 1, 2, c, procs)
+    ranks1 = [(r, int(e), s) for r, e, s in EPOCH_LINE.findall(out_1)]
+    expect(ranks1 == [("1", e, "4") for e in range(resume, ELASTIC_EPOCHS)],
+           f"node 1 should run rank 1's epochs {resume}..{ELASTIC_EPOCHS - 1} with 4 steps", out_1)
+    expect(not os.path.exists(os.path.join(c.work, "n1.safetensors")), "node 1 wrote a snapshot", out_1)
+    print(f"  world size 1 -> 2, both ranks resumed at epoch {resume} (rank 0's snapshot, broadcast), steps per "
+          f"epoch 8 -> 4, epochs {resume}..{ELASTIC_EPOCHS - 1} done on both nodes")
+    print(f"  timings: join -> training resumed with two ranks (node 1's first epoch) {t_resume - t_join:.2f} s")
 
 
 # ---------------------------------------------------------------- mpirun with a launch agent

@@ -2,9 +2,10 @@
 # Multi-node jobs on one machine (issue 8): every "node" is a network namespace of its own, joined to the
 # others by a veth pair to a bridge that lives in a further namespace, so that ranks on different nodes
 # reach each other only over a real (virtual) NIC with a private address and cannot take the loopback
-# shortcut. Cases: ddprun with one ddprun per node (message_passing, multinode, resnet, shared memory),
-# real torchrun with static and c10d rendezvous, mpirun with a launch agent that enters the namespaces,
-# and the socket-interface knob (DDP_SOCKET_IFNAME and the default route-based choice).
+# shortcut. Cases: ddprun with one ddprun per node (message_passing, multinode, resnet, shared memory,
+# restarts), real torchrun with static and c10d rendezvous, elastic torchrun (--nnodes=1:2: a node lost, a
+# node joining; issue 16), mpirun with a launch agent that enters the namespaces, and the socket-interface
+# knob (DDP_SOCKET_IFNAME and the default route-based choice).
 # Run by CTest: netns_tests.py CASE --ddprun PATH --message-passing PATH --multinode PATH --resnet PATH.
 # Exit 0 pass, 1 fail, 77 skip (not root, or `ip netns add` refused, or the launcher is missing).
 # SPDX-License-Identifier: MIT
@@ -555,6 +556,65 @@ def case_torchrun_elastic_join(a, c):
     print(f"  world size 1 -> 2, both ranks resumed at epoch {resume} (rank 0's snapshot, broadcast), steps per "
           f"epoch 8 -> 4, epochs {resume}..{ELASTIC_EPOCHS - 1} done on both nodes")
     print(f"  timings: join -> training resumed with two ranks (node 1's first epoch) {t_resume - t_join:.2f} s")
+
+
+def unprefixed(text):
+    """ddprun's output without its "[rankN]: " line prefixes, to be checked like torchrun's."""
+    return re.sub(r"^\[rank\d+\]: ", "", text, flags=re.M)
+
+
+def case_ddprun_restart(a, c):
+    # ddprun's restarts where they apply, and where they do not (docs/ARCHITECTURE.md D36). ddprun's membership
+    # is static (--nnodes M, node 0's store outlives every attempt) and each node restarts its own workers.
+    # 1) A worker dies, its node survives: node 1's worker is SIGKILLed; node 0's worker fails fast naming rank
+    #    1; each ddprun restarts its worker (restart 1 of --max-restarts 1), the two meet again in node 0's
+    #    store (the communicator numbers its attempts there, docs/ARCHITECTURE.md §4) with world size 2, and
+    #    training resumes from rank 0's snapshot.
+    launch = ["--nproc-per-node", "1", "--max-restarts", "1", "--master-addr", c.addr(0), "--master-port", PORT]
+    env = {**DEBUG, "DDP_TIMEOUT_MS": "4000"}
+    procs = [c.start(k, [a.ddprun, "--nnodes", "2", "--node-rank", str(k), *launch, *elastic_program(a, k)], env=env)
+             for k in range(2)]
+    out0 = Tail(procs[0])
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30", c, procs)
+    [victim] = node_pids(c, 1, a.multinode)
+    mark = len(out0.read())
+    t_fault = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    t_resume = poll_until(lambda: RESUME_LINE.search(unprefixed(out0.read()[mark:])), 30, "resume", c, procs)
+    res = c.wait(procs, timeout=40)
+    expect(all(rc == 0 for rc, _, _ in res), f"exit codes {[rc for rc, _, _ in res]}", c.dump(procs))
+    (_, out, err), (_, out_1, err_1) = res
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1 closed its connection", err), "rank 0 did not name rank 1", err)
+    for k, e in enumerate((err, err_1)):
+        expect("ddprun: restarting all 1 workers (restart 1 of 1" in e, f"node {k}'s ddprun did not restart", e)
+    check_world_sizes(err, [2, 2], c, procs)
+    resume = check_elastic_resume(unprefixed(out), 2, 2, c, procs)
+    print(f"  worker lost: both ddpruns restarted, world size 2 again, resumed at epoch {resume}; fault -> "
+          f"training resumed {t_resume - t_fault:.2f} s")
+    # 2) A node is lost: node 1's ddprun and worker are SIGKILLed. Node 0's ddprun restarts its worker with
+    #    the same world size 2 (no elastic membership); rank 1 never comes, so the worker fails at the
+    #    rendezvous after DDP_TIMEOUT_MS naming rank 1, and the job fails instead of going on with one node.
+    os.unlink(os.path.join(c.work, "n0.safetensors"))
+    procs = [c.start(k, [a.ddprun, "--nnodes", "2", "--node-rank", str(k), *launch, *elastic_program(a, k)], env=env)
+             for k in range(2)]
+    out0, err0 = Tail(procs[0]), Tail(procs[0], 1)
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30", c, procs)
+    t_fault = time.monotonic()
+    kill_inside(c.nodes[1])
+    gave_up = "ddprun: giving up after 1 restart(s)"
+    t_fail = poll_until(lambda: gave_up in err0.read(), 30, "node 0's ddprun giving up", c, procs)
+    text = err0.read()
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1", text[text.index("restarting all 1 workers"):]),
+           "node 0's restarted worker did not name rank 1", text)
+    # Node 0's ddprun now waits in its exit barrier for node 1 (up to 300 s, as torchrun's agent does):
+    # SIGTERM ends it at once, with the workers' failure as its exit code.
+    procs[0].send_signal(signal.SIGTERM)
+    [(rc, _, _)] = c.wait(procs[:1], timeout=10)
+    expect(rc != 0, "node 0's ddprun exited 0 after losing node 1", c.dump(procs))
+    failure = next(ln for ln in text[text.index("restarting all 1 workers"):].splitlines()
+                   if re.search(r"ddp\[rank 0/2\].*rank 1", ln))
+    print(f"  node lost: node 0's restarted worker: {failure.strip()[:200]}")
+    print(f"  node lost: fault -> node 0's ddprun gave up {t_fail - t_fault:.2f} s (DDP_TIMEOUT_MS=4000); exit {rc}")
 
 
 # ---------------------------------------------------------------- mpirun with a launch agent

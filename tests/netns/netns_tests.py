@@ -406,11 +406,22 @@ def elastic_program(a, k):
     return [a.multinode, str(ELASTIC_EPOCHS), "1", "--batch_size", "256", "--snapshot_path", f"n{k}.safetensors"]
 
 
-# torch.distributed.run imported first (seconds on a loaded CI machine), then started on a trigger file: the
-# joining node's agent reaches the rendezvous a fraction of a second after the test decides it joins, while
-# node 0 is certainly still training. main() is what `python3 -m torch.distributed.run` runs.
-LATE_AGENT = ("import os, sys, time\nimport torch.distributed.run as run\ntrigger = sys.argv.pop(1)\n"
-              "while not os.path.exists(trigger):\n    time.sleep(0.01)\nrun.main()\n")
+# torchrun whose import (seconds on a loaded CI machine) is done before it starts: it touches `ready`, then
+# waits for the file `trigger` and runs main(), which is what `python3 -m torch.distributed.run` runs. So
+# the test decides when an agent reaches the rendezvous to within a fraction of a second: two nodes start
+# together (not one after the other's last_call_timeout), and a joining node arrives while node 0 is
+# certainly still training.
+LATE_AGENT = ("import os, sys, time\nimport torch.distributed.run as run\nready, trigger = sys.argv.pop(1), "
+              "sys.argv.pop(1)\nopen(ready, 'w').close()\nwhile not os.path.exists(trigger):\n    time.sleep(0.01)\n"
+              "run.main()\n")
+
+
+def start_late_agent(a, c, k, max_restarts, trigger):
+    """Starts node k's torchrun as LATE_AGENT; returns (Popen, its ready file)."""
+    ready = os.path.join(c.work, f"ready{k}")
+    cmd = torchrun_cmd(k, "1:2", elastic_launch(c, max_restarts), elastic_program(a, k),
+                       runner=("-c", LATE_AGENT, ready, trigger))
+    return c.start(k, cmd, env=DEBUG), ready
 
 
 class Tail:
@@ -500,8 +511,10 @@ def case_torchrun_elastic_lose(a, c):
     # of --max_restarts), waits in the rendezvous until torch declares node 1 dead, and starts our worker
     # again with WORLD_SIZE=1: it resumes from rank 0's last snapshot with the sampler's one-rank share.
     have_torch()
-    procs = [c.start(k, torchrun_cmd(k, "1:2", elastic_launch(c, 3), elastic_program(a, k)), env=DEBUG)
-             for k in range(2)]
+    trigger = os.path.join(c.work, "go")
+    procs, ready = zip(*[start_late_agent(a, c, k, 3, trigger) for k in range(2)])
+    poll_until(lambda: all(os.path.exists(r) for r in ready), 60, "torch imported on both nodes", c, procs)
+    open(trigger, "w").close()
     out0 = Tail(procs[0])
     poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30 with two nodes", c, procs)
     [survivor] = node_pids(c, 0, a.multinode)
@@ -535,10 +548,10 @@ def case_torchrun_elastic_join(a, c):
     have_torch()
     trigger = os.path.join(c.work, "join")
     p0 = c.start(0, torchrun_cmd(0, "1:2", elastic_launch(c, 0), elastic_program(a, 0)), env=DEBUG)
-    p1 = c.start(1, torchrun_cmd(1, "1:2", elastic_launch(c, 0), elastic_program(a, 1),
-                                 runner=("-c", LATE_AGENT, trigger)), env=DEBUG)
+    p1, ready = start_late_agent(a, c, 1, 0, trigger)
     procs = [p0, p1]
     out0, out1 = Tail(p0), Tail(p1)
+    poll_until(lambda: os.path.exists(ready), 60, "torch imported on node 1", c, procs)
     poll_until(lambda: "Epoch 20 | Training snapshot saved" in out0.read(), 60, "epoch 20 with one node", c, procs)
     expect(p1.poll() is None, "node 1's agent ended before joining", c.dump(procs))
     t_join = time.monotonic()

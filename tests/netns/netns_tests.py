@@ -2,9 +2,10 @@
 # Multi-node jobs on one machine (issue 8): every "node" is a network namespace of its own, joined to the
 # others by a veth pair to a bridge that lives in a further namespace, so that ranks on different nodes
 # reach each other only over a real (virtual) NIC with a private address and cannot take the loopback
-# shortcut. Cases: ddprun with one ddprun per node (message_passing, multinode, resnet, shared memory),
-# real torchrun with static and c10d rendezvous, mpirun with a launch agent that enters the namespaces,
-# and the socket-interface knob (DDP_SOCKET_IFNAME and the default route-based choice).
+# shortcut. Cases: ddprun with one ddprun per node (message_passing, multinode, resnet, shared memory,
+# restarts), real torchrun with static and c10d rendezvous, elastic torchrun (--nnodes=1:2: a node lost, a
+# node joining; issue 16), mpirun with a launch agent that enters the namespaces, and the socket-interface
+# knob (DDP_SOCKET_IFNAME and the default route-based choice).
 # Run by CTest: netns_tests.py CASE --ddprun PATH --message-passing PATH --multinode PATH --resnet PATH.
 # Exit 0 pass, 1 fail, 77 skip (not root, or `ip netns add` refused, or the launcher is missing).
 # SPDX-License-Identifier: MIT
@@ -347,12 +348,15 @@ def have_torch():
         raise Skip("/usr/bin/python3 has no torch.distributed.run (install python3-torch)")
 
 
-def torchrun_nodes(c, rdzv, program):
+def torchrun_cmd(k, nnodes, launch, program, runner=("-m", "torch.distributed.run")):
     # torch 1.13 spells the flags with "_"; --redirects/--tee 9:1 as in tests/launch (this environment needs
     # them; they name local rank 9 only, so the workers keep writing to this torchrun's stdout and stderr).
-    return [[PY, "-m", "torch.distributed.run", "--redirects", "9:1", "--tee", "9:1", "--log_dir", f"logs{k}",
-             "--nnodes", str(len(c.nodes)), "--nproc_per_node", "1", *rdzv(k), "--no_python", *program]
-            for k in range(len(c.nodes))]
+    return [PY, *runner, "--redirects", "9:1", "--tee", "9:1", "--log_dir", f"logs{k}", "--nnodes", nnodes,
+            "--nproc_per_node", "1", *launch, "--no_python", *program]
+
+
+def torchrun_nodes(c, rdzv, program):
+    return [torchrun_cmd(k, str(len(c.nodes)), rdzv(k), program) for k in range(len(c.nodes))]
 
 
 def torchrun_case(a, c, rdzv):
@@ -376,6 +380,259 @@ def case_torchrun_c10d(a, c):
     # the hostname ddpnode0 through the node's /etc/hosts and finds 10.213.7.1.
     torchrun_case(a, c, lambda k: ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{c.addr(0)}:{PORT}",
                                    "--rdzv_id", f"netns{os.getpid()}"])
+
+
+# ---------------------------------------------------------------- elastic torchrun: a node lost, a node joining
+
+# torchrun --nnodes=1:2 with torch 1.13's c10d rendezvous (hosted by node 0's agent: the endpoint is its
+# address, and its hostname ddpnode0 sorts first, so it is always group rank 0 and our rank 0 - the one that
+# reads and writes the snapshot - runs there). A snapshot every epoch; batch 256 gives 4 steps per epoch with
+# two ranks and 8 with one (the DistributedSampler's share of 2048), so "Steps: N" shows the world size each
+# epoch ran with. Each node names its own snapshot file; only n0.safetensors may ever exist, so node 1's rank
+# got the joined state from rank 0's broadcast, not from a file. Each epoch costs about the same (a few ms,
+# mostly the snapshot's fsync) with one or two ranks, so the job's length does not depend on when a node
+# comes or goes. torch 1.13 keeps its keep-alive fixed (a heartbeat every 5 s, dead after 3 missed): a lost
+# node leaves the rendezvous 10-15 s after it died, which dominates the time to resume.
+ELASTIC_EPOCHS = 500
+ELASTIC_RDZV_CONF = "join_timeout=40,last_call_timeout=1"  # a single node starts after 1 s, not 30
+
+
+def elastic_launch(c, max_restarts):
+    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{c.addr(0)}:{PORT}", "--rdzv_id", f"elastic{os.getpid()}",
+            "--rdzv_conf", ELASTIC_RDZV_CONF, "--max_restarts", str(max_restarts), "--monitor_interval", "0.2"]
+
+
+def elastic_program(a, k):
+    return [a.multinode, str(ELASTIC_EPOCHS), "1", "--batch_size", "256", "--snapshot_path", f"n{k}.safetensors"]
+
+
+# torchrun whose import (seconds on a loaded CI machine) is done before it starts: it touches `ready`, then
+# waits for the file `trigger` and runs main(), which is what `python3 -m torch.distributed.run` runs. So
+# the test decides when an agent reaches the rendezvous to within a fraction of a second: two nodes start
+# together (not one after the other's last_call_timeout), and a joining node arrives while node 0 is
+# certainly still training.
+LATE_AGENT = ("import os, sys, time\nimport torch.distributed.run as run\nready, trigger = sys.argv.pop(1), "
+              "sys.argv.pop(1)\nopen(ready, 'w').close()\nwhile not os.path.exists(trigger):\n    time.sleep(0.01)\n"
+              "run.main()\n")
+
+
+def start_late_agent(a, c, k, max_restarts, trigger):
+    """Starts node k's torchrun as LATE_AGENT; returns (Popen, its ready file)."""
+    ready = os.path.join(c.work, f"ready{k}")
+    cmd = torchrun_cmd(k, "1:2", elastic_launch(c, max_restarts), elastic_program(a, k),
+                       runner=("-c", LATE_AGENT, ready, trigger))
+    return c.start(k, cmd, env=DEBUG), ready
+
+
+class Tail:
+    """The growing output file of a process started by Cluster.start, read by the driver while it runs."""
+
+    def __init__(self, p, stream=0):
+        self.f = open(p.files[stream].name)
+        self.text = ""
+
+    def read(self):
+        self.text += self.f.read()
+        return self.text
+
+
+def poll_until(cond, timeout, what, c, procs):
+    """Calls cond() every 10 ms until it returns true; raises with everyone's output after timeout s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s\n" + c.dump(procs))
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def node_pids(c, k, exe):
+    """Processes in node k running the executable exe (our workers, whose parent is torchrun)."""
+    pids = []
+    for p in sh("ip", "netns", "pids", c.nodes[k], check=False).split():
+        try:
+            if os.readlink(f"/proc/{p}/exe") == os.path.realpath(exe):
+                pids.append(int(p))
+        except OSError:
+            pass
+    return pids
+
+
+def running(pid):
+    """True until pid has exited (a zombie waiting for torchrun to reap it counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+EPOCH_LINE = re.compile(r"\[Rank (\d+)\] Epoch (\d+) \| Batchsize: 256 \| Steps: (\d+)")
+SAVED_LINE = re.compile(r"^Epoch (\d+) \| Training snapshot saved at n0\.safetensors$", re.M)
+RESUME_LINE = re.compile(r"^Resuming training from snapshot at Epoch (\d+)$", re.M)
+
+
+def check_elastic_resume(out0, before, after, c, procs, stopped_by_agent=False):
+    """Node 0's stdout out0: the epochs ran with `before` ranks (4 steps if 2), then a restart resumed with
+    `after` ranks at the epoch after the last snapshot written before it, and training finished.
+    stopped_by_agent: the agent's SIGTERM may have landed between a snapshot's rename and its line, so the
+    file on disk may be one epoch ahead of the last line (never more: that epoch must have started).
+    Returns the resume epoch."""
+    resumes = RESUME_LINE.findall(out0)
+    expect(len(resumes) == 1, f"expected one 'Resuming training' line, got {resumes}", c.dump(procs))
+    cut = RESUME_LINE.search(out0).start()
+    head, tail = out0[:cut], out0[cut:]
+    saved = SAVED_LINE.findall(head)
+    expect(saved, "no snapshot written before the restart", c.dump(procs))
+    resume = int(resumes[0])
+    first = [m for m in EPOCH_LINE.findall(head) if m[0] == "0"]
+    allowed = [int(saved[-1]) + 1]
+    if stopped_by_agent and first and int(first[-1][1]) == int(saved[-1]) + 1:
+        allowed.append(int(saved[-1]) + 2)  # epoch saved[-1] + 1 ran and may have been written, unannounced
+    expect(resume in allowed, f"resumed at epoch {resume}, the last snapshot line before the restart was epoch "
+           f"{saved[-1]}'s (expected {' or '.join(map(str, allowed))})", c.dump(procs))
+    steps = {1: "8", 2: "4"}
+    expect(first and all(s == steps[before] for _, _, s in first),
+           f"before the restart rank 0's epochs should have {steps[before]} steps ({before} rank(s))", head)
+    later = [m for m in EPOCH_LINE.findall(tail) if m[0] == "0"]
+    expect([int(e) for _, e, _ in later] == list(range(resume, ELASTIC_EPOCHS)),
+           f"after the restart rank 0 should run epochs {resume}..{ELASTIC_EPOCHS - 1} once each", tail)
+    expect(all(s == steps[after] for _, _, s in later),
+           f"after the restart the sampler should give {steps[after]} steps per epoch ({after} rank(s))", tail)
+    expect(f"Epoch {ELASTIC_EPOCHS - 1} | Training snapshot saved at n0.safetensors" in tail and
+           "Training took" in tail, "training did not finish after the restart", tail)
+    return resume
+
+
+def check_world_sizes(err0, sizes, c, procs):
+    """Rank 0's DDP_LOG_LEVEL=debug mesh lines on node 0, one per communicator, in order: the world sizes."""
+    seen = [int(n) for n in re.findall(r"ddp\[rank 0/(\d+)\]: tcp mesh ready", err0)]
+    expect(seen == sizes, f"rank 0's communicators had world sizes {seen}, expected {sizes}", c.dump(procs))
+
+
+def case_torchrun_elastic_lose(a, c):
+    # Two nodes train; node 1 is lost (its torchrun agent and its worker SIGKILLed, as when the machine dies).
+    # Node 0's worker fails fast naming rank 1 (docs/ARCHITECTURE.md §4), its agent restarts the group (one
+    # of --max_restarts), waits in the rendezvous until torch declares node 1 dead, and starts our worker
+    # again with WORLD_SIZE=1: it resumes from rank 0's last snapshot with the sampler's one-rank share.
+    have_torch()
+    trigger = os.path.join(c.work, "go")
+    procs, ready = zip(*[start_late_agent(a, c, k, 3, trigger) for k in range(2)])
+    poll_until(lambda: all(os.path.exists(r) for r in ready), 60, "torch imported on both nodes", c, procs)
+    open(trigger, "w").close()
+    out0 = Tail(procs[0])
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30 with two nodes", c, procs)
+    [survivor] = node_pids(c, 0, a.multinode)
+    expect(node_pids(c, 1, a.multinode), "node 1 has no worker to lose", c.dump(procs))
+    mark = len(out0.read())
+    t_fault = time.monotonic()
+    kill_inside(c.nodes[1])  # node 1's agent and worker, SIGKILL
+    resumed = re.compile(r"\[Rank 0\] Epoch \d+ \| Batchsize: 256 \| Steps: 8")
+    t_exit = poll_until(lambda: not running(survivor), 30, "exit of node 0's worker", c, procs)
+    t_resume = poll_until(lambda: resumed.search(out0.read(), mark), 40, "epoch with one rank", c, procs)
+    [(rc, out, err)] = c.wait(procs[:1], timeout=40)
+    expect(rc == 0, f"node 0's torchrun exited {rc}", c.dump(procs))
+    # The survivor named the lost rank (tcp: the peer's socket closed; or its report through the store).
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1", err), "node 0's worker did not name rank 1", err)
+    check_world_sizes(err, [2, 1], c, procs)
+    resume = check_elastic_resume(out, 2, 1, c, procs)
+    expect(not os.path.exists(os.path.join(c.work, "n1.safetensors")), "node 1 wrote a snapshot", out)
+    failure = next(ln for ln in err.splitlines() if re.search(r"ddp\[rank 0/2\].*rank 1", ln))
+    print(f"  node 0's worker: {failure.strip()[:200]}")
+    print(f"  world size 2 -> 1, resumed at epoch {resume} (last snapshot epoch {resume - 1}), steps per epoch "
+          f"4 -> 8, epochs {resume}..{ELASTIC_EPOCHS - 1} done")
+    print(f"  timings: fault -> node 0's worker exited {t_exit - t_fault:.2f} s; fault -> training resumed "
+          f"(first epoch with one rank) {t_resume - t_fault:.2f} s")
+
+
+def case_torchrun_elastic_join(a, c):
+    # Node 0 trains alone (--nnodes=1:2 lets one node complete the rendezvous after last_call_timeout); node
+    # 1's torchrun then arrives. Its agent waits for the next round; node 0's agent sees a node waiting,
+    # stops its worker (SIGTERM; not counted as a restart) and both join the next round: two ranks, resumed
+    # from rank 0's snapshot, the sampler's two-rank share.
+    have_torch()
+    trigger = os.path.join(c.work, "join")
+    p0 = c.start(0, torchrun_cmd(0, "1:2", elastic_launch(c, 0), elastic_program(a, 0)), env=DEBUG)
+    p1, ready = start_late_agent(a, c, 1, 0, trigger)
+    procs = [p0, p1]
+    out0, out1 = Tail(p0), Tail(p1)
+    poll_until(lambda: os.path.exists(ready), 60, "torch imported on node 1", c, procs)
+    poll_until(lambda: "Epoch 20 | Training snapshot saved" in out0.read(), 60, "epoch 20 with one node", c, procs)
+    expect(p1.poll() is None, "node 1's agent ended before joining", c.dump(procs))
+    t_join = time.monotonic()
+    open(trigger, "w").close()
+    t_resume = poll_until(lambda: EPOCH_LINE.search(out1.read()), 40, "epoch on node 1", c, procs)
+    res = c.wait(procs, timeout=40)
+    expect(all(rc == 0 for rc, _, _ in res), f"exit codes {[rc for rc, _, _ in res]}", c.dump(procs))
+    (_, out, err), (_, out_1, err_1) = res
+    check_world_sizes(err, [1, 2], c, procs)
+    resume = check_elastic_resume(out, 1, 2, c, procs, stopped_by_agent=True)
+    ranks1 = [(r, int(e), s) for r, e, s in EPOCH_LINE.findall(out_1)]
+    expect(ranks1 == [("1", e, "4") for e in range(resume, ELASTIC_EPOCHS)],
+           f"node 1 should run rank 1's epochs {resume}..{ELASTIC_EPOCHS - 1} with 4 steps", out_1)
+    expect(not os.path.exists(os.path.join(c.work, "n1.safetensors")), "node 1 wrote a snapshot", out_1)
+    print(f"  world size 1 -> 2, both ranks resumed at epoch {resume} (rank 0's snapshot, broadcast), steps per "
+          f"epoch 8 -> 4, epochs {resume}..{ELASTIC_EPOCHS - 1} done on both nodes")
+    print(f"  timings: join -> training resumed with two ranks (node 1's first epoch) {t_resume - t_join:.2f} s")
+
+
+def unprefixed(text):
+    """ddprun's output without its "[rankN]: " line prefixes, to be checked like torchrun's."""
+    return re.sub(r"^\[rank\d+\]: ", "", text, flags=re.M)
+
+
+def case_ddprun_restart(a, c):
+    # ddprun's restarts where they apply, and where they do not (docs/ARCHITECTURE.md D36). ddprun's membership
+    # is static (--nnodes M, node 0's store outlives every attempt) and each node restarts its own workers.
+    # 1) A worker dies, its node survives: node 1's worker is SIGKILLed; node 0's worker fails fast naming rank
+    #    1; each ddprun restarts its worker (restart 1 of --max-restarts 1), the two meet again in node 0's
+    #    store (the communicator numbers its attempts there, docs/ARCHITECTURE.md §4) with world size 2, and
+    #    training resumes from rank 0's snapshot.
+    launch = ["--nproc-per-node", "1", "--max-restarts", "1", "--master-addr", c.addr(0), "--master-port", PORT]
+    env = {**DEBUG, "DDP_TIMEOUT_MS": "4000"}
+    procs = [c.start(k, [a.ddprun, "--nnodes", "2", "--node-rank", str(k), *launch, *elastic_program(a, k)], env=env)
+             for k in range(2)]
+    out0 = Tail(procs[0])
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30", c, procs)
+    [victim] = node_pids(c, 1, a.multinode)
+    mark = len(out0.read())
+    t_fault = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    t_resume = poll_until(lambda: RESUME_LINE.search(unprefixed(out0.read()[mark:])), 30, "resume", c, procs)
+    res = c.wait(procs, timeout=40)
+    expect(all(rc == 0 for rc, _, _ in res), f"exit codes {[rc for rc, _, _ in res]}", c.dump(procs))
+    (_, out, err), (_, out_1, err_1) = res
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1 closed its connection", err), "rank 0 did not name rank 1", err)
+    for k, e in enumerate((err, err_1)):
+        expect("ddprun: restarting all 1 workers (restart 1 of 1" in e, f"node {k}'s ddprun did not restart", e)
+    check_world_sizes(err, [2, 2], c, procs)
+    resume = check_elastic_resume(unprefixed(out), 2, 2, c, procs)
+    print(f"  worker lost: both ddpruns restarted, world size 2 again, resumed at epoch {resume}; fault -> "
+          f"training resumed {t_resume - t_fault:.2f} s")
+    # 2) A node is lost: node 1's ddprun and worker are SIGKILLed. Node 0's ddprun restarts its worker with
+    #    the same world size 2 (no elastic membership); rank 1 never comes, so the worker fails at the
+    #    rendezvous after DDP_TIMEOUT_MS naming rank 1, and the job fails instead of going on with one node.
+    os.unlink(os.path.join(c.work, "n0.safetensors"))
+    procs = [c.start(k, [a.ddprun, "--nnodes", "2", "--node-rank", str(k), *launch, *elastic_program(a, k)], env=env)
+             for k in range(2)]
+    out0, err0 = Tail(procs[0]), Tail(procs[0], 1)
+    poll_until(lambda: "Epoch 30 | Training snapshot saved" in out0.read(), 60, "epoch 30", c, procs)
+    t_fault = time.monotonic()
+    kill_inside(c.nodes[1])
+    gave_up = "ddprun: giving up after 1 restart(s)"
+    t_fail = poll_until(lambda: gave_up in err0.read(), 30, "node 0's ddprun giving up", c, procs)
+    text = err0.read()
+    expect(re.search(r"ddp\[rank 0/2\][^\n]*rank 1", text[text.index("restarting all 1 workers"):]),
+           "node 0's restarted worker did not name rank 1", text)
+    # Node 0's ddprun now waits in its exit barrier for node 1 (up to 300 s, as torchrun's agent does):
+    # SIGTERM ends it at once, with the workers' failure as its exit code.
+    procs[0].send_signal(signal.SIGTERM)
+    [(rc, _, _)] = c.wait(procs[:1], timeout=10)
+    expect(rc != 0, "node 0's ddprun exited 0 after losing node 1", c.dump(procs))
+    failure = next(ln for ln in text[text.index("restarting all 1 workers"):].splitlines()
+                   if re.search(r"ddp\[rank 0/2\].*rank 1", ln))
+    print(f"  node lost: node 0's restarted worker: {failure.strip()[:200]}")
+    print(f"  node lost: fault -> node 0's ddprun gave up {t_fail - t_fault:.2f} s (DDP_TIMEOUT_MS=4000); exit {rc}")
 
 
 # ---------------------------------------------------------------- mpirun with a launch agent

@@ -4,10 +4,13 @@
 //   ddp::store::PrefixStore pg("pg0", base);
 //   pg.set("rank/1", "x");         // base sees key "pg0/rank/1", as PyTorch's PrefixStore writes it
 //
-// Contract: same as the base store (thread-safe when the base is); the base must outlive the view.
+//   PrefixStore attempt("/worker/attempt_1", std::move(tcp));   // owns its base: make_store returns one
+//
+// Contract: same as the base store (thread-safe when the base is); a borrowed base must outlive the view.
 // num_keys() counts the base's keys, as PyTorch does: a store cannot list keys by prefix.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,9 @@ namespace ddp::store {
 class PrefixStore final : public Store {
  public:
   PrefixStore(std::string prefix, Store& base) : Store(base.timeout()), prefix_(std::move(prefix)), base_(base) {}
+  // Owns its base: the view and the store it wraps live and die together.
+  PrefixStore(std::string prefix, std::unique_ptr<Store> base)
+      : Store(base->timeout()), prefix_(std::move(prefix)), owned_(std::move(base)), base_(*owned_) {}
 
   const std::string& prefix() const noexcept { return prefix_; }
   Store& base() noexcept { return base_; }
@@ -63,6 +69,7 @@ class PrefixStore final : public Store {
   }
 
   std::string prefix_;
+  std::unique_ptr<Store> owned_;  // null when the base is borrowed
   Store& base_;
 };
 

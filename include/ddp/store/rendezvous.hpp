@@ -14,6 +14,11 @@
 //   <port> is store_port when given (the caller reads DDP_STORE_PORT or a flag; the library never calls
 //   getenv), else master_port. With store_port and launcher_owns_store, rank 0 hosts on store_port:
 //   the override exists precisely to move our store off the port torchrun's agent holds.
+//   - launcher_owns_store: the launcher's store outlives the workers and serves every restart, so each attempt
+//     works under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env:// rendezvous does
+//     (torch/distributed/rendezvous.py): keys of an attempt that died half-way - a rank that never joined
+//     leaves the communicator's join count short - cannot shift or mislead the next attempt
+//     (docs/ARCHITECTURE.md D36). Every key a program writes there gets the prefix, as in torch.
 #pragma once
 
 #include <chrono>
@@ -25,6 +30,7 @@
 #include "ddp/core/log.hpp"
 #include "ddp/env/launch_info.hpp"
 #include "ddp/store/hash_store.hpp"
+#include "ddp/store/prefix_store.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -65,6 +71,8 @@ inline std::unique_ptr<Store> make_store(const env::LaunchInfo& info, std::chron
       info.master_addr, server ? server->port() : port,
       TcpStoreOptions{.protocol = opts.protocol, .timeout = timeout, .rank = info.rank, .world_size = info.world_size});
   if (server) store->keep_alive(std::move(server));
+  if (info.launcher_owns_store)
+    return std::make_unique<PrefixStore>(detail::str("/worker/attempt_", info.restart_count), std::move(store));
   return store;
 }
 

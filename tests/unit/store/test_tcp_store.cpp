@@ -1,7 +1,9 @@
 // store: TcpStore client + TcpStoreServer on port 0: every operation, both protocol generations, concurrency,
 // timeouts, and slow or flooding clients that must not disturb good ones (malformed bytes: test_bad_inputs.cpp).
 // SPDX-License-Identifier: MIT
+#include <ddp/comm/checks.hpp>
 #include <ddp/core/log.hpp>
+#include <ddp/store/prefix_store.hpp>
 #include <ddp/store/rendezvous.hpp>
 #include <ddp/store/tcp_store.hpp>
 #include <ddp/store/tcp_store_server.hpp>
@@ -232,11 +234,46 @@ TEST_SUITE("store") {
     ddp::env::LaunchInfo t0{.rank = 0, .world_size = 2, .master_addr = "127.0.0.1", .master_port = agent.port(),
                             .launcher_owns_store = true, .source = "torchrun"};
     auto s0 = ddp::store::make_store(t0, 2s);
-    auto* tcp = dynamic_cast<TcpStore*>(s0.get());
+    // The launcher's store serves every restart, so the attempt's keys live under torch's
+    // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" (docs/ARCHITECTURE.md D36): make_store returns a
+    // PrefixStore over the client (before D36 it returned the client itself and "from0" was unprefixed).
+    auto* view = dynamic_cast<ddp::store::PrefixStore*>(s0.get());
+    REQUIRE(view != nullptr);
+    CHECK(view->prefix() == "/worker/attempt_0");
+    auto* tcp = dynamic_cast<TcpStore*>(&view->base());
     REQUIRE(tcp != nullptr);
     CHECK(tcp->port() == agent.port());
     s0->set("from0", "x");
     TcpStore direct("127.0.0.1", agent.port(), {.timeout = 2s});
-    CHECK(direct.get_string("from0") == "x");
+    CHECK(direct.get_string("/worker/attempt_0/from0") == "x");
+    CHECK_FALSE(direct.check({"from0"}));
+  }
+
+  // The bug D36 fixes: under a launcher that keeps its store across restarts (ddprun, torchrun's static
+  // rendezvous), attempt 0's rank 1 died before its communicator joined, so only rank 0 counted itself in
+  // "ddp/tcp/joined". With one shared count the restarted ranks drew joins 2 and 3 -> prefixes ddp/tcp/0/
+  // and ddp/tcp/1/, and never met (ddprun --max-restarts 1 gave up after the mesh timeout). Each attempt
+  // now counts in its own namespace.
+  TEST_CASE("make_store: a restart under the launcher's store is not shifted by a rank that never joined") {
+    TcpStoreServer agent("127.0.0.1", 0);
+    auto launched = [&](int rank, int restart) {
+      return ddp::env::LaunchInfo{.rank = rank, .world_size = 2, .master_addr = "127.0.0.1",
+                                  .master_port = agent.port(), .restart_count = restart,
+                                  .launcher_owns_store = true, .source = "torchrun"};
+    };
+    auto lone = ddp::store::make_store(launched(0, 0), 2s);  // attempt 0: rank 0 joins, rank 1 died
+    CHECK(ddp::comm::attempt_prefix(*lone, "tcp", 2) == "ddp/tcp/0/");
+    lone->set("ddp/tcp/0/addr/0", "10.0.0.1:1");  // a stale address the next attempt must not read
+    std::vector<std::string> prefixes(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        auto store = ddp::store::make_store(launched(r, 1), 2s);
+        prefixes[static_cast<std::size_t>(r)] = ddp::comm::attempt_prefix(*store, "tcp", 2);
+        CHECK_FALSE(store->check({prefixes[static_cast<std::size_t>(r)] + "addr/0"}));
+      });
+    for (auto& t : ranks) t.join();
+    CHECK(prefixes[0] == "ddp/tcp/0/");
+    CHECK(prefixes[1] == "ddp/tcp/0/");
   }
 }

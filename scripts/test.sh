@@ -10,11 +10,11 @@ bash scripts/setup.sh
 
 build_dir="${DDP_BUILD_DIR:-build/test}"
 jobs="${DDP_JOBS:-$(nproc)}"
-# Without a GPU the CUDA tests only have to compile: their host code is built at -O0 (tests/CMakeLists.txt,
-# DDP_CUDA_COMPILE_ONLY), which saves about two minutes on 2 cores.
+# Build speed (docs/ARCHITECTURE.md D37): tests and benchmarks are compiled at -O1 (the examples, which the
+# tests run, at -O3), and without a GPU the host code of every .cu file at -O0, since it only has to compile.
 compile_only=OFF
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || compile_only=ON
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DDDP_CUDA_COMPILE_ONLY=$compile_only"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DDDP_CUDA_COMPILE_ONLY=$compile_only" -DDDP_CHECK_OPT=-O1
 cmake --build "$build_dir" -j "$jobs"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --timeout 900 ${DDP_CTEST_ARGS:-}

@@ -60,7 +60,10 @@ int main(int argc, char** argv) {
         "seed", "data and initialisation seed", cxxopts::value<long>()->default_value("0"))(
         "lr", "learning rate (with --lr-schedule: its base)", cxxopts::value<double>()->default_value("0.001"))(
         "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the "
-        "first attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))("h,help", "this help");
+        "first attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))(
+        "await-join-after-epoch", "testing: when the job has one rank, wait after this epoch's snapshot (60 s at "
+        "most) for an elastic launcher to restart it with more", cxxopts::value<long>()->default_value("-1"))(
+        "h,help", "this help");
     train::add_dist_options(options, env);
     train::add_optim_options(options);  // the tutorial's SGD: momentum 0, weight decay 0
     options.parse_positional({"total_epochs", "save_every"});
@@ -87,7 +90,8 @@ int main(int argc, char** argv) {
     const multinode_example::Setup setup{
         .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
         .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(), .optim = optim,
-        .die_after_epoch = args["die-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
+        .die_after_epoch = args["die-after-epoch"].as<long>(),
+        .await_join_after_epoch = args["await-join-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
         .metrics_file = dist.metrics_file, .ddp = dist.ddp, .comm = job.comm.get()};
     if constexpr (BuildConfig::with_cuda)
       if (job.gpu >= 0) return multinode_example::train_cuda(setup, job.gpu);

@@ -20,9 +20,12 @@
 #include <cstdint>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ddp/comm/communicator.hpp>
+#include <ddp/core/error.hpp>
+#include <ddp/core/str.hpp>
 #include <ddp/data/distributed_sampler.hpp>
 #include <ddp/nn/linear.hpp>
 #include <ddp/nn/loss.hpp>
@@ -51,11 +54,24 @@ struct Setup {
   double lr = 0.001;           // the schedule's base
   train::OptimFlags optim;     // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, ...
   long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot
+  long await_join_after_epoch = -1;  // testing: a lone rank waits here for an elastic launcher to add a node
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
   std::string metrics_file;   // rank 0's JSON lines (empty: none)
   parallel::DdpOptions ddp;
   comm::Communicator* comm = nullptr;
 };
+
+// --await-join-after-epoch (testing elastic membership): the job's only rank stops after this epoch's
+// snapshot until its launcher restarts it with more ranks (torchrun stops the worker with SIGTERM when a node
+// joins), so a test knows training cannot end before the join; bounded, never a hang.
+[[noreturn]] inline void await_join(long epoch) {
+  using namespace std::chrono_literals;
+  std::cout << "Epoch " << epoch << " | waiting for a node to join" << std::endl;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  throw Error(ddp::detail::str("ddp: --await-join-after-epoch ", epoch, ": no node joined within 60 s (the launcher "
+                               "did not restart this rank with more ranks; it needs torchrun --nnodes=MIN:MAX)"));
+}
 
 // The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or (--zero) a
 // parallel::ZeroRedundancyOptimizer over one of them.
@@ -130,6 +146,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()},
                                     mo);  // collective with --zero (the shards are consolidated on rank 0)
       if (rank == 0) std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
+      if (epoch == s.await_join_after_epoch && comm.size() == 1) await_join(epoch);
       if (epoch == s.die_after_epoch && s.restart_count == 0) {
         comm.barrier().wait();  // the snapshot is on disk before the simulated crash
         if (rank == 1) std::raise(SIGKILL);

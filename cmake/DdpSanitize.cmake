@@ -8,7 +8,7 @@
 #
 # Included from tests/CMakeLists.txt, so it instruments the tests directory only (ddp is header-only: every
 # line of the library a test uses is compiled, and instrumented, inside that test). scripts/sanitize.sh
-# configures such builds with -O1 -g1 and without CUDA/NCCL/MPI and runs a chosen subset of the tests.
+# configures such builds with -g1 (ASan -O0, TSan -O1) and without CUDA/NCCL/MPI and runs a chosen subset of the tests.
 include_guard(GLOBAL)
 
 set(DDP_SANITIZE "" CACHE STRING "Sanitizers for the tests: '', 'address,undefined' or 'thread'")

@@ -11,7 +11,7 @@ bash scripts/setup.sh
 build_dir="${DDP_BUILD_DIR:-build/test}"
 jobs="${DDP_JOBS:-$(nproc)}"
 # Build speed (docs/ARCHITECTURE.md D37): tests and benchmarks are compiled at -O1 (the examples, which the
-# tests run, at -O3), and without a GPU the host code of every .cu file at -O0, since it only has to compile.
+# tests run, at -O3), and without a GPU every .cu file unoptimised (host -O0, device -G): it only has to compile.
 compile_only=OFF
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || compile_only=ON
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DDDP_CUDA_COMPILE_ONLY=$compile_only" -DDDP_CHECK_OPT=-O1

@@ -39,14 +39,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from driver import SKIP, Skip, free_port  # noqa: E402
 TIMEOUT_MS = 4000
 SLACK_S = 5.0  # the issue's bound: timeout + 5 s
 LIMIT_S = TIMEOUT_MS / 1000 + SLACK_S
@@ -63,18 +63,6 @@ OPS = {  # what the survivors' message must name, per phase
 
 class RowFailed(Exception):
     pass
-
-
-class Skipped(Exception):
-    pass
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def names_rank(text, k):
@@ -446,7 +434,7 @@ def ddprun_restart(n, k):
 def link_cut(a, job):
     """Two namespace nodes, one rank each (tcp over the veth); node 1's link to the bridge goes down."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        raise Skipped("network namespaces need root and ip")
+        raise Skip("network namespaces need root and ip")
     sys.path.insert(0, os.path.join(HERE, "..", "netns"))
     import netns_tests as nt  # the Cluster of the netns tests: namespaces, veths, bridge, teardown
     nt.delete_leftovers()
@@ -455,7 +443,7 @@ def link_cut(a, job):
         try:
             c.up()
         except nt.Skip as e:
-            raise Skipped(str(e))
+            raise Skip(str(e))
         procs = []
         for r in range(2):
             env = {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -552,7 +540,7 @@ def run_row(a, row):
                 shutil.rmtree(tag, ignore_errors=True)
                 continue
             bad = [str(e)]
-        except Skipped as e:
+        except Skip as e:
             row.status, row.observed = "SKIP", str(e)
             job.cleanup()
             shutil.rmtree(tag, ignore_errors=True)

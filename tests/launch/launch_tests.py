@@ -15,18 +15,8 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
-PY = "/usr/bin/python3"  # Debian's python3 with torch 1.13 (the pyenv python3 on PATH has no torch)
-
-
-class Skip(Exception):
-    pass
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from driver import PY, SKIP, Skip, expect, free_port  # noqa: E402
 
 
 def run(cmd, timeout=30, env=None, **kw):
@@ -49,11 +39,6 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def expect(cond, msg, *context):
-    if not cond:
-        raise AssertionError(msg + "".join("\n---\n" + str(c) for c in context))
 
 
 def assert_all_gone(pids, context):

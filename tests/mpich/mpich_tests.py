@@ -10,29 +10,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import sys
 import time
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from driver import SKIP, Skip, expect, free_port  # noqa: E402
+
 MPIEXEC = "mpiexec.mpich"  # never plain mpiexec/mpirun: those are Open MPI's (the Debian default)
-
-
-class Skip(Exception):
-    pass
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def expect(cond, msg, *context):
-    if not cond:
-        raise AssertionError(msg + "".join("\n---\n" + str(c) for c in context))
 
 
 def mpiexec():

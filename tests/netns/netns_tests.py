@@ -30,8 +30,8 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
-PY = "/usr/bin/python3"  # Debian's python3 with torch 1.13 (the pyenv python3 on PATH has no torch)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from driver import PY, SKIP, Skip, expect  # noqa: E402
 PREFIX = "ddpnetns-"
 SUBNET = "10.213.{}.{}"  # node k's address on its n-th interface ddp<n>: 10.213.(7+n).(k+1)/24
 IFNAME = "ddp0"          # the node's end of its first veth pair (the other end, v<k>n0, sits on the bridge)
@@ -39,17 +39,8 @@ PORT = "29500"           # fresh namespaces: nothing else listens there, so a fi
 BUDGET_S = 100           # the whole case, including teardown, stays under the CTest TIMEOUT (120 s)
 
 
-class Skip(Exception):
-    pass
-
-
 class Timeout(Exception):
     pass
-
-
-def expect(cond, msg, *context):
-    if not cond:
-        raise AssertionError(msg + "".join("\n---\n" + str(c) for c in context))
 
 
 def sh(*cmd, check=True):

@@ -45,11 +45,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "netns"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import netns_tests as netns  # noqa: E402  (network namespaces for the two-node case, shared checks)
-from netns_tests import RESNET_TINY, check_message_passing, expect  # noqa: E402
-
-SKIP = 77
-PY = "/usr/bin/python3"  # Debian's python3 with torch 1.13
+from netns_tests import RESNET_TINY, check_message_passing  # noqa: E402
+from driver import PY, SKIP, Skip, expect  # noqa: E402
 PREFIX = "ddpslurm-"
 BUDGET_S = 100           # the whole case, including teardown, stays under the CTest TIMEOUT (120 s)
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -58,10 +57,6 @@ PR_SET_PDEATHSIG = 1
 # tests/netns names its namespaces <prefix><driver pid>-... and deletes those whose driver is no
 # netns_tests.py; ours get a prefix of their own and our driver test, so neither suite deletes the other's.
 NETNS_PREFIX = "ddpslurmns-"
-
-
-class Skip(Exception):
-    pass
 
 
 class Timeout(Exception):
@@ -273,10 +268,7 @@ class Cluster:
             self.names, self.addrs = [node_name()], ["127.0.0.1"]
             ctld_port, slurmd_port = free_ports(2)
         else:
-            try:
-                self.net = netns.Cluster(self.nodes).up()
-            except netns.Skip as e:
-                raise Skip(str(e))
+            self.net = netns.Cluster(self.nodes).up()  # its Skip is driver.Skip too
             self.names = [netns.hostname_of(k) for k in range(self.nodes)]
             self.addrs = [self.net.addr(k) for k in range(self.nodes)]
             ctld_port, slurmd_port = 6817, 6818  # Slurm's defaults: fresh namespaces have nothing listening

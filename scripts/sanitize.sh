@@ -24,7 +24,8 @@ base="${DDP_SANITIZE_BUILD_DIR:-build/sanitize}"
 only="${DDP_SANITIZE_ONLY:-}"
 # -g1: line tables only, all a sanitizer report needs (file:line per frame); a third less compile time than -g.
 # The optimisation level is each build's (run's 5th argument): ASan+UBSan at -O0, which compiles in 57% of
-# -O1's time (test_bad_inputs: 43 s vs 76 s) and finds the same errors; TSan at -O1, where -O0 runs too slowly.
+# -O1's time (test_bad_inputs: 43 s vs 76 s) and finds the same errors, but unit_comm at -O1 (tests/CMakeLists.txt:
+# at -O0 its reference sweeps pass 120 s); TSan at -O1, where -O0 runs too slowly.
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug
         -DDDP_WITH_CUDA=OFF -DDDP_WITH_NCCL=OFF -DDDP_WITH_MPI=OFF -DDDP_WITH_BLAS=OFF)
 

@@ -57,6 +57,8 @@ struct Setup {
   long await_join_after_epoch = -1;  // testing: a lone rank waits here for an elastic launcher to add a node
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
   std::string metrics_file;   // rank 0's JSON lines (empty: none)
+  std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
+  MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
   parallel::DdpOptions ddp;
   comm::Communicator* comm = nullptr;
 };
@@ -95,7 +97,9 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
 
   nn::MSELoss<float, D> mse;
   nn::CrossEntropyLoss<float, D> ce;
-  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string());  // per-step JSON lines
+  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
+                               rank == 0 ? s.tensorboard_dir : std::string());  // per-step JSON lines, TensorBoard
+  std::size_t samples_seen = 0;  // by every rank since t0 (this run), for samples_per_sec
   const std::size_t steps = (sampler.size() + s.batch_size - 1) / s.batch_size;  // per epoch
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
@@ -131,14 +135,23 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       const double grad_norm = train::clip_gradients(s.optim, exec, net);  // -1: --clip-grad-norm off
       schedule.apply(opt);  // this step's lr, from the optimizer's step count
       opt.step(exec);
+      samples_seen += n * static_cast<std::size_t>(comm.size());  // the last batch may be short on every rank alike
       if (metrics.enabled()) {
+        const auto done = std::chrono::steady_clock::now();
         nlohmann::json record{
             {"epoch", epoch},
             {"step", step},
+            {"global_step", static_cast<std::size_t>(epoch) * steps + step},
             {"loss", loss},
             {"lr", opt.lr()},
-            {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()}};
+            {"step_ms", std::chrono::duration<double, std::milli>(done - ts).count()},
+            {"samples_per_sec", static_cast<double>(samples_seen) / std::chrono::duration<double>(done - t0).count()}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        if (s.device_memory) {
+          const MemoryStats m = s.device_memory();
+          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
+          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
+        }
         metrics.write(record);
       }
     }

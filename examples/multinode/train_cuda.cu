@@ -4,6 +4,7 @@
 #include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/parallel/cuda/transport.cuh>
+#include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 
@@ -16,7 +17,9 @@ int train_cuda(const Setup& s, int device) {
   ddp::Stream stream;  // blocking: orders with the legacy default stream like the resnet example's
   ddp::Exec<ddp::Cuda> exec = stream.exec(ddp::Precision::Fp32);
   DDP_LOG_INFO("training on cuda:", device, " in fp32");
-  const int rc = train<ddp::Cuda>(s, exec);
+  Setup gpu = s;
+  gpu.device_memory = &ddp::cuda_memory_stats;  // GPU memory in the metrics records
+  const int rc = train<ddp::Cuda>(gpu, exec);
   stream.synchronize();
   return rc;
 }

@@ -12,10 +12,10 @@
 // --learning_rate, --random_seed, --model_dir, --model_filename, --resume, --image_size, --steps_syn;
 // ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --deterministic, --threads,
 // --width (channel multiplier; 64 is torchvision's), --num_classes, --data_dir, --log_every, the
-// distributed flags of train/options.hpp (--bucket-cap-mb, --comm-hook, ...) and the optimizer flags of
-// train/optim_flags.hpp: --optimizer sgd|adamw, --momentum, --weight-decay (not on biases and BatchNorm),
-// --clip-grad-norm, --lr-schedule constant|step|multistep|cosine (--lr-step-epochs, --lr-milestones,
-// --lr-gamma), --warmup-epochs, --sync-bn.
+// distributed flags of train/options.hpp (--bucket-cap-mb, --comm-hook, --metrics-file, --tensorboard-dir, ...)
+// and the optimizer flags of train/optim_flags.hpp: --optimizer sgd|adamw, --momentum, --weight-decay (not on
+// biases and BatchNorm), --clip-grad-norm, --lr-schedule constant|step|multistep|cosine (--lr-step-epochs,
+// --lr-milestones, --lr-gamma), --warmup-epochs, --sync-bn.
 // Device (train/device_choice.hpp, shared with the multinode example): --device cuda trains on GPU LOCAL_RANK
 // with nccl, or shares the visible GPUs round-robin with gloo/tcp (world 2-4 on one GPU); --backend mpi is
 // host memory only. Without --device, a build with CUDA and a visible GPU trains on the GPU (except under
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
         .resume = args.count("resume") > 0,
         .path = (std::filesystem::path(args["model_dir"].as<std::string>()) / args["model_filename"].as<std::string>())
                     .string(),
-        .metrics_file = dist.metrics_file, .ddp = dist.ddp, .optim = optim, .comm = job.comm.get(), .train_set = train_set.get(),
+        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .ddp = dist.ddp, .optim = optim, .comm = job.comm.get(), .train_set = train_set.get(),
         .test_set = test_set.get(), .loader = &loader};
     if constexpr (BuildConfig::with_cuda)
       if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, args.count("deterministic") > 0);

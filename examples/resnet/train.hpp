@@ -61,6 +61,8 @@ struct Setup {
   bool resume = false;
   std::string path;          // snapshot file
   std::string metrics_file;  // rank 0's JSON lines (empty: none)
+  std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
+  MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
   parallel::DdpOptions ddp;
   train::OptimFlags optim;   // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, --sync-bn, ...
   comm::Communicator* comm = nullptr;
@@ -122,7 +124,8 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     if (rank == 0) std::cout << "resumed from " << s.path << " at epoch " << start_epoch << std::endl;
   }
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
-  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string());
+  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
+                               rank == 0 ? s.tensorboard_dir : std::string());  // JSON lines and TensorBoard
   nn::CrossEntropyLoss<float, D> ce;
   const auto steps = static_cast<long>(s.loader->num_batches());
   const optim::LrSchedule schedule = train::lr_schedule(s.optim, s.learning_rate, steps, s.num_epochs);
@@ -132,7 +135,9 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   for (long epoch = start_epoch; epoch < s.num_epochs; ++epoch) {
     net.train();
     s.loader->start_epoch(static_cast<std::uint64_t>(epoch));
+    auto last = std::chrono::steady_clock::now();  // the previous step's end: step time includes the data wait
     while (auto batch = s.loader->next()) {
+      const auto got_batch = std::chrono::steady_clock::now();
       opt.zero_grad();
       const auto images = train::on_device<D>(batch->images.cview(), exec);  // alive until backward returns
       const auto labels = train::on_device<D>(batch->labels.cview(), exec);
@@ -143,17 +148,26 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
       schedule.apply(opt);  // this step's lr, from the optimizer's step count
       opt.step(exec);
       ++total_steps;
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto done = std::chrono::steady_clock::now();
+      const double secs = std::chrono::duration<double>(done - t0).count();
       const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
       const long step = static_cast<long>(batch->step) + 1;
       if (rank == 0 && (step % s.log_every == 0 || step == steps))
         std::cout << train::progress_line(epoch, step, steps, loss, sps) << " lr " << opt.lr() << std::endl;
       if (metrics.enabled()) {
-        nlohmann::json record{{"epoch", epoch}, {"step", step}, {"loss", loss}, {"lr", opt.lr()},
-                              {"samples_per_sec", sps}};
+        using ms = std::chrono::duration<double, std::milli>;
+        nlohmann::json record{{"epoch", epoch}, {"step", step}, {"global_step", epoch * steps + step},
+                              {"loss", loss}, {"lr", opt.lr()}, {"samples_per_sec", sps},
+                              {"step_ms", ms(done - last).count()}, {"data_ms", ms(got_batch - last).count()}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        if (s.device_memory) {
+          const MemoryStats m = s.device_memory();
+          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
+          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
+        }
         metrics.write(record);
       }
+      last = std::chrono::steady_clock::now();
     }
     train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
     if (s.test_set) {

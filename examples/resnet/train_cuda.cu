@@ -4,6 +4,7 @@
 #include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/parallel/cuda/transport.cuh>
+#include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 
@@ -18,6 +19,7 @@ int train_cuda(Setup& s, int device, const std::string& precision, bool determin
   ddp::Exec<ddp::Cuda> exec = stream.exec(p, deterministic);
   DDP_LOG_INFO("training on cuda:", device, " at precision ", ddp::precision_name(p),
                deterministic ? " (deterministic)" : "");
+  s.device_memory = &ddp::cuda_memory_stats;  // GPU memory in the metrics records
   const int rc = train<ddp::Cuda>(s, exec);
   stream.synchronize();
   return rc;

@@ -17,6 +17,8 @@
 #include "ddp/core/log.hpp"
 // defines: detail::str, detail::join
 #include "ddp/core/str.hpp"
+// defines: crc32c, crc32c_update, masked_crc32c (TFRecord framing)
+#include "ddp/core/crc32c.hpp"
 // defines: net::listen/accept/connect with deadlines, net::read_exact/write_all, net::SocketError (sockets)
 #include "ddp/core/net.hpp"
 // defines: store::Store, store::Bytes
@@ -171,7 +173,9 @@
 #include "ddp/train/options.hpp"
 // defines: train::choose_device, train::DeviceRequest, train::DeviceChoice, train::cuda_device_for
 #include "ddp/train/device_choice.hpp"
-// defines: train::MetricsWriter, train::progress_line
+// defines: train::TensorBoardWriter, train::Scalar, train::tfevents (TensorBoard event files, no protobuf)
+#include "ddp/train/tensorboard.hpp"
+// defines: train::MetricsWriter, train::progress_line, train::tensorboard_scalars
 #include "ddp/train/metrics.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"

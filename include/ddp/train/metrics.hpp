@@ -1,45 +1,77 @@
-// Metrics: one JSON object per line (--metrics-file) and the rank-0 progress line with step, loss, samples/s.
+// Metrics: one JSON object per line (--metrics-file), the same records as TensorBoard scalars (--tensorboard-dir),
+// and the rank-0 progress line with step, loss, samples/s.
 // SPDX-License-Identifier: MIT
 //
-//   ddp::train::MetricsWriter metrics(path);                 // empty path: disabled
-//   metrics.write({{"step", 3}, {"loss", 2.31}, {"samples_per_sec", 812.5}});
-//   -> {"loss":2.31,"samples_per_sec":812.5,"step":3}
+//   ddp::train::MetricsWriter metrics(path, tensorboard_dir); // empty: that output disabled
+//   metrics.write({{"global_step", 23}, {"step", 3}, {"loss", 2.31}, {"samples_per_sec", 812.5}});
+//   -> {"global_step":23,"loss":2.31,"samples_per_sec":812.5,"step":3}
+//   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields becomes a scalar)
 //   ddp::train::progress_line(1, 3, 20, 2.31, 812.5) == "epoch 1 step 3/20 loss 2.3100 samples/s 812.5"
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/train/tensorboard.hpp"
 
 namespace ddp::train {
 
+// TensorBoard's view of one record: every number except the step fields, tagged by its key; its step is
+// "global_step" (counted over epochs, so curves do not restart each epoch), else "step", else `fallback`.
+inline std::vector<Scalar> tensorboard_scalars(const nlohmann::json& record) {
+  std::vector<Scalar> out;
+  for (const auto& [key, v] : record.items())
+    if (v.is_number() && key != "step" && key != "global_step")
+      out.push_back({.tag = key, .value = v.get<float>()});
+  return out;
+}
+inline std::int64_t tensorboard_step(const nlohmann::json& record, std::int64_t fallback) {
+  for (const char* key : {"global_step", "step"})
+    if (auto it = record.find(key); it != record.end() && it->is_number_integer()) return it->get<std::int64_t>();
+  return fallback;
+}
+
+// The one place a training program's per-step metrics go: the JSON-lines file, the TensorBoard event file, both
+// or neither.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // Opens `path` for appending; throws IoError if it cannot. Empty path: every write is a no-op.
-  explicit MetricsWriter(const std::string& path) : path_(path) {
+  // Opens `path` for appending and creates an event file in `tensorboard_dir`; throws IoError if either cannot be.
+  // An empty path or directory disables that output.
+  explicit MetricsWriter(const std::string& path, const std::string& tensorboard_dir = {})
+      : path_(path), tensorboard_(tensorboard_dir) {
     if (path.empty()) return;
     out_.open(path, std::ios::app);
     if (!out_)
       throw IoError(ddp::detail::str("ddp: cannot open metrics file ", ddp::detail::quoted(path),
                                      " for appending; check the directory exists and is writable (--metrics-file)"));
   }
-  bool enabled() const noexcept { return out_.is_open(); }
-  // Writes one line and flushes (a crash loses at most the line being written).
+  bool enabled() const noexcept { return out_.is_open() || tensorboard_.enabled(); }
+  const TensorBoardWriter& tensorboard() const noexcept { return tensorboard_; }
+  // Writes one line and flushes (a crash loses at most the line being written), and the record's numbers as
+  // one TensorBoard event (flushed by TensorBoardWriter's policy, and when this writer is destroyed).
   void write(const nlohmann::json& record) {
-    if (!enabled()) return;
-    out_ << record.dump() << '\n';
-    out_.flush();
+    if (out_.is_open()) {
+      out_ << record.dump() << '\n';
+      out_.flush();
+    }
+    if (tensorboard_.enabled())
+      tensorboard_.add_scalars(tensorboard_step(record, records_), tensorboard_scalars(record));
+    ++records_;
   }
 
  private:
   std::string path_;
   std::ofstream out_;
+  TensorBoardWriter tensorboard_;
+  std::int64_t records_ = 0;  // the TensorBoard step of a record without one
 };
 
 // "epoch 1 step 3/20 loss 2.3100 samples/s 812.5"

@@ -1,4 +1,5 @@
-// Training program flags shared by the examples: backend, timeouts, DDP bucket settings, metrics file (cxxopts).
+// Training program flags shared by the examples: backend, timeouts, DDP bucket settings, metrics file and
+// TensorBoard directory (cxxopts).
 // SPDX-License-Identifier: MIT
 //
 //   cxxopts::Options options("resnet", "...");
@@ -32,6 +33,7 @@ struct DistFlags {
   std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
   parallel::DdpOptions ddp;                 // bucket caps, communication hook, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
+  std::string tensorboard_dir;              // rank 0's TensorBoard event file goes here; empty: none
 
   // cuda_device: the GPU this rank trains on (train::cuda_device_for), -1 on the CPU. With it, tcp/gloo (and
   // mpi) stage device tensors through pinned memory and nccl uses that GPU (comm::CommOptions::cuda_device).
@@ -76,7 +78,10 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        "the first step and their all-reduce flag is skipped afterwards")
       ("gradient-as-bucket-view", "gradients live in DDP's buckets (torch's gradient_as_bucket_view): no copy "
        "into the bucket before the all-reduce nor back after it")
-      ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""));
+      ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""))
+      ("tensorboard-dir", "rank 0 writes the per-step metrics as TensorBoard scalars to a new event file in this "
+       "directory (created if missing; view with `tensorboard --logdir DIR`)",
+       cxxopts::value<std::string>()->default_value(""));
 }
 
 // Reads the flags added by add_dist_options; ConfigError/ValueError on bad values.
@@ -100,6 +105,7 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   f.ddp.static_graph = args.count("static-graph") > 0;
   f.ddp.gradient_as_bucket_view = args.count("gradient-as-bucket-view") > 0;
   f.metrics_file = args["metrics-file"].as<std::string>();
+  f.tensorboard_dir = args["tensorboard-dir"].as<std::string>();
   return f;
 }
 

@@ -8,6 +8,7 @@
 //   torchrun --nproc_per_node=1 --no-python ./resnet --backend=nccl --use_syn --batch_size=16 --arch=resnet152
 //   mpirun -np 2 ./resnet --backend=mpi --use_syn --device cpu
 //   ./resnet --data_dir cifar-10-batches-bin --device cpu --image_size 32 --num_classes 10
+//   ./resnet --data_dir imagenet/train --val_dir imagenet/val --workers 4 --arch resnet50   (ImageFolder)
 // Flags (the tutorial's): --backend, --use_syn, --batch_size (per process), --arch, --num_epochs,
 // --learning_rate, --random_seed, --model_dir, --model_filename, --resume, --image_size, --steps_syn;
 // ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --deterministic, --threads,
@@ -23,8 +24,13 @@
 // ConfigError.
 // Defaults: SGD momentum 0.9, weight decay 1e-5 on conv and linear weights (none on biases and BatchNorm, the
 // usual parameter groups), constant learning rate; cross-entropy. samples_per_sec counts every step of every rank.
-// With --data_dir, every rank evaluates its share of the test set after each epoch (data::EvalSampler) and
-// rank 0 prints the accuracy of the whole set, summed over the ranks: "epoch 0 test accuracy 0.41 (4100/10000)".
+// --data_dir is either CIFAR-10 binaries (data_batch_1.bin ... test_batch.bin) or an ImageFolder tree
+// (root/<class>/<image>.jpg|png, data/image_folder.hpp: RandomResizedCrop(--image_size) + flip + Normalize;
+// needs ddp::image), detected by its content; --val_dir is the ImageFolder evaluation tree (Resize(256/224 of
+// --image_size) + CenterCrop(--image_size)); --workers threads decode batches; --skip_bad_images counts and
+// replaces undecodable files instead of failing on them. With a test set, every rank evaluates its share after
+// each epoch (data::EvalSampler) and rank 0 prints top-1 and top-5 of the whole set, summed over the ranks:
+// "epoch 0 test accuracy 0.41 (4100/10000) top-5 0.83 (8300/10000)".
 // Expected output (rank 0):
 //   epoch 0 step 1/10 loss 6.9412 samples/s 41.3 lr 0.1
 //   ...
@@ -34,6 +40,7 @@
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
 #include <ddp/data/cifar10.hpp>
+#include <ddp/data/image_folder.hpp>
 #include <ddp/data/loader.hpp>
 #include <ddp/data/synthetic.hpp>
 #include <ddp/env/flags.hpp>
@@ -64,7 +71,7 @@ int main(int argc, char** argv) {
         "model_dir", "where rank 0 saves the snapshot", cxxopts::value<std::string>()->default_value("saved_models"))(
         "model_filename", "snapshot file name", cxxopts::value<std::string>()->default_value("resnet_distributed.safetensors"))(
         "resume", "resume from model_dir/model_filename")(
-        "image_size", "synthetic image height and width", cxxopts::value<long>()->default_value("224"))(
+        "image_size", "synthetic image height and width; ImageFolder crop size", cxxopts::value<long>()->default_value("224"))(
         "steps_syn", "steps per epoch on synthetic data", cxxopts::value<long>()->default_value("20"))(
         "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)",
         cxxopts::value<std::string>()->default_value(""))(
@@ -73,7 +80,11 @@ int main(int argc, char** argv) {
         "threads", "CPU threads per process (0: cores / local world size)", cxxopts::value<int>()->default_value("0"))(
         "width", "channels of the first layer (64 = torchvision; smaller is faster)", cxxopts::value<long>()->default_value("64"))(
         "num_classes", "classes (synthetic data; CIFAR-10 has 10)", cxxopts::value<long>()->default_value("1000"))(
-        "data_dir", "train on CIFAR-10 binary files in this directory", cxxopts::value<std::string>()->default_value(""))(
+        "data_dir", "train on CIFAR-10 binary files or an ImageFolder tree (root/<class>/<image>.jpg) in this directory",
+        cxxopts::value<std::string>()->default_value(""))(
+        "val_dir", "ImageFolder evaluation tree (with an ImageFolder --data_dir)", cxxopts::value<std::string>()->default_value(""))(
+        "workers", "loader threads decoding and augmenting batches", cxxopts::value<long>()->default_value("1"))(
+        "skip_bad_images", "ImageFolder: skip (count, report) undecodable files instead of failing")(
         "log_every", "print progress every this many steps", cxxopts::value<long>()->default_value("1"))("h,help", "this help");
     train::add_dist_options(options, env);
     train::add_optim_options(options, {.momentum = 0.9, .weight_decay = 1e-5});
@@ -99,7 +110,29 @@ int main(int argc, char** argv) {
     const int rank = job.comm->rank(), world = job.comm->size();
     // Data: synthetic images or CIFAR-10, split across ranks by the DistributedSampler.
     std::unique_ptr<data::Dataset> train_set, test_set;
-    if (!data_dir.empty()) {
+    const std::string val_dir = args["val_dir"].as<std::string>();
+    const auto workers = static_cast<std::size_t>(std::max(1L, args["workers"].as<long>()));
+    const bool cifar = !data_dir.empty() && (std::filesystem::exists(std::filesystem::path(data_dir) / "data_batch_1.bin") ||
+                                             std::filesystem::exists(std::filesystem::path(data_dir) / "test_batch.bin"));
+    if (!data_dir.empty() && !cifar) {
+      if (!data::image_decoders_available())
+        throw ConfigError("ddp: --data_dir " + data_dir +
+                          " holds no CIFAR-10 binaries, so it is read as an ImageFolder tree, but this resnet was "
+                          "built without JPEG/PNG decoding: install libturbojpeg0-dev and libpng-dev and rebuild");
+      const long s = args["image_size"].as<long>();
+      const data::OnBadImage on_error = args.count("skip_bad_images") ? data::OnBadImage::kSkip : data::OnBadImage::kFail;
+      train_set = std::make_unique<data::ImageFolder>(
+          data_dir, data::ImageFolderOptions{.train = true, .crop_size = s, .seed = seed, .on_error = on_error});
+      if (!val_dir.empty()) {
+        test_set = std::make_unique<data::ImageFolder>(
+            val_dir, data::ImageFolderOptions{.train = false, .crop_size = s, .resize_size = s * 256 / 224,
+                                              .on_error = on_error});
+        if (test_set->num_classes() != train_set->num_classes())
+          throw ConfigError("ddp: --val_dir " + val_dir + " has " + std::to_string(test_set->num_classes()) +
+                            " classes but --data_dir " + data_dir + " has " + std::to_string(train_set->num_classes()));
+      }
+    } else if (!data_dir.empty()) {
+      if (!val_dir.empty()) throw ConfigError("ddp: --val_dir is for an ImageFolder --data_dir; CIFAR-10 evaluates on test_batch.bin");
       train_set = std::make_unique<data::CifarBinaryDataset>(data::cifar10_files(data_dir, true),
                                                              data::CifarOptions{.augment = true, .seed = seed});
       test_set = std::make_unique<data::CifarBinaryDataset>(data::cifar10_files(data_dir, false));
@@ -111,7 +144,9 @@ int main(int argc, char** argv) {
           .distinct = std::min<std::size_t>(size, 64)});
     }
     data::DistributedSampler sampler(train_set->size(), {.num_replicas = world, .rank = rank, .seed = seed});
-    data::DataLoader loader(*train_set, sampler, {.batch_size = batch_size, .drop_last = true});
+    data::DataLoader loader(*train_set, sampler,
+                            {.batch_size = batch_size, .drop_last = true, .prefetch = std::max<std::size_t>(2, workers),
+                             .num_workers = workers});
 
     resnet_example::Setup setup{
         .arch = args["arch"].as<std::string>(), .width = args["width"].as<long>(), .seed = seed,
@@ -120,8 +155,9 @@ int main(int argc, char** argv) {
         .resume = args.count("resume") > 0,
         .path = (std::filesystem::path(args["model_dir"].as<std::string>()) / args["model_filename"].as<std::string>())
                     .string(),
-        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .ddp = dist.ddp, .optim = optim, .comm = job.comm.get(), .train_set = train_set.get(),
-        .test_set = test_set.get(), .loader = &loader};
+        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .ddp = dist.ddp, .optim = optim,
+        .comm = job.comm.get(), .train_set = train_set.get(), .test_set = test_set.get(), .loader = &loader,
+        .workers = workers};
     if constexpr (BuildConfig::with_cuda)
       if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, args.count("deterministic") > 0);
     int threads = args["threads"].as<int>();

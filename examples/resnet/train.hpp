@@ -13,9 +13,10 @@
 // (train/checkpoint.hpp works on host tensors) through train/snapshot_io.hpp (train::state_on<Cpu>): the model itself on the CPU, a
 // host copy on the GPU. --resume: rank 0 reads the file and broadcasts its bytes (through the GPU for nccl),
 // so only rank 0's node needs it; the optimizer kind, its state and step count (the schedule's clock) come back.
-// Evaluation (CIFAR-format data): every rank evaluates its share of the test set (data::EvalSampler: each
-// sample on exactly one rank, no padding) on the unwrapped model, then one all-reduce (Sum) of [correct,
-// samples] gives rank 0 the accuracy of the whole test set; no rank waits on another's evaluation.
+// Evaluation (CIFAR-format data or an ImageFolder --val_dir): every rank evaluates its share of the test set
+// (data::EvalSampler: each sample on exactly one rank, no padding) on the unwrapped model, then one
+// all-reduce (Sum) of [top-1 correct, top-5 correct, samples] gives rank 0 the accuracy of the whole test
+// set; no rank waits on another's evaluation.
 #pragma once
 
 #include <algorithm>
@@ -67,15 +68,16 @@ struct Setup {
   train::OptimFlags optim;   // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, --sync-bn, ...
   comm::Communicator* comm = nullptr;
   data::Dataset* train_set = nullptr;
-  data::Dataset* test_set = nullptr;  // CIFAR-format evaluation after every epoch, or nullptr
+  data::Dataset* test_set = nullptr;  // evaluation after every epoch (CIFAR test set, --val_dir), or nullptr
   data::DataLoader* loader = nullptr;
+  std::size_t workers = 1;  // --workers: loader threads decoding batches (ImageFolder JPEGs)
 };
 
-// [correct, samples] summed over every rank: one all-reduce in D's memory, the memory the communicator DDP
-// uses reaches (host for gloo/mpi on the CPU; the GPU for nccl or a staged tcp/mpi).
+// Counts ([top-1, top-5, samples]) summed over every rank: one all-reduce in D's memory, the memory the
+// communicator DDP uses reaches (host for gloo/mpi on the CPU; the GPU for nccl or a staged tcp/mpi).
 template <Device D>
-std::array<double, 2> sum_over_ranks(comm::Communicator& comm, Exec<D>& exec, std::array<double, 2> counts) {
-  Tensor<double, Cpu> host(Shape{2});
+std::array<double, 3> sum_over_ranks(comm::Communicator& comm, Exec<D>& exec, std::array<double, 3> counts) {
+  Tensor<double, Cpu> host(Shape{3});
   std::copy(counts.begin(), counts.end(), host.data());
   if constexpr (std::same_as<D, Cpu>) {
     comm.all_reduce(host.view(), {.op = comm::ReduceOp::Sum}).wait();
@@ -84,30 +86,38 @@ std::array<double, 2> sum_over_ranks(comm::Communicator& comm, Exec<D>& exec, st
     comm.all_reduce(dev.view(), {.op = comm::ReduceOp::Sum, .stream = exec.stream}).wait();
     host = to<Cpu>(dev.cview(), exec);  // ordered after the all-reduce on exec's stream
   }
-  return {host.data()[0], host.data()[1]};
+  return {host.data()[0], host.data()[1], host.data()[2]};
 }
 
 // This rank's share of `test_set` (data::EvalSampler over world ranks) through the unwrapped model in eval
-// mode (running statistics: no collective, also with --sync-bn); returns [correct, samples].
+// mode (running statistics: no collective, also with --sync-bn); returns [top-1 correct, top-5 correct,
+// samples]. Top-5: the label's logit is among the 5 largest (fewer classes: always, as torch's topk(min(5, C))).
 template <Device D>
-std::array<double, 2> evaluate_share(nn::ResNet<float, D>& net, Exec<D>& exec, const data::Dataset& test_set,
-                                     int world, int rank) {
+std::array<double, 3> evaluate_share(nn::ResNet<float, D>& net, Exec<D>& exec, const data::Dataset& test_set,
+                                     int world, int rank, std::size_t eval_workers = 1) {
   net.eval();
   data::EvalSampler es(test_set.size(), world, rank);
-  data::DataLoader tl(test_set, es, {.batch_size = 256});
+  data::DataLoader tl(test_set, es, {.batch_size = 256, .num_workers = eval_workers});
   tl.start_epoch(0);
-  std::size_t correct = 0, samples = 0;
+  std::size_t correct = 0, correct5 = 0, samples = 0;
   while (auto b = tl.next()) {
     const auto images = train::on_device<D>(b->images.cview(), exec);
     const Tensor<float, D> logits = net.forward(exec, images.cview());
     const auto y = train::on_device<Cpu>(logits.cview(), exec);  // (N, classes) on the host
     const float* p = y.cview().data();
     const auto c = y.cview().shape()[1];
-    for (std::int64_t i = 0; i < y.cview().shape()[0]; ++i)
-      correct += std::max_element(p + i * c, p + (i + 1) * c) - (p + i * c) == b->labels.data()[i];
+    for (std::int64_t i = 0; i < y.cview().shape()[0]; ++i) {
+      const float* row = p + i * c;
+      const std::int64_t label = b->labels.data()[i];
+      correct += std::max_element(row, row + c) - row == label;
+      // Rank of the label's logit: classes strictly above it, ties broken by index as torch's topk on CPU.
+      std::int64_t above = 0;
+      for (std::int64_t k = 0; k < c; ++k) above += row[k] > row[label] || (row[k] == row[label] && k < label);
+      correct5 += above < 5;
+    }
     samples += static_cast<std::size_t>(y.cview().shape()[0]);
   }
-  return {static_cast<double>(correct), static_cast<double>(samples)};
+  return {static_cast<double>(correct), static_cast<double>(correct5), static_cast<double>(samples)};
 }
 
 // The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or (--zero) a
@@ -171,10 +181,12 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     }
     train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
     if (s.test_set) {
-      const auto [correct, samples] = sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank));
+      const auto [correct, correct5, samples] =
+          sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank, s.workers));
       if (rank == 0)
         std::cout << "epoch " << epoch << " test accuracy " << correct / samples << " (" << static_cast<long>(correct)
-                  << "/" << static_cast<long>(samples) << ")" << std::endl;
+                  << "/" << static_cast<long>(samples) << ") top-5 " << correct5 / samples << " ("
+                  << static_cast<long>(correct5) << "/" << static_cast<long>(samples) << ")" << std::endl;
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -7,23 +7,26 @@
 //     while (auto batch = loader.next()) step(batch->images, batch->labels);
 //   }
 // How it works: start_epoch() takes this rank's index list from the sampler, cuts it into batches of
-// batch_size (the last one smaller unless drop_last) and starts one worker thread that assembles them
-// in order (make_batch) into a queue of at most `prefetch` batches; the worker blocks while the queue
-// is full, so memory is bounded by prefetch + 1 batches. next() pops the oldest batch, waiting if it
-// is not ready, and returns nullopt at the end of the epoch. If the worker throws (a corrupt file, a
-// bad index), the batches made before the failure are still delivered and then next() rethrows the
-// worker's exception on the calling thread. start_epoch() during an epoch and the destructor stop the
-// worker (it finishes at most the batch it is assembling) and join it: never a detached thread.
+// batch_size (the last one smaller unless drop_last) and starts `num_workers` worker threads that take
+// batch numbers in order and assemble them (make_batch; decoding JPEGs in parallel, one batch per worker)
+// while at most `prefetch` batches are ahead of the consumer (queued or being assembled): a worker blocks
+// otherwise, so memory is bounded by prefetch + 1 batches, and num_workers > prefetch leaves workers idle.
+// next() returns the batches in order, waiting for the next one if it is not ready, and nullopt at the end
+// of the epoch. If a worker throws (a corrupt file, a bad index), the batches before the failed one are
+// still delivered and then next() rethrows that exception on the calling thread. start_epoch() during an
+// epoch and the destructor stop the workers (each finishes at most the batch it is assembling) and join
+// them: never a detached thread.
 // Example: 10 indices, batch_size 4: batches of 4, 4, 2 (drop_last: 4, 4). num_batches() says how many.
-// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the worker.
+// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the workers,
+// concurrently when num_workers > 1 (Dataset::get_into must allow that, dataset.hpp).
 #pragma once
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -42,6 +45,7 @@ struct LoaderOptions {
   std::size_t batch_size = 32;
   bool drop_last = false;    // drop a final batch smaller than batch_size
   std::size_t prefetch = 2;  // batches assembled ahead; 0 = synchronous, no thread (assembled in next())
+  std::size_t num_workers = 1;  // threads assembling batches (with prefetch > 0); torch's num_workers
 };
 
 class DataLoader {
@@ -50,6 +54,7 @@ class DataLoader {
   DataLoader(const Dataset& dataset, Sampler& sampler, const LoaderOptions& options)
       : dataset_(&dataset), sampler_(&sampler), o_(options) {
     if (o_.batch_size == 0) throw ValueError("ddp: DataLoader: batch_size must be >= 1, got 0; check --batch_size");
+    if (o_.num_workers == 0) throw ValueError("ddp: DataLoader: num_workers must be >= 1 (prefetch 0 = no thread)");
   }
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -69,13 +74,15 @@ class DataLoader {
     sampler_->set_epoch(epoch);
     indices_ = sampler_->indices();
     total_ = num_batches();
-    produced_ = 0;
+    next_ = 0;
     consumed_ = 0;
     stop_ = false;
     error_ = nullptr;
-    queue_.clear();
+    error_at_ = total_;
+    done_.clear();
     started_ = true;
-    if (o_.prefetch > 0) worker_ = std::thread([this] { run(); });
+    if (o_.prefetch > 0)
+      for (std::size_t w = 0; w < o_.num_workers; ++w) workers_.emplace_back([this] { run(); });
   }
 
   // The next batch of the epoch, or nullopt when it is over. Rethrows the worker's exception (once).
@@ -87,17 +94,17 @@ class DataLoader {
       return make(consumed_++);
     }
     std::unique_lock<std::mutex> lock(mu_);
-    ready_.wait(lock, [&] { return !queue_.empty() || error_ || produced_ == total_; });
-    if (!queue_.empty()) {
-      Batch b = std::move(queue_.front());
-      queue_.pop_front();
+    ready_.wait(lock, [&] { return consumed_ >= error_at_ || done_.count(consumed_) != 0; });
+    if (auto it = done_.find(consumed_); it != done_.end()) {
+      Batch b = std::move(it->second);
+      done_.erase(it);
       ++consumed_;
-      space_.notify_one();
+      space_.notify_all();
       return b;
     }
     if (error_) {
       auto e = std::exchange(error_, nullptr);
-      produced_ = total_;  // the epoch ends with the error
+      consumed_ = error_at_ = total_;  // the epoch ends with the error
       std::rethrow_exception(e);
     }
     return std::nullopt;
@@ -111,11 +118,13 @@ class DataLoader {
   }
 
   void run() {
-    for (std::size_t b = 0; b < total_; ++b) {
+    for (;;) {
+      std::size_t b = 0;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        space_.wait(lock, [&] { return stop_ || queue_.size() < o_.prefetch; });
-        if (stop_) return;
+        space_.wait(lock, [&] { return stop_ || next_ >= error_at_ || next_ < consumed_ + o_.prefetch; });
+        if (stop_ || next_ >= error_at_) return;  // stopped, every batch taken, or a failure before
+        b = next_++;
       }
       // The exception is published only after its catch block has ended, so the worker holds no
       // reference to it any more and the consumer alone owns (and frees) the exception object.
@@ -123,18 +132,20 @@ class DataLoader {
       try {
         Batch batch = make(b);
         std::lock_guard<std::mutex> lock(mu_);
-        queue_.push_back(std::move(batch));
-        ++produced_;
+        done_.emplace(b, std::move(batch));
       } catch (...) {
         failure = std::current_exception();
       }
-      if (failure) {
-        std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure && b < error_at_) {  // the earliest failed batch wins; batches before it are delivered
         error_ = std::move(failure);
-        ready_.notify_one();
-        return;
+        error_at_ = b;
       }
       ready_.notify_one();
+      if (failure) {
+        space_.notify_all();  // idle workers see next_ >= error_at_ and end
+        return;
+      }
     }
   }
 
@@ -144,7 +155,8 @@ class DataLoader {
       stop_ = true;
     }
     space_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
   }
 
   const Dataset* dataset_;
@@ -157,13 +169,14 @@ class DataLoader {
 
   std::mutex mu_;                  // guards everything below
   std::condition_variable ready_;  // a batch, an error or the end is available
-  std::condition_variable space_;  // the queue has room, or stop_
-  std::deque<Batch> queue_;
-  std::size_t produced_ = 0;
-  std::size_t consumed_ = 0;
+  std::condition_variable space_;  // a batch may be started (fewer than prefetch ahead), or stop_
+  std::map<std::size_t, Batch> done_;  // assembled batches not yet consumed, by batch number
+  std::size_t next_ = 0;               // next batch number a worker takes
+  std::size_t consumed_ = 0;           // batches returned by next()
+  std::size_t error_at_ = 0;           // the failed batch (error_ set), else total_: the end of the epoch
   bool stop_ = false;
   std::exception_ptr error_;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace ddp::data

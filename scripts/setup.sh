@@ -9,6 +9,7 @@ debian_packages=(
   openmpi-bin libopenmpi-dev
   mpich libmpich-dev          # beside Open MPI, which stays the default mpirun (tests/mpich, docs/MPICH.md)
   slurm-wlm munge util-linux  # a real Slurm cluster per test (tests/slurm, docs/SLURM.md)
+  libturbojpeg0-dev libpng-dev python3-pil  # ImageFolder decoding; PIL writes the test images (tests/image_folder)
   python3-torch python3-torchvision python3-numpy python3-sklearn
   iproute2 procps psmisc
 )
@@ -23,6 +24,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# TensorBoard's own reader checks our event files (tests/tensorboard); Debian has no tensorboard package.
+if ! /usr/bin/python3 -c 'import tensorboard' 2>/dev/null; then
+  echo "setup: installing tensorboard from PyPI into /usr/bin/python3"
+  /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "tensorboard==2.21.0"
 fi
 
 conan_version="2.34.0"

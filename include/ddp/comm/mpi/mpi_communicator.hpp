@@ -267,10 +267,11 @@ class MpiCommunicator final : public Communicator {
   // Small: carried in the fingerprint exchange (finish_carried); large: RingAllreduce on proto_comm_.
   Work all_reduce_impl(const OpCall& c) override {
     if (c.in.bytes() <= kCarryBytes) return submit(c, {}, true);
-    return submit(c, [this, b = c.in, op = c.fp.op, seq = c.fp.seq] {
+    return submit(c, [this, b = c.in, op = c.fp.op] {
+      // Tag by the op's number (set by submit, so read at posting time): rings in flight together never meet.
       Pending p;
-      p.ring = std::make_unique<mpi::RingAllreduce>(b, op, proto_comm_, rank_, size_, 1 + static_cast<int>(seq % 30000),
-                                                    take_scratch());
+      p.ring = std::make_unique<mpi::RingAllreduce>(b, op, proto_comm_, rank_, size_,
+                                                    1 + static_cast<int>(posting_seq_ % 30000), take_scratch());
       if (const int rc = p.ring->start(); rc != MPI_SUCCESS) {
         bury(p);
         throw CommError(mpi::error_text(rc));
@@ -572,6 +573,7 @@ class MpiCommunicator final : public Communicator {
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
                                                 first_error_)), in_flight);
     try {
+      posting_seq_ = t.fp.seq;
       t.pending = t.body();
     } catch (const std::exception& e) {
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
@@ -733,6 +735,7 @@ class MpiCommunicator final : public Communicator {
   bool broken_ = false;      // a request was left pending (see fail)
   std::string first_error_;
   std::vector<std::vector<std::byte>> scratch_pool_;
+  std::uint64_t posting_seq_ = 0;  // the seq of the op whose body post() is running
   std::vector<std::unique_ptr<mpi::RingAllreduce>> graveyard_;  // rings a failure left with requests pending
 
   std::mutex mu_;  // guards everything below

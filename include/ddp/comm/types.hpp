@@ -143,9 +143,10 @@ struct CommOptions {
   // tcp: all-reduce buffers of at most this many bytes use recursive doubling (latency-bound); larger
   // ones the ring (bandwidth-bound).
   std::size_t small_allreduce_bytes = 64 * 1024;
-  // tcp: an op of at most this many bytes issued while nothing is queued runs on the calling thread,
-  // saving the hand-off to the progress thread (tens of microseconds); larger ones always run on the
-  // progress thread so that they overlap with the caller's compute. 0 disables inline execution.
+  // tcp and mpi (collectives): an op of at most this many bytes issued while nothing is queued runs on
+  // the calling thread, saving the hand-off to the progress thread (tens of microseconds); larger ones
+  // always run on the progress thread so that they overlap with the caller's compute. 0 disables inline
+  // execution.
   std::size_t inline_max_bytes = 64 * 1024;
   // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
   std::chrono::milliseconds shutdown_timeout{10'000};
@@ -153,8 +154,9 @@ struct CommOptions {
   // shared-memory segment instead of loopback sockets (the sockets stay open to detect dead peers).
   // Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the same value.
   bool shm = true;
-  // mpi: all-gather each collective's fingerprint before running it, so that mismatched collectives
-  // fail on every rank with a message instead of meeting inside MPI (one 32-byte all-gather per op).
+  // mpi: exchange each collective's fingerprint before running it, so that mismatched collectives
+  // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each peer
+  // per op; a small all-reduce's data rides along, docs/ARCHITECTURE.md D38).
   // tcp checks fingerprints in every frame header and ignores this. Every rank must pass the same value.
   bool check_fingerprints = true;
   // The CUDA device the collectives' tensors live on; -1: host memory. With tcp/gloo or mpi,

@@ -1,25 +1,37 @@
-// MpiCommunicator: the mpi backend. Rank and size come from MPI itself; every op is a non-blocking MPI
-// call (MPI_Iallreduce, ...) run by a progress thread that tests it against the op's deadline.
+// MpiCommunicator: the mpi backend. Rank and size come from MPI itself; every op is non-blocking MPI
+// (MPI_Isend/MPI_Irecv, MPI_Ibcast, ...), tested against the op's deadline by whichever thread runs it:
+// the calling thread for a small collective issued while nothing else is pending, else a progress thread.
 // SPDX-License-Identifier: MIT
 //
 // MPI runtime: if nobody initialised MPI, the first MpiCommunicator calls MPI_Init_thread (asking for
-// MPI_THREAD_MULTIPLE, needing at least MPI_THREAD_SERIALIZED: only one thread at a time calls MPI, the
-// progress thread) and MPI_Finalize runs at process exit.
-// Reductions: float, double and the integers use MPI's built-in ops (Avg = MPI_SUM, then a division);
-// bfloat16 and half travel as 16-bit words and reduce through MPI_Op_create'd ops that widen to float;
-// uint8 reduces through our op too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
+// MPI_THREAD_MULTIPLE, needing at least MPI_THREAD_SERIALIZED: only one thread at a time runs ops, the
+// caller or the progress thread, handed over under the queue's lock) and MPI_Finalize runs at process exit.
+// All-reduce is ours, on MPI point-to-point calls (docs/ARCHITECTURE.md D38): Open MPI's MPI_Iallreduce
+// (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which ran at
+// 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload of at most kCarryBytes rides in the
+// fingerprint messages (one exchange; each rank reduces every rank's copy in rank order); a larger one
+// runs a ring reduce-scatter + all-gather (RingAllreduce) in 1 MiB segments through a reused scratch.
+// Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
+// block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
+// and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
+// 16-bit words and reduce through MPI_Op_create'd ops that widen to float; uint8 reduces through our op
+// too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
 // Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process
 // then ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
 // (docs/ARCHITECTURE.md D9). A rank that dies is handled by mpirun itself (it kills the job).
-// Fingerprints (docs/ARCHITECTURE.md D9): MPI matches collectives by posting order only, so rank 0's all_reduce and
-// rank 1's broadcast would meet and give garbage or hang. Before each collective's own call, the ranks
-// all-gather its 32-byte fingerprint (kind|dtype|op, root, count, seq) on a second communicator, and
-// every rank compares all of them: a difference fails the op on every rank with the same message,
-// before any data moves. Cost: one small all-gather per collective (a few microseconds on one host;
-// CommOptions::check_fingerprints = false skips it). Send/recv are matched by tag and are not checked.
-// Ordering: fingerprints go out on fp_comm_ in issue order; bodies go out on comm_ in issue order too,
-// each only after its fingerprint matched and every earlier op's body was posted, so all ranks post
-// both communicators' calls in the same order.
+// Fingerprints (docs/ARCHITECTURE.md D9): MPI matches collectives by posting order only, so rank 0's
+// all_reduce and rank 1's broadcast would meet and give garbage or hang. Before each collective's own
+// call, every rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every other rank on
+// a second communicator (proto_comm_, point-to-point, receives sized for the largest message any op
+// sends, so that a mismatch never truncates), and compares all of them: a difference fails the op on
+// every rank with the same message, before any data moves. Cost (D38): one small message exchange per
+// collective, about 1 us on one host, and for an all-reduce of at most kCarryBytes nothing, since its
+// data travels in the same message; CommOptions::check_fingerprints = false skips the comparison (and
+// the exchange, except for carried all-reduces). Send/recv are matched by tag and are not checked.
+// Ordering: fingerprints go out on proto_comm_ in issue order; bodies go out in issue order too, each
+// only after its fingerprint matched and every earlier op's body was posted, so all ranks post every
+// communicator's calls in the same order. Ring messages use proto_comm_ with tag 1 + seq % 30000, so
+// that rings in flight together and the user's send/recv tags on comm_ never meet.
 #pragma once
 
 #include <mpi.h>
@@ -29,6 +41,7 @@
 #include <cstdint>
 #include <climits>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -90,6 +103,116 @@ void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, in, static_cast<std::size_t>(*len), D, O);
 }
 
+// All-reduce in place over point-to-point calls: a ring reduce-scatter (n-1 steps: send block (r-s),
+// receive block (r-s-1) and reduce it into place) and a ring all-gather (n-1 steps: send block (r+1-s),
+// receive block (r-s) straight into place). Blocks are count/n elements, the last one takes the rest.
+// Every block's sum is formed once, by one chain of ranks, and then copied, so all ranks end
+// bit-identical. A reduce-scatter block travels as kSegmentBytes segments received into two scratch
+// slots in turn, so that each segment is reduced while it is still in cache and the next one is already
+// on its way. Non-blocking: start() posts step 0, test() advances while steps complete. `scratch`
+// (2 segments) is lent by the communicator and handed back by release().
+class RingAllreduce {
+ public:
+  static constexpr std::size_t kSegmentBytes = 1 << 20;
+
+  RingAllreduce(Buffer b, ReduceOp op, MPI_Comm comm, int rank, int size, int tag, std::vector<std::byte> scratch)
+      : b_(b), op_(op), comm_(comm), rank_(rank), size_(size), tag_(tag), scratch_(std::move(scratch)),
+        seg_(std::max<std::size_t>(1, kSegmentBytes / dtype_size(b.dtype))) {
+    if (scratch_.size() < 2 * seg_ * elem()) scratch_.resize(2 * seg_ * elem());
+  }
+  RingAllreduce(const RingAllreduce&) = delete;
+  RingAllreduce& operator=(const RingAllreduce&) = delete;
+
+  int start() { return size_ == 1 ? MPI_SUCCESS : post(); }
+  // MPI's return code; done is set once every step completed.
+  int test(bool& done) {
+    done = false;
+    for (;;) {
+      if (step_ == 2 * (size_ - 1)) {
+        done = true;
+        return MPI_SUCCESS;
+      }
+      int flag = 0;
+      if (step_ < size_ - 1) {  // reduce-scatter: fold each received segment into place, in order
+        const int rb = mod(rank_ - step_ - 1);
+        while (reduced_ < nsegs(rb)) {
+          if (const int rc = MPI_Test(&slot_req_[reduced_ % 2], &flag, MPI_STATUS_IGNORE); rc != MPI_SUCCESS || !flag)
+            return rc;
+          reduce_into(at(rb) + reduced_ * seg_ * elem(), slot(reduced_ % 2), seg_len(rb, reduced_), b_.dtype, op_);
+          if (reduced_ + 2 < nsegs(rb))
+            if (const int rc = post_segment_recv(rb, reduced_ + 2); rc != MPI_SUCCESS) return rc;
+          ++reduced_;
+        }
+        if (const int rc = MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE);
+            rc != MPI_SUCCESS || !flag)
+          return rc;
+        if (step_ == size_ - 2 && op_ == ReduceOp::Avg) divide_by(at(rb), block_len(rb), b_.dtype, size_);
+      } else if (const int rc = MPI_Testall(2, q_, &flag, MPI_STATUSES_IGNORE); rc != MPI_SUCCESS || !flag) {
+        return rc;
+      }
+      ++step_;
+      if (step_ < 2 * (size_ - 1))
+        if (const int rc = post(); rc != MPI_SUCCESS) return rc;
+    }
+  }
+  bool in_flight() const {
+    auto live = [](MPI_Request r) { return r != MPI_REQUEST_NULL; };
+    return std::any_of(std::begin(q_), std::end(q_), live) || std::any_of(std::begin(slot_req_), std::end(slot_req_), live) ||
+           std::any_of(sends_.begin(), sends_.end(), live);
+  }
+  std::vector<std::byte> release() { return std::move(scratch_); }
+
+ private:
+  int mod(int x) const { return ((x % size_) + size_) % size_; }
+  std::size_t elem() const { return dtype_size(b_.dtype); }
+  std::size_t block_off(int blk) const { return b_.count / static_cast<std::size_t>(size_) * static_cast<std::size_t>(blk); }
+  std::size_t block_len(int blk) const {
+    return blk == size_ - 1 ? b_.count - block_off(blk) : b_.count / static_cast<std::size_t>(size_);
+  }
+  std::byte* at(int blk) const { return b_.bytes_ptr() + block_off(blk) * elem(); }
+  std::size_t nsegs(int blk) const { return (block_len(blk) + seg_ - 1) / seg_; }
+  std::size_t seg_len(int blk, std::size_t k) const { return std::min(seg_, block_len(blk) - k * seg_); }
+  std::byte* slot(std::size_t i) { return scratch_.data() + i * seg_ * elem(); }
+  int post_segment_recv(int blk, std::size_t k) {
+    return MPI_Irecv(slot(k % 2), static_cast<int>(seg_len(blk, k)), datatype_of(b_.dtype), mod(rank_ - 1), tag_, comm_,
+                     &slot_req_[k % 2]);
+  }
+  int post() {
+    const int next = mod(rank_ + 1), prev = mod(rank_ - 1);
+    const MPI_Datatype t = datatype_of(b_.dtype);
+    if (step_ < size_ - 1) {  // reduce-scatter: segments both ways
+      const int sb = mod(rank_ - step_), rb = mod(rank_ - step_ - 1);
+      reduced_ = 0;
+      for (std::size_t k = 0; k < std::min<std::size_t>(2, nsegs(rb)); ++k)
+        if (const int rc = post_segment_recv(rb, k); rc != MPI_SUCCESS) return rc;
+      sends_.assign(nsegs(sb), MPI_REQUEST_NULL);
+      for (std::size_t k = 0; k < sends_.size(); ++k)
+        if (const int rc = MPI_Isend(at(sb) + k * seg_ * elem(), static_cast<int>(seg_len(sb, k)), t, next, tag_, comm_,
+                                     &sends_[k]);
+            rc != MPI_SUCCESS)
+          return rc;
+      return MPI_SUCCESS;
+    }
+    const int s = step_ - (size_ - 1);
+    const int sb = mod(rank_ + 1 - s), rb = mod(rank_ - s);
+    if (const int rc = MPI_Irecv(at(rb), static_cast<int>(block_len(rb)), t, prev, tag_, comm_, &q_[0]); rc != MPI_SUCCESS)
+      return rc;
+    return MPI_Isend(at(sb), static_cast<int>(block_len(sb)), t, next, tag_, comm_, &q_[1]);
+  }
+
+  Buffer b_;
+  ReduceOp op_;
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  std::vector<std::byte> scratch_;
+  std::size_t seg_;  // elements per reduce-scatter segment
+  int step_ = 0;
+  std::size_t reduced_ = 0;  // segments of this reduce-scatter step folded in
+  MPI_Request slot_req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  std::vector<MPI_Request> sends_;
+  MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // all-gather: receive, send
+};
+
 }  // namespace mpi
 
 class MpiCommunicator final : public Communicator {
@@ -104,15 +227,20 @@ class MpiCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    if (broken_) return;  // a request may still be pending on them
+    if (broken_) return;  // a request may still be pending on them (and on graveyard_'s buffers)
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    if (fp_comm_ != MPI_COMM_NULL) MPI_Comm_free(&fp_comm_);
+    if (proto_comm_ != MPI_COMM_NULL) MPI_Comm_free(&proto_comm_);
   }
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
+
+  // An all-reduce of at most this many bytes travels inside its fingerprint messages (one exchange):
+  // with the 32-byte fingerprint and MPI's header the message stays under Open MPI's shared-memory eager
+  // limit (4 KiB), above which a message takes a rendezvous (4 KiB carried: 5.2 us, as a ring: 1.3 us).
+  static constexpr std::size_t kCarryBytes = 4096 - 128;
 
  protected:
   Work send_impl(const OpCall& c) override {
@@ -136,14 +264,19 @@ class MpiCommunicator final : public Communicator {
       return Pending{req, {}};
     });
   }
+  // Small: carried in the fingerprint exchange (finish_carried); large: RingAllreduce on proto_comm_.
   Work all_reduce_impl(const OpCall& c) override {
+    if (c.in.bytes() <= kCarryBytes) return submit(c, {}, true);
     return submit(c, [this, b = c.in, op = c.fp.op] {
-      MPI_Request req;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, b.data, count_of(b), mpi::datatype_of(b.dtype), op_of(b.dtype, op),
-                                   comm_, &req));
-      return Pending{req, [this, b, op] {
-                       if (op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
-                     }};
+      // Tag by the op's number (set by submit, so read at posting time): rings in flight together never meet.
+      Pending p;
+      p.ring = std::make_unique<mpi::RingAllreduce>(b, op, proto_comm_, rank_, size_,
+                                                    1 + static_cast<int>(posting_seq_ % 30000), take_scratch());
+      if (const int rc = p.ring->start(); rc != MPI_SUCCESS) {
+        bury(p);
+        throw CommError(mpi::error_text(rc));
+      }
+      return p;
     });
   }
   Work reduce_impl(const OpCall& c) override {
@@ -194,8 +327,8 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> new_group_impl(const std::vector<int>&, int index) override {
     MPI_Comm sub = MPI_COMM_NULL;
-    // MPI_Comm_split is collective: it runs in op order on the progress thread like any other op, under a
-    // barrier's fingerprint. Key rank_: the group's ranks keep this communicator's order, as `ranks` does.
+    // MPI_Comm_split is collective: it runs in op order like any other op, under a barrier's
+    // fingerprint. Key rank_: the group's ranks keep this communicator's order, as `ranks` does.
     submit(OpCall{.fp = {.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max}}, [&] {
       DDP_MPI_CHECK(MPI_Comm_split(comm_, index >= 0 ? 0 : MPI_UNDEFINED, rank_, &sub));
       return Pending{};
@@ -206,26 +339,36 @@ class MpiCommunicator final : public Communicator {
 
  private:
   using Clock = std::chrono::steady_clock;
-  // A started op: its request and what to do once it completes (the Avg division).
+  // A started op: its request (or ring) and what to do once it completes (the Avg division).
   struct Pending {
     MPI_Request req = MPI_REQUEST_NULL;
     std::function<void()> after;
+    std::unique_ptr<mpi::RingAllreduce> ring;
   };
   using Body = std::function<Pending()>;  // posts the non-blocking call
-  // Where a task is: its fingerprint all-gather in flight, matched and waiting for earlier bodies to
-  // be posted, or its own MPI call posted.
+  // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
+  // posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
-  static constexpr std::size_t kFpWords = 4;  // packed Fingerprint, see pack()
+  static constexpr std::size_t kFpWords = 4;                                // packed Fingerprint, see pack()
+  static constexpr std::size_t kFpBytes = kFpWords * sizeof(std::uint64_t);
+  static constexpr std::size_t kMsgCap = kFpBytes + kCarryBytes;            // the largest fingerprint message
   struct Task {
     std::shared_ptr<detail::WorkState> state;
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
+    Buffer carry;        // an all-reduce's data, carried in the fingerprint messages (count 0: none)
+    bool carried = false;
     Pending pending;
     Clock::time_point deadline;
     Stage stage = Stage::Posted;
-    MPI_Request fp_req = MPI_REQUEST_NULL;
-    std::vector<std::uint64_t> fps;  // kFpWords per rank: mine first, then everyone's from the all-gather
+    std::vector<MPI_Request> fp_reqs;       // receives from every peer, then sends to every peer
+    std::vector<std::byte> fp_out;          // my fingerprint, then the carried data
+    std::unique_ptr<std::byte[]> fp_in;     // kMsgCap bytes per rank (this rank's slot unused)
+    std::vector<std::uint64_t> fps;         // kFpWords per rank: mine first, then everyone's (compare)
+    bool fp_pending() const {
+      return std::any_of(fp_reqs.begin(), fp_reqs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+    }
   };
 
   static MPI_Comm dup_world() {
@@ -241,10 +384,8 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     check_setup(rank_, size_, opts_);
     sequence_.emplace(rank_, size_);
-    if (opts_.check_fingerprints) {
-      DDP_MPI_CHECK(MPI_Comm_dup(comm_, &fp_comm_));
-      DDP_MPI_CHECK(MPI_Comm_set_errhandler(fp_comm_, MPI_ERRORS_RETURN));
-    }
+    DDP_MPI_CHECK(MPI_Comm_dup(comm_, &proto_comm_));
+    DDP_MPI_CHECK(MPI_Comm_set_errhandler(proto_comm_, MPI_ERRORS_RETURN));
     create_ops();
     thread_ = std::thread([this] { progress_loop(); });
   }
@@ -280,8 +421,27 @@ class MpiCommunicator final : public Communicator {
     return kBuiltin[i];
   }
 
-  // Numbers the call and queues it for the progress thread. The element count must fit MPI's int.
-  Work submit(OpCall call, Body body) {
+  // The rings' scratch (two segments each): reused, not allocated per op.
+  // Touched only by the thread that runs ops (see submit), like failed_.
+  std::vector<std::byte> take_scratch() {
+    if (scratch_pool_.empty()) return {};
+    std::vector<std::byte> s = std::move(scratch_pool_.back());
+    scratch_pool_.pop_back();
+    return s;
+  }
+  // A finished ring's scratch goes back to the pool; one that MPI may still write (a failed op) is kept
+  // alive until the process ends (graveyard_), as the requests left on it are.
+  void bury(Pending& p) {
+    if (!p.ring) return;
+    if (p.ring->in_flight()) graveyard_.push_back(std::move(p.ring));
+    else scratch_pool_.push_back(p.ring->release());
+    p.ring.reset();
+  }
+
+  // Numbers the call, then runs it here when it is a collective of at most inline_max_bytes and nothing
+  // else is queued or in flight (no hand-off to the progress thread and back: about 2 x 10-50 us on a busy
+  // host), else queues it for the progress thread. The element count must fit MPI's int.
+  Work submit(OpCall call, Body body, bool carried = false) {
     for (const Buffer* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
         throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ", INT_MAX,
@@ -291,43 +451,77 @@ class MpiCommunicator final : public Communicator {
     Task t{.state = std::make_shared<detail::WorkState>(std::move(label)),
            .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout,
            .body = std::move(body),
-           .fp = call.fp};
+           .fp = call.fp,
+           .carry = carried ? call.in : Buffer{},
+           .carried = carried};
     Work work(t.state);
+    const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 && !running_here_ &&
+                      std::max(call.in.bytes(), call.out.bytes()) <= opts_.inline_max_bytes;
+    if (here) {
+      running_here_ = true;
+      lock.unlock();
+      run_here(std::move(t));
+      lock.lock();
+      running_here_ = false;
+      const bool queued = !queue_.empty();  // another thread's op, waiting for this one to be posted first
+      lock.unlock();
+      if (queued) cv_.notify_all();
+      return work;
+    }
+    ++outstanding_;
     queue_.push_back(std::move(t));
     lock.unlock();
     cv_.notify_all();
     return work;
   }
 
+  // Runs one task to completion on the calling thread, testing it without pause (it is what the caller
+  // would wait for anyway). Only when the progress thread has nothing: ops stay in issue order.
+  void run_here(Task&& task) {
+    std::deque<Task> one;
+    one.push_back(std::move(task));
+    Task& t = one.front();
+    start(t, one);
+    while (!test(t, one))
+      if (t.stage == Stage::Ready) post(t, one);
+  }
+
   // How the progress thread works: it starts queued ops in issue order (for a collective, that posts
-  // its fingerprint all-gather; for send/recv, the call itself), keeps them in flight, and tests them
+  // its fingerprint exchange; for send/recv, the call itself), keeps them in flight, and tests them
   // all. A collective whose fingerprints matched posts its own call once every earlier op has posted
   // its own (MPI matches non-blocking collectives by posting order). An op completes when its request
-  // does, so an irecv posted before a send never blocks that send. The thread naps 20 us between tests
-  // once nothing has progressed for a while, and sleeps on the condition variable when idle.
+  // does, so an irecv posted before a send never blocks that send. While ops are in flight it tests
+  // them without pause (Open MPI progresses only inside MPI calls), yielding the core between rounds,
+  // and naps 20 us per round only after 1 ms without progress; idle, it sleeps on the condition variable.
   void progress_loop() {
     std::deque<Task> in_flight;
-    int idle_spins = 0;
+    auto last_progress = Clock::now();
     for (;;) {
       {
         std::unique_lock lock(mu_);
-        if (in_flight.empty()) cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+        if (in_flight.empty()) cv_.wait(lock, [&] { return (!queue_.empty() && !running_here_) || stop_; });
         if (stop_ && queue_.empty() && in_flight.empty()) return;
-        while (!queue_.empty()) {
+        while (!queue_.empty() && !running_here_) {
           in_flight.push_back(std::move(queue_.front()));
           queue_.pop_front();
           start(in_flight.back(), in_flight);
-          idle_spins = 0;
+          last_progress = Clock::now();
         }
       }
       bool progressed = false;
+      std::size_t finished = 0;
       for (auto it = in_flight.begin(); it != in_flight.end();) {
         if (test(*it, in_flight)) {
           it = in_flight.erase(it);
           progressed = true;
+          ++finished;
         } else {
           ++it;
         }
+      }
+      if (finished) {
+        std::lock_guard lock(mu_);
+        outstanding_ -= finished;
       }
       // Post the bodies of matched collectives, in issue order, up to the first one still waiting.
       for (Task& t : in_flight) {
@@ -337,8 +531,10 @@ class MpiCommunicator final : public Communicator {
           progressed = true;
         }
       }
-      if (progressed) idle_spins = 0;
-      else if (++idle_spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      const auto now = Clock::now();
+      if (progressed) last_progress = now;
+      else if (now - last_progress > std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else std::this_thread::yield();
     }
   }
 
@@ -347,14 +543,28 @@ class MpiCommunicator final : public Communicator {
     if (failed_)
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
                                                 first_error_)), in_flight);
-    if (fp_comm_ == MPI_COMM_NULL || t.fp.is_p2p()) return post(t, in_flight);
+    if (t.fp.is_p2p() || (!opts_.check_fingerprints && !t.carried)) return post(t, in_flight);
+    // The exchange: my fingerprint (and carried data) to every peer, theirs into kMsgCap-byte slots.
     t.stage = Stage::Fingerprint;
-    t.fps.assign(kFpWords * (static_cast<std::size_t>(size_) + 1), 0);
-    pack(t.fp, t.fps.data());
-    if (const int rc = MPI_Iallgather(t.fps.data(), kFpWords, MPI_UINT64_T, t.fps.data() + kFpWords, kFpWords,
-                                      MPI_UINT64_T, fp_comm_, &t.fp_req);
-        rc != MPI_SUCCESS)
-      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+    std::uint64_t words[kFpWords];
+    pack(t.fp, words);
+    t.fp_out.resize(kFpBytes + t.carry.bytes());
+    std::memcpy(t.fp_out.data(), words, kFpBytes);
+    if (t.carry.count) std::memcpy(t.fp_out.data() + kFpBytes, t.carry.data, t.carry.bytes());
+    if (size_ == 1) return;  // nothing to exchange; test() finds the (empty) exchange complete
+    t.fp_in.reset(new std::byte[kMsgCap * static_cast<std::size_t>(size_)]);
+    t.fp_reqs.assign(2 * static_cast<std::size_t>(size_ - 1), MPI_REQUEST_NULL);
+    std::size_t k = 0;
+    int rc = MPI_SUCCESS;
+    for (int r = 0; r < size_ && rc == MPI_SUCCESS; ++r)
+      if (r != rank_)
+        rc = MPI_Irecv(t.fp_in.get() + kMsgCap * static_cast<std::size_t>(r), static_cast<int>(kMsgCap), MPI_BYTE, r,
+                       0, proto_comm_, &t.fp_reqs[k++]);
+    for (int r = 0; r < size_ && rc == MPI_SUCCESS; ++r)
+      if (r != rank_)
+        rc = MPI_Isend(t.fp_out.data(), static_cast<int>(t.fp_out.size()), MPI_BYTE, r, 0, proto_comm_,
+                       &t.fp_reqs[k++]);
+    if (rc != MPI_SUCCESS) fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
   }
 
   void post(Task& t, const std::deque<Task>& in_flight) {
@@ -363,10 +573,25 @@ class MpiCommunicator final : public Communicator {
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
                                                 first_error_)), in_flight);
     try {
+      posting_seq_ = t.fp.seq;
       t.pending = t.body();
     } catch (const std::exception& e) {
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
     }
+  }
+
+  // A carried all-reduce once every rank's data arrived: every rank reduces all copies in rank order
+  // (the same chain everywhere, so the results are bit-identical), then divides for Avg.
+  void finish_carried(Task& t) {
+    const Buffer& b = t.carry;
+    auto data_of = [&](int r) -> const std::byte* {
+      return r == rank_ ? t.fp_out.data() + kFpBytes : t.fp_in.get() + kMsgCap * static_cast<std::size_t>(r) + kFpBytes;
+    };
+    if (size_ > 1) {
+      std::memcpy(b.data, data_of(0), b.bytes());
+      for (int r = 1; r < size_; ++r) reduce_into(b.data, data_of(r), b.count, b.dtype, t.fp.op);
+    }
+    if (t.fp.op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
   }
 
   // 32 bytes that every rank must agree on. seq is included so that a rank that skipped an op is seen.
@@ -386,9 +611,14 @@ class MpiCommunicator final : public Communicator {
             .seq = w[3]};
   }
 
-  // The gathered fingerprints: empty when all agree, else the message every rank raises. It names the
+  // The exchanged fingerprints: empty when all agree, else the message every rank raises. It names the
   // first rank whose op differs from this rank's, and when this rank is the odd one out, says so.
-  std::string compare_fingerprints(const Task& t) const {
+  std::string compare_fingerprints(Task& t) const {
+    t.fps.assign(kFpWords * (static_cast<std::size_t>(size_) + 1), 0);
+    std::memcpy(t.fps.data(), t.fp_out.data(), kFpBytes);
+    for (int r = 0; r < size_; ++r)
+      std::memcpy(t.fps.data() + kFpWords * (static_cast<std::size_t>(r) + 1),
+                  r == rank_ ? t.fp_out.data() : t.fp_in.get() + kMsgCap * static_cast<std::size_t>(r), kFpBytes);
     const std::uint64_t* mine = t.fps.data();
     const std::uint64_t* all = t.fps.data() + kFpWords;
     std::vector<int> differ;
@@ -411,28 +641,45 @@ class MpiCommunicator final : public Communicator {
     if (t.state->is_done()) return true;
     if (t.stage == Stage::Ready) return false;
     if (t.stage == Stage::Fingerprint) {
-      int done = 0;
-      if (const int rc = MPI_Test(&t.fp_req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
-        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
-        return true;
-      }
-      if (done) {
-        if (std::string msg = compare_fingerprints(t); !msg.empty()) {
-          fail(t, CommError(msg), in_flight);
-          return true;
-        }
-        t.stage = Stage::Ready;
-        return false;
-      }
-    } else {
       int done = 1;
-      if (t.pending.req != MPI_REQUEST_NULL) {
-        if (const int rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
+      if (!t.fp_reqs.empty()) {
+        if (const int rc = MPI_Testall(static_cast<int>(t.fp_reqs.size()), t.fp_reqs.data(), &done,
+                                       MPI_STATUSES_IGNORE);
+            rc != MPI_SUCCESS) {
           fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
           return true;
         }
       }
       if (done) {
+        if (opts_.check_fingerprints)
+          if (std::string msg = compare_fingerprints(t); !msg.empty()) {
+            fail(t, CommError(msg), in_flight);
+            return true;
+          }
+        if (!t.carried) {
+          t.stage = Stage::Ready;
+          return false;
+        }
+        finish_carried(t);
+        t.state->complete();
+        return true;
+      }
+    } else {
+      int done = 1;
+      int rc = MPI_SUCCESS;
+      if (t.pending.ring) {
+        bool finished = false;
+        rc = t.pending.ring->test(finished);
+        done = finished;
+      } else if (t.pending.req != MPI_REQUEST_NULL) {
+        rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE);
+      }
+      if (rc != MPI_SUCCESS) {
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+        return true;
+      }
+      if (done) {
+        bury(t.pending);
         try {
           if (t.pending.after) t.pending.after();
           t.state->complete();
@@ -464,7 +711,8 @@ class MpiCommunicator final : public Communicator {
       first_error_ = e.what();
     }
     auto pending = [](const Task& x) {
-      return !x.state->is_done() && (x.fp_req != MPI_REQUEST_NULL || x.pending.req != MPI_REQUEST_NULL);
+      return !x.state->is_done() && (x.fp_pending() || x.pending.req != MPI_REQUEST_NULL ||
+                                     (x.pending.ring && x.pending.ring->in_flight()));
     };
     bool any = false;
     for (const Task& x : in_flight) any = any || pending(x);
@@ -472,6 +720,7 @@ class MpiCommunicator final : public Communicator {
       broken_ = true;
       mpi::Runtime::instance().mark_broken();
     }
+    bury(t.pending);
     t.state->complete(std::make_exception_ptr(e));
   }
 
@@ -479,15 +728,22 @@ class MpiCommunicator final : public Communicator {
   CommOptions opts_;
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_ops_[4] = {}, f16_ops_[4] = {}, u8_ops_[4] = {};
-  MPI_Comm fp_comm_ = MPI_COMM_NULL;  // fingerprints only (see the file comment)
-  bool failed_ = false;               // touched only by the progress thread
-  bool broken_ = false;               // ditto: a request was left pending (see fail)
-  std::string first_error_;           // ditto
+  MPI_Comm proto_comm_ = MPI_COMM_NULL;  // fingerprints and rings (see the file comment)
+  // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
+  // progress thread has nothing; the hand-over goes through mu_).
+  bool failed_ = false;
+  bool broken_ = false;      // a request was left pending (see fail)
+  std::string first_error_;
+  std::vector<std::vector<std::byte>> scratch_pool_;
+  std::uint64_t posting_seq_ = 0;  // the seq of the op whose body post() is running
+  std::vector<std::unique_ptr<mpi::RingAllreduce>> graveyard_;  // rings a failure left with requests pending
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::optional<OpSequence> sequence_;  // set once rank and size are known
   std::deque<Task> queue_;
+  std::size_t outstanding_ = 0;  // queued or in the progress thread's hands
+  bool running_here_ = false;    // a caller is running an op in submit (run_here)
   bool stop_ = false;
   std::thread thread_;
 };

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""Runs `bench_allreduce --backend mpi` and Open MPI's own MPI_Allreduce (mpi4py_allreduce.py) side by side,
-both under `mpirun -np N --bind-to none`, alternating --reps times, and prints one JSON line per size with the
-medians and ours/Open MPI ratios (time ratio > 1: ours is faster). Needs python3-mpi4py (Debian).
+"""Runs `bench_allreduce --backend mpi` (or, with --ours tcp, our tcp backend's shared-memory all-reduce on
+forked ranks) and Open MPI's own MPI_Allreduce (mpi4py_allreduce.py, `mpirun -np N --bind-to none`) side by
+side, alternating --reps times, and prints one JSON line per size with the medians and the ratio
+Open MPI's time / ours (> 1: ours is faster). Needs python3-mpi4py (Debian).
 
-Usage: /usr/bin/python3 bench/allreduce/compare_mpi.py <path to bench_allreduce> [--np 2] [--reps 3]
-       [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1]
+Usage: /usr/bin/python3 bench/allreduce/compare_mpi.py <path to bench_allreduce> [--ours mpi|tcp] [--np 2]
+       [--reps 3] [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1]
 """
 import argparse, json, os, statistics, subprocess, sys
 
@@ -21,6 +22,7 @@ def run(cmd):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench")
+    ap.add_argument("--ours", choices=["mpi", "tcp"], default="mpi")
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--min-bytes", type=int, default=1024)
@@ -29,15 +31,19 @@ def main():
     a = ap.parse_args()
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np), "--bind-to", "none"]
     sizes = ["--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes)]
+    if a.ours == "mpi":
+        ours_cmd = mpirun + [a.bench, "--backend", "mpi", "--check-fingerprints", a.check_fingerprints] + sizes
+    else:  # tcp: bench_allreduce forks its ranks itself (store on a free loopback port)
+        ours_cmd = [a.bench, "--nproc", str(a.np)] + sizes
     ours, ref = [], []
     for _ in range(a.reps):  # alternate, so that a noisy neighbour hits both
-        ours.append(run(mpirun + [a.bench, "--backend", "mpi", "--check-fingerprints", a.check_fingerprints] + sizes))
+        ours.append(run(ours_cmd))
         ref.append(run(mpirun + [sys.executable, os.path.join(HERE, "mpi4py_allreduce.py")] + sizes))
     for b in sorted(ours[0]):
         o = statistics.median(r[b]["time_us"] for r in ours)
         m = statistics.median(r[b]["time_us"] for r in ref)
         bus = lambda us: round(b / us / 1e3 * 2 * (a.np - 1) / a.np, 3)
-        print(json.dumps({"ranks": a.np, "bytes": b, "ours_us": round(o, 1), "openmpi_us": round(m, 1),
+        print(json.dumps({"ours_backend": a.ours, "ranks": a.np, "bytes": b, "ours_us": round(o, 1), "openmpi_us": round(m, 1),
                           "ours_busbw_GBps": bus(o), "openmpi_busbw_GBps": bus(m), "ratio": round(m / o, 2),
                           "ours_runs_us": [r[b]["time_us"] for r in ours],
                           "openmpi_runs_us": [r[b]["time_us"] for r in ref]}), flush=True)

@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""Draws one PNG per comparison from the JSON lines bench/run_all.sh wrote into DIR, and a Markdown table of
+the ratios (DIR/summary.md) for the README. Needs python3-matplotlib. A missing .jsonl skips its chart.
+
+Usage: /usr/bin/python3 bench/plot_all.py DIR
+"""
+# SPDX-License-Identifier: MIT
+import json, os, sys
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except Exception as e:
+    sys.exit(f"plot_all.py: matplotlib missing ({e}); install python3-matplotlib")
+
+
+def rows(d, name):
+    path = os.path.join(d, name + ".jsonl")
+    if not os.path.exists(path):
+        print(f"plot_all.py: {path} missing, its chart skipped", file=sys.stderr)
+        return []
+    return [json.loads(line) for line in open(path) if line.startswith("{")]
+
+
+def size_label(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10 else f"{b} B"
+
+
+def busbw_chart(ax, series, title):
+    """series: [(label, style, [(bytes, GB/s)])] on a log2 size axis."""
+    for label, style, pts in series:
+        pts = sorted(pts)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes, float32)")
+    ax.set_ylabel("bus bandwidth (GB/s, nccl-tests' busbw)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def main():
+    d = sys.argv[1]
+    summary = ["| comparison | case | ours | reference | ratio (> 1: ours faster) |", "| --- | --- | --- | --- | --- |"]
+
+    mpi = rows(d, "allreduce_mpi")
+    if mpi:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        busbw_chart(ax, [("ddp --backend mpi", "o-", [(r["bytes"], r["ours_busbw_GBps"]) for r in mpi]),
+                         ("Open MPI MPI_Allreduce (mpi4py)", "s--", [(r["bytes"], r["openmpi_busbw_GBps"]) for r in mpi])],
+                    f"all-reduce, mpi backend vs Open MPI, {mpi[0]['ranks']} ranks")
+        fig.tight_layout(); fig.savefig(os.path.join(d, "allreduce_mpi.png"), dpi=110); plt.close(fig)
+        for r in mpi:
+            summary.append(f"| mpi backend vs Open MPI | {size_label(r['bytes'])} | {r['ours_us']} us | "
+                           f"{r['openmpi_us']} us | {r['ratio']} |")
+
+    tcp = rows(d, "allreduce_tcp")
+    if tcp:
+        ranks = sorted({r["ranks"] for r in tcp})
+        fig, axes = plt.subplots(1, len(ranks), figsize=(6.5 * len(ranks), 4.5), squeeze=False)
+        for ax, n in zip(axes[0], ranks):
+            ompi = [r for r in tcp if r["ranks"] == n and "openmpi_us" in r]
+            gloo = [r for r in tcp if r["ranks"] == n and "gloo_us" in r]
+            ours = {r["bytes"]: r["ours_busbw_GBps"] for r in ompi + gloo}
+            busbw_chart(ax, [("ddp tcp backend (shared memory)", "o-", list(ours.items())),
+                             ("Open MPI MPI_Allreduce (vader)", "s--", [(r["bytes"], r["openmpi_busbw_GBps"]) for r in ompi]),
+                             ("PyTorch gloo", "^:", [(r["bytes"], r["gloo_busbw_GBps"]) for r in gloo])],
+                        f"all-reduce on one host, {n} ranks")
+            for r in ompi:
+                summary.append(f"| tcp vs Open MPI, {n} ranks | {size_label(r['bytes'])} | {r['ours_us']} us | "
+                               f"{r['openmpi_us']} us | {r['ratio']} |")
+            for r in gloo:
+                summary.append(f"| tcp vs gloo, {n} ranks | {size_label(r['bytes'])} | {r['ours_us']} us | "
+                               f"{r['gloo_us']} us | {r['speedup']} |")
+        fig.tight_layout(); fig.savefig(os.path.join(d, "allreduce_tcp.png"), dpi=110); plt.close(fig)
+
+    res = rows(d, "resnet_cpu")
+    if res:
+        labels = [f"{r['arch']}\n{r['image_size']}px b{r['batch']}\n{r['threads']} thr" for r in res]
+        x = range(len(res))
+        fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(res)), 4.5))
+        ax.bar([i - 0.2 for i in x], [r["ddp_step_s"] for r in res], 0.4, label="ddp")
+        ax.bar([i + 0.2 for i in x], [r["torch_step_s"] for r in res], 0.4, label="PyTorch + oneDNN")
+        for i, r in zip(x, res):
+            ax.annotate(f"{r['torch_step_s'] / r['ddp_step_s']:.2f}x", (i, max(r["ddp_step_s"], r["torch_step_s"])),
+                        ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=7)
+        ax.set_yscale("log"); ax.set_ylabel("training step (s, log)")
+        ax.set_title("CPU ResNet training step (forward, loss, backward, SGD)\n"
+                     "label: PyTorch time / ours (> 1: ddp faster)", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right"); fig.tight_layout(); fig.savefig(os.path.join(d, "resnet_cpu.png"), dpi=110); plt.close(fig)
+        for r in res:
+            summary.append(f"| ResNet CPU step | {r['arch']} {r['image_size']} px b{r['batch']}, {r['threads']} thr | "
+                           f"{r['ddp_step_s']:.3f} s | {r['torch_step_s']:.3f} s | {r['torch_step_s'] / r['ddp_step_s']:.2f} |")
+
+    ov = rows(d, "ddp_overlap")
+    if ov:
+        r = ov[-1]
+        names = ["bare step", "flat all-reduce", "bare + all-reduce", "DDP", "DDP (bucket view)"]
+        vals = [r["local_ms"], r["comm_ms"], r["local_ms"] + r["comm_ms"], r["ddp_ms"], r["ddp_view_ms"]]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.bar(names, vals, color=["C0", "C1", "C7", "C2", "C3"])
+        ax.set_ylabel("ms per step (median)")
+        ax.set_title(f"DDP overhead, {r['arch']} {r['image_size']} px b{r['batch_size']}, {r['world_size']} ranks: "
+                     f"hidden {r['hidden_fraction']:.0%} / {r['hidden_fraction_view']:.0%} (view)", fontsize=9)
+        plt.setp(ax.get_xticklabels(), fontsize=8)
+        fig.tight_layout(); fig.savefig(os.path.join(d, "ddp_overlap.png"), dpi=110); plt.close(fig)
+        summary.append(f"| DDP overhead (DDP - bare) vs one flat all-reduce | {r['arch']} {r['image_size']} px "
+                       f"b{r['batch_size']} | {r['ddp_ms'] - r['local_ms']:.1f} ms | {r['comm_ms']:.1f} ms | "
+                       f"{r['comm_ms'] / max(r['ddp_ms'] - r['local_ms'], 1e-9):.2f} |")
+
+    toy = rows(d, "ddp_toy")
+    if toy:
+        r = toy[-1]
+        fig, ax = plt.subplots(figsize=(5, 4.5))
+        ax.bar(["ddp", "PyTorch DDP (gloo)"], [r["ddp"]["median_ms"], r["pytorch_ddp_gloo"]["median_ms"]], color=["C0", "C1"])
+        ax.set_yscale("log"); ax.set_ylabel("step (ms, median, log)")
+        ax.set_title(f"tutorial toy DDP job, 2 ranks: {r['speedup_median']:.1f}x")
+        fig.tight_layout(); fig.savefig(os.path.join(d, "ddp_toy.png"), dpi=110); plt.close(fig)
+        summary.append(f"| toy DDP step vs PyTorch DDP | multinode tutorial, 2 ranks | {r['ddp']['median_ms']:.3f} ms | "
+                       f"{r['pytorch_ddp_gloo']['median_ms']:.3f} ms | {r['speedup_median']:.1f} |")
+
+    with open(os.path.join(d, "summary.md"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    print("\n".join(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,14 +3,13 @@
 // the calling thread for a small collective issued while nothing else is pending, else a progress thread.
 // SPDX-License-Identifier: MIT
 //
-// MPI runtime: if nobody initialised MPI, the first MpiCommunicator calls MPI_Init_thread (asking for
-// MPI_THREAD_MULTIPLE, needing at least MPI_THREAD_SERIALIZED: only one thread at a time runs ops, the
-// caller or the progress thread, handed over under the queue's lock) and MPI_Finalize runs at process exit.
+// MPI runtime (mpi/runtime.hpp): MPI_THREAD_SERIALIZED suffices, since one thread at a time runs ops (the
+// caller or the progress thread, handed over under the queue's lock).
 // All-reduce is ours, on MPI point-to-point calls (docs/ARCHITECTURE.md D38): Open MPI's MPI_Iallreduce
 // (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which ran at
 // 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload of at most kCarryBytes rides in the
 // fingerprint messages (one exchange; each rank reduces every rank's copy in rank order); a larger one
-// runs a ring reduce-scatter + all-gather (RingAllreduce) in 1 MiB segments through a reused scratch.
+// runs mpi/ring_allreduce.hpp's ring through a reused scratch.
 // Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
 // block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
 // and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
@@ -53,7 +52,10 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/mpi/fingerprint_words.hpp"
 #include "ddp/comm/mpi/mpi_check.hpp"
+#include "ddp/comm/mpi/ring_allreduce.hpp"
+#include "ddp/comm/mpi/runtime.hpp"
 #include "ddp/comm/reduce.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
@@ -62,156 +64,10 @@ namespace ddp::comm {
 
 namespace mpi {
 
-// The process-wide MPI runtime (see the file comment).
-class Runtime {
- public:
-  static Runtime& instance() {
-    static Runtime r;
-    return r;
-  }
-  void mark_broken() noexcept { broken_ = true; }
-  ~Runtime() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!owned_ || finalized) return;
-    if (broken_) MPI_Abort(MPI_COMM_WORLD, 1);  // a pending collective would hang MPI_Finalize
-    else MPI_Finalize();
-  }
-
- private:
-  Runtime() {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    int provided = 0;
-    if (!inited) {
-      DDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
-      owned_ = true;
-    } else {
-      MPI_Query_thread(&provided);
-    }
-    if (provided < MPI_THREAD_SERIALIZED)
-      throw ConfigError(ddp::detail::str("ddp: the mpi backend needs MPI_THREAD_SERIALIZED or better, but MPI provides "
-                                         "level ", provided, "; call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
-                                         "yourself or use --backend tcp."));
-  }
-  bool owned_ = false;
-  bool broken_ = false;
-};
-
 template <DType D, ReduceOp O>
 void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, in, static_cast<std::size_t>(*len), D, O);
 }
-
-// All-reduce in place over point-to-point calls: a ring reduce-scatter (n-1 steps: send block (r-s),
-// receive block (r-s-1) and reduce it into place) and a ring all-gather (n-1 steps: send block (r+1-s),
-// receive block (r-s) straight into place). Blocks are count/n elements, the last one takes the rest.
-// Every block's sum is formed once, by one chain of ranks, and then copied, so all ranks end
-// bit-identical. A reduce-scatter block travels as kSegmentBytes segments received into two scratch
-// slots in turn, so that each segment is reduced while it is still in cache and the next one is already
-// on its way. Non-blocking: start() posts step 0, test() advances while steps complete. `scratch`
-// (2 segments) is lent by the communicator and handed back by release().
-class RingAllreduce {
- public:
-  static constexpr std::size_t kSegmentBytes = 1 << 20;
-
-  RingAllreduce(Buffer b, ReduceOp op, MPI_Comm comm, int rank, int size, int tag, std::vector<std::byte> scratch)
-      : b_(b), op_(op), comm_(comm), rank_(rank), size_(size), tag_(tag), scratch_(std::move(scratch)),
-        seg_(std::max<std::size_t>(1, kSegmentBytes / dtype_size(b.dtype))) {
-    if (scratch_.size() < 2 * seg_ * elem()) scratch_.resize(2 * seg_ * elem());
-  }
-  RingAllreduce(const RingAllreduce&) = delete;
-  RingAllreduce& operator=(const RingAllreduce&) = delete;
-
-  int start() { return size_ == 1 ? MPI_SUCCESS : post(); }
-  // MPI's return code; done is set once every step completed.
-  int test(bool& done) {
-    done = false;
-    for (;;) {
-      if (step_ == 2 * (size_ - 1)) {
-        done = true;
-        return MPI_SUCCESS;
-      }
-      int flag = 0;
-      if (step_ < size_ - 1) {  // reduce-scatter: fold each received segment into place, in order
-        const int rb = mod(rank_ - step_ - 1);
-        while (reduced_ < nsegs(rb)) {
-          if (const int rc = MPI_Test(&slot_req_[reduced_ % 2], &flag, MPI_STATUS_IGNORE); rc != MPI_SUCCESS || !flag)
-            return rc;
-          reduce_into(at(rb) + reduced_ * seg_ * elem(), slot(reduced_ % 2), seg_len(rb, reduced_), b_.dtype, op_);
-          if (reduced_ + 2 < nsegs(rb))
-            if (const int rc = post_segment_recv(rb, reduced_ + 2); rc != MPI_SUCCESS) return rc;
-          ++reduced_;
-        }
-        if (const int rc = MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE);
-            rc != MPI_SUCCESS || !flag)
-          return rc;
-        if (step_ == size_ - 2 && op_ == ReduceOp::Avg) divide_by(at(rb), block_len(rb), b_.dtype, size_);
-      } else if (const int rc = MPI_Testall(2, q_, &flag, MPI_STATUSES_IGNORE); rc != MPI_SUCCESS || !flag) {
-        return rc;
-      }
-      ++step_;
-      if (step_ < 2 * (size_ - 1))
-        if (const int rc = post(); rc != MPI_SUCCESS) return rc;
-    }
-  }
-  bool in_flight() const {
-    auto live = [](MPI_Request r) { return r != MPI_REQUEST_NULL; };
-    return std::any_of(std::begin(q_), std::end(q_), live) || std::any_of(std::begin(slot_req_), std::end(slot_req_), live) ||
-           std::any_of(sends_.begin(), sends_.end(), live);
-  }
-  std::vector<std::byte> release() { return std::move(scratch_); }
-
- private:
-  int mod(int x) const { return ((x % size_) + size_) % size_; }
-  std::size_t elem() const { return dtype_size(b_.dtype); }
-  std::size_t block_off(int blk) const { return b_.count / static_cast<std::size_t>(size_) * static_cast<std::size_t>(blk); }
-  std::size_t block_len(int blk) const {
-    return blk == size_ - 1 ? b_.count - block_off(blk) : b_.count / static_cast<std::size_t>(size_);
-  }
-  std::byte* at(int blk) const { return b_.bytes_ptr() + block_off(blk) * elem(); }
-  std::size_t nsegs(int blk) const { return (block_len(blk) + seg_ - 1) / seg_; }
-  std::size_t seg_len(int blk, std::size_t k) const { return std::min(seg_, block_len(blk) - k * seg_); }
-  std::byte* slot(std::size_t i) { return scratch_.data() + i * seg_ * elem(); }
-  int post_segment_recv(int blk, std::size_t k) {
-    return MPI_Irecv(slot(k % 2), static_cast<int>(seg_len(blk, k)), datatype_of(b_.dtype), mod(rank_ - 1), tag_, comm_,
-                     &slot_req_[k % 2]);
-  }
-  int post() {
-    const int next = mod(rank_ + 1), prev = mod(rank_ - 1);
-    const MPI_Datatype t = datatype_of(b_.dtype);
-    if (step_ < size_ - 1) {  // reduce-scatter: segments both ways
-      const int sb = mod(rank_ - step_), rb = mod(rank_ - step_ - 1);
-      reduced_ = 0;
-      for (std::size_t k = 0; k < std::min<std::size_t>(2, nsegs(rb)); ++k)
-        if (const int rc = post_segment_recv(rb, k); rc != MPI_SUCCESS) return rc;
-      sends_.assign(nsegs(sb), MPI_REQUEST_NULL);
-      for (std::size_t k = 0; k < sends_.size(); ++k)
-        if (const int rc = MPI_Isend(at(sb) + k * seg_ * elem(), static_cast<int>(seg_len(sb, k)), t, next, tag_, comm_,
-                                     &sends_[k]);
-            rc != MPI_SUCCESS)
-          return rc;
-      return MPI_SUCCESS;
-    }
-    const int s = step_ - (size_ - 1);
-    const int sb = mod(rank_ + 1 - s), rb = mod(rank_ - s);
-    if (const int rc = MPI_Irecv(at(rb), static_cast<int>(block_len(rb)), t, prev, tag_, comm_, &q_[0]); rc != MPI_SUCCESS)
-      return rc;
-    return MPI_Isend(at(sb), static_cast<int>(block_len(sb)), t, next, tag_, comm_, &q_[1]);
-  }
-
-  Buffer b_;
-  ReduceOp op_;
-  MPI_Comm comm_;
-  int rank_, size_, tag_;
-  std::vector<std::byte> scratch_;
-  std::size_t seg_;  // elements per reduce-scatter segment
-  int step_ = 0;
-  std::size_t reduced_ = 0;  // segments of this reduce-scatter step folded in
-  MPI_Request slot_req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  std::vector<MPI_Request> sends_;
-  MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // all-gather: receive, send
-};
 
 }  // namespace mpi
 
@@ -349,7 +205,7 @@ class MpiCommunicator final : public Communicator {
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
   // posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
-  static constexpr std::size_t kFpWords = 4;                                // packed Fingerprint, see pack()
+  static constexpr std::size_t kFpWords = mpi::kFingerprintWords;
   static constexpr std::size_t kFpBytes = kFpWords * sizeof(std::uint64_t);
   static constexpr std::size_t kMsgCap = kFpBytes + kCarryBytes;            // the largest fingerprint message
   struct Task {
@@ -547,7 +403,7 @@ class MpiCommunicator final : public Communicator {
     // The exchange: my fingerprint (and carried data) to every peer, theirs into kMsgCap-byte slots.
     t.stage = Stage::Fingerprint;
     std::uint64_t words[kFpWords];
-    pack(t.fp, words);
+    mpi::pack_fingerprint(t.fp, words);
     t.fp_out.resize(kFpBytes + t.carry.bytes());
     std::memcpy(t.fp_out.data(), words, kFpBytes);
     if (t.carry.count) std::memcpy(t.fp_out.data() + kFpBytes, t.carry.data, t.carry.bytes());
@@ -595,22 +451,6 @@ class MpiCommunicator final : public Communicator {
   }
 
   // 32 bytes that every rank must agree on. seq is included so that a rank that skipped an op is seen.
-  static void pack(const Fingerprint& f, std::uint64_t* w) {
-    w[0] = static_cast<std::uint64_t>(f.kind) | static_cast<std::uint64_t>(f.dtype) << 8 |
-           static_cast<std::uint64_t>(f.op) << 16;
-    w[1] = static_cast<std::uint64_t>(f.root);
-    w[2] = f.count;
-    w[3] = f.seq;
-  }
-  static Fingerprint unpack(const std::uint64_t* w) {
-    return {.kind = static_cast<OpKind>(w[0] & 0xff),
-            .dtype = static_cast<DType>((w[0] >> 8) & 0xff),
-            .op = static_cast<ReduceOp>((w[0] >> 16) & 0xff),
-            .root = static_cast<std::int64_t>(w[1]),
-            .count = w[2],
-            .seq = w[3]};
-  }
-
   // The exchanged fingerprints: empty when all agree, else the message every rank raises. It names the
   // first rank whose op differs from this rank's, and when this rank is the odd one out, says so.
   std::string compare_fingerprints(Task& t) const {
@@ -627,7 +467,7 @@ class MpiCommunicator final : public Communicator {
     if (differ.empty()) return {};
     const int j = differ.front();
     std::string msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ", j, ", which ran ",
-                                       unpack(all + kFpWords * static_cast<std::size_t>(j)).full_label(),
+                                       mpi::unpack_fingerprint(all + kFpWords * static_cast<std::size_t>(j)).full_label(),
                                        " at this point");
     if (differ.size() > 1)
       msg += ddp::detail::str(" (", differ.size(), " of ", size_, " ranks differ from this one: ",

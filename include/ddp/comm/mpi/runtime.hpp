@@ -1,0 +1,51 @@
+// mpi::Runtime: who initialises and finalises MPI for the mpi backend (comm/mpi/mpi_communicator.hpp).
+// SPDX-License-Identifier: MIT
+#pragma once
+
+#include <mpi.h>
+
+#include "ddp/comm/mpi/mpi_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+
+namespace ddp::comm::mpi {
+
+// The process-wide MPI runtime: if nobody initialised MPI, the first use calls MPI_Init_thread (asking for
+// MPI_THREAD_MULTIPLE, needing at least MPI_THREAD_SERIALIZED) and MPI_Finalize runs at process exit, or
+// MPI_Abort when a timed-out collective broke a communicator (it would hang MPI_Finalize).
+class Runtime {
+ public:
+  static Runtime& instance() {
+    static Runtime r;
+    return r;
+  }
+  void mark_broken() noexcept { broken_ = true; }
+  ~Runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!owned_ || finalized) return;
+    if (broken_) MPI_Abort(MPI_COMM_WORLD, 1);  // a pending collective would hang MPI_Finalize
+    else MPI_Finalize();
+  }
+
+ private:
+  Runtime() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    int provided = 0;
+    if (!inited) {
+      DDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+      owned_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw ConfigError(ddp::detail::str("ddp: the mpi backend needs MPI_THREAD_SERIALIZED or better, but MPI provides "
+                                         "level ", provided, "; call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+                                         "yourself or use --backend tcp."));
+  }
+  bool owned_ = false;
+  bool broken_ = false;
+};
+
+}  // namespace ddp::comm::mpi

@@ -224,7 +224,9 @@ def start_tcp(job, a, n, args):
 def start_mpi(job, a, n, args):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--tag-output", "-np", str(n), "--mca", "btl",
            "self,vader,tcp", *worker_args(a, job.tag, "--backend", "mpi", *args)]
-    return job.start("mpirun", cmd)
+    # Rows run at once; each mpirun gets its own Open MPI session base (tests/CMakeLists.txt ddp_mpi_session).
+    session = os.path.join(os.path.abspath(job.tag), "ompi_session")
+    return job.start("mpirun", cmd, {"OMPI_MCA_orte_tmpdir_base": session})
 
 
 PHASE_ARGS = {

@@ -8,6 +8,8 @@
 // read the message from the store and fail with "rank r reported: ...", or, when there is no message,
 // "rank r closed its connection (process died?)". They spread it the same way, so every rank fails
 // promptly, and the communicator stays failed: later ops fail at once quoting the first error.
+// With the store gone too (its host died), nobody's message can be read: a rank that sees a single peer close
+// watches the other connections for up to 250 ms and names every rank that closed, first-seen first.
 // A rank whose collective times out additionally collects the other ranks' positions for a short grace
 // period and names the ranks that never reached the op or ran a different one there.
 // Example, 3 ranks, rank 2 never calls all_reduce #1 (300 ms timeout): rank 0 times out and fails with
@@ -16,6 +18,9 @@
 // and rank 1 sees rank 0's sockets close and fails with "... failed: rank 0 reported: <rank 0's message>".
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -66,12 +71,19 @@ class FailureProtocol {
       case PeerFailure::Kind::Closed: break;
     }
     // Prefer a peer that left no message (the root cause: it died) over one that failed because of it.
+    std::vector<int> closed = f.closed;
     std::string reported;
-    for (int p : f.closed) {
+    for (std::size_t i = 0; i < closed.size(); ++i) {
+      const int p = closed[i];
       std::string msg = report_.message_of(p, t.timeout);
-      if (msg.empty() && report_.store_lost() && f.closed.size() > 1) {  // no messages to tell the dead from the failed
+      // A lone close with no message and the store gone: p may be a survivor that failed because another rank
+      // died an instant earlier and that rank's close has not reached us yet (a dying process's sockets close one
+      // by one). Give the other connections a moment to show their closes before blaming p alone.
+      if (msg.empty() && report_.store_lost() && closed.size() == 1)
+        mesh_.add_hung_up_peers(closed, std::min<std::chrono::milliseconds>(t.timeout, kLoneCloseGrace));
+      if (msg.empty() && report_.store_lost() && closed.size() > 1) {  // no messages to tell the dead from the failed
         std::vector<int> others;
-        for (int q : f.closed)
+        for (int q : closed)
           if (q != p) others.push_back(q);
         return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail,
                                 "]; rank(s) ", ddp::detail::join(others, ", "),
@@ -104,6 +116,10 @@ class FailureProtocol {
   }
 
  private:
+  // How long a rank that saw one peer close (store gone, no message) watches the others for closes: a dead
+  // process's remaining sockets close within microseconds, a loaded 2-core machine can take milliseconds.
+  static constexpr std::chrono::milliseconds kLoneCloseGrace{250};
+
   FailureReport report_;
   Mesh& mesh_;
   mutable std::mutex mu_;  // guards failed_ and first_error_: any issuing thread reads them

@@ -29,6 +29,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -178,6 +180,28 @@ class Mesh {
     }
   }
 
+  // Adds to `closed` every other peer whose connection has closed, waiting at most `wait` for the first such
+  // close (zero: a poll that does not wait). Why: when rank 0 dies and rank 3 fails because of it, a rank reading
+  // from rank 3 can see rank 3's close first, since a dying process's sockets close one by one; with rank 0's store
+  // gone there is no message from rank 3, so naming only rank 3 would blame a survivor. With both in the list the
+  // message names both (FailureProtocol::describe prefers a peer that left no message and waits when it has none).
+  void add_hung_up_peers(std::vector<int>& closed, std::chrono::milliseconds wait = {}) const {
+    std::vector<pollfd> pfds;
+    std::vector<int> peers;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !fds_[p] || std::find(closed.begin(), closed.end(), p) != closed.end()) continue;
+      pfds.push_back({.fd = fds_[p].get(), .events = POLLRDHUP, .revents = 0});
+      peers.push_back(p);
+    }
+    const auto deadline = Clock::now() + wait;
+    int rc = 0;
+    while (!pfds.empty() && (rc = ::poll(pfds.data(), pfds.size(), net::ms_until(deadline))) < 0 && errno == EINTR) {
+    }
+    if (rc <= 0) return;
+    for (std::size_t i = 0; i < pfds.size(); ++i)
+      if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
+  }
+
   // Shuts every connection down: peers see the close at once (that is how a failing rank tells them).
   void close_all() noexcept {
     for (auto& f : fds_)
@@ -264,23 +288,6 @@ class Mesh {
     add_hung_up_peers(f.closed);
     f.detail = err ? net::errno_text(err) : std::string("end of stream");
     throw f;
-  }
-
-  // Adds every other peer whose connection has already closed (a poll that does not wait). Why: when rank 0 dies
-  // and rank 3 fails because of it, a rank reading from rank 3 sees rank 3's close first; with rank 0's store
-  // gone there is no message from rank 3, so naming only rank 3 would blame a survivor. With both in the list
-  // the message names both (FailureProtocol::describe prefers a peer that left no message).
-  void add_hung_up_peers(std::vector<int>& closed) const {
-    std::vector<pollfd> pfds;
-    std::vector<int> peers;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_ || !fds_[p] || std::find(closed.begin(), closed.end(), p) != closed.end()) continue;
-      pfds.push_back({.fd = fds_[p].get(), .events = POLLRDHUP, .revents = 0});
-      peers.push_back(p);
-    }
-    if (pfds.empty() || ::poll(pfds.data(), pfds.size(), 0) <= 0) return;
-    for (std::size_t i = 0; i < pfds.size(); ++i)
-      if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
   }
 
   void advance_send(Transfer& x) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sanitizer builds of a chosen subset of the tests; scripts/test.sh runs it after the main suite (so CI does).
+# Sanitizer builds of a chosen subset of the tests. scripts/test.sh runs the TSan one after the main suite (so CI
+# does); CI's ASan+UBSan coverage of the same unit tests comes from its main build (DDP_SANITIZE_UNIT, D41).
 # SPDX-License-Identifier: MIT
 #
 #   address,undefined (ASan + UBSan): unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train
@@ -37,10 +38,8 @@ tsan_targets=(unit_store unit_comm unit_parallel multiproc_comm multiproc_shm co
 tsan_tests='^(unit_(store|parallel)|multiproc_(comm|shm))$'
 tsan_unit_comm_filter='-tce=*every collective matches the reference*'
 
-# Sanitizer runtime options: reports go to stderr (ctest shows them with --output-on-failure) and fail the run.
-export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:abort_on_error=0"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+# shellcheck source=scripts/sanitizer_env.sh
+source scripts/sanitizer_env.sh
 
 # run <name> <sanitizers> <ctest regex> <extra command or ""> <-O level> <targets...>: configure, build, run
 # the ctest tests and the extra command (relative to the build directory); prints the seconds of each part.

@@ -27,7 +27,8 @@ only="${DDP_SANITIZE_ONLY:-}"
 # The optimisation level is each build's (run's 5th argument): ASan+UBSan at -O0, which compiles in 57% of
 # -O1's time (test_bad_inputs: 43 s vs 76 s) and finds the same errors, but unit_comm at -O1 (tests/CMakeLists.txt:
 # at -O0 its reference sweeps pass 120 s); TSan at -O1, where -O0 runs too slowly.
-common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug
+# -DDDP_UNITY_TESTS=ON: one translation unit per test executable (tests/CMakeLists.txt, D41).
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_UNITY_TESTS=ON
         -DDDP_WITH_CUDA=OFF -DDDP_WITH_NCCL=OFF -DDDP_WITH_MPI=OFF -DDDP_WITH_BLAS=OFF)
 
 # The targets each build compiles, and the ctest names it runs (exactly these; nothing else is built).

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/files.hpp"
+
 namespace ddp::test {
 
 struct Proc {
@@ -39,13 +41,6 @@ inline Proc spawn_worker(const char* worker, const std::string& tag, int rank, i
     ::_exit(127);
   }
   return p;
-}
-
-inline std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 // Reaps every process by the deadline; kills the ones still running after it and returns false.

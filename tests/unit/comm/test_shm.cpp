@@ -37,7 +37,7 @@ std::vector<std::string> check_all(int n, bool shm) {
     if (c.uses_shm() != (shm && n > 1)) throw std::runtime_error("uses_shm() is not what was asked for");
     auto f = test::check_collectives<T>(c);
     std::lock_guard lock(mu);
-    for (auto& x : f) failures.push_back(detail::str("rank ", c.rank(), ": ", x));
+    for (auto& x : f) failures.push_back(ddp::detail::str("rank ", c.rank(), ": ", x));
   }, {.timeout = 10s, .shm = shm});
   for (const auto& e : errors)
     if (e) failures.push_back(test::message(e));

@@ -21,7 +21,7 @@ void check_all_collectives(int n) {
   auto errors = test::run_ranks(n, [&](comm::TcpCommunicator& c) {
     auto f = test::check_collectives<T>(c);
     std::lock_guard lock(mu);
-    for (auto& x : f) failures.push_back(detail::str("rank ", c.rank(), ": ", x));
+    for (auto& x : f) failures.push_back(ddp::detail::str("rank ", c.rank(), ": ", x));
   });
   for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
   for (const auto& f : failures) FAIL_CHECK(f);
@@ -80,7 +80,7 @@ TEST_SUITE("comm") {
           c.send(std::span<const std::int32_t>(out), (r + 1) % n);
           w.wait();
           for (auto x : in)
-            if (x != (r + n - 1) % n) throw std::runtime_error(detail::str("rank ", r, " got ", x));
+            if (x != (r + n - 1) % n) throw std::runtime_error(ddp::detail::str("rank ", r, " got ", x));
         }
         c.barrier().wait();  // collectives after a send/recv batch still line up
       });
@@ -99,7 +99,7 @@ TEST_SUITE("comm") {
       for (int i = kOpsInFlight - 1; i >= 0; --i) {
         works[static_cast<std::size_t>(i)].wait(std::chrono::seconds(5));
         for (auto x : bufs[static_cast<std::size_t>(i)])
-          if (x != 2 * i + 1) throw std::runtime_error(detail::str("op ", i, " has ", x, ", expected ", 2 * i + 1));
+          if (x != 2 * i + 1) throw std::runtime_error(ddp::detail::str("op ", i, " has ", x, ", expected ", 2 * i + 1));
       }
       for (auto& w : works) {
         if (!w.is_completed() || w.exception()) throw std::runtime_error("completed work reports otherwise");

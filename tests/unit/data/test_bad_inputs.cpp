@@ -26,8 +26,8 @@ using ddp::data::CifarOptions;
 
 namespace {
 
-struct TempDir : ddp::test::TempDir {
-  TempDir() : ddp::test::TempDir("ddp_bad_cifar_") {}
+struct BadCifarDir : ddp::test::TempDir {
+  BadCifarDir() : ddp::test::TempDir("ddp_bad_cifar_") {}
 };
 
 // `records` records of `record_bytes` bytes each: label r % 10, then pixel bytes; `label_of` overrides labels.
@@ -57,7 +57,7 @@ std::string not_there(const std::string& path) {
 
 TEST_SUITE("data") {
   TEST_CASE("bad CIFAR-10 inputs: wrong sizes, formats, labels, missing files, bad options (table)") {
-    TempDir dir;
+    BadCifarDir dir;
     // A complete, valid training set (one record per file) for the option rows.
     for (int k = 1; k <= 5; ++k) write_records(dir.file("data_batch_" + std::to_string(k) + ".bin"), 1);
     const auto train = ddp::data::cifar10_files(dir.path.string(), true);

@@ -26,8 +26,8 @@ using ddp::data::CifarOptions;
 
 namespace {
 
-struct TempDir : ddp::test::TempDir {
-  TempDir() : ddp::test::TempDir("ddp_cifar_") {}
+struct CifarDir : ddp::test::TempDir {
+  CifarDir() : ddp::test::TempDir("ddp_cifar_") {}
 };
 
 // Pixel byte of record r, channel c, row y, column x in the generated files.
@@ -83,7 +83,7 @@ std::vector<float> image_of(const CifarBinaryDataset& ds, std::size_t i, std::ui
 
 TEST_SUITE("data") {
   TEST_CASE("cifar10: records are read across files, normalised and laid out channels-last") {
-    TempDir dir;
+    CifarDir dir;
     write_cifar(dir.file("a.bin"), 3, 0);
     write_cifar(dir.file("b.bin"), 2, 3);
     CifarBinaryDataset ds({dir.file("a.bin"), dir.file("b.bin")}, {});
@@ -102,7 +102,7 @@ TEST_SUITE("data") {
   }
 
   TEST_CASE("cifar10: augmentation is a seeded random crop (padding 4) + flip, per (seed, epoch, index)") {
-    TempDir dir;
+    CifarDir dir;
     write_cifar(dir.file("a.bin"), 40);
     CifarBinaryDataset ds({dir.file("a.bin")}, {.augment = true, .seed = 11});
     CifarBinaryDataset same({dir.file("a.bin")}, {.augment = true, .seed = 11});
@@ -156,7 +156,7 @@ TEST_SUITE("data") {
       MESSAGE("skipped: /usr/bin/python3 cannot import torch, torchvision and PIL");
       return;
     }
-    TempDir dir;
+    CifarDir dir;
     write_cifar(dir.file("t.bin"), 4, 3);
     const fs::path ref = fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference";
     // torchvision's CIFAR10 turns each record into a PIL image (HWC uint8); the tutorial's transforms
@@ -208,7 +208,7 @@ TEST_SUITE("data") {
       MESSAGE("skipped: /usr/bin/python3 cannot import sklearn (apt install python3-sklearn)");
       return;
     }
-    TempDir dir;
+    CifarDir dir;
     const fs::path script =
         fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference" / "digits_to_cifar_format.py";
     const std::string cmd =

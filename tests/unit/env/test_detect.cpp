@@ -22,8 +22,6 @@ namespace de = ddp::env;
 using namespace ddp_test;
 
 namespace {
-void check_info(const LaunchInfo& got, const LaunchInfo& want) { CHECK(de::to_json(got) == de::to_json(want)); }
-
 
 LaunchFlags flags_of(std::vector<std::string> args) {
   args.insert(args.begin(), "./prog");

@@ -28,7 +28,6 @@ static_assert(de::LauncherPolicy<de::Slurm>);
 
 namespace {
 // Compares every field at once; on failure doctest prints both JSON lines.
-void check_info(const LaunchInfo& got, const LaunchInfo& want) { CHECK(de::to_json(got) == de::to_json(want)); }
 }  // namespace
 
 TEST_SUITE("env") {

@@ -14,17 +14,11 @@
 #include <ddp/nn/sequential.hpp>
 #include <ddp/tensor/random.hpp>
 
+#include "random_tensor.hpp"
+
 using namespace ddp;
 
 namespace {
-
-template <class T>
-Tensor<T, Cpu> randn(Shape s, std::uint64_t seed) {
-  Tensor<T, Cpu> t(s);
-  Generator g(seed, 0, kStreamData);
-  g.fill_normal(t.view(), 0.0, 1.0);
-  return t;
-}
 
 template <class T>
 double loss_of(Exec<Cpu>& exec, nn::ResNet<T, Cpu>& m, const Tensor<T, Cpu>& x, const Tensor<std::int64_t, Cpu>& y) {
@@ -42,7 +36,7 @@ TEST_SUITE("nn") {
     nn::ResNet<float, Cpu> m({.arch = "resnet18", .num_classes = 4, .width = 4});
     std::vector<std::string> order;
     m.set_grad_ready_hook([&](nn::Parameter<float, Cpu>& p) { order.push_back(p.name()); });
-    auto x = randn<float>({2, 32, 32, 3}, 1);
+    auto x = ddp::test::randn<float>({2, 32, 32, 3}, 1);
     m.zero_grad();
     auto y = m.forward(exec, x.cview());
     m.backward(exec, Tensor<float, Cpu>::full({2, 4}, 0.25f).cview());
@@ -63,10 +57,10 @@ TEST_SUITE("nn") {
     auto order_of = [&](nn::Module<float, Cpu>& m, Shape out) {
       std::vector<std::string> order;
       m.set_grad_ready_hook([&](nn::Parameter<float, Cpu>& p) { order.push_back(p.name()); });
-      auto x = randn<float>({2, 6, 6, 4}, 3);
+      auto x = ddp::test::randn<float>({2, 6, 6, 4}, 3);
       auto y = m.forward(exec, x.cview());
       REQUIRE(y.shape() == out);
-      m.backward(exec, randn<float>(out, 4).cview());
+      m.backward(exec, ddp::test::randn<float>(out, 4).cview());
       return order;
     };
     nn::BasicBlock<float, Cpu> basic(o);
@@ -84,7 +78,7 @@ TEST_SUITE("nn") {
     kernels::cpu::ThreadPool pool(1);
     Exec<Cpu> exec{.pool = &pool};
     nn::ResNet<float, Cpu> m({.arch = "resnet18", .num_classes = 3, .width = 4});
-    auto x = randn<float>({2, 32, 32, 3}, 2);
+    auto x = ddp::test::randn<float>({2, 32, 32, 3}, 2);
     const auto dy = Tensor<float, Cpu>::full({2, 3}, 0.5f);
     m.zero_grad();
     m.forward(exec, x.cview());
@@ -108,7 +102,7 @@ TEST_SUITE("nn") {
     Exec<Cpu> exec{.pool = &pool};
     for (const char* arch : {"resnet18", "resnet50"}) {
       nn::ResNet<double, Cpu> m({.arch = arch, .num_classes = 5, .seed = 9, .width = 2});
-      auto x = randn<double>({2, 64, 64, 3}, 3);
+      auto x = ddp::test::randn<double>({2, 64, 64, 3}, 3);
       auto y = Tensor<std::int64_t, Cpu>::from({2}, {1, 4});
       m.zero_grad();
       {

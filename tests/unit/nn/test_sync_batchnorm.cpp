@@ -18,6 +18,7 @@
 #include <ddp/nn/sync_batchnorm.hpp>
 #include <ddp/tensor/random.hpp>
 
+#include "random_tensor.hpp"
 #include "../comm/comm_harness.hpp"
 
 using namespace ddp;
@@ -25,14 +26,6 @@ using namespace ddp;
 namespace {
 
 using Vec = std::vector<double>;  // every compared tensor, whatever the model computes in
-
-template <class T = float>
-Tensor<T, Cpu> randn(Shape s, std::uint64_t seed, double mean = 0.0, double stddev = 1.0) {
-  Tensor<T, Cpu> t(s);
-  Generator g(seed, 0, kStreamData);
-  g.fill_normal(t.view(), mean, stddev);
-  return t;
-}
 
 // Rows [begin, begin + n) of a tensor whose first dimension is the batch.
 template <class T>
@@ -109,8 +102,8 @@ double resnet_vs_single_process(const std::vector<std::int64_t>& sizes, const st
   constexpr int kSteps = 2;
   std::vector<Tensor<T, Cpu>> xs, gs;
   for (int s = 0; s < kSteps; ++s) {
-    xs.push_back(randn<T>({n, 16, 16, 3}, 100 + s, 0.5, 2.0));  // a mean away from 0 for the one-pass variance
-    gs.push_back(randn<T>({n, 5}, 200 + s));
+    xs.push_back(ddp::test::randn<T>({n, 16, 16, 3}, 100 + s, 0.5, 2.0));  // a mean away from 0 for the one-pass variance
+    gs.push_back(ddp::test::randn<T>({n, 5}, 200 + s));
   }
 
   nn::ResNet<T, Cpu> single(opts);
@@ -189,8 +182,8 @@ TEST_SUITE("nn") {
   TEST_CASE("SyncBatchNorm: a rank with an empty batch takes part (torch >= 1.12), eval communicates nothing") {
     // Rank 1 has no rows: ranks 0 and 2 together are the batch, and rank 1 still joins every all-reduce.
     const std::vector<std::int64_t> sizes{3, 0, 2};
-    const auto x = randn({5, 2, 2, 6}, 7, 1.0, 3.0);
-    const auto dy = randn({5, 2, 2, 6}, 8);
+    const auto x = ddp::test::randn({5, 2, 2, 6}, 7, 1.0, 3.0);
+    const auto dy = ddp::test::randn({5, 2, 2, 6}, 8);
     auto run_layer = [](nn::BatchNorm2d<float, Cpu>& bn, const Tensor<float, Cpu>& xin, const Tensor<float, Cpu>& dyin) {
       Exec<Cpu> exec{};
       BnRun out;
@@ -255,7 +248,7 @@ TEST_SUITE("nn") {
       // The stem's BatchNorm alone: one value per channel on rank 0, none on rank 1 -> 1 in total.
       auto& bn = dynamic_cast<nn::BatchNorm2d<float, Cpu>&>(*m.children()[1].second);
       Exec<Cpu> exec{};
-      auto x = randn({c.rank() == 0 ? 1 : 0, 1, 1, 4}, 4);
+      auto x = ddp::test::randn({c.rank() == 0 ? 1 : 0, 1, 1, 4}, 4);
       bn.forward(exec, x.cview());
     });
     for (const auto& e : errors) {
@@ -268,8 +261,8 @@ TEST_SUITE("nn") {
   }
 
   TEST_CASE("SyncBatchNorm: a communicator of one rank leaves the ordinary kernels (bit-identical)") {
-    const auto x = randn({4, 3, 3, 5}, 9, 2.0, 1.5);
-    const auto dy = randn({4, 3, 3, 5}, 10);
+    const auto x = ddp::test::randn({4, 3, 3, 5}, 9, 2.0, 1.5);
+    const auto dy = ddp::test::randn({4, 3, 3, 5}, 10);
     Exec<Cpu> exec{};
     nn::BatchNorm2d<float, Cpu> plain({.num_features = 5});
     auto y0 = plain.forward(exec, x.cview());

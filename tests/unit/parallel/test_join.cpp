@@ -74,7 +74,7 @@ const RegressionData& data() {
 }
 
 constexpr std::int64_t kB = 8;
-constexpr optim::SgdOptions kSgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-2};
+constexpr optim::SgdOptions kJoinSgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-2};
 
 // forward + MSE + backward of `model` (Heads or its DDP wrapper) on rows [from, from + kB), dy scaled.
 template <class M>
@@ -107,7 +107,7 @@ std::vector<Params> run_join(const Case& c) {
     Heads net(100 + static_cast<std::uint64_t>(r));
     net.mode = mode_of(c, r);
     DistributedDataParallel<float, Cpu> model(net, comm, c.options);
-    optim::SGD<float, Cpu> opt(net.parameters(), kSgd);
+    optim::SGD<float, Cpu> opt(net.parameters(), kJoinSgd);
     {
       auto joining = model.join_context();
       for (int s = 0; s < c.steps[static_cast<std::size_t>(r)]; ++s) {
@@ -135,7 +135,7 @@ Params run_reference(const Case& c) {
   const int world = static_cast<int>(c.steps.size());
   Exec<Cpu> exec;
   Heads net(100);
-  optim::SGD<float, Cpu> opt(net.parameters(), kSgd);
+  optim::SGD<float, Cpu> opt(net.parameters(), kJoinSgd);
   const int steps = *std::max_element(c.steps.begin(), c.steps.end());
   const auto params = net.parameters();
   std::vector<bool> used_before(params.size(), false);  // agreed in step s - 1
@@ -227,7 +227,7 @@ TEST_SUITE("parallel") {
         return inner(b);
       });
       first[static_cast<std::size_t>(r)] = static_cast<int>(model.buckets().size());
-      optim::SGD<float, Cpu> opt(net.parameters(), kSgd);
+      optim::SGD<float, Cpu> opt(net.parameters(), kJoinSgd);
       auto joining = model.join_context();
       for (int s = 0; s < steps[static_cast<std::size_t>(r)]; ++s) {
         opt.zero_grad();

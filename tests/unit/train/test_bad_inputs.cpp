@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "support/files.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -41,19 +42,9 @@ using Sgd = optim::SGD<float, Cpu>;
 
 namespace {
 
-struct TempDir : ddp::test::TempDir {
-  TempDir() : ddp::test::TempDir("ddp_bad_") {}
+struct BadInputDir : ddp::test::TempDir {
+  BadInputDir() : ddp::test::TempDir("ddp_bad_") {}
 };
-
-Bytes slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void spit(const std::string& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
 
 Model resnet(const std::string& arch, std::int64_t classes, std::uint64_t seed) {
   return Model({.arch = arch, .num_classes = classes, .seed = seed, .width = 4});
@@ -153,7 +144,7 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST_SUITE("train") {
   TEST_CASE("bad snapshot files: IoError naming file and tensor; file, .prev, model and optimizer untouched (table)") {
-    TempDir dir;
+    BadInputDir dir;
     const std::string path = dir.file("snap.safetensors");
     const std::string prev = path + ".prev";
     // A good snapshot with a good .prev beside it, as two epochs of the examples leave them.
@@ -162,7 +153,7 @@ TEST_SUITE("train") {
     fill_momentum(o18, 0.5f);
     train::save_snapshot(path, r18, o18, {.epoch = 1});
     train::save_snapshot(path, r18, o18, {.epoch = 2});
-    const Bytes good = slurp(path), good_prev = slurp(prev);
+    const Bytes good = ddp::test::slurp_bytes(path), good_prev = ddp::test::slurp_bytes(prev);
     REQUIRE(train::read_safetensors(prev).metadata.at("epoch") == "1");
 
     // Snapshots of other models, for the wrong-architecture rows.
@@ -295,7 +286,7 @@ TEST_SUITE("train") {
     for (const auto& r : rows) {
       const std::string row = r.name;
       CAPTURE(row);
-      spit(path, r.bytes);
+      ddp::test::spit(path, r.bytes);
       Model target = resnet("resnet18", 10, 7);
       Sgd topt(target, {.lr = 0.1, .momentum = 0.9});
       fill_momentum(topt, -1.0f);
@@ -303,15 +294,15 @@ TEST_SUITE("train") {
       const std::string msg = error_of<IoError>([&] { train::load_snapshot(path, target, topt); });
       check_contains_all(msg, r.words);
       // The broadcast path (rank 0 reads the bytes, every rank parses them) says the same.
-      const std::string via_bytes = error_of<IoError>([&] { train::load_snapshot_bytes(slurp(path), target, topt, path); });
+      const std::string via_bytes = error_of<IoError>([&] { train::load_snapshot_bytes(ddp::test::slurp_bytes(path), target, topt, path); });
       CHECK(via_bytes == msg);
       CHECK(state_of(target, topt) == before);
-      CHECK(slurp(path) == r.bytes);
-      CHECK(slurp(prev) == good_prev);
+      CHECK(ddp::test::slurp_bytes(path) == r.bytes);
+      CHECK(ddp::test::slurp_bytes(prev) == good_prev);
       CHECK_FALSE(fs::exists(path + ".tmp"));
     }
     // The good files still load after all that.
-    spit(path, good);
+    ddp::test::spit(path, good);
     Model back = resnet("resnet18", 10, 9);
     Sgd bopt(back, {.lr = 0.1, .momentum = 0.9});
     CHECK(train::load_snapshot(path, back, bopt).epoch == 2);
@@ -334,7 +325,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("failed snapshot saves: IoError naming the path and the step; the previous snapshot is intact (table)") {
-    TempDir dir;
+    BadInputDir dir;
     const std::string path = dir.file("snap.safetensors");
     const std::string prev = path + ".prev", tmp = path + ".tmp";
     Model m = resnet("resnet18", 10, 1);
@@ -342,7 +333,7 @@ TEST_SUITE("train") {
     fill_momentum(opt, 0.5f);
     train::save_snapshot(path, m, opt, {.epoch = 1});
     train::save_snapshot(path, m, opt, {.epoch = 2});
-    const Bytes old = slurp(path), old_prev = slurp(prev);
+    const Bytes old = ddp::test::slurp_bytes(path), old_prev = ddp::test::slurp_bytes(prev);
     const std::string fix = "; check that the directory exists, is writable and has space";
 
     struct Row {
@@ -364,7 +355,7 @@ TEST_SUITE("train") {
          },
          [&] {
            fs::remove_all(prev);
-           spit(prev, old_prev);
+           ddp::test::spit(prev, old_prev);
          },
          {"ddp: cannot write safetensors file '" + path + "': unlink('" + prev + "') failed: Is a directory" + fix},
          true},
@@ -389,8 +380,8 @@ TEST_SUITE("train") {
       const std::string msg = error_of<IoError>([&] { train::save_snapshot(path, m, opt, {.epoch = 3}); });
       r.repair();
       check_contains_all(msg, r.words);
-      CHECK(slurp(path) == old);
-      if (!r.prev_replaced_by_dir) CHECK(slurp(prev) == old_prev);
+      CHECK(ddp::test::slurp_bytes(path) == old);
+      if (!r.prev_replaced_by_dir) CHECK(ddp::test::slurp_bytes(prev) == old_prev);
       CHECK_FALSE(fs::exists(tmp));
     }
     // A directory where the snapshot should be: refused without moving it aside as `.prev`.
@@ -403,12 +394,12 @@ TEST_SUITE("train") {
     CHECK_FALSE(fs::exists(dir_path + ".tmp"));
     // After the failures the next save works and rotates as usual.
     train::save_snapshot(path, m, opt, {.epoch = 3});
-    CHECK(slurp(prev) == old);
+    CHECK(ddp::test::slurp_bytes(prev) == old);
     CHECK(train::read_safetensors(path).metadata.at("epoch") == "3");
   }
 
   TEST_CASE("bad snapshot paths for read_and_broadcast: IoError on rank 0 instead of a silent fresh start (table)") {
-    TempDir dir;
+    BadInputDir dir;
     store::HashStore hs(std::chrono::seconds(5));
     comm::TcpCommunicator comm(env::LaunchInfo{.rank = 0, .world_size = 1, .master_addr = "127.0.0.1"}, hs,
                                {.timeout = std::chrono::seconds(5)});
@@ -423,7 +414,7 @@ TEST_SUITE("train") {
          {"ddp: snapshot '", "d' is not a regular file", "--snapshot-path"}},
         // An empty file is a cut-short snapshot: starting from scratch would let the next save rotate it
         // over the good .prev.
-        {"an empty file", dir.file("empty.safetensors"), [](const std::string& p) { spit(p, {}); },
+        {"an empty file", dir.file("empty.safetensors"), [](const std::string& p) { ddp::test::spit(p, {}); },
          {"ddp: snapshot '", "empty.safetensors' is empty (0 bytes)", "empty.safetensors.prev", "delete"}},
     };
     for (const auto& r : rows) {

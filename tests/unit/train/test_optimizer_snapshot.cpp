@@ -20,7 +20,7 @@ using namespace ddp;
 
 namespace {
 
-const nn::ResNetOptions kNet{.arch = "resnet18", .num_classes = 5, .seed = 1, .width = 4};
+const nn::ResNetOptions kSnapshotNet{.arch = "resnet18", .num_classes = 5, .seed = 1, .width = 4};
 using Net = nn::ResNet<float, Cpu>;
 using Adamw = optim::AdamW<float, Cpu>;
 
@@ -68,7 +68,7 @@ void expect_same_state(Net& a, Adamw& oa, Net& b, Adamw& ob) {
 TEST_SUITE("train") {
   TEST_CASE("an AdamW snapshot restores moments, step counts, lr and group lrs; training continues bit for bit") {
     Exec<Cpu> exec;
-    Net net(kNet);
+    Net net(kSnapshotNet);
     Adamw opt(groups_of(net), {.lr = 1e-3});
     const optim::LrSchedule sched({.policy = optim::LrPolicy::Cosine, .base_lr = 1e-3, .t_max = 5, .warmup_steps = 2});
     for (int k = 0; k < 3; ++k) {
@@ -107,7 +107,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("an SGD snapshot restores the learning rate (it used to be written but not read)") {
     Exec<Cpu> exec;
-    Net net(kNet);
+    Net net(kSnapshotNet);
     optim::SGD<float, Cpu> opt(net, {.lr = 0.1, .momentum = 0.9});
     opt.set_lr(0.1 / 3.0);  // not representable in 6 digits
     const auto bytes = train::serialize_snapshot(net, opt, {});
@@ -119,7 +119,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("copy_state and state_on copy AdamW state and groups; a host copy keeps the groups") {
     Exec<Cpu> exec;
-    Net src(kNet), dst({.arch = "resnet18", .num_classes = 5, .seed = 2, .width = 4});
+    Net src(kSnapshotNet), dst({.arch = "resnet18", .num_classes = 5, .seed = 2, .width = 4});
     Adamw sopt(groups_of(src), {.lr = 1e-3}), dopt(groups_of(dst), {.lr = 0.5});
     fake_grads(src, 7);
     sopt.step(exec);
@@ -130,7 +130,7 @@ TEST_SUITE("train") {
     Adamw ungrouped(dst.parameters(), {.lr = 0.5});  // other order and group count: refused
     CHECK_THROWS_AS(train::copy_state(exec, src, sopt, dst, ungrouped), ValueError);
 
-    auto view = train::state_on<Cpu>(exec, src, sopt, kNet);
+    auto view = train::state_on<Cpu>(exec, src, sopt, kSnapshotNet);
     CHECK(&view.optimizer() == &sopt);
   }
 }

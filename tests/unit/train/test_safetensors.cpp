@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/files.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -24,19 +25,9 @@ using ddp::train::SafetensorsWriter;
 
 namespace {
 
-struct TempDir : ddp::test::TempDir {
-  TempDir() : ddp::test::TempDir("ddp_st_") {}
+struct SafetensorsDir : ddp::test::TempDir {
+  SafetensorsDir() : ddp::test::TempDir("ddp_st_") {}
 };
-
-std::vector<std::uint8_t> slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void spit(const std::string& path, const std::vector<std::uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
 
 // A file with the given header text and `data_bytes` zero bytes of data; `length` overrides N.
 std::vector<std::uint8_t> make_raw(const std::string& header, std::size_t data_bytes, std::uint64_t length = ~0ull) {
@@ -47,10 +38,10 @@ std::vector<std::uint8_t> make_raw(const std::string& header, std::size_t data_b
   return out;
 }
 
-std::string bad_file(const TempDir& dir, const std::string& header, std::size_t data_bytes,
+std::string bad_file(const SafetensorsDir& dir, const std::string& header, std::size_t data_bytes,
                      std::uint64_t length = ~0ull) {
   std::string p = dir.file("bad.safetensors");
-  spit(p, make_raw(header, data_bytes, length));
+  ddp::test::spit(p, make_raw(header, data_bytes, length));
   return p;
 }
 
@@ -73,7 +64,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("safetensors: write then read round-trips dtypes, shapes, metadata and order") {
-    TempDir dir;
+    SafetensorsDir dir;
     std::string p = dir.file("m.safetensors");
     SafetensorsWriter w;
     std::vector<float> wts(2 * 3 * 3 * 3);
@@ -88,7 +79,7 @@ TEST_SUITE("train") {
     w.set_metadata("arch", "resnet18");
     w.write(p);
 
-    auto bytes = slurp(p);
+    auto bytes = ddp::test::slurp_bytes(p);
     std::uint64_t n = 0;
     std::memcpy(&n, bytes.data(), 8);
     CHECK(n % 8 == 0);
@@ -122,7 +113,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("safetensors: the reader reads single tensors into caller memory") {
-    TempDir dir;
+    SafetensorsDir dir;
     std::string p = dir.file("r.safetensors");
     SafetensorsWriter w;
     std::vector<float> a{1, 2, 3, 4}, b{5, 6};
@@ -152,7 +143,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("safetensors: atomic write keeps the previous file and leaves no temp file") {
-    TempDir dir;
+    SafetensorsDir dir;
     std::string p = dir.file("snap.safetensors");
     {
       SafetensorsWriter w;
@@ -182,7 +173,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("atomic_file: a failed replacement removes the temp file and leaves the target alone") {
-    TempDir dir;
+    SafetensorsDir dir;
     const std::string target = dir.file("is_a_dir");
     fs::create_directories(target);
     const std::uint8_t data[3] = {1, 2, 3};
@@ -196,7 +187,7 @@ TEST_SUITE("train") {
     CHECK_FALSE(fs::exists(target + ".tmp"));
     const std::string f = dir.file("plain.bin");
     ddp::train::write_file_atomic(f, {std::span<const std::uint8_t>(data), std::span<const std::uint8_t>(data, 1)});
-    CHECK(slurp(f) == std::vector<std::uint8_t>{1, 2, 3, 1});
+    CHECK(ddp::test::slurp_bytes(f) == std::vector<std::uint8_t>{1, 2, 3, 1});
   }
 
   TEST_CASE("safetensors: writer rejects duplicate names, bad sizes and reserved names") {
@@ -215,7 +206,7 @@ TEST_SUITE("train") {
   }
 
   TEST_CASE("safetensors: truncated, corrupt and foreign files are IoErrors naming the file and tensor") {
-    TempDir dir;
+    SafetensorsDir dir;
     const std::string p = dir.file("bad.safetensors");
     auto msg = [&](const std::string& what) { return "ddp: safetensors file '" + p + "': " + what; };
     auto expect = [&](const std::string& what) {
@@ -235,7 +226,7 @@ TEST_SUITE("train") {
                              .c_str(),
                          ddp::IoError);
     CHECK_THROWS_AS(ddp::train::read_file_bytes(dir.path.string()), ddp::IoError);
-    spit(p, {1, 2, 3});
+    ddp::test::spit(p, {1, 2, 3});
     expect("only 3 bytes, too short for the 8-byte header length; the file is truncated");
     bad_file(dir, "{" + ok_entry + "}", 8, 1000);
     expect("header length 1000 runs past the end of the 70-byte file; the file is truncated or not a safetensors file");
@@ -252,11 +243,11 @@ TEST_SUITE("train") {
       w.add<float>("b", {4}, std::vector<float>{1, 2, 3, 4});
       auto bytes = w.serialize();
       bytes.resize(bytes.size() - 3);
-      spit(p, bytes);
+      ddp::test::spit(p, bytes);
       expect("tensor 'b': data_offsets [8, 24] run past the data section of 21 bytes; the file is truncated");
     }
     // Foreign file: a PNG-ish prefix decodes to a huge length.
-    spit(p, {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 0});
+    ddp::test::spit(p, {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 0});
     expect(
         "header length 727905341920923785 exceeds the limit of 100000000 bytes; the file is corrupt or not a "
         "safetensors file");
@@ -377,7 +368,7 @@ TEST_SUITE("train") {
       MESSAGE("skipped: /usr/bin/python3 cannot import torch (apt install python3-torch)");
       return;
     }
-    TempDir dir;
+    SafetensorsDir dir;
     std::string p = dir.file("cpp.safetensors");
     SafetensorsWriter w;
     w.add<float>("layer1.0.conv1.weight", {2, 1, 1, 2}, std::vector<float>{0.5f, -1.0f, 2.0f, 4.0f});

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/files.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -37,11 +38,6 @@ std::string hex(std::string_view bytes) {
 
 std::span<const std::uint8_t> as_bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // Splits an event file into its records' data, checking both CRCs of each (what TensorBoard's reader does).
@@ -126,16 +122,16 @@ TEST_CASE("TensorBoardWriter: file name, version record, every scalar, flushed b
     CHECK(fs::path(path).parent_path() == fs::path(dir));
     // The version record is on disk at once; the next two events wait for the third.
     const auto header = fs::file_size(path);
-    CHECK(read_records(slurp(path)).size() == 1);
+    CHECK(read_records(ddp::test::slurp(path)).size() == 1);
     tb.add_scalars(1, {{"loss", 2.5f}, {"lr", 0.1f}});
     tb.add_scalar("loss", 2.25f, 2);
     CHECK(fs::file_size(path) == header);
     tb.add_scalars(3, {{"loss", 2.0f}});
-    CHECK(read_records(slurp(path)).size() == 4);
+    CHECK(read_records(ddp::test::slurp(path)).size() == 4);
     tb.add_scalar("loss", 1.5f, 4);  // written by the destructor
-    CHECK(read_records(slurp(path)).size() == 4);
+    CHECK(read_records(ddp::test::slurp(path)).size() == 4);
   }
-  const auto records = read_records(slurp(path));
+  const auto records = read_records(ddp::test::slurp(path));
   REQUIRE(records.size() == 5);
   CHECK(records[0].find("brain.Event:2") != std::string::npos);
   CHECK(records[4].find(std::string("loss")) != std::string::npos);
@@ -146,7 +142,7 @@ TEST_CASE("TensorBoardWriter: file name, version record, every scalar, flushed b
   // flush_interval 0: every event reaches the file at once.
   ddp::train::TensorBoardWriter eager(tmp.file("eager"), {.flush_every = 1000, .flush_interval = {}});
   eager.add_scalar("x", 1.0f, 0);
-  CHECK(read_records(slurp(eager.path())).size() == 2);
+  CHECK(read_records(ddp::test::slurp(eager.path())).size() == 2);
 }
 
 TEST_CASE("TensorBoardWriter: disabled with no directory; an unusable directory is an IoError naming the flag") {
@@ -184,8 +180,8 @@ TEST_CASE("MetricsWriter: one record goes to the JSON line and, as scalars, to T
     m.write(record);
     m.write({{"loss", 1.0}});  // no step: the record count (1)
   }
-  CHECK(slurp(tmp.file("m.jsonl")).find("\"global_step\":23") != std::string::npos);
-  const auto records = read_records(slurp(event_file));
+  CHECK(ddp::test::slurp(tmp.file("m.jsonl")).find("\"global_step\":23") != std::string::npos);
+  const auto records = read_records(ddp::test::slurp(event_file));
   REQUIRE(records.size() == 3);
   CHECK(records[1].substr(9) == tfevents::encode_event(0.0, 23, {}, scalars).substr(9));
   const std::vector<Scalar> second{{"loss", 1.0f}};

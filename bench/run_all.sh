@@ -49,7 +49,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_CUDA=OFF -DDDP_WITH_MPI=ON \
-  -DDDP_BUILD_TESTS=OFF -DDDP_CHECK_OPT= >/dev/null
+  -DDDP_BUILD_TESTS=OFF -DDDP_CHECK_OPT= -DDDP_BENCH_OPT= >/dev/null
 cmake --build "$build" -j "$(nproc)" --target bench_allreduce bench_resnet_cpu bench_ddp_overlap ddprun multinode
 
 mkdir -p "$out"

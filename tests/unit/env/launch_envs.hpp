@@ -2,19 +2,11 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-#include <doctest/doctest.h>
-
-#include <ddp/env/describe.hpp>
 #include <ddp/env/env.hpp>
 
 namespace ddp_test {
 
 using ddp::env::Env;
-
-// got equals want field by field (compared as JSON, so a failure prints both).
-inline void check_info(const ddp::env::LaunchInfo& got, const ddp::env::LaunchInfo& want) {
-  CHECK(ddp::env::to_json(got) == ddp::env::to_json(want));
-}
 
 // torchrun 1.13, static rendezvous, captured here with
 // `torchrun --redirects 9:1 --tee 9:1 --nproc_per_node=2 --master_port=29731 --no_python ./penv.sh`.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "check_info.hpp"
 #include "launch_envs.hpp"
 #include "support/log_capture.hpp"
 

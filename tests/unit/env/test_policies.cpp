@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 
+#include "check_info.hpp"
 #include "launch_envs.hpp"
 
 using ddp::ConfigError;

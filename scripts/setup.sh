@@ -11,6 +11,7 @@ debian_packages=(
   slurm-wlm munge util-linux  # a real Slurm cluster per test (tests/slurm, docs/SLURM.md)
   libturbojpeg0-dev libpng-dev python3-pil  # ImageFolder decoding; PIL writes the test images (tests/image_folder)
   python3-torch python3-torchvision python3-numpy python3-sklearn
+  python3-matplotlib          # tools/plot_metrics.py, bench/plot_all.py (tests/tensorboard draws a run)
   iproute2 procps psmisc
 )
 

@@ -2,11 +2,13 @@
 # --tensorboard-dir end to end: 2-rank resnet18 (synthetic images, 2 epochs) and multinode (2 epochs) runs under
 # ddprun write --metrics-file and --tensorboard-dir; check_events.py then reads each event directory with
 # TensorBoard's own readers and finds every number of every metrics record at its global step (docs/ARCHITECTURE.md D40).
-# Usage: reader_test.sh <ddprun> <resnet> <multinode> <check_events.py>
+# tools/plot_metrics.py then draws both metrics files: each chart a PNG that decodes, 800x450, not blank, with one
+# point per metrics record (the multinode records carry no data_ms, so its step-time chart is skipped).
+# Usage: reader_test.sh <ddprun> <resnet> <multinode> <check_events.py> <plot_metrics.py>
 # Exit 77 (skipped) when /usr/bin/python3 has no tensorboard package.
 # SPDX-License-Identifier: MIT
 set -u
-ddprun=$1 resnet=$2 multinode=$3 check=$4
+ddprun=$1 resnet=$2 multinode=$3 check=$4 plot=$5
 if ! why=$(/usr/bin/python3 -c 'import tensorboard' 2>&1); then
   echo "skip: /usr/bin/python3 cannot import tensorboard (${why##*$'\n'}); install it with"
   echo "  /usr/bin/python3 -m pip install --break-system-packages tensorboard   (scripts/setup.sh does)"
@@ -32,3 +34,32 @@ echo "ok: multinode run"
   fail "resnet event file"
 /usr/bin/python3 "$check" "$work/tb/multinode" "$work/multinode.jsonl" loss lr samples_per_sec step_ms epoch ||
   fail "multinode event file"
+
+/usr/bin/python3 "$plot" --out "$work/plots" "$work/resnet.jsonl" "$work/multinode.jsonl" > "$work/plot.log" 2>&1 ||
+  { cat "$work/plot.log"; fail "plot_metrics.py exited with $?"; }
+/usr/bin/python3 - "$work" <<'PY' || { cat "$work/plot.log"; fail "plot_metrics.py charts"; }
+import os, re, sys
+import matplotlib.image as mpimg
+work = sys.argv[1]
+log = open(os.path.join(work, "plot.log")).read()
+records = {s: sum(1 for line in open(os.path.join(work, s + ".jsonl")) if line.strip()) for s in ("resnet", "multinode")}
+want = {f"{s}_{c}": records[s] for s in records for c in ("loss", "throughput")}
+want["resnet_step_time"] = records["resnet"]
+bad = []
+for name, n in want.items():
+    path = os.path.join(work, "plots", name + ".png")
+    m = re.search(re.escape(path) + r": (\d+) points", log)
+    if not m or int(m.group(1)) != n:
+        bad.append(f"{name}: printed {m.group(1) if m else 'nothing'}, expected {n} points")
+    if not os.path.exists(path):
+        bad.append(f"{name}.png missing")
+        continue
+    img = mpimg.imread(path)
+    if img.shape[:2] != (450, 800) or float(img.std()) < 0.01:
+        bad.append(f"{name}.png: shape {img.shape}, pixel std {float(img.std()):.4f}")
+if os.path.exists(os.path.join(work, "plots", "multinode_step_time.png")):
+    bad.append("multinode_step_time.png drawn without data_ms")
+print("\n".join(bad) if bad else f"ok: {len(want)} charts, {records} records")
+sys.exit(1 if bad else 0)
+PY
+echo "ok: plot_metrics.py charts"

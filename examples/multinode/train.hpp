@@ -36,6 +36,7 @@
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
+#include <ddp/train/progress.hpp>
 #include <ddp/train/snapshot_io.hpp>
 
 namespace multinode_example {
@@ -104,6 +105,11 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
   const auto t0 = std::chrono::steady_clock::now();
+  // On a terminal rank 0 also redraws one progress line with an ETA (train/progress.hpp); in a log the output
+  // stays the tutorial's lines. Every rank reads DDP_PROGRESS, so a bad value stops them all.
+  const bool live = train::live_progress_wanted() && rank == 0;
+  train::Progress progress(std::cout, {.total_steps = (s.total_epochs - start_epoch) * static_cast<long long>(steps),
+                                       .live = live});
   for (long epoch = start_epoch; epoch < s.total_epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto idx = sampler.indices();
@@ -136,6 +142,11 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       schedule.apply(opt);  // this step's lr, from the optimizer's step count
       opt.step(exec);
       samples_seen += n * static_cast<std::size_t>(comm.size());  // the last batch may be short on every rank alike
+      if (live)
+        progress.step(epoch, static_cast<long long>(step) + 1, static_cast<long long>(steps), loss,
+                      static_cast<double>(samples_seen) /
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                      ddp::detail::str("lr ", opt.lr()));
       if (metrics.enabled()) {
         const auto done = std::chrono::steady_clock::now();
         nlohmann::json record{
@@ -155,6 +166,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         metrics.write(record);
       }
     }
+    progress.end_epoch();
     if (epoch % s.save_every == 0 || epoch + 1 == s.total_epochs) {
       train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()},
                                     mo);  // collective with --zero (the shards are consolidated on rank 0)

@@ -44,6 +44,7 @@
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
+#include <ddp/train/progress.hpp>
 #include <ddp/train/snapshot_io.hpp>
 
 namespace resnet_example {
@@ -142,6 +143,12 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
 
   std::size_t total_steps = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  // Rank 0's progress with an ETA: one line redrawn in place on a terminal, a line every --log_every steps in a
+  // log (train/progress.hpp; DDP_PROGRESS=live|lines overrides). Every rank reads DDP_PROGRESS, so a bad value
+  // stops them all.
+  const bool live = train::live_progress_wanted();
+  train::Progress progress(std::cout, {.total_steps = (s.num_epochs - start_epoch) * steps, .log_every = s.log_every,
+                                       .live = live});
   for (long epoch = start_epoch; epoch < s.num_epochs; ++epoch) {
     net.train();
     s.loader->start_epoch(static_cast<std::uint64_t>(epoch));
@@ -162,8 +169,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
       const double secs = std::chrono::duration<double>(done - t0).count();
       const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
       const long step = static_cast<long>(batch->step) + 1;
-      if (rank == 0 && (step % s.log_every == 0 || step == steps))
-        std::cout << train::progress_line(epoch, step, steps, loss, sps) << " lr " << opt.lr() << std::endl;
+      if (rank == 0) progress.step(epoch, step, steps, loss, sps, ddp::detail::str("lr ", opt.lr()));
       if (metrics.enabled()) {
         using ms = std::chrono::duration<double, std::milli>;
         nlohmann::json record{{"epoch", epoch}, {"step", step}, {"global_step", epoch * steps + step},
@@ -179,6 +185,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
       }
       last = std::chrono::steady_clock::now();
     }
+    progress.end_epoch();
     train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
     if (s.test_set) {
       const auto [correct, correct5, samples] =

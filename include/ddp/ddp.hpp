@@ -177,6 +177,8 @@
 #include "ddp/train/tensorboard.hpp"
 // defines: train::MetricsWriter, train::progress_line, train::tensorboard_scalars
 #include "ddp/train/metrics.hpp"
+// defines: train::Progress (live progress line with ETA), train::live_progress_wanted, train::format_eta
+#include "ddp/train/progress.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"
 // defines: train::copy_state, train::state_on, train::StateOn, train::on_device, train::OnDevice

@@ -1,0 +1,120 @@
+// Progress: rank 0's report of a training run with an ETA, live on a terminal, plain lines in a log.
+// SPDX-License-Identifier: MIT
+//
+//   train::Progress progress(std::cout, {.total_steps = (epochs - start_epoch) * steps, .log_every = 10,
+//                                        .live = train::live_progress_wanted()});
+//   progress.step(epoch, step, steps, loss, samples_per_sec, "lr 0.1");  // after each optimizer step
+//   progress.end_epoch();                                                   // after each epoch
+//
+// Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most every
+// 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next. Plain (a pipe or a
+// file: a launcher's log, ddprun's "[rank0]: " prefixes): a line every log_every steps and at each epoch's last
+// step, as train::progress_line always printed, now ending in the ETA:
+//   "epoch 1 step 3/20 loss 2.3100 samples/s 812.5 lr 0.1 eta 0:42"
+// The ETA is the steps left times the mean step time since the first step this run (so data loading and
+// evaluation between epochs count): h:mm:ss, or m:ss under an hour.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/train/metrics.hpp"
+
+namespace ddp::train {
+
+// Whether rank 0 should redraw one line: DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a
+// terminal that understands '\r' and erase-line (TERM set and not "dumb").
+inline bool live_progress_wanted() {
+  const char* v = std::getenv("DDP_PROGRESS");
+  const std::string_view mode = v ? v : "auto";
+  if (mode == "live") return true;
+  if (mode == "lines") return false;
+  if (mode != "auto" && !mode.empty())
+    throw ConfigError(ddp::detail::str("DDP_PROGRESS='", mode, "' is not one of auto, live, lines"));
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDOUT_FILENO) == 1 && term != nullptr && std::string_view(term) != "dumb" && *term != '\0';
+}
+
+// "h:mm:ss", or "m:ss" under an hour; seconds rounded up (a countdown that shows 0:00 is done).
+inline std::string format_eta(double seconds) {
+  const long long s = seconds <= 0 ? 0 : static_cast<long long>(seconds + 0.999);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+class Progress {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Options {
+    long long total_steps = 0;  // steps this run will take (all epochs left); <= 0: no ETA
+    long long log_every = 1;    // plain mode: a line every this many steps (and at an epoch's last step)
+    bool live = false;          // redraw one line in place (live_progress_wanted())
+    std::chrono::milliseconds redraw_every{100};  // live mode: at most this often
+  };
+
+  Progress(std::ostream& out, Options o, Clock::time_point start = Clock::now())
+      : out_(out), o_(o), start_(start) {
+    if (o_.log_every < 1) o_.log_every = 1;
+  }
+  ~Progress() {
+    if (open_) out_ << '\n' << std::flush;  // a live line ends before whatever the program prints next
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // Reports step `step` (1-based) of `steps` in `epoch`; `extra` (e.g. "lr 0.1") goes before the ETA.
+  void step(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
+            std::string_view extra = {}, Clock::time_point now = Clock::now()) {
+    ++done_;
+    const bool last = step == steps;
+    if (o_.live) {
+      if (!last && open_ && now - drawn_ < o_.redraw_every) return;
+      drawn_ = now;
+      out_ << '\r' << line(epoch, step, steps, loss, samples_per_sec, extra, now) << "\033[K" << std::flush;
+      open_ = true;
+    } else if (step % o_.log_every == 0 || last) {
+      out_ << line(epoch, step, steps, loss, samples_per_sec, extra, now) << std::endl;
+    }
+  }
+
+  // Live mode: keeps the epoch's last line on screen and starts a new one for the next epoch.
+  void end_epoch() {
+    if (open_) out_ << '\n' << std::flush;
+    open_ = false;
+  }
+
+  // The report of one step: progress_line's fields, `extra`, then "eta m:ss" when the total is known.
+  std::string line(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
+                   std::string_view extra, Clock::time_point now) const {
+    std::string s = progress_line(epoch, step, steps, loss, samples_per_sec);
+    if (!extra.empty()) s.append(" ").append(extra);
+    if (o_.total_steps > 0 && done_ > 0) {
+      const double per_step = std::chrono::duration<double>(now - start_).count() / static_cast<double>(done_);
+      const long long left = o_.total_steps > done_ ? o_.total_steps - done_ : 0;
+      s.append(" eta ").append(format_eta(per_step * static_cast<double>(left)));
+    }
+    return s;
+  }
+
+ private:
+  std::ostream& out_;
+  Options o_;
+  Clock::time_point start_;
+  Clock::time_point drawn_{};
+  long long done_ = 0;  // steps reported this run
+  bool open_ = false;   // live mode: a line is on screen without its newline
+};
+
+}  // namespace ddp::train

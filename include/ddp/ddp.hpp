@@ -175,9 +175,10 @@
 #include "ddp/train/device_choice.hpp"
 // defines: train::TensorBoardWriter, train::Scalar, train::tfevents (TensorBoard event files, no protobuf)
 #include "ddp/train/tensorboard.hpp"
-// defines: train::MetricsWriter, train::progress_line, train::tensorboard_scalars
+// defines: train::MetricsWriter, train::tensorboard_scalars
 #include "ddp/train/metrics.hpp"
-// defines: train::Progress (live progress line with ETA), train::live_progress_wanted, train::format_eta
+// defines: train::Progress (progress with an ETA, live on a terminal), train::progress_line, train::live_progress_wanted,
+//          train::format_eta
 #include "ddp/train/progress.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"

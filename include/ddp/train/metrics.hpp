@@ -1,16 +1,14 @@
-// Metrics: one JSON object per line (--metrics-file), the same records as TensorBoard scalars (--tensorboard-dir),
-// and the rank-0 progress line with step, loss, samples/s.
+// Metrics: one JSON object per line (--metrics-file) and the same records as TensorBoard scalars (--tensorboard-dir).
+// The rank-0 progress line is train/progress.hpp's.
 // SPDX-License-Identifier: MIT
 //
 //   ddp::train::MetricsWriter metrics(path, tensorboard_dir); // empty: that output disabled
 //   metrics.write({{"global_step", 23}, {"step", 3}, {"loss", 2.31}, {"samples_per_sec", 812.5}});
 //   -> {"global_step":23,"loss":2.31,"samples_per_sec":812.5,"step":3}
 //   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields becomes a scalar)
-//   ddp::train::progress_line(1, 3, 20, 2.31, 812.5) == "epoch 1 step 3/20 loss 2.3100 samples/s 812.5"
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -73,13 +71,5 @@ class MetricsWriter {
   TensorBoardWriter tensorboard_;
   std::int64_t records_ = 0;  // the TensorBoard step of a record without one
 };
-
-// "epoch 1 step 3/20 loss 2.3100 samples/s 812.5"
-inline std::string progress_line(long long epoch, long long step, long long steps, double loss, double samples_per_sec) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "epoch %lld step %lld/%lld loss %.4f samples/s %.1f", epoch, step, steps, loss,
-                samples_per_sec);
-  return buf;
-}
 
 }  // namespace ddp::train

@@ -9,7 +9,7 @@
 // Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most every
 // 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next. Plain (a pipe or a
 // file: a launcher's log, ddprun's "[rank0]: " prefixes): a line every log_every steps and at each epoch's last
-// step, as train::progress_line always printed, now ending in the ETA:
+// step, as the examples always printed, now ending in the ETA:
 //   "epoch 1 step 3/20 loss 2.3100 samples/s 812.5 lr 0.1 eta 0:42"
 // The ETA is the steps left times the mean step time since the first step this run (so data loading and
 // evaluation between epochs count): h:mm:ss, or m:ss under an hour.
@@ -26,9 +26,16 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
-#include "ddp/train/metrics.hpp"
 
 namespace ddp::train {
+
+// "epoch 1 step 3/20 loss 2.3100 samples/s 812.5": the fields every progress report starts with.
+inline std::string progress_line(long long epoch, long long step, long long steps, double loss, double samples_per_sec) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "epoch %lld step %lld/%lld loss %.4f samples/s %.1f", epoch, step, steps, loss,
+                samples_per_sec);
+  return buf;
+}
 
 // Whether rank 0 should redraw one line: DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a
 // terminal that understands '\r' and erase-line (TERM set and not "dumb").
@@ -95,6 +102,7 @@ class Progress {
     open_ = false;
   }
 
+ private:
   // The report of one step: progress_line's fields, `extra`, then "eta m:ss" when the total is known.
   std::string line(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
                    std::string_view extra, Clock::time_point now) const {
@@ -108,7 +116,6 @@ class Progress {
     return s;
   }
 
- private:
   std::ostream& out_;
   Options o_;
   Clock::time_point start_;

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
         .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(), .optim = optim,
         .die_after_epoch = args["die-after-epoch"].as<long>(),
         .await_join_after_epoch = args["await-join-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
-        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .ddp = dist.ddp, .comm = job.comm.get()};
+        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace,
+        .ddp = dist.ddp, .comm = job.comm.get()};
     if constexpr (BuildConfig::with_cuda)
       if (job.gpu >= 0) return multinode_example::train_cuda(setup, job.gpu);
     Exec<Cpu> exec;

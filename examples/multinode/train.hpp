@@ -38,6 +38,7 @@
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/progress.hpp>
 #include <ddp/train/snapshot_io.hpp>
+#include <ddp/train/trace.hpp>
 
 namespace multinode_example {
 
@@ -59,6 +60,7 @@ struct Setup {
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
   std::string metrics_file;   // rank 0's JSON lines (empty: none)
   std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
+  train::TraceOptions trace;    // --trace FILE, --trace-steps (train/trace.hpp; path empty: none)
   MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
   parallel::DdpOptions ddp;
   comm::Communicator* comm = nullptr;
@@ -104,6 +106,9 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
   const std::size_t steps = (sampler.size() + s.batch_size - 1) / s.batch_size;  // per epoch
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
+  // --trace (train/trace.hpp): on the GPU every span waits for the stream, so traced steps show device time.
+  train::StepTracer<D> tracer(comm, s.trace);
+  if constexpr (!std::same_as<D, Cpu>) tracer.recorder().set_synchronize([&exec] { synchronize(exec); });
   const auto t0 = std::chrono::steady_clock::now();
   // On a terminal rank 0 also redraws one progress line with an ETA (train/progress.hpp); in a log the output
   // stays the tutorial's lines. Every rank reads DDP_PROGRESS, so a bad value stops them all.
@@ -124,6 +129,9 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         std::copy_n(xs.data() + i * kIn, kIn, x.data() + k * kIn);
         y.data()[k] = ys.data()[i];
       }
+      const auto got_batch = std::chrono::steady_clock::now();
+      const long global_step = epoch * static_cast<long>(steps) + static_cast<long>(step) + 1;
+      tracer.begin_step(global_step);
       const auto xd = train::on_device<D>(x.cview(), exec);  // alive until backward returns
       opt.zero_grad();
       auto out = model.forward(exec, xd.cview());
@@ -138,9 +146,14 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         loss = ce.forward(exec, out.cview(), ld.cview());
         model.backward(exec, ce.backward(exec).cview());
       }
-      const double grad_norm = train::clip_gradients(s.optim, exec, net);  // -1: --clip-grad-norm off
-      schedule.apply(opt);  // this step's lr, from the optimizer's step count
-      opt.step(exec);
+      double grad_norm = -1.0;  // --clip-grad-norm off
+      {
+        trace::Span span("optimizer", "optimizer");
+        grad_norm = train::clip_gradients(s.optim, exec, net);
+        schedule.apply(opt);  // this step's lr, from the optimizer's step count
+        opt.step(exec);
+      }
+      tracer.end_step(global_step, ts, got_batch, exec);  // collective after --trace-steps' last
       samples_seen += n * static_cast<std::size_t>(comm.size());  // the last batch may be short on every rank alike
       if (live)
         progress.step(epoch, static_cast<long long>(step) + 1, static_cast<long long>(steps), loss,
@@ -158,6 +171,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
             {"step_ms", std::chrono::duration<double, std::milli>(done - ts).count()},
             {"samples_per_sec", static_cast<double>(samples_seen) / std::chrono::duration<double>(done - t0).count()}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms
         if (s.device_memory) {
           const MemoryStats m = s.device_memory();
           record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
@@ -178,6 +192,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       }
     }
   }
+  tracer.close(exec);  // a --trace-steps range past the last step is cut here (collective)
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank == 0) std::cout << "Training took " << took << " s" << std::endl;
   return 0;

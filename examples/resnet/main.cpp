@@ -13,7 +13,8 @@
 // --learning_rate, --random_seed, --model_dir, --model_filename, --resume, --image_size, --steps_syn;
 // ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --deterministic, --threads,
 // --width (channel multiplier; 64 is torchvision's), --num_classes, --data_dir, --log_every, the
-// distributed flags of train/options.hpp (--bucket-cap-mb, --comm-hook, --metrics-file, --tensorboard-dir, ...)
+// distributed flags of train/options.hpp (--bucket-cap-mb, --comm-hook, --metrics-file, --tensorboard-dir, --trace,
+// --trace-steps, ...)
 // and the optimizer flags of train/optim_flags.hpp: --optimizer sgd|adamw, --momentum, --weight-decay (not on
 // biases and BatchNorm), --clip-grad-norm, --lr-schedule constant|step|multistep|cosine (--lr-step-epochs,
 // --lr-milestones, --lr-gamma), --warmup-epochs, --sync-bn.
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
         .resume = args.count("resume") > 0,
         .path = (std::filesystem::path(args["model_dir"].as<std::string>()) / args["model_filename"].as<std::string>())
                     .string(),
-        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .ddp = dist.ddp, .optim = optim,
+        .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace,
+        .ddp = dist.ddp, .optim = optim,
         .comm = job.comm.get(), .train_set = train_set.get(), .test_set = test_set.get(), .loader = &loader,
         .workers = workers};
     if constexpr (BuildConfig::with_cuda)

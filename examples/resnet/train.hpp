@@ -46,6 +46,7 @@
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/progress.hpp>
 #include <ddp/train/snapshot_io.hpp>
+#include <ddp/train/trace.hpp>
 
 namespace resnet_example {
 
@@ -64,6 +65,7 @@ struct Setup {
   std::string path;          // snapshot file
   std::string metrics_file;  // rank 0's JSON lines (empty: none)
   std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
+  train::TraceOptions trace;    // --trace FILE, --trace-steps (train/trace.hpp; path empty: none)
   MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
   parallel::DdpOptions ddp;
   train::OptimFlags optim;   // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, --sync-bn, ...
@@ -138,6 +140,10 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
                                rank == 0 ? s.tensorboard_dir : std::string());  // JSON lines and TensorBoard
   nn::CrossEntropyLoss<float, D> ce;
+  // --trace: the chosen steps of every rank as one Chrome trace (train/trace.hpp). On the GPU every span waits for
+  // the stream before it ends, so traced steps show device time (and run serialised).
+  train::StepTracer<D> tracer(comm, s.trace);
+  if constexpr (!std::same_as<D, Cpu>) tracer.recorder().set_synchronize([&exec] { synchronize(exec); });
   const auto steps = static_cast<long>(s.loader->num_batches());
   const optim::LrSchedule schedule = train::lr_schedule(s.optim, s.learning_rate, steps, s.num_epochs);
 
@@ -155,20 +161,32 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     auto last = std::chrono::steady_clock::now();  // the previous step's end: step time includes the data wait
     while (auto batch = s.loader->next()) {
       const auto got_batch = std::chrono::steady_clock::now();
+      const long step = static_cast<long>(batch->step) + 1;
+      tracer.begin_step(epoch * steps + step);
       opt.zero_grad();
       const auto images = train::on_device<D>(batch->images.cview(), exec);  // alive until backward returns
       const auto labels = train::on_device<D>(batch->labels.cview(), exec);
       auto logits = model.forward(exec, images.cview());
-      const double loss = ce.forward(exec, logits.cview(), labels.cview());
-      model.backward(exec, ce.backward(exec).cview());
-      const double grad_norm = train::clip_gradients(s.optim, exec, net);  // -1: --clip-grad-norm off
-      schedule.apply(opt);  // this step's lr, from the optimizer's step count
-      opt.step(exec);
+      double loss = 0.0;
+      Tensor<float, D> dlogits;
+      {
+        trace::Span span("loss", "cross-entropy");
+        loss = ce.forward(exec, logits.cview(), labels.cview());
+        dlogits = ce.backward(exec);
+      }
+      model.backward(exec, dlogits.cview());
+      double grad_norm = -1.0;  // --clip-grad-norm off
+      {
+        trace::Span span("optimizer", "optimizer");
+        grad_norm = train::clip_gradients(s.optim, exec, net);
+        schedule.apply(opt);  // this step's lr, from the optimizer's step count
+        opt.step(exec);
+      }
       ++total_steps;
+      tracer.end_step(epoch * steps + step, last, got_batch, exec);  // collective after --trace-steps' last
       const auto done = std::chrono::steady_clock::now();
       const double secs = std::chrono::duration<double>(done - t0).count();
       const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
-      const long step = static_cast<long>(batch->step) + 1;
       if (rank == 0) progress.step(epoch, step, steps, loss, sps, ddp::detail::str("lr ", opt.lr()));
       if (metrics.enabled()) {
         using ms = std::chrono::duration<double, std::milli>;
@@ -176,6 +194,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
                               {"loss", loss}, {"lr", opt.lr()}, {"samples_per_sec", sps},
                               {"step_ms", ms(done - last).count()}, {"data_ms", ms(got_batch - last).count()}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
+        train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms
         if (s.device_memory) {
           const MemoryStats m = s.device_memory();
           record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
@@ -196,6 +215,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
                   << static_cast<long>(correct5) << "/" << static_cast<long>(samples) << ")" << std::endl;
     }
   }
+  tracer.close(exec);  // a --trace-steps range past the last step is cut here (collective)
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank == 0)
     std::cout << "samples_per_sec: " << static_cast<double>(total_steps * s.batch_size * world) / secs << " (" << world

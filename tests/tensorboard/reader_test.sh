@@ -4,11 +4,12 @@
 # TensorBoard's own readers and finds every number of every metrics record at its global step (docs/ARCHITECTURE.md D40).
 # tools/plot_metrics.py then draws both metrics files: each chart a PNG that decodes, 800x450, not blank, with one
 # point per metrics record (the multinode records carry no data_ms, so its step-time chart is skipped).
-# Usage: reader_test.sh <ddprun> <resnet> <multinode> <check_events.py> <plot_metrics.py>
+# The multinode run also writes --trace for steps 3..4, checked by tests/trace/check_trace.py against its snapshot.
+# Usage: reader_test.sh <ddprun> <resnet> <multinode> <check_events.py> <plot_metrics.py> <check_trace.py>
 # Exit 77 (skipped) when /usr/bin/python3 has no tensorboard package.
 # SPDX-License-Identifier: MIT
 set -u
-ddprun=$1 resnet=$2 multinode=$3 check=$4 plot=$5
+ddprun=$1 resnet=$2 multinode=$3 check=$4 plot=$5 check_trace=$6
 if ! why=$(/usr/bin/python3 -c 'import tensorboard' 2>&1); then
   echo "skip: /usr/bin/python3 cannot import tensorboard (${why##*$'\n'}); install it with"
   echo "  /usr/bin/python3 -m pip install --break-system-packages tensorboard   (scripts/setup.sh does)"
@@ -27,13 +28,15 @@ launch "$resnet" --backend gloo --use_syn --device cpu --arch resnet18 --width 8
   --metrics-file "$work/resnet.jsonl" --tensorboard-dir "$work/tb/resnet" || fail "resnet exited with $?"
 echo "ok: resnet run"
 launch "$multinode" 2 1 --snapshot_path "$work/m.safetensors" --batch_size 256 \
-  --metrics-file "$work/multinode.jsonl" --tensorboard-dir "$work/tb/multinode" || fail "multinode exited with $?"
+  --metrics-file "$work/multinode.jsonl" --tensorboard-dir "$work/tb/multinode" \
+  --trace "$work/multinode_trace.json" --trace-steps 3:4 || fail "multinode exited with $?"
 echo "ok: multinode run"
+/usr/bin/python3 "$check_trace" "$work/multinode_trace.json" "$work/m.safetensors" 3:4 2 || fail "multinode --trace file"
 
-/usr/bin/python3 "$check" "$work/tb/resnet" "$work/resnet.jsonl" loss lr samples_per_sec step_ms data_ms epoch ||
-  fail "resnet event file"
-/usr/bin/python3 "$check" "$work/tb/multinode" "$work/multinode.jsonl" loss lr samples_per_sec step_ms epoch ||
-  fail "multinode event file"
+/usr/bin/python3 "$check" "$work/tb/resnet" "$work/resnet.jsonl" loss lr samples_per_sec step_ms data_ms comm_ms \
+  comm_exposed_ms epoch || fail "resnet event file"
+/usr/bin/python3 "$check" "$work/tb/multinode" "$work/multinode.jsonl" loss lr samples_per_sec step_ms comm_ms \
+  comm_exposed_ms epoch || fail "multinode event file"
 
 /usr/bin/python3 "$plot" --out "$work/plots" "$work/resnet.jsonl" "$work/multinode.jsonl" > "$work/plot.log" 2>&1 ||
   { cat "$work/plot.log"; fail "plot_metrics.py exited with $?"; }

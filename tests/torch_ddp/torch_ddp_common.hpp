@@ -39,7 +39,7 @@ class Net : public nn::Module<float, Cpu> {
   }
   std::string mode = "ab";
 
-  Tensor<float, Cpu> forward(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
+  Tensor<float, Cpu> forward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
     h1_ = conv_->forward(e, x);  // kept: each module keeps a view of its input until backward
     h2_ = bn_->forward(e, h1_.cview());
     h3_ = relu_->forward(e, h2_.cview());
@@ -55,7 +55,7 @@ class Net : public nn::Module<float, Cpu> {
     }
     return out;
   }
-  Tensor<float, Cpu> backward(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
+  Tensor<float, Cpu> backward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
     Tensor<float, Cpu> dp;
     for (char h : used_) {
       Tensor<float, Cpu> d = head(h).backward(e, dy);

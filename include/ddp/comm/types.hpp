@@ -79,16 +79,16 @@ struct Fingerprint {
   // "all_reduce #17 (F32 x 4194304)", "broadcast #3 (F32 x 4, root 0)", "send #2 (I64 x 1, tag 0)".
   std::string label() const {
     std::string extra;
-    if (is_p2p()) extra = detail::str(", tag ", root);
-    else if (kind == OpKind::Broadcast || kind == OpKind::Reduce) extra = detail::str(", root ", root);
-    if (kind == OpKind::Barrier) return detail::str(op_name(kind), " #", seq);
-    return detail::str(op_name(kind), " #", seq, " (", dtype_name(dtype), " x ", count, extra, ")");
+    if (is_p2p()) extra = ddp::detail::str(", tag ", root);
+    else if (kind == OpKind::Broadcast || kind == OpKind::Reduce) extra = ddp::detail::str(", root ", root);
+    if (kind == OpKind::Barrier) return ddp::detail::str(op_name(kind), " #", seq);
+    return ddp::detail::str(op_name(kind), " #", seq, " (", dtype_name(dtype), " x ", count, extra, ")");
   }
   // The label plus the reduce op, for mismatch messages: "all_reduce #3 (F32 x 4, sum)".
   std::string full_label() const {
     if (!has_reduce_op()) return label();
     std::string l = label();
-    l.insert(l.size() - 1, detail::str(", ", reduce_op_name(op)));
+    l.insert(l.size() - 1, ddp::detail::str(", ", reduce_op_name(op)));
     return l;
   }
 };

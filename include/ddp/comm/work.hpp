@@ -20,6 +20,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -40,6 +41,7 @@ struct WorkState {
       if (done) return;
       error = std::move(e);
       done = true;
+      completed_at = std::chrono::steady_clock::now();
     }
     cv.notify_all();
   }
@@ -54,6 +56,7 @@ struct WorkState {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  std::chrono::steady_clock::time_point completed_at;  // when complete() ran (traces, communication time)
 };
 
 }  // namespace detail
@@ -101,6 +104,15 @@ class Work {
     if (!state_) return nullptr;
     std::lock_guard lock(state_->mu);
     return state_->error;
+  }
+
+  // When the op completed (the backend's thread, not the waiter), or nullopt while it runs and for a
+  // default-constructed Work (nothing ran). Never blocks.
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const {
+    if (!state_) return std::nullopt;
+    std::lock_guard lock(state_->mu);
+    if (!state_->done) return std::nullopt;
+    return state_->completed_at;
   }
 
   // "ddp[rank 0/4]: all_reduce #17 (F32 x 4)"; empty for a default-constructed Work.

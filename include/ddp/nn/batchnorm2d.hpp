@@ -91,7 +91,7 @@ class BatchNorm2d : public Module<T, D> {
                             ", momentum=", o_.momentum, ")");
   }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     check_input(x);
     Tensor<T, D> y(x.shape());
     run_synced([&] { Kernels<D>::batchnorm_forward(exec, forward_args(x, y)); });
@@ -102,6 +102,7 @@ class BatchNorm2d : public Module<T, D> {
   // y = relu(bn(x) + residual) (residual optional: empty view; relu optional).
   // backward_act must follow (not backward): it needs y, the returned tensor, kept alive by the caller.
   Tensor<T, D> forward_act(Exec<D>& exec, TensorView<const T, D> x, TensorView<const T, D> residual, bool relu) {
+    const trace::Span span = this->trace_span("forward");  // the fused ReLU (and residual add) included
     check_input(x);
     Tensor<T, D> y(x.shape());
     const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
@@ -115,6 +116,7 @@ class BatchNorm2d : public Module<T, D> {
   // dresidual when it is not empty (the residual's gradient), and reports weight and bias as ready.
   Tensor<T, D> backward_act(Exec<D>& exec, TensorView<const T, D> dy, TensorView<const T, D> y,
                             TensorView<T, D> dresidual) {
+    const trace::Span span = this->trace_span("backward");
     this->require_forward_state(have_x_);
     have_x_ = false;
     Tensor<T, D> dx(x_.shape());
@@ -126,7 +128,7 @@ class BatchNorm2d : public Module<T, D> {
     return dx;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;
     Tensor<T, D> dx(x_.shape());

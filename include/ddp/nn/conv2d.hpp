@@ -65,7 +65,7 @@ class Conv2d : public Module<T, D> {
     return Shape{x[0], ho, wo, o_.out_channels};
   }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     Tensor<T, D> y(output_shape(x.shape()));
     Kernels<D>::conv2d_forward(exec, kernels::Conv2dForwardArgs<T, D>{
                                          .x = x, .w = weight_->value().cview(),
@@ -77,7 +77,7 @@ class Conv2d : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;
     Tensor<T, D> dx = input_grad_ ? Tensor<T, D>(x_.shape()) : Tensor<T, D>();

@@ -54,7 +54,7 @@ class Linear : public Module<T, D> {
                             ", bias=", o_.bias ? "True" : "False", ")");
   }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (x.rank() < 1 || x.dim(0) == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": batch of zero samples (input shape ", x.shape(),
                                         "); check --batch-size and the loader"));
@@ -74,7 +74,7 @@ class Linear : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;
     Tensor<T, D> dx(x_.shape());

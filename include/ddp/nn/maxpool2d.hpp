@@ -33,7 +33,7 @@ class MaxPool2d : public Module<T, D> {
                             o_.padding, ")");
   }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (x.rank() != 4 || x.dim(0) == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be a non-empty NHWC batch, got shape ",
                                         x.shape()));
@@ -49,7 +49,7 @@ class MaxPool2d : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_state_);
     have_state_ = false;
     Tensor<T, D> dx(x_shape_);

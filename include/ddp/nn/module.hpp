@@ -26,12 +26,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/core/trace.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -89,10 +91,17 @@ class Module {
   virtual ~Module() = default;
 
   // y = f(x). Throws ValueError on inputs of the wrong shape (naming this module by its full name).
-  virtual Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) = 0;
+  // While a trace recorder is active (core/trace.hpp, --trace) each call is a span named by path().
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
+    trace::Span span = trace_span("forward");
+    return forward_impl(exec, x);
+  }
   // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
   // each parameter's grad-ready hook as soon as its gradient is final.
-  virtual Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) = 0;
+  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) {
+    trace::Span span = trace_span("backward");
+    return backward_impl(exec, dy);
+  }
   // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2, padding=1)".
   virtual std::string describe() const = 0;
 
@@ -168,6 +177,19 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const noexcept { return children_view_; }
 
  protected:
+  // What forward() and backward() run: every module implements these (the public calls add the trace span).
+  virtual Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) = 0;
+  virtual Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) = 0;
+  // The trace span of one call of this module (`phase`: "forward" or "backward"), named by path() ("model" for
+  // the root); for entry points other than forward/backward, such as BatchNorm2d's fused forward_act.
+  trace::Span trace_span(std::string_view phase) const {
+    return trace::Span(phase, path_.empty() ? std::string_view("model") : std::string_view(path_), "module",
+                       [this] { return describe(); });
+  }
+  // Names a module that a parent owns outside the tree (no state_dict entries, e.g. ResNet's pools): errors and
+  // traces then call it `path` instead of "<root>".
+  static void set_detached_path(Module& m, std::string path) { m.set_path(std::move(path)); }
+
   Parameter<T, D>& register_parameter(std::string local_name, Shape shape, Layout layout = Layout::Plain) {
     params_.push_back(std::make_unique<Parameter<T, D>>(std::move(local_name), shape, layout));
     params_.back()->set_full_name(prefix());

@@ -21,14 +21,14 @@ class ReLU : public Module<T, D> {
   std::string describe() const override { return "ReLU()"; }
 
   // Returns a new tensor; keeps a view of it for backward (the caller keeps y alive until then).
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     Tensor<T, D> y(x.shape());
     Kernels<D>::relu_forward(exec, x, y.view());
     y_ = y.cview();
     have_y_ = true;
     return y;
   }
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_y_);
     have_y_ = false;
     expect_shape(dy, y_.shape(), "output gradient dy", "ReLU.backward");

@@ -59,7 +59,7 @@ template <class T, Device D>
 class ResidualBlock : public Module<T, D> {
  public:
   // x (N, H, W, inplanes) -> out (N, H', W', planes * expansion). x must stay alive until backward.
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     TensorView<const T, D> h = x;
     for (std::size_t i = 0; i + 1 < stages_.size(); ++i) {
       Stage& st = stages_[i];
@@ -83,7 +83,7 @@ class ResidualBlock : public Module<T, D> {
     return out;
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_state_);
     have_state_ = false;
     if (!(dy.shape() == y_.shape()))

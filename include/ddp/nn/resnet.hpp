@@ -83,6 +83,7 @@ class ResNet : public Module<T, D> {
     conv1_->set_input_grad(false);  // nothing upstream of the image needs a gradient
     bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.width}));
     maxpool_ = std::make_unique<MaxPool2d<T, D>>(MaxPool2dOptions{.kernel_size = 3, .stride = 2, .padding = 1});
+    Module<T, D>::set_detached_path(*maxpool_, "maxpool");  // torchvision's attribute name
     std::int64_t inplanes = o.width;
     for (int l = 0; l < 4; ++l) {
       const std::int64_t planes = o.width << l, stride = l == 0 ? 1 : 2;
@@ -99,6 +100,7 @@ class ResNet : public Module<T, D> {
       layers_[l] = &this->register_module(ddp::detail::str("layer", l + 1), std::move(seq));
     }
     avgpool_ = std::make_unique<AdaptiveAvgPool2d<T, D>>(1, 1);
+    Module<T, D>::set_detached_path(*avgpool_, "avgpool");
     fc_ = &this->register_module("fc", std::make_unique<Linear<T, D>>(LinearOptions{
                                            .in_features = inplanes, .out_features = o.num_classes, .bias = true}));
     reset_parameters();
@@ -134,7 +136,7 @@ class ResNet : public Module<T, D> {
   Sequential<T, D>& layer(int i) { return *layers_.at(static_cast<std::size_t>(i - 1)); }  // i in 1..4
 
   // x (N, H, W, in_channels) NHWC -> logits (N, num_classes). x must stay alive until backward.
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (x.rank() != 4)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be an NHWC batch (N, H, W, ",
                                         o_.in_channels, "), got shape ", x.shape()));
@@ -156,7 +158,7 @@ class ResNet : public Module<T, D> {
   }
 
   // dlogits (N, num_classes) -> empty tensor (the image needs no gradient); fills every parameter's grad.
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dlogits) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dlogits) override {
     this->require_forward_state(acts_.size() == 8);
     Tensor<T, D> g = fc_->backward(exec, dlogits);
     const Shape pooled = acts_[7].shape();

@@ -34,7 +34,7 @@ class Sequential : public Module<T, D> {
 
   std::string describe() const override { return ddp::detail::str("Sequential(", layers_.size(), " modules)"); }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (layers_.empty()) throw ValueError(ddp::detail::str("ddp: ", this->where(), " has no modules to run"));
     outputs_.clear();
     outputs_.reserve(layers_.size() - 1);
@@ -46,7 +46,7 @@ class Sequential : public Module<T, D> {
     return layers_.back()->forward(exec, cur);
   }
 
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(!layers_.empty() && outputs_.size() + 1 == layers_.size());
     Tensor<T, D> g = layers_.back()->backward(exec, dy);
     for (std::size_t i = layers_.size() - 1; i-- > 0;) g = layers_[i]->backward(exec, g.cview());

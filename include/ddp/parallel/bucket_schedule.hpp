@@ -33,13 +33,15 @@
 // p1 arrived before p2, bucket 1 would wait and launch right after bucket 0.
 // After the first synchronised step the buckets are rebuilt in the order gradients actually arrived
 // (unused parameters last): rank 0's order, broadcast by the transport, so every rank builds the same buckets.
-// Tracing: the last step's bucket launch times and the end of backward, to show the overlap.
+// Tracing: the last step's bucket launch and completion times and the end of backward, to show the overlap
+// (last_trace(); the metrics' comm_ms and comm_exposed_ms), and the same as events of an active trace recorder.
 //
 // The transport (parallel/transport.hpp for the CPU, parallel/cuda/transport.cuh for CUDA, a recording
 // fake in the unit tests) only packs, launches, unpacks and broadcasts; see BucketTransport below.
 // Not thread-safe: one thread drives prepare_step, the hooks and finish.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -51,6 +53,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/core/trace.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
@@ -75,7 +78,8 @@ struct BucketTrace {
   std::size_t index = 0;
   std::int64_t numel = 0;
   std::size_t num_params = 0;
-  Clock::time_point launched;  // when its all-reduce was issued
+  Clock::time_point launched;   // when its all-reduce was issued
+  Clock::time_point completed;  // when the backend completed it; launched when the transport cannot tell (CUDA)
 };
 // The last synchronised step as seen by the schedule.
 struct StepTrace {
@@ -83,13 +87,30 @@ struct StepTrace {
   Clock::time_point backward_start;  // prepare_step()
   Clock::time_point last_gradient;   // the last grad-ready hook of this backward
   Clock::time_point backward_end;    // finish() entered
+  Clock::time_point finished;        // finish() returned: the averaged gradients are in grad()
   std::vector<BucketTrace> buckets;  // in launch order
+  // The transport reports completion times (the CPU's; the CUDA transport's all-reduces end on a stream, after
+  // finish() returns, so there BucketTrace::completed is the launch and the two durations below mean nothing).
+  bool completions_known = false;
   // How many buckets were launched before backward ended (the overlap).
   std::size_t launched_before_backward_end() const {
     std::size_t n = 0;
     for (const auto& b : buckets) n += b.launched < backward_end ? 1 : 0;
     return n;
   }
+  // Seconds during which at least one bucket's all-reduce was in flight (the union of launch..completion).
+  double comm_seconds() const {
+    double total = 0.0;
+    Clock::time_point covered{};  // intervals come in launch order; completions are in order too (one queue)
+    for (const auto& b : buckets) {
+      const Clock::time_point from = std::max(b.launched, covered);
+      if (b.completed > from) total += std::chrono::duration<double>(b.completed - from).count();
+      covered = std::max(covered, b.completed);
+    }
+    return total;
+  }
+  // Seconds the step spent in finish(): communication that backward did not hide, plus unpacking the averages.
+  double exposed_comm_seconds() const { return std::chrono::duration<double>(finished - backward_end).count(); }
   // How many buckets were launched while backward was still producing gradients (strict overlap: the
   // bucket holding the last gradient can only start after it, so at most buckets.size() - 1).
   std::size_t launched_during_backward() const {
@@ -175,7 +196,8 @@ class BucketSchedule {
     next_launch_ = 0;
     arrival_.clear();
     trace_ =
-        StepTrace{.step = step, .backward_start = Clock::now(), .last_gradient = {}, .backward_end = {}, .buckets = {}};
+        StepTrace{.step = step, .backward_start = Clock::now(), .last_gradient = {}, .backward_end = {}, .finished = {},
+                  .buckets = {}, .completions_known = requires { transport_.completed_at(std::size_t{}); }};
     step_ = step;
     active_ = true;
     static_marked_ = false;
@@ -260,7 +282,11 @@ class BucketSchedule {
       transport_.finish(b, keep_);
       for (std::size_t i : layouts_[b].params)
         if (!keep_[i]) params_[i]->set_grad_written();  // a zero-slot parameter now has the average
+      if constexpr (requires { transport_.completed_at(b); })
+        if (const auto t = transport_.completed_at(b); t && b < trace_.buckets.size()) trace_.buckets[b].completed = *t;
     }
+    trace_.finished = Clock::now();
+    record_trace();
     end_step(missing);
   }
 
@@ -309,9 +335,27 @@ class BucketSchedule {
     while (next_launch_ < layouts_.size() && pending_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
       transport_.launch(b, zero_);
-      trace_.buckets.push_back(BucketTrace{
-          .index = b, .numel = layouts_[b].numel, .num_params = layouts_[b].params.size(), .launched = Clock::now()});
+      const Clock::time_point now = Clock::now();
+      trace_.buckets.push_back(BucketTrace{.index = b, .numel = layouts_[b].numel, .num_params = layouts_[b].params.size(),
+                                           .launched = now, .completed = now});
     }
+  }
+
+  // With a trace recorder active (core/trace.hpp): each bucket's all-reduce from launch to completion on the
+  // communication track, and finish()'s wait on the main track.
+  void record_trace() const {
+    trace::Recorder* rec = trace::active();
+    if (!rec) return;
+    for (const BucketTrace& b : trace_.buckets)
+      rec->add(trace::Event{
+          .name = ddp::detail::str("all-reduce bucket ", b.index), .category = "allreduce", .start = b.launched,
+          .end = b.completed, .track = trace::kCommTrack,
+          .args = {{.key = "bucket", .number = static_cast<double>(b.index), .text = {}, .is_number = true},
+                   {.key = "ddp_step", .number = static_cast<double>(trace_.step), .text = {}, .is_number = true},
+                   {.key = "parameters", .number = static_cast<double>(b.num_params), .text = {}, .is_number = true},
+                   {.key = "bytes", .number = static_cast<double>(b.numel) * sizeof(T), .text = {}, .is_number = true}}});
+    rec->add(trace::Event{.name = "wait for all-reduces", .category = "ddp", .start = trace_.backward_end,
+                          .end = trace_.finished, .track = trace::kMainTrack, .args = {}});
   }
 
   // After the last bucket of a real or shadowed step: counts it, rebuilds the buckets after the first one.

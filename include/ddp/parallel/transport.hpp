@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -84,8 +85,8 @@ class Broadcaster<Cpu> {
   }
   // The same for host memory (on the CPU the same thing); the host waits.
   template <comm::CommElement V>
-  void broadcast_host(std::span<V> values, const Exec<Cpu>& exec = {}) {
-    broadcast<V>({values}, exec, /*host_wait=*/true);
+  void broadcast_host(std::span<V> values, const Exec<Cpu>& exec = {}, int root = 0) {
+    broadcast<V>({values}, exec, /*host_wait=*/true, root);
   }
 
  private:
@@ -154,6 +155,7 @@ class Transport<T, Cpu> {
     Bucket& bk = buckets_[b];
     HookResult r = std::exchange(bk.pending, HookResult{});
     r.work.wait();
+    bk.completed = r.work.completed_at();
     if (r.then) r.then();
     if (view_) return;  // the slots are the gradients (a parameter no rank used: see docs/ARCHITECTURE.md D33)
     const BucketLayout& l = layouts_[b];
@@ -174,6 +176,9 @@ class Transport<T, Cpu> {
     }
   }
 
+  // When bucket b's reduction completed (after its finish; nullopt: nothing ran, e.g. world size 1).
+  std::optional<Clock::time_point> completed_at(std::size_t b) const { return buckets_[b].completed; }
+
   void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order); }
   void any_rank(std::span<std::int64_t> flags) {
     if (comm_->size() > 1) comm_->all_reduce(flags, {.op = comm::ReduceOp::Max}).wait();
@@ -187,6 +192,7 @@ class Transport<T, Cpu> {
     std::vector<T> flat;  // gradients back to back, bucket order
     HookResult pending;   // the hook's reduction in flight (an empty Work when none)
     std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
+    std::optional<Clock::time_point> completed;  // the last finished reduction's completion (traces)
   };
 
   std::vector<nn::Parameter<T, Cpu>*> params_;

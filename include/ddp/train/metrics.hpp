@@ -6,6 +6,7 @@
 //   metrics.write({{"global_step", 23}, {"step", 3}, {"loss", 2.31}, {"samples_per_sec", 812.5}});
 //   -> {"global_step":23,"loss":2.31,"samples_per_sec":812.5,"step":3}
 //   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields becomes a scalar)
+//   train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms of the DDP step
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,20 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/parallel/bucket_schedule.hpp"
 #include "ddp/train/tensorboard.hpp"
 
 namespace ddp::train {
+
+// The communication of the DDP step `t` (DistributedDataParallel::last_trace()) as two fields of a record:
+// comm_ms, the time some bucket's all-reduce was in flight, and comm_exposed_ms, the time the step waited for them
+// after backward (what backward did not hide). Nothing before the first synchronised step, nor where the transport
+// cannot time its all-reduces (CUDA: they end on a stream; StepTrace::completions_known).
+inline void add_comm_metrics(nlohmann::json& record, const parallel::StepTrace& t) {
+  if (t.step < 0 || !t.completions_known) return;
+  record["comm_ms"] = t.comm_seconds() * 1e3;
+  record["comm_exposed_ms"] = t.exposed_comm_seconds() * 1e3;
+}
 
 // TensorBoard's view of one record: every number except the step fields, tagged by its key; its step is
 // "global_step" (counted over epochs, so curves do not restart each epoch), else "step", else `fallback`.

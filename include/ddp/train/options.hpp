@@ -1,5 +1,5 @@
-// Training program flags shared by the examples: backend, timeouts, DDP bucket settings, metrics file and
-// TensorBoard directory (cxxopts).
+// Training program flags shared by the examples: backend, timeouts, DDP bucket settings, metrics file,
+// TensorBoard directory and trace (cxxopts).
 // SPDX-License-Identifier: MIT
 //
 //   cxxopts::Options options("resnet", "...");
@@ -22,6 +22,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/env/env.hpp"
 #include "ddp/parallel/ddp.hpp"
+#include "ddp/train/trace.hpp"
 
 namespace ddp::train {
 
@@ -34,6 +35,7 @@ struct DistFlags {
   parallel::DdpOptions ddp;                 // bucket caps, communication hook, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
   std::string tensorboard_dir;              // rank 0's TensorBoard event file goes here; empty: none
+  TraceOptions trace;                       // --trace FILE, --trace-steps FIRST:LAST (train/trace.hpp)
 
   // cuda_device: the GPU this rank trains on (train::cuda_device_for), -1 on the CPU. With it, tcp/gloo (and
   // mpi) stage device tensors through pinned memory and nccl uses that GPU (comm::CommOptions::cuda_device).
@@ -81,7 +83,12 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
       ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""))
       ("tensorboard-dir", "rank 0 writes the per-step metrics as TensorBoard scalars to a new event file in this "
        "directory (created if missing; view with `tensorboard --logdir DIR`)",
-       cxxopts::value<std::string>()->default_value(""));
+       cxxopts::value<std::string>()->default_value(""))
+      ("trace", "write a Chrome/Perfetto trace (JSON) of the --trace-steps steps of every rank to this file (rank 0 "
+       "merges them): each module's forward and backward, each bucket's all-reduce, optimizer, data wait",
+       cxxopts::value<std::string>()->default_value(""))
+      ("trace-steps", "--trace: which steps, counted from 1 over all epochs: N or FIRST:LAST",
+       cxxopts::value<std::string>()->default_value("3:5"));
 }
 
 // Reads the flags added by add_dist_options; ConfigError/ValueError on bad values.
@@ -106,6 +113,8 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   f.ddp.gradient_as_bucket_view = args.count("gradient-as-bucket-view") > 0;
   f.metrics_file = args["metrics-file"].as<std::string>();
   f.tensorboard_dir = args["tensorboard-dir"].as<std::string>();
+  f.trace.path = args["trace"].as<std::string>();
+  parse_trace_steps(args["trace-steps"].as<std::string>(), f.trace);
   return f;
 }
 

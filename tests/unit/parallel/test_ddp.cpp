@@ -109,8 +109,8 @@ class TwoHeads : public nn::Module<float, Cpu> {
     used_ = &register_module("used", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 20, .out_features = 1}));
     register_module("unused", std::make_unique<nn::Linear<float, Cpu>>(nn::LinearOptions{.in_features = 20, .out_features = 1}));
   }
-  Tensor<float, Cpu> forward(Exec<Cpu>& e, TensorView<const float, Cpu> x) override { return used_->forward(e, x); }
-  Tensor<float, Cpu> backward(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override { return used_->backward(e, dy); }
+  Tensor<float, Cpu> forward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> x) override { return used_->forward(e, x); }
+  Tensor<float, Cpu> backward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override { return used_->backward(e, dy); }
   std::string describe() const override { return "TwoHeads"; }
 
  private:

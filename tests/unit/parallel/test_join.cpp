@@ -43,7 +43,7 @@ class Heads : public nn::Module<float, Cpu> {
     b_->reset_parameters(g);
   }
   std::string mode = "ab";
-  Tensor<float, Cpu> forward(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
+  Tensor<float, Cpu> forward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> x) override {
     used_ = mode;
     Tensor<float, Cpu> out = a_->forward(e, x);
     if (used_ == "ab") {
@@ -52,7 +52,7 @@ class Heads : public nn::Module<float, Cpu> {
     }
     return out;
   }
-  Tensor<float, Cpu> backward(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
+  Tensor<float, Cpu> backward_impl(Exec<Cpu>& e, TensorView<const float, Cpu> dy) override {
     Tensor<float, Cpu> dx = a_->backward(e, dy);
     if (used_ == "ab") {
       auto d = b_->backward(e, dy);

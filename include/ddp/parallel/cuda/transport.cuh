@@ -117,14 +117,14 @@ class Broadcaster<Cuda> {
       pending_.push_back(std::move(w));
     }
   }
-  // Rank 0's values of host memory on every rank, staged through a device buffer (NCCL moves device memory
+  // Rank `root`'s values of host memory on every rank, staged through a device buffer (NCCL moves device memory
   // only); the host waits.
   template <comm::CommElement V>
-  void broadcast_host(std::span<V> values, const Exec<Cuda>& exec) {
+  void broadcast_host(std::span<V> values, const Exec<Cuda>& exec, int root = 0) {
     if (comm_->size() == 1 || values.empty()) return;
     Tensor<V, Cuda> dev =
         to<Cuda>(TensorView<const V, Cpu>(values.data(), Shape{static_cast<std::int64_t>(values.size())}), exec);
-    broadcast<V>({std::span<V>(dev.data(), values.size())}, exec, /*host_wait=*/true);
+    broadcast<V>({std::span<V>(dev.data(), values.size())}, exec, /*host_wait=*/true, root);
     copy(dev.cview(), TensorView<V, Cpu>(values.data(), dev.shape()), exec);  // waits for exec's stream
   }
 

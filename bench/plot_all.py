@@ -124,6 +124,46 @@ def main():
         summary.append(f"| toy DDP step vs PyTorch DDP | multinode tutorial, 2 ranks | {r['ddp']['median_ms']:.3f} ms | "
                        f"{r['pytorch_ddp_gloo']['median_ms']:.3f} ms | {r['speedup_median']:.1f} |")
 
+    data = rows(d, "data")
+    if data:
+        # Bars: the median over repetitions of images/s per core (images/s / W, W threads or worker processes);
+        # dots: each repetition. Label: the median of the per-pair ratios ours / torchvision's (each pair ran
+        # back to back, so a neighbour's load on this shared machine hits both sides of a pair alike).
+        workers = sorted({r["workers"] for r in data if "impl" in r})
+        impls = [("ddp", "ddp ImageFolder + DataLoader (threads)"),
+                 ("torchvision", "torchvision ImageFolder + torch DataLoader (processes)")]
+        per = {(impl, w): sorted(r["images_per_sec_per_core"] for r in data if r.get("impl") == impl and r["workers"] == w)
+               for impl, _ in impls for w in workers}
+        med = {k: v[len(v) // 2] if v else 0.0 for k, v in per.items()}  # upper median: one of the measured points
+        ratio = {}
+        for w in workers:
+            pairs = sorted(r["ratio"] for r in data if "ratio" in r and r["workers"] == w)
+            if pairs:
+                ratio[w] = pairs[len(pairs) // 2]
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for k, (impl, label) in enumerate(impls):
+            xs = [i + (k - 0.5) * 0.4 for i in range(len(workers))]
+            ax.bar(xs, [med[(impl, w)] for w in workers], 0.4, label=label, color=f"C{k}")
+            for x, w in zip(xs, workers):
+                ax.plot([x] * len(per[(impl, w)]), per[(impl, w)], "k.", ms=4)
+        for i, w in enumerate(workers):
+            if w in ratio:
+                ax.annotate(f"{ratio[w]:.2f}x",
+                            (i, max(per[("ddp", w)] + per[("torchvision", w)])), ha="center", va="bottom", fontsize=9)
+        r0 = next(r for r in data if "impl" in r)
+        ax.set_xticks(range(len(workers))); ax.set_xticklabels([f"{w} worker{'s' if w > 1 else ''}" for w in workers])
+        ax.set_ylabel("images / s per core (images / s / workers)")
+        ax.set_ylim(0, 1.35 * max(max(v) for v in per.values() if v))
+        ax.set_title(f"JPEG loading, RandomResizedCrop({r0['crop']}) + flip + normalise, batch {r0['batch_size']}\n"
+                     "label: median ratio ours / torchvision (> 1: ddp faster); dots: repetitions", fontsize=9)
+        ax.legend(fontsize=8, loc="upper right"); fig.tight_layout()
+        fig.savefig(os.path.join(d, "data.png"), dpi=110); plt.close(fig)
+        for w in workers:
+            if w in ratio:
+                summary.append(f"| ImageFolder loader vs torchvision DataLoader | {r0['crop']} px train transform, "
+                               f"b{r0['batch_size']}, {w} worker{'s' if w > 1 else ''} | {med[('ddp', w)] * w:.0f} img/s | "
+                               f"{med[('torchvision', w)] * w:.0f} img/s | {ratio[w]:.2f} |")
+
     with open(os.path.join(d, "summary.md"), "w") as f:
         f.write("\n".join(summary) + "\n")
     print("\n".join(summary))

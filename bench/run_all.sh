@@ -14,7 +14,10 @@
 #   resnet_cpu.jsonl        one ResNet training step vs torchvision on PyTorch + oneDNN, 1 and 2 threads
 #   ddp_overlap.jsonl       DDP step vs the bare step and one flat all-reduce of the same gradients
 #   ddp_toy.jsonl           the multinode tutorial job vs PyTorch DDP (gloo) under torchrun
-# Needs Debian's python3-torch, python3-mpi4py, python3-matplotlib and Open MPI: installed here when missing.
+#   data.jsonl              ImageFolder DataLoader (224 px training transform) vs torchvision's DataLoader on the
+#                           same generated JPEGs, 1 and 2 workers (skipped when ddp was built without ddp::image)
+# Needs Debian's python3-torch, python3-torchvision, python3-pil, python3-mpi4py, python3-matplotlib and Open MPI:
+# installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +37,8 @@ done
 py=/usr/bin/python3  # Debian's torch 1.13 and mpi4py live here, not in the first python3 on PATH
 # The comparisons' own packages (not needed by the build or the tests, so scripts/setup.sh leaves them out).
 missing=()
-for pair in torch:python3-torch mpi4py:python3-mpi4py matplotlib:python3-matplotlib; do
+for pair in torch:python3-torch torchvision:python3-torchvision PIL:python3-pil mpi4py:python3-mpi4py \
+    matplotlib:python3-matplotlib; do
   "$py" -c "import ${pair%%:*}" 2>/dev/null || missing+=("${pair#*:}")
 done
 command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
@@ -51,14 +55,20 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_CUDA=OFF -DDDP_WITH_MPI=ON \
   -DDDP_BUILD_TESTS=OFF -DDDP_CHECK_OPT= -DDDP_BENCH_OPT= >/dev/null
 cmake --build "$build" -j "$(nproc)" --target bench_allreduce bench_resnet_cpu bench_ddp_overlap ddprun multinode
+# bench_data exists only with the JPEG/PNG decoders (ddp::image: libturbojpeg0-dev, libpng-dev).
+have_data=0
+if cmake --build "$build" --target help | grep -q '^bench_data:'; then
+  have_data=1
+  cmake --build "$build" -j "$(nproc)" --target bench_data
+fi
 
 mkdir -p "$out"
 allreduce="$build/bench/allreduce/bench_allreduce"
 ddprun="$build/tools/ddprun"
 if [[ $quick == 1 ]]; then
-  sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); toy_epochs=2; overlap_steps=3
+  sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); toy_epochs=2; overlap_steps=3; data_epochs=1
 else
-  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); toy_epochs=5; overlap_steps=10
+  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); toy_epochs=5; overlap_steps=10; data_epochs=3
 fi
 
 # run NAME CMD...: CMD's JSON lines (stdout) appended to $out/NAME.jsonl, each tagged with the comparison.
@@ -73,7 +83,7 @@ for line in sys.stdin:  # a JSON line, possibly behind ddprun'"'"'s "[rank0]: " 
     | tee -a "$out/$name.jsonl"
 }
 
-rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,ddp_overlap,ddp_toy}.jsonl
+rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,ddp_overlap,ddp_toy,data}.jsonl
 run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$reps" "${sizes[@]}"
 for np in 2 4; do
   run allreduce_tcp "$py" bench/allreduce/compare_mpi.py "$allreduce" --ours tcp --np "$np" --reps "$reps" "${sizes[@]}"
@@ -83,6 +93,12 @@ run resnet_cpu "$build/bench/resnet_cpu/bench_resnet_cpu" "${resnet[@]}"
 run ddp_overlap "$ddprun" --nproc-per-node 2 --standalone "$build/bench/ddp_overlap/bench_ddp_overlap" \
   --steps "$overlap_steps" --threads 1
 run ddp_toy "$py" bench/ddp_toy/compare.py "$ddprun" "$build/examples/multinode/multinode" --epochs "$toy_epochs"
+if [[ $have_data == 1 ]]; then
+  run data "$py" bench/data/compare.py "$build/bench/data/bench_data" --workers 1,2 --epochs "$data_epochs" \
+    --repeats "$reps"
+else
+  echo "bench/run_all.sh: data skipped: $build has no bench_data (ddp::image needs libturbojpeg0-dev libpng-dev)" >&2
+fi
 
 "$py" bench/plot_all.py "$out"
 echo "bench/run_all.sh: results and charts in $out"

@@ -5,7 +5,8 @@ For each FILE.jsonl, into --out (default: beside the file):
   FILE_loss.png        loss over the global step, and the learning rate on a second axis
   FILE_throughput.png  samples/s over the global step
   FILE_step_time.png   each step's time split into data wait and the rest (forward, backward, all-reduce,
-                       optimizer), when the records carry step_ms and data_ms
+                       optimizer), when the records carry step_ms and data_ms; with comm_exposed_ms also the
+                       wait for the all-reduces after backward, and comm_ms (all-reduces in flight) as a line
 A chart whose keys no record has is skipped with a message. Prints one line per PNG: its path and the number of
 points drawn. Needs matplotlib (Debian: python3-matplotlib).
 
@@ -99,13 +100,26 @@ def plot_file(path, out_dir):
     else:
         print(f"plot_metrics.py: {path}: no record has 'samples_per_sec'; throughput chart skipped", file=sys.stderr)
 
-    split = [(x_of(r, i), r["data_ms"], r["step_ms"] - r["data_ms"]) for i, r in enumerate(records)
+    split = [(x_of(r, i), r) for i, r in enumerate(records)
              if isinstance(r.get("step_ms"), (int, float)) and isinstance(r.get("data_ms"), (int, float))]
     if split:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         xs = [p[0] for p in split]
-        ax.stackplot(xs, [p[1] for p in split], [max(0.0, p[2]) for p in split],
-                     labels=["data wait", "compute + communication + optimizer"], alpha=0.8)
+        data = [p[1]["data_ms"] for p in split]
+        # DDP's communication where the records have it (train::add_comm_metrics): the part backward did not hide
+        # is its own band; the time any all-reduce was in flight is a line (hidden or not).
+        comm = all(isinstance(p[1].get("comm_exposed_ms"), (int, float)) for p in split)
+        exposed = [p[1]["comm_exposed_ms"] if comm else 0.0 for p in split]
+        rest = [max(0.0, p[1]["step_ms"] - d - e) for p, d, e in zip(split, data, exposed)]
+        if comm:
+            ax.stackplot(xs, data, exposed, rest, alpha=0.8,
+                         labels=["data wait", "waiting for all-reduces after backward",
+                                 "compute + hidden communication + optimizer"])
+            if all(isinstance(p[1].get("comm_ms"), (int, float)) for p in split):
+                ax.plot(xs, [p[1]["comm_ms"] for p in split], color="black", linestyle="--", linewidth=1,
+                        label="all-reduces in flight")
+        else:
+            ax.stackplot(xs, data, rest, labels=["data wait", "compute + communication + optimizer"], alpha=0.8)
         ax.set_xlabel("global step")
         ax.set_ylabel("step time (ms)")
         ax.grid(alpha=0.3)

@@ -19,6 +19,8 @@
 #include "ddp/core/str.hpp"
 // defines: crc32c, crc32c_update, masked_crc32c (TFRecord framing)
 #include "ddp/core/crc32c.hpp"
+// defines: trace::Recorder, trace::Activation, trace::Span, trace::Event (spans of a step, train/trace.hpp writes them)
+#include "ddp/core/trace.hpp"
 // defines: net::listen/accept/connect with deadlines, net::read_exact/write_all, net::SocketError (sockets)
 #include "ddp/core/net.hpp"
 // defines: store::Store, store::Bytes
@@ -175,8 +177,10 @@
 #include "ddp/train/device_choice.hpp"
 // defines: train::TensorBoardWriter, train::Scalar, train::tfevents (TensorBoard event files, no protobuf)
 #include "ddp/train/tensorboard.hpp"
-// defines: train::MetricsWriter, train::tensorboard_scalars
+// defines: train::MetricsWriter, train::tensorboard_scalars, train::add_comm_metrics
 #include "ddp/train/metrics.hpp"
+// defines: train::StepTracer, train::TraceOptions, train::parse_trace_steps (--trace: a Chrome trace of every rank)
+#include "ddp/train/trace.hpp"
 // defines: train::Progress (progress with an ETA, live on a terminal), train::progress_line, train::live_progress_wanted,
 //          train::format_eta
 #include "ddp/train/progress.hpp"

@@ -4,7 +4,11 @@
 
 #include <ddp/launch/line_prefixer.hpp>
 #include <ddp/launch/options.hpp>
+#include <ddp/launch/supervisor.hpp>
 #include <ddp/launch/worker_env.hpp>
+#include <unistd.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -152,5 +156,45 @@ TEST_SUITE("launch") {
     CHECK(q.feed("\n") == "> ij\n");
     CHECK(q.feed("wxyz\n") == "> wxyz\n");  // exactly max_line bytes: the '\n' is not a second line
     CHECK(q.finish().empty());
+  }
+
+  TEST_CASE("LinePrefixer: a redrawn line is a status until its '\\n'; finished lines keep the last redraw") {
+    ddp::launch::LinePrefixer p("[rank0]: ", 64);
+    CHECK_FALSE(p.take_status().has_value());
+    CHECK(p.feed("\rstep 1\x1b[K").empty());
+    CHECK(p.take_status() == std::optional<std::string>("[rank0]: step 1"));
+    CHECK_FALSE(p.take_status().has_value());  // reported once
+    // An hour of redraws: the buffer keeps only the last one, so max_line (64 here) never cuts it into lines.
+    for (int i = 0; i < 1000; ++i) CHECK(p.feed("\rstep " + std::to_string(i) + " of many\x1b[K").empty());
+    CHECK(p.take_status() == std::optional<std::string>("[rank0]: step 999 of many"));
+    CHECK(p.feed("\rstep 1000 of many\x1b[K\nnext") == "[rank0]: step 1000 of many\n");
+    CHECK(p.take_status() == std::optional<std::string>(""));  // cleared by the finished line
+    CHECK(p.feed("\n") == "[rank0]: next\n");
+    CHECK(p.feed("dos line\r\n") == "[rank0]: dos line\n");  // a CRLF line is not a redraw
+    CHECK(p.feed("\rlast\x1b[K").empty());
+    CHECK(p.finish() == "[rank0]: last\n");
+    CHECK(p.take_status() == std::optional<std::string>(""));
+  }
+
+  TEST_CASE("Console: other output goes above the live status line, which is drawn again under it") {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    {
+      ddp::launch::detail::Console live(true, fds[1]);
+      live.write(fds[1], "a\n");
+      live.set_status("[rank0]: step 1");
+      live.write(fds[1], "[rank1]: hello\n");
+      live.set_status("");
+      live.write(fds[1], "[rank0]: done\n");
+      ddp::launch::detail::Console plain(false, fds[1]);
+      plain.set_status("[rank0]: ignored");
+      plain.write(fds[1], "b\n");
+    }
+    ::close(fds[1]);
+    std::string got;
+    char buf[256];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    CHECK(got == "a\n\r\x1b[K[rank0]: step 1\r\x1b[K[rank1]: hello\n[rank0]: step 1\r\x1b[K[rank0]: done\nb\n");
   }
 }

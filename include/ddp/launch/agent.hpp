@@ -34,6 +34,7 @@
 #include "ddp/launch/process.hpp"
 #include "ddp/launch/supervisor.hpp"
 #include "ddp/launch/worker_env.hpp"
+#include "ddp/train/progress.hpp"
 #include "ddp/store/store.hpp"  // before the server: store.hpp's unqualified detail::str must not see store::detail
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -144,14 +145,20 @@ inline SupervisorResult run_agent(const LaunchOptions& o, const EnvMap& parent) 
                first_rank + o.nproc_per_node - 1, " of ", o.nnodes * o.nproc_per_node, "; store ", plan.master_addr,
                ':', port, plan.host ? " hosted by this ddprun" : " hosted by node 0", "; run id ", run_id);
 
+  // On a terminal, rank 0 redraws its progress line (DDP_PROGRESS=live: the workers' stdout is a pipe) and the
+  // supervisor keeps it at the bottom; DDP_PROGRESS=lines (or a log) keeps plain lines.
+  const bool live = train::live_progress_wanted();
+  EnvMap base = parent;
+  if (live) base.insert_or_assign("DDP_PROGRESS", "live");
   Supervisor supervisor(SupervisorOptions{.nproc = o.nproc_per_node,
                                           .first_rank = first_rank,
                                           .max_restarts = o.max_restarts,
                                           .grace_period = o.grace_period,
-                                          .monitor_interval = o.monitor_interval},
+                                          .monitor_interval = o.monitor_interval,
+                                          .live_status = live},
                         signals);
   SupervisorResult result = supervisor.run([&](int local_rank, int restart_count) {
-    const EnvMap env = worker_env(parent, o,
+    const EnvMap env = worker_env(base, o,
                                   WorkerSlot{.local_rank = local_rank,
                                              .restart_count = restart_count,
                                              .master_addr = plan.master_addr,

@@ -11,9 +11,16 @@
 //   feed("tail")  -> ""                     finish() -> "[rank1]: tail\n"
 // The caller writes each returned block with one write(2) call, so lines from different workers never
 // interleave mid-line.
+// Status lines: a worker that redraws one line in place (train::Progress on a terminal: '\r', the text, "\x1b[K",
+// and '\n' only when the line is final) leaves a tail with '\r' in it. Its last redraw is the status
+// (take_status(), prefixed, escapes removed; the pending bytes keep only that redraw, so an hour of redraws does not
+// grow the buffer or hit max_line), and a completed line keeps only the text after its last '\r':
+//   feed("\rstep 1\x1b[K")  -> ""   take_status() -> "[rank0]: step 1"
+//   feed("\rstep 2\x1b[K\n") -> "[rank0]: step 2\n"   take_status() -> "" (cleared)
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,29 +45,58 @@ class LinePrefixer {
       if (nl == std::string::npos && avail < max_line_) break;  // wait for the rest of the line
       const std::size_t take = avail < max_line_ ? avail : max_line_;
       out += prefix_;
-      out.append(pending_, start, take);
+      out += last_redraw(std::string_view(pending_).substr(start, take));
       out += '\n';
       start += take;
       if (start < pending_.size() && pending_[start] == '\n' && take == avail) ++start;  // consume the '\n'
+      set_status({});  // a finished line ends any redrawn one
     }
     pending_.erase(0, start);
+    if (const std::size_t cr = pending_.rfind('\r'); cr != std::string::npos) {
+      pending_.erase(0, cr);  // only the last redraw matters
+      set_status(prefix_ + last_redraw(pending_));
+    }
     return out;
+  }
+
+  // The status line (prefixed; empty: none) if it changed since the last call.
+  std::optional<std::string> take_status() {
+    if (!status_changed_) return std::nullopt;
+    status_changed_ = false;
+    return status_;
   }
 
   // The unterminated tail, prefixed and terminated; empty when nothing is pending. Resets the buffer.
   std::string finish() {
     if (pending_.empty()) return {};
-    std::string out = prefix_ + pending_ + '\n';
+    std::string out = prefix_ + last_redraw(pending_) + '\n';
     pending_.clear();
+    set_status({});
     return out;
   }
 
   const std::string& prefix() const noexcept { return prefix_; }
 
  private:
+  // The text after the last '\r' of a line (a trailing "\r" of a CRLF line ignored), without "\x1b[K".
+  static std::string last_redraw(std::string_view line) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (const std::size_t cr = line.rfind('\r'); cr != std::string_view::npos) line.remove_prefix(cr + 1);
+    std::string out(line);
+    for (std::size_t at; (at = out.find("\x1b[K")) != std::string::npos;) out.erase(at, 3);
+    return out;
+  }
+  void set_status(std::string s) {
+    if (s == status_) return;
+    status_ = std::move(s);
+    status_changed_ = true;
+  }
+
   std::string prefix_;
   std::size_t max_line_;
-  std::string pending_;  // bytes after the last '\n' seen
+  std::string pending_;  // bytes after the last '\n' seen (from the last '\r' on, when there is one)
+  std::string status_;   // prefixed status line; empty: none
+  bool status_changed_ = false;
 };
 
 }  // namespace ddp::launch

@@ -4,7 +4,8 @@
 // How it works: one attempt starts every worker (spawn_process: own process group, stdout and stderr
 // into two pipes per worker), then loops on poll() over the signalfd and all pipes, waking at least
 // every monitor_interval:
-//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, each written with one write(2);
+//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, each written with one write(2); on a
+//     terminal (live_status) a worker's redrawn status line (rank 0's live progress) stays below them;
 //   - a worker exits with status != 0 (or by a signal) while the job runs: it is the first failure;
 //     every worker's process group gets SIGTERM, and SIGKILL when grace_period has passed;
 //   - SIGINT/SIGTERM/SIGHUP/SIGQUIT to the supervisor: forwarded to every group, same grace period; a
@@ -52,6 +53,9 @@ struct SupervisorOptions {
   std::chrono::milliseconds monitor_interval{100};  // longest poll() sleep
   int stdout_fd = STDOUT_FILENO;                    // where the workers' prefixed stdout lines go
   int stderr_fd = STDERR_FILENO;                    // ... and their stderr lines
+  // stdout_fd is a terminal (ddprun: train::live_progress_wanted()): a worker's redrawn line (rank 0's live
+  // progress) stays at the bottom of it, the other output scrolls above (detail::Console).
+  bool live_status = false;
   bool subreaper = true;                            // adopt and reap the workers' orphaned descendants
 };
 
@@ -83,6 +87,31 @@ inline void write_all(int fd, std::string_view data) noexcept {
   }
 }
 
+// Writes the workers' output. With `live`, the status line a worker redraws (LinePrefixer::take_status) is kept
+// as the last line of status_fd: other output erases it, is written, and the status is drawn again under it.
+class Console {
+ public:
+  Console(bool live, int status_fd) : live_(live), status_fd_(status_fd) {}
+  // Complete lines to `fd`.
+  void write(int fd, std::string_view text) {
+    if (text.empty()) return;
+    if (!status_.empty()) write_all(status_fd_, "\r\x1b[K");
+    write_all(fd, text);
+    if (!status_.empty()) write_all(status_fd_, status_);
+  }
+  // A worker's status changed (empty: its line was finished or it ended).
+  void set_status(std::string s) {
+    if (!live_ || s == status_) return;
+    status_ = std::move(s);
+    write_all(status_fd_, "\r\x1b[K" + status_);
+  }
+
+ private:
+  bool live_;
+  int status_fd_;
+  std::string status_;  // shown at the bottom; empty: none
+};
+
 struct Stream {
   Fd fd;            // read end of the worker's pipe; invalid once EOF was seen
   LinePrefixer lines;
@@ -106,7 +135,8 @@ class Supervisor {
   using Clock = std::chrono::steady_clock;
 
   // `signals` must block SIGCHLD and the signals to forward (SIGINT, SIGTERM, SIGHUP, SIGQUIT).
-  Supervisor(SupervisorOptions options, SignalChannel& signals) : o_(std::move(options)), signals_(signals) {}
+  Supervisor(SupervisorOptions options, SignalChannel& signals)
+      : o_(std::move(options)), signals_(signals), console_(o_.live_status, o_.stdout_fd) {}
 
   // Runs attempts until success, a failure with no restart left, or a signal. Throws Error if a worker
   // cannot be started (after stopping and reaping the ones already started). Never exits the process.
@@ -272,7 +302,7 @@ class Supervisor {
     for (auto& w : workers)
       for (detail::Stream* s : {&w.out, &w.err}) {
         if (s->fd.valid()) pump(*s, 1 << 20);
-        detail::write_all(s->out_fd, s->lines.finish());
+        emit(*s, s->lines.finish());
         s->fd.reset();
       }
     return a;
@@ -280,25 +310,35 @@ class Supervisor {
 
   // Reads what is available from one worker stream (at most `max_reads` chunks, so one chatty worker
   // cannot starve the others) and writes its complete lines; at EOF flushes the tail and closes.
-  static void pump(detail::Stream& s, int max_reads = 16) {
+  void pump(detail::Stream& s, int max_reads = 16) {
     char buf[65536];
     for (int i = 0; i < max_reads; ++i) {
       const ssize_t n = ::read(s.fd.get(), buf, sizeof buf);
       if (n > 0) {
-        detail::write_all(s.out_fd, s.lines.feed(std::string_view(buf, static_cast<std::size_t>(n))));
+        emit(s, s.lines.feed(std::string_view(buf, static_cast<std::size_t>(n))));
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       if (n == 0 || errno != EAGAIN) {
-        detail::write_all(s.out_fd, s.lines.finish());
+        emit(s, s.lines.finish());
         s.fd.reset();
       }
       return;
     }
   }
 
+  // Writes a stream's complete lines and follows its status: a cleared status is erased before the lines (the
+  // finished line replaces it), a new one drawn after them.
+  void emit(detail::Stream& s, std::string_view lines) {
+    const std::optional<std::string> status = s.lines.take_status();
+    if (status && status->empty()) console_.set_status({});
+    console_.write(s.out_fd, lines);
+    if (status && !status->empty()) console_.set_status(*status);
+  }
+
   SupervisorOptions o_;
   SignalChannel& signals_;
+  detail::Console console_;
 };
 
 }  // namespace ddp::launch

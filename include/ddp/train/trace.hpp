@@ -88,7 +88,8 @@ struct ClockPair {
   double unix_us(trace::Clock::time_point t) const {
     const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(system.time_since_epoch()) +
                        std::chrono::duration_cast<std::chrono::nanoseconds>(t - steady);
-    return static_cast<double>(since.count()) / 1000.0;
+    // ~1.8e18 ns does not fit a double's 53 bits (256 ns steps); whole microseconds (~1.8e12) and the rest do.
+    return static_cast<double>(since.count() / 1000) + static_cast<double>(since.count() % 1000) / 1000.0;
   }
 };
 

@@ -150,6 +150,8 @@
 #include "ddp/data/cifar10.hpp"
 // defines: data::DataLoader
 #include "ddp/data/loader.hpp"
+// defines: data::CharDataset, data::TokenBatch, data::split_indices (character-level text, the minGPT job)
+#include "ddp/data/char_dataset.hpp"
 // defines: parallel::assign_buckets, parallel::BucketLayout
 #include "ddp/parallel/bucket.hpp"
 // defines: parallel::GradBucket, parallel::HookResult, parallel::CommHook, parallel::allreduce_hook,

@@ -1,4 +1,4 @@
-// Whole-file reads and writes for tests: a file as text or as bytes, and bytes written over a file.
+// Whole-file reads and writes for tests: a file as text or as bytes, and bytes or text written over a file.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -26,6 +26,11 @@ inline std::vector<std::uint8_t> slurp_bytes(const std::string& path) {
 inline void spit(const std::string& path, const std::vector<std::uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Replaces the file's contents with the bytes of `text`.
+inline void spit(const std::string& path, const std::string& text) {
+  spit(path, std::vector<std::uint8_t>(text.begin(), text.end()));
 }
 
 }  // namespace ddp::test

@@ -1,0 +1,207 @@
+// CharDataset: character-level language-model samples over a text file (the DDP tutorial's minGPT job).
+// SPDX-License-Identifier: MIT
+//
+//   ddp::data::CharDataset text("input.txt", {.block_size = 128, .truncate = 0.05});
+//   auto [train, test] = ddp::data::split_indices(text.size(), 0.9, /*seed=*/0);  // positions, not characters
+//   ddp::data::TokenBatch b = text.batch(std::span(train).subspan(0, 32));       // x, y: (32, 128) int64
+// What it is, in the tutorial's terms (pytorch/examples distributed/minGPT-ddp, mingpt/char_dataset.py): the file
+// is read as UTF-8 text and cut to its first `truncate` fraction of characters; the vocabulary is its distinct
+// characters (Unicode code points) in sorted order, token i = the i-th of them; sample i is the characters
+// [i, i + block_size] encoded: x = the first block_size, y = the last block_size (x shifted by one), so there are
+// len - block_size samples. Where it differs: the tutorial splits with torch's random_split, whose permutation our
+// generator cannot reproduce; split_indices() is our own seeded permutation (data::permutation, Philox) cut at
+// train_split, the same on every rank. A file that is not valid UTF-8 is an IoError naming the file and the byte
+// offset (the tutorial's .decode('utf-8') raises too); so is a missing file, and a text too short for one sample.
+// Samples are slices: no worker threads are needed, batch() copies B x block_size ids.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/data/distributed_sampler.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp::data {
+
+struct CharDatasetOptions {
+  std::int64_t block_size = 128;  // characters per sample (the model's context length)
+  double truncate = 1.0;          // the fraction of the text's characters kept, from its start (0, 1]
+};
+
+// A batch of language-model samples: row b is sample indices[b].
+struct TokenBatch {
+  Tensor<std::int64_t, Cpu> x;  // (B, block_size) token ids
+  Tensor<std::int64_t, Cpu> y;  // (B, block_size) the next token of each position
+  std::vector<std::int64_t> indices;
+};
+
+// UTF-8 bytes -> code points; IoError naming `what` and the byte offset of the first invalid sequence.
+inline std::vector<char32_t> decode_utf8(const std::string& bytes, const std::string& what) {
+  std::vector<char32_t> out;
+  out.reserve(bytes.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    int len = 0;
+    char32_t cp = 0;
+    if (c < 0x80) {
+      len = 1, cp = c;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + static_cast<std::size_t>(len) <= n;
+    for (int k = 1; ok && k < len; ++k) {
+      ok = (p[i + static_cast<std::size_t>(k)] & 0xC0) == 0x80;
+      cp = (cp << 6) | (p[i + static_cast<std::size_t>(k)] & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are invalid UTF-8 too (Python's decoder agrees).
+    static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok)
+      throw IoError(ddp::detail::str("ddp: ", what, " is not valid UTF-8 at byte ", i,
+                                     "; the character dataset reads UTF-8 text (convert it, e.g. with iconv)"));
+    out.push_back(cp);
+    i += static_cast<std::size_t>(len);
+  }
+  return out;
+}
+
+inline std::string encode_utf8(char32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+class CharDataset {
+ public:
+  CharDataset(const std::string& path, const CharDatasetOptions& o) : path_(path), block_size_(o.block_size) {
+    if (!(o.truncate > 0.0 && o.truncate <= 1.0))
+      throw ConfigError(ddp::detail::str("ddp: character dataset truncate must be in (0, 1], got ", o.truncate,
+                                         " (--truncate)"));
+    if (o.block_size < 1)
+      throw ConfigError(ddp::detail::str("ddp: block_size must be >= 1, got ", o.block_size, " (--block_size)"));
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw IoError(ddp::detail::str("ddp: cannot open text file ", ddp::detail::quoted(path),
+                                     " for the character dataset (--data_path); check the path"));
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<char32_t> text = decode_utf8(bytes, ddp::detail::str("text file ", ddp::detail::quoted(path)));
+    text.resize(static_cast<std::size_t>(static_cast<double>(text.size()) * o.truncate));  // Python's int(): floor
+    if (static_cast<std::int64_t>(text.size()) <= block_size_)
+      throw IoError(ddp::detail::str("ddp: text file ", ddp::detail::quoted(path), " has ", text.size(),
+                                     " characters (after --truncate ", o.truncate, "), too few for one sample of "
+                                     "block_size + 1 = ", block_size_ + 1, "; use a longer text or a smaller block_size"));
+    itos_ = text;
+    std::sort(itos_.begin(), itos_.end());
+    itos_.erase(std::unique(itos_.begin(), itos_.end()), itos_.end());
+    std::map<char32_t, std::int64_t> stoi;
+    for (std::size_t i = 0; i < itos_.size(); ++i) stoi.emplace(itos_[i], static_cast<std::int64_t>(i));
+    tokens_.reserve(text.size());
+    for (char32_t c : text) tokens_.push_back(stoi.at(c));
+  }
+
+  // Samples: len - block_size, as the tutorial's __len__.
+  std::size_t size() const noexcept { return tokens_.size() - static_cast<std::size_t>(block_size_); }
+  std::int64_t block_size() const noexcept { return block_size_; }
+  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(itos_.size()); }
+  std::size_t num_characters() const noexcept { return tokens_.size(); }
+  // The whole (truncated) text as token ids.
+  const std::vector<std::int64_t>& tokens() const noexcept { return tokens_; }
+
+  // Token ids of `text` (UTF-8); a character outside the vocabulary is a ValueError naming it.
+  std::vector<std::int64_t> encode(const std::string& text) const {
+    std::vector<std::int64_t> ids;
+    for (char32_t c : decode_utf8(text, "the prompt")) {
+      const auto it = std::lower_bound(itos_.begin(), itos_.end(), c);
+      if (it == itos_.end() || *it != c)
+        throw ValueError(ddp::detail::str("ddp: character ", ddp::detail::quoted(encode_utf8(c)), " (U+",
+                                          static_cast<std::uint32_t>(c), ") is not in the vocabulary of ",
+                                          ddp::detail::quoted(path_), "; use characters that occur in the text"));
+      ids.push_back(it - itos_.begin());
+    }
+    return ids;
+  }
+  // UTF-8 text of token ids; an id outside [0, vocab_size) is a ValueError.
+  std::string decode(std::span<const std::int64_t> ids) const {
+    std::string out;
+    for (std::int64_t id : ids) {
+      if (id < 0 || id >= vocab_size())
+        throw ValueError(ddp::detail::str("ddp: token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")"));
+      out += encode_utf8(itos_[static_cast<std::size_t>(id)]);
+    }
+    return out;
+  }
+
+  // Sample `index`: x = tokens [index, index + block_size), y = the same shifted by one.
+  void get_into(std::size_t index, std::span<std::int64_t> x, std::span<std::int64_t> y) const {
+    if (index >= size())
+      throw ValueError(ddp::detail::str("ddp: character dataset index ", index, " is out of range for ", size(),
+                                        " samples"));
+    const auto t = static_cast<std::size_t>(block_size_);
+    std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(index), t, x.begin());
+    std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(index) + 1, t, y.begin());
+  }
+
+  TokenBatch batch(std::span<const std::int64_t> indices) const {
+    const auto b = static_cast<std::int64_t>(indices.size());
+    TokenBatch out{.x = Tensor<std::int64_t, Cpu>(Shape{b, block_size_}),
+                   .y = Tensor<std::int64_t, Cpu>(Shape{b, block_size_}),
+                   .indices = std::vector<std::int64_t>(indices.begin(), indices.end())};
+    const auto t = static_cast<std::size_t>(block_size_);
+    for (std::size_t r = 0; r < indices.size(); ++r) {
+      if (indices[r] < 0) throw ValueError(ddp::detail::str("ddp: character dataset index ", indices[r], " is negative"));
+      get_into(static_cast<std::size_t>(indices[r]), std::span<std::int64_t>(out.x.data() + r * t, t),
+               std::span<std::int64_t>(out.y.data() + r * t, t));
+    }
+    return out;
+  }
+
+ private:
+  std::string path_;
+  std::int64_t block_size_;
+  std::vector<char32_t> itos_;         // token id -> character, sorted
+  std::vector<std::int64_t> tokens_;  // the text as token ids
+};
+
+// The tutorial's random_split(dataset, [int(n * train_split), rest]) with our generator: a seeded permutation of
+// 0..n-1 (data::permutation, the same on every rank), its first floor(n * train_split) entries for training.
+inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> split_indices(std::size_t n, double train_split,
+                                                                                    std::uint64_t seed) {
+  if (!(train_split > 0.0 && train_split <= 1.0))
+    throw ConfigError(ddp::detail::str("ddp: train_split must be in (0, 1], got ", train_split, " (--train_split)"));
+  std::vector<std::int64_t> p = permutation(n, seed);
+  const auto k = static_cast<std::size_t>(static_cast<double>(n) * train_split);
+  std::vector<std::int64_t> test(p.begin() + static_cast<std::ptrdiff_t>(k), p.end());
+  p.resize(k);
+  return {std::move(p), std::move(test)};
+}
+
+}  // namespace ddp::data

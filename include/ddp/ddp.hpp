@@ -130,6 +130,8 @@
 #include "ddp/nn/resnet.hpp"
 // defines: nn::convert_sync_batchnorm, nn::CommChannelSums (BatchNorm2d statistics over all ranks)
 #include "ddp/nn/sync_batchnorm.hpp"
+// defines: nn::CausalSelfAttention, nn::CausalSelfAttentionOptions (minGPT's masked multi-head self-attention)
+#include "ddp/nn/causal_self_attention.hpp"
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"

@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/cpu/attention.hpp"
 #include "ddp/kernels/cpu/batchnorm.hpp"
 #include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/conv2d.hpp"
@@ -90,6 +91,17 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   template <class T>
   static void linear_backward(const Exec<Cpu>& e, const LinearBackwardArgs<T, D>& a) {
     cpu::linear_backward(e, a);
+  }
+
+  // ---- causal self-attention on the packed qkv (B, T, 3C) (kernels/cpu/attention.hpp) ----
+  // CPU only for now: Kernels<Cuda> lacks them, so they are not in KernelsApi (the CUDA kernel is a later task).
+  template <class T>
+  static void attention_forward(const Exec<Cpu>& e, const AttentionForwardArgs<T, D>& a) {
+    cpu::attention_forward(e, a);
+  }
+  template <class T>
+  static void attention_backward(const Exec<Cpu>& e, const AttentionBackwardArgs<T, D>& a) {
+    cpu::attention_backward(e, a);
   }
 
   // ---- losses (return the mean loss; write the gradient when requested) ----

@@ -1,0 +1,128 @@
+// CPU causal multi-head self-attention on the packed qkv (B, T, 3C): forward and backward as GEMMs per (batch, head).
+// SPDX-License-Identifier: MIT
+//
+// How it works. For each of the B * nh (batch b, head h) pairs, with hs = C / nh and q, k, v the (T x hs) blocks
+// of qkv at columns h*hs, C + h*hs, 2C + h*hs of batch b (leading dimension 3C, see kernels/attention_args.hpp):
+//   forward   att = q k^T * scale                 GEMM (T x T x hs), scale = 1 / sqrt(hs)
+//             att[i][j] = softmax over j <= i      row max subtracted; the masked j > i are exactly 0, as torch's
+//                                                  masked_fill(-inf) + softmax gives
+//             y = att v                            GEMM (T x hs x T), written at columns h*hs of y (ld C): the heads
+//                                                  land side by side, so y is already (B, T, C)
+//   backward  datt = dy v^T;  dv = att^T dy        dy: the (T x hs) block of dy at columns h*hs
+//             dpre = att * (datt - rowsum(att * datt))   softmax backward (0 where masked, since att is 0 there)
+//             dq = dpre k * scale;  dk = dpre^T q * scale
+// Example: minGPT's config (B 216, T 128, C 512, nh 8, hs 64) runs 1728 pairs of four 128x128x64 GEMMs forward.
+// The pairs are split over exec's pool, each chunk running gemm_serial (kernels/cpu/gemm.hpp), like the
+// convolutions' per-image split; outputs of different pairs are disjoint, so the result does not depend on the
+// thread count. Fewer pairs than threads (generation with B = 1) leaves threads idle. The full T x T products are
+// computed although half is masked, as torch does; accumulation is in T (float), as torch's CPU softmax.
+// The CUDA version (a fused kernel, issue 19) is a later task: Kernels<Cuda> does not have these members yet.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/kernels/attention_args.hpp"
+#include "ddp/kernels/cpu/gemm.hpp"
+#include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/tensor/device.hpp"
+
+namespace ddp::kernels::cpu {
+
+namespace detail {
+
+// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T.
+template <class T>
+T attention_scale(std::int64_t hs) {
+  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+}
+
+// Row i of the (t x t) scores `att` becomes softmax(att[i][0..i]) and 0 beyond column i, in place.
+template <class T>
+void causal_softmax_rows(T* att, std::int64_t t) {
+  for (std::int64_t i = 0; i < t; ++i) {
+    T* row = att + i * t;
+    T mx = row[0];
+    for (std::int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+    T sum = T(0);
+    for (std::int64_t j = 0; j <= i; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    const T inv = T(1) / sum;
+    for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
+    std::fill(row + i + 1, row + t, T(0));
+  }
+}
+
+// In place: datt (t x t) becomes d(scores) = att * (datt - rowsum(att * datt)) below the diagonal and 0 above it.
+template <class T>
+void causal_softmax_backward_rows(const T* att, T* datt, std::int64_t t) {
+  for (std::int64_t i = 0; i < t; ++i) {
+    const T* p = att + i * t;
+    T* g = datt + i * t;
+    T dot = T(0);
+    for (std::int64_t j = 0; j <= i; ++j) dot += p[j] * g[j];
+    for (std::int64_t j = 0; j <= i; ++j) g[j] = p[j] * (g[j] - dot);
+    std::fill(g + i + 1, g + t, T(0));
+  }
+}
+
+}  // namespace detail
+
+template <class T>
+void attention_forward(const Exec<Cpu>& exec, const AttentionForwardArgs<T, Cpu>& a) {
+  validate(a);
+  const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
+  const T scale = detail::attention_scale<T>(hs);
+  const T* qkv = a.qkv.data();
+  T* att_all = a.att.data();
+  T* y = a.y.data();
+  parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::int64_t bi = p / nh, h = p % nh;
+      const T* q = qkv + bi * t * 3 * c + h * hs;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* att = att_all + p * t * t;
+      gemm_serial(Trans::No, Trans::Yes, t, t, hs, scale, q, 3 * c, k, 3 * c, T(0), att, t);
+      detail::causal_softmax_rows(att, t);
+      gemm_serial(Trans::No, Trans::No, t, hs, t, T(1), att, t, v, 3 * c, T(0), y + bi * t * c + h * hs, c);
+    }
+  });
+}
+
+template <class T>
+void attention_backward(const Exec<Cpu>& exec, const AttentionBackwardArgs<T, Cpu>& a) {
+  validate(a);
+  const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
+  const T scale = detail::attention_scale<T>(hs);
+  const T* qkv = a.qkv.data();
+  const T* att_all = a.att.data();
+  const T* dy_all = a.dy.data();
+  T* dqkv = a.dqkv.data();
+  parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
+    std::vector<T> datt(static_cast<std::size_t>(t * t));  // this chunk's (T x T) scratch, reused per pair
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::int64_t bi = p / nh, h = p % nh;
+      const std::int64_t off = bi * t * 3 * c + h * hs;
+      const T* q = qkv + off;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* dq = dqkv + off;
+      T* dk = dq + c;
+      T* dv = dq + 2 * c;
+      const T* att = att_all + p * t * t;
+      const T* dy = dy_all + bi * t * c + h * hs;
+      gemm_serial(Trans::No, Trans::Yes, t, t, hs, T(1), dy, c, v, 3 * c, T(0), datt.data(), t);
+      gemm_serial(Trans::Yes, Trans::No, t, hs, t, T(1), att, t, dy, c, T(0), dv, 3 * c);
+      detail::causal_softmax_backward_rows(att, datt.data(), t);
+      gemm_serial(Trans::No, Trans::No, t, hs, t, scale, datt.data(), t, k, 3 * c, T(0), dq, 3 * c);
+      gemm_serial(Trans::Yes, Trans::No, t, hs, t, scale, datt.data(), t, q, 3 * c, T(0), dk, 3 * c);
+    }
+  });
+}
+
+}  // namespace ddp::kernels::cpu

@@ -1,0 +1,148 @@
+// CausalSelfAttention: minGPT's masked multi-head self-attention with its output projection, x (B, T, C) -> (B, T, C).
+// SPDX-License-Identifier: MIT
+//
+// karpathy/minGPT's mingpt/model.py CausalSelfAttention, whose state_dict keys we keep:
+//   qkv = c_attn(x)                      Linear(C, 3C): q, k, v side by side, (B, T, 3C)
+//   q, k, v -> (B, nh, T, hs)            hs = C / n_head (a view in torch; our kernels read qkv in place)
+//   att = softmax(mask(q k^T / sqrt(hs))) causal: position t attends to positions <= t only
+//   y = att v -> (B, T, C)               the heads side by side again
+//   y = c_proj(y)                        Linear(C, C)
+// Parameters "c_attn.weight" (3C, C), "c_attn.bias" (3C), "c_proj.weight" (C, C), "c_proj.bias" (C). minGPT also
+// keeps the causal mask as a buffer "bias" (1, 1, block_size, block_size) in its state_dict; we compute the mask
+// instead, so a loader must skip that key (as minGPT's own from_pretrained does). block_size is the longest T
+// accepted; shorter sequences are fine (minGPT's mask[:, :, :T, :T]).
+// Dropout: attn_pdrop and resid_pdrop are kept as options, but only 0 is implemented (a ValueError otherwise).
+// Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output (B, T, C), which
+// c_proj reads in backward; att is kept rather than recomputed (docs/ARCHITECTURE.md D44).
+// CPU only for now: the attention kernels have no CUDA version yet (kernels/cpu/attention.hpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/attention_args.hpp"
+#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/tensor/random.hpp"
+
+namespace ddp::nn {
+
+struct CausalSelfAttentionOptions {
+  std::int64_t n_embd = 0;      // C
+  std::int64_t n_head = 1;      // must divide n_embd
+  std::int64_t block_size = 0;  // longest sequence T accepted
+  double attn_pdrop = 0.0;      // dropout on att (only 0 is implemented)
+  double resid_pdrop = 0.0;     // dropout on the output (only 0 is implemented)
+};
+
+template <class T, Device D>
+class CausalSelfAttention : public Module<T, D> {
+  static_assert(std::is_same_v<D, Cpu>,
+                "ddp: CausalSelfAttention runs on the CPU only for now; its CUDA kernels are not written yet");
+
+ public:
+  explicit CausalSelfAttention(const CausalSelfAttentionOptions& o) : o_(o) {
+    if (o.n_embd < 1 || o.n_head < 1 || o.block_size < 1)
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": n_embd, n_head and block_size must be >= 1"));
+    if (o.n_embd % o.n_head != 0)
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": n_embd = ", o.n_embd,
+                                        " is not divisible by n_head = ", o.n_head,
+                                        "; each head gets n_embd / n_head channels"));
+    check_dropout("attn_pdrop", o.attn_pdrop);
+    check_dropout("resid_pdrop", o.resid_pdrop);
+    c_attn_ = &this->register_module(
+        "c_attn", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = o.n_embd, .out_features = 3 * o.n_embd}));
+    c_proj_ = &this->register_module(
+        "c_proj", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = o.n_embd, .out_features = o.n_embd}));
+  }
+
+  // torch.nn.Linear's default initialisation for both projections (what a fresh minGPT CausalSelfAttention has;
+  // the GPT model re-initialises them with its own scheme).
+  void reset_parameters(Generator& gen) {
+    c_attn_->reset_parameters(gen);
+    c_proj_->reset_parameters(gen);
+  }
+
+  const CausalSelfAttentionOptions& options() const noexcept { return o_; }
+  Linear<T, D>& c_attn() noexcept { return *c_attn_; }
+  Linear<T, D>& c_proj() noexcept { return *c_proj_; }
+
+  std::string describe() const override {
+    return ddp::detail::str("CausalSelfAttention(n_embd=", o_.n_embd, ", n_head=", o_.n_head,
+                            ", block_size=", o_.block_size, ", attn_pdrop=", o_.attn_pdrop,
+                            ", resid_pdrop=", o_.resid_pdrop, ")");
+  }
+
+  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+    if (x.rank() != 3 || x.dim(0) < 1 || x.dim(1) < 1)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(),
+                                        ": input must be (B, T, C) with B, T >= 1 but has shape ", x.shape()));
+    const std::int64_t b = x.dim(0), t = x.dim(1), c = o_.n_embd;
+    if (x.dim(2) != c)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " has ", x.dim(2),
+                                        " channels but n_embd is ", c));
+    if (t > o_.block_size)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": sequence length T = ", t,
+                                        " exceeds block_size = ", o_.block_size,
+                                        "; crop the input to the last block_size positions or raise block_size"));
+    // The Linears see (B*T, C) rows: Linear takes (N, ...) with the trailing dims as features.
+    qkv_ = c_attn_->forward(exec, x.reshape(Shape{b * t, c}));
+    qkv_.reshape(Shape{b, t, 3 * c});
+    att_ = Tensor<T, D>(Shape{b, o_.n_head, t, t});
+    heads_ = Tensor<T, D>(Shape{b * t, c});
+    Kernels<D>::attention_forward(
+        exec,
+        kernels::AttentionForwardArgs<T, D>{
+            .qkv = qkv_.cview(), .att = att_.view(), .y = heads_.view().reshape(Shape{b, t, c}), .n_head = o_.n_head});
+    Tensor<T, D> y = c_proj_->forward(exec, heads_.cview());
+    y.reshape(Shape{b, t, c});
+    have_state_ = true;
+    return y;
+  }
+
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_state_);
+    const std::int64_t b = qkv_.dim(0), t = qkv_.dim(1), c = o_.n_embd;
+    expect_shape(dy, Shape{b, t, c}, "output gradient dy", this->where().c_str());
+    have_state_ = false;
+    Tensor<T, D> dheads = c_proj_->backward(exec, dy.reshape(Shape{b * t, c}));  // c_proj's grads are final here
+    heads_ = Tensor<T, D>();
+    Tensor<T, D> dqkv(Shape{b * t, 3 * c});
+    Kernels<D>::attention_backward(exec,
+                                   kernels::AttentionBackwardArgs<T, D>{.qkv = qkv_.cview(),
+                                                                        .att = att_.cview(),
+                                                                        .dy = dheads.cview().reshape(Shape{b, t, c}),
+                                                                        .dqkv = dqkv.view().reshape(Shape{b, t, 3 * c}),
+                                                                        .n_head = o_.n_head});
+    att_ = Tensor<T, D>();
+    qkv_ = Tensor<T, D>();
+    Tensor<T, D> dx = c_attn_->backward(exec, dqkv.cview());
+    dx.reshape(Shape{b, t, c});
+    return dx;
+  }
+
+ private:
+  void check_dropout(const char* name, double p) const {
+    if (!(p >= 0.0 && p < 1.0))
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": ", name, " = ", p, " must be in [0, 1)"));
+    if (p > 0.0)
+      throw ValueError(ddp::detail::str("ddp: ", describe(), ": ", name, " = ", p,
+                                        " but dropout in attention is not implemented yet; set it to 0"));
+  }
+
+  CausalSelfAttentionOptions o_;
+  Linear<T, D>* c_attn_ = nullptr;  // (C -> 3C)
+  Linear<T, D>* c_proj_ = nullptr;  // (C -> C)
+  Tensor<T, D> qkv_;                // (B, T, 3C): c_attn's output, the attention's input
+  Tensor<T, D> att_;                // (B, nh, T, T): softmax probabilities, 0 above the diagonal
+  Tensor<T, D> heads_;              // (B*T, C): the heads' output side by side, c_proj's input (it keeps a view)
+  bool have_state_ = false;
+};
+
+}  // namespace ddp::nn

@@ -130,6 +130,11 @@
 #include "ddp/nn/resnet.hpp"
 // defines: nn::convert_sync_batchnorm, nn::CommChannelSums (BatchNorm2d statistics over all ranks)
 #include "ddp/nn/sync_batchnorm.hpp"
+// defines: nn::Embedding, nn::LayerNorm, nn::GELU, nn::Dropout (transformer modules; Embedding and LayerNorm CPU only)
+#include "ddp/nn/dropout.hpp"
+#include "ddp/nn/embedding.hpp"
+#include "ddp/nn/gelu.hpp"
+#include "ddp/nn/layer_norm.hpp"
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"

@@ -132,6 +132,11 @@
 #include "ddp/nn/sync_batchnorm.hpp"
 // defines: nn::CausalSelfAttention, nn::CausalSelfAttentionOptions (minGPT's masked multi-head self-attention)
 #include "ddp/nn/causal_self_attention.hpp"
+// defines: nn::Embedding, nn::LayerNorm, nn::GELU, nn::Dropout (transformer modules; Embedding and LayerNorm CPU only)
+#include "ddp/nn/dropout.hpp"
+#include "ddp/nn/embedding.hpp"
+#include "ddp/nn/gelu.hpp"
+#include "ddp/nn/layer_norm.hpp"
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"

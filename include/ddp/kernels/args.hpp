@@ -11,6 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -333,6 +336,177 @@ void validate(const LinearBackwardArgs<T, D>& a) {
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "linear_backward");
   if (!a.dw.empty()) expect_shape(a.dw, a.w.shape(), "weight gradient dw", "linear_backward");
   if (!a.dbias.empty()) expect_shape(a.dbias, Shape{a.w.dim(0)}, "bias gradient dbias", "linear_backward");
+}
+
+// ---- transformer modules (issue 19): layer_norm, embedding, dropout ----
+// The per-row statistics LayerNorm keeps for backward: float for float and the 16-bit types, double for double.
+template <class T>
+using LayerNormStat = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// torch.nn.LayerNorm over the last dimension of rows of C elements (the module flattens any leading dims):
+//   mean = sum x / C, var = sum (x - mean)^2 / C (biased), rstd = 1 / sqrt(var + eps)
+//   y = ((x - mean) rstd) * weight + bias
+template <class T, Device D>
+struct LayerNormForwardArgs {
+  TensorView<const T, D> x;              // (M, C)
+  TensorView<const T, D> weight;         // (C), optional (elementwise_affine=False: 1)
+  TensorView<const T, D> bias;           // (C), optional (0)
+  TensorView<T, D> y;                    // (M, C); overwritten
+  TensorView<LayerNormStat<T>, D> mean;  // (M); overwritten
+  TensorView<LayerNormStat<T>, D> rstd;  // (M); overwritten
+  double eps = 1e-5;
+};
+
+// With xhat = (x - mean) rstd and g = dy * weight (dy when no weight):
+//   dx = rstd (g - mean_row(g) - xhat mean_row(g xhat)),  dweight = sum_rows dy xhat,  dbias = sum_rows dy
+template <class T, Device D>
+struct LayerNormBackwardArgs {
+  TensorView<const T, D> x;                    // (M, C), the forward input
+  TensorView<const T, D> weight;               // (C), optional
+  TensorView<const LayerNormStat<T>, D> mean;  // (M), from the forward
+  TensorView<const LayerNormStat<T>, D> rstd;  // (M), from the forward
+  TensorView<const T, D> dy;                   // (M, C)
+  TensorView<T, D> dx;                         // (M, C), optional; overwritten
+  TensorView<T, D> dweight;                    // (C), optional; overwritten
+  TensorView<T, D> dbias;                      // (C), optional; overwritten
+};
+
+template <class T, Device D>
+void validate_layer_norm_x(const TensorView<const T, D>& x, const TensorView<const T, D>& weight, const char* op) {
+  if (x.rank() != 2 || x.dim(0) == 0 || x.dim(1) == 0)
+    throw ValueError(detail::str("ddp: ", op, ": x ", x.shape(),
+                                 " must be (M, C) with M, C >= 1; flatten the leading dimensions first"));
+  if (!weight.empty()) expect_shape(weight, Shape{x.dim(1)}, "weight", op);
+}
+
+template <class T, Device D>
+void validate(const LayerNormForwardArgs<T, D>& a) {
+  const char* op = "layer_norm_forward";
+  validate_layer_norm_x(a.x, a.weight, op);
+  if (!a.bias.empty()) expect_shape(a.bias, Shape{a.x.dim(1)}, "bias", op);
+  expect_shape(a.y, a.x.shape(), "output y", op);
+  expect_shape(a.mean, Shape{a.x.dim(0)}, "mean", op);
+  expect_shape(a.rstd, Shape{a.x.dim(0)}, "rstd", op);
+  if (!(a.eps > 0.0)) throw ValueError(detail::str("ddp: ", op, ": eps must be > 0, got ", a.eps));
+}
+
+template <class T, Device D>
+void validate(const LayerNormBackwardArgs<T, D>& a) {
+  const char* op = "layer_norm_backward";
+  validate_layer_norm_x(a.x, a.weight, op);
+  expect_shape(a.mean, Shape{a.x.dim(0)}, "mean", op);
+  expect_shape(a.rstd, Shape{a.x.dim(0)}, "rstd", op);
+  expect_shape(a.dy, a.x.shape(), "output gradient dy", op);
+  if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", op);
+  if (!a.dweight.empty()) expect_shape(a.dweight, Shape{a.x.dim(1)}, "weight gradient dweight", op);
+  if (!a.dbias.empty()) expect_shape(a.dbias, Shape{a.x.dim(1)}, "bias gradient dbias", op);
+}
+
+// torch.nn.Embedding: y[n] = weight[ids[n]]; backward dweight[v] = sum over n with ids[n] == v of dy[n].
+template <class T, Device D>
+struct EmbeddingForwardArgs {
+  TensorView<const std::int64_t, D> ids;  // (N), each in [0, V)
+  TensorView<const T, D> weight;          // (V, C)
+  TensorView<T, D> y;                     // (N, C); overwritten
+};
+
+template <class T, Device D>
+struct EmbeddingBackwardArgs {
+  TensorView<const std::int64_t, D> ids;  // (N), each in [0, V)
+  TensorView<const T, D> dy;              // (N, C)
+  TensorView<T, D> dweight;               // (V, C); overwritten (rows of unused ids are 0)
+};
+
+template <class T, Device D>
+void validate_embedding(const TensorView<const std::int64_t, D>& ids, const TensorView<const T, D>& rows,
+                        const char* rows_name, const Shape& weight, const char* op) {
+  if (weight.rank() != 2 || weight[0] == 0 || weight[1] == 0)
+    throw ValueError(detail::str("ddp: ", op, ": weight ", weight, " must be (V, C) with V, C >= 1"));
+  if (ids.rank() != 1 || ids.dim(0) == 0)
+    throw ValueError(detail::str("ddp: ", op, ": ids ", ids.shape(), " must be (N) with N >= 1; flatten them first"));
+  expect_shape(rows, Shape{ids.dim(0), weight[1]}, rows_name, op);
+}
+
+template <class T, Device D>
+void validate(const EmbeddingForwardArgs<T, D>& a) {
+  validate_embedding(a.ids, TensorView<const T, D>(a.y), "output y", a.weight.shape(), "embedding_forward");
+}
+
+template <class T, Device D>
+void validate(const EmbeddingBackwardArgs<T, D>& a) {
+  validate_embedding(a.ids, a.dy, "output gradient dy", a.dweight.shape(), "embedding_backward");
+}
+
+// Index of the first of n host ids outside [0, num), or -1 when all are in range.
+inline std::int64_t first_id_out_of_range(const std::int64_t* ids, std::int64_t n, std::int64_t num) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= num) return i;
+  return -1;
+}
+
+// The error for a bad token id: `who` is the op or the module (Module::where()), `index` the id's flat index in
+// ids of shape `ids_shape`, printed as a position in that shape.
+inline ValueError embedding_id_out_of_range(std::string_view who, std::int64_t id, std::int64_t index,
+                                            const Shape& ids_shape, std::int64_t num) {
+  std::int64_t pos[Shape::kMaxRank] = {};
+  for (int d = ids_shape.rank() - 1; d >= 0; --d) {
+    pos[d] = index % ids_shape[d];
+    index /= ids_shape[d];
+  }
+  std::string at = "(";
+  for (int d = 0; d < ids_shape.rank(); ++d) at += detail::str(d ? ", " : "", pos[d]);
+  at += ")";
+  return ValueError(detail::str("ddp: ", who, ": token id ", id, " at position ", at, " of ids ", ids_shape,
+                                " is out of range [0, ", num, "); ids must be below num_embeddings (", num,
+                                "): check the vocabulary size against the data"));
+}
+
+// Inverted dropout (torch.nn.Dropout in training): y = keep ? x / (1 - p) : 0, keep with probability 1 - p.
+// The mask is a function of (seed, rank, stream, step) and the element index (kernels/elementwise.hpp,
+// DropoutForward): element i uses word i % 4 of block (step << 32) + i / 4 of Generator(seed, rank, stream)
+// (tensor/random.hpp) and is dropped when that word's unit value (w + 0.5) / 2^32 is below p.
+template <class T, Device D>
+struct DropoutForwardArgs {
+  TensorView<const T, D> x;
+  TensorView<T, D> y;                // same shape as x; overwritten (may alias x)
+  TensorView<std::uint8_t, D> mask;  // same shape as x; overwritten: 1 kept, 0 dropped
+  double p = 0.5;                    // in [0, 1]
+  std::uint64_t seed = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t stream = 0;
+  std::uint64_t step = 0;  // below 2^32
+};
+
+// dx = mask ? dy / (1 - p) : 0.
+template <class T, Device D>
+struct DropoutBackwardArgs {
+  TensorView<const T, D> dy;
+  TensorView<const std::uint8_t, D> mask;  // same shape as dy, from the forward
+  TensorView<T, D> dx;                     // same shape as dy; overwritten (may alias dy)
+  double p = 0.5;
+};
+
+inline void validate_dropout_p(double p, const char* op) {
+  if (!(p >= 0.0 && p <= 1.0)) throw ValueError(detail::str("ddp: ", op, ": p must be in [0, 1], got ", p));
+}
+
+template <class T, Device D>
+void validate(const DropoutForwardArgs<T, D>& a) {
+  const char* op = "dropout_forward";
+  validate_dropout_p(a.p, op);
+  expect_shape(a.y, a.x.shape(), "output y", op);
+  expect_shape(a.mask, a.x.shape(), "mask", op);
+  if (a.x.numel() > (std::int64_t{1} << 34))
+    throw ValueError(detail::str("ddp: ", op, ": ", a.x.numel(), " elements exceed the 2^34 one step's mask can draw"));
+  if (a.step >> 32) throw ValueError(detail::str("ddp: ", op, ": step ", a.step, " must be below 2^32"));
+}
+
+template <class T, Device D>
+void validate(const DropoutBackwardArgs<T, D>& a) {
+  const char* op = "dropout_backward";
+  validate_dropout_p(a.p, op);
+  expect_shape(a.mask, a.dy.shape(), "mask", op);
+  expect_shape(a.dx, a.dy.shape(), "input gradient dx", op);
 }
 
 // ---- losses (mean reduction); each returns the loss and optionally writes d(loss)/d(input) ----

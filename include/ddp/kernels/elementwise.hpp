@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "ddp/config.hpp"
+#include "ddp/tensor/random.hpp"
 
 namespace ddp::kernels {
 
@@ -122,6 +124,101 @@ struct AdamwStep {
     const T denom = sqrt(v) / bias_correction2_sqrt + eps;
     param[i] = p + (-step_size) * m / denom;  // addcdiv: self + value * t1 / t2
   }
+};
+
+// ---- transformer element-wise ops (issue 19): GELU and dropout ----
+// GELU's constants: 1/sqrt(2), 1/sqrt(2 pi), sqrt(2/pi) and the tanh form's cubic coefficient.
+inline constexpr double kGeluSqrtHalf = 0.70710678118654752440;
+inline constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;
+inline constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;
+inline constexpr double kGeluKappa = 0.044715;
+
+// y = gelu(x) in T, in the order of torch 1.13's CPU kernel (GeluKernel.cpp):
+//   exact (tanh_form false): y = x * 0.5 * (1 + erf(x / sqrt 2))
+//   tanh form:               y = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+template <class T>
+struct GeluForward {
+  const T* x;
+  T* y;
+  bool tanh_form;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::erf;
+    using std::tanh;
+    const T v = x[i];
+    if (tanh_form) {
+      const T inner = T(kGeluSqrt2OverPi) * (v + T(kGeluKappa) * v * v * v);
+      y[i] = T(0.5) * v * (T(1) + tanh(inner));
+    } else {
+      y[i] = v * T(0.5) * (T(1) + erf(v * T(kGeluSqrtHalf)));
+    }
+  }
+};
+
+// dx = dy * gelu'(x) (x is the forward input; dx may alias dy):
+//   exact:     gelu'(x) = Phi(x) + x phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt 2)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+//   tanh form: with t = tanh(sqrt(2/pi) (x + k x^3)):
+//              gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 k x^2)
+template <class T>
+struct GeluBackward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  bool tanh_form;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::erf;
+    using std::exp;
+    using std::tanh;
+    const T v = x[i];
+    T d;
+    if (tanh_form) {
+      const T v2 = v * v;
+      const T t = tanh(T(kGeluSqrt2OverPi) * (v + T(kGeluKappa) * v2 * v));
+      const T left = T(0.5) * v;
+      const T inner_derivative = T(kGeluSqrt2OverPi) * (T(1) + T(3) * T(kGeluKappa) * v2);
+      d = T(0.5) * (T(1) + t) + left * (T(1) - t * t) * inner_derivative;
+    } else {
+      const T cdf = T(0.5) * (T(1) + erf(v * T(kGeluSqrtHalf)));
+      const T pdf = exp(T(-0.5) * v * v) * T(kGeluInvSqrt2Pi);
+      d = cdf + v * pdf;
+    }
+    dx[i] = dy[i] * d;
+  }
+};
+
+// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i < n, gets
+// word j of philox(counter (b, step, rank, stream), key (seed_lo, seed_hi)), i.e. of block (step << 32) + b of
+// Generator(seed, rank, stream), and is dropped when that word is below `threshold` (see DropoutForwardArgs).
+// Run it for (n + 3) / 4 indices. y may alias x (each element is read before it is written).
+template <class T>
+struct DropoutForward {
+  const T* x;
+  T* y;
+  std::uint8_t* mask;
+  std::size_t n;
+  T scale;                  // 1 / (1 - p)
+  std::uint64_t threshold;  // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
+  std::uint32_t seed_lo, seed_hi, step, rank, stream;
+  DDP_HOST_DEVICE void operator()(std::size_t b) const {
+    std::uint32_t c[4] = {static_cast<std::uint32_t>(b), step, rank, stream};
+    philox4x32_10_inplace(c, seed_lo, seed_hi);
+    for (std::size_t j = 0; j < 4; ++j) {
+      const std::size_t i = 4 * b + j;
+      if (i >= n) break;
+      const bool keep = c[j] >= threshold;
+      mask[i] = keep ? 1 : 0;
+      y[i] = keep ? x[i] * scale : T(0);
+    }
+  }
+};
+
+// dx = mask ? dy * scale : 0 (dx may alias dy).
+template <class T>
+struct DropoutBackward {
+  const T* dy;
+  const std::uint8_t* mask;
+  T* dx;
+  T scale;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = mask[i] ? dy[i] * scale : T(0); }
 };
 
 }  // namespace ddp::kernels

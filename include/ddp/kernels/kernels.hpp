@@ -9,8 +9,10 @@
 // whose specialisation was not included stops at the static_assert below with what to do.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 
 #include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
@@ -74,6 +76,60 @@ struct ElementwiseKernels {
   template <class T>
   static void fill(const Exec<D>& e, TensorView<T, D> x, T value) {
     Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
+  }
+
+  // ---- transformer element-wise ops (issue 19) ----
+  // y = gelu(x), exact (erf) or the tanh form (y may alias x); dx = dy * gelu'(x) (dx may alias dy).
+  template <class T>
+  static void gelu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y, bool tanh_form) {
+    expect_shape(y, x.shape(), "output y", "gelu_forward");
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               GeluForward<T>{.x = x.data(), .y = y.data(), .tanh_form = tanh_form});
+  }
+  template <class T>
+  static void gelu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy, TensorView<T, D> dx,
+                            bool tanh_form) {
+    expect_shape(dy, x.shape(), "output gradient dy", "gelu_backward");
+    expect_shape(dx, x.shape(), "input gradient dx", "gelu_backward");
+    Kernels<D>::for_each_index(
+        e, static_cast<std::size_t>(x.numel()),
+        GeluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data(), .tanh_form = tanh_form});
+  }
+  // Inverted dropout with a counter-based mask (DropoutForwardArgs in args.hpp), and its backward.
+  template <class T>
+  static void dropout_forward(const Exec<D>& e, const DropoutForwardArgs<T, D>& a) {
+    validate(a);
+    const auto n = static_cast<std::size_t>(a.x.numel());
+    // drop <=> (w + 0.5) / 2^32 < p <=> w < p 2^32 - 0.5: the count of such 32-bit words w.
+    const double cut = std::ceil(a.p * 4294967296.0 - 0.5);
+    const std::uint64_t threshold = cut <= 0.0 ? 0 : static_cast<std::uint64_t>(cut);
+    Kernels<D>::for_each_index(e, (n + 3) / 4,
+                               DropoutForward<T>{.x = a.x.data(),
+                                                 .y = a.y.data(),
+                                                 .mask = a.mask.data(),
+                                                 .n = n,
+                                                 .scale = dropout_scale<T>(a.p),
+                                                 .threshold = threshold,
+                                                 .seed_lo = static_cast<std::uint32_t>(a.seed),
+                                                 .seed_hi = static_cast<std::uint32_t>(a.seed >> 32),
+                                                 .step = static_cast<std::uint32_t>(a.step),
+                                                 .rank = a.rank,
+                                                 .stream = a.stream});
+  }
+  template <class T>
+  static void dropout_backward(const Exec<D>& e, const DropoutBackwardArgs<T, D>& a) {
+    validate(a);
+    Kernels<D>::for_each_index(
+        e, static_cast<std::size_t>(a.dy.numel()),
+        DropoutBackward<T>{
+            .dy = a.dy.data(), .mask = a.mask.data(), .dx = a.dx.data(), .scale = dropout_scale<T>(a.p)});
+  }
+
+ private:
+  // 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0 for p = 1, where all is dropped.
+  template <class T>
+  static T dropout_scale(double p) {
+    return p >= 1.0 ? T(0) : T(1) / T(1.0 - p);
   }
 };
 

@@ -16,7 +16,9 @@
 #include "ddp/kernels/cpu/batchnorm.hpp"
 #include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/conv2d.hpp"
+#include "ddp/kernels/cpu/embedding.hpp"
 #include "ddp/kernels/cpu/gemm.hpp"
+#include "ddp/kernels/cpu/layer_norm.hpp"
 #include "ddp/kernels/cpu/linear.hpp"
 #include "ddp/kernels/cpu/loss.hpp"
 #include "ddp/kernels/cpu/multi_adamw.hpp"
@@ -102,6 +104,24 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   template <class T>
   static void attention_backward(const Exec<Cpu>& e, const AttentionBackwardArgs<T, D>& a) {
     cpu::attention_backward(e, a);
+  }
+
+  // ---- transformer layers (issue 19): CPU only so far, so not in KernelsApi until Kernels<Cuda> has them ----
+  template <class T>
+  static void layer_norm_forward(const Exec<Cpu>& e, const LayerNormForwardArgs<T, D>& a) {
+    cpu::layer_norm_forward(e, a);
+  }
+  template <class T>
+  static void layer_norm_backward(const Exec<Cpu>& e, const LayerNormBackwardArgs<T, D>& a) {
+    cpu::layer_norm_backward(e, a);
+  }
+  template <class T>
+  static void embedding_forward(const Exec<Cpu>& e, const EmbeddingForwardArgs<T, D>& a) {
+    cpu::embedding_forward(e, a);
+  }
+  template <class T>
+  static void embedding_backward(const Exec<Cpu>& e, const EmbeddingBackwardArgs<T, D>& a) {
+    cpu::embedding_backward(e, a);
   }
 
   // ---- losses (return the mean loss; write the gradient when requested) ----

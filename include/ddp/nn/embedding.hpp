@@ -1,0 +1,133 @@
+// Embedding: a lookup table of token vectors (torch.nn.Embedding); ids (...) -> (..., embedding_dim).
+// SPDX-License-Identifier: MIT
+//
+// Parameter "weight" (num_embeddings, embedding_dim), as in PyTorch. Its input is int64 token ids, not T, so it
+// has its own entry point, forward(exec, ids), beside Module's: it opens the same trace span, keeps a view of
+// the ids (THE CALLER KEEPS THEM ALIVE until backward returns, as for every module's input, nn/module.hpp), and
+// backward(exec, dy) accumulates the weight gradient by token and returns an empty tensor (ids take no
+// gradient). Module's forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a
+// ValueError naming this module, the id and its position in ids.
+// Initialisation: reset_parameters(gen) draws N(0, init_std^2): init_std 1 is torch's default, 0.02 minGPT's
+// _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
+// Devices: the kernels are Kernels<Cpu>'s (kernels/cpu/embedding.hpp); Kernels<Cuda> has none yet, so
+// Embedding<T, Cuda> does not compile (a later task, with a device-side id check).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/core/trace.hpp"
+#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/module.hpp"
+#include "ddp/tensor/random.hpp"
+
+namespace ddp::nn {
+
+struct EmbeddingOptions {
+  std::int64_t num_embeddings = 0;  // vocabulary size V
+  std::int64_t embedding_dim = 0;   // C
+  double init_std = 1.0;            // reset_parameters' N(0, init_std^2); minGPT: 0.02
+};
+
+namespace detail {
+// `s` with one more trailing dimension `last`: (B, T) -> (B, T, C). Throws if s already has Shape::kMaxRank dims.
+inline Shape append_dim(const Shape& s, std::int64_t last) {
+  switch (s.rank()) {
+    case 0:
+      return Shape{last};
+    case 1:
+      return Shape{s[0], last};
+    case 2:
+      return Shape{s[0], s[1], last};
+    case 3:
+      return Shape{s[0], s[1], s[2], last};
+    case 4:
+      return Shape{s[0], s[1], s[2], s[3], last};
+    default:
+      throw ValueError(ddp::detail::str("ddp: ids of shape ", s, " have ", s.rank(), " dimensions; at most ",
+                                        Shape::kMaxRank - 1, " fit (the output adds one)"));
+  }
+}
+}  // namespace detail
+
+template <class T, Device D>
+class Embedding : public Module<T, D> {
+ public:
+  explicit Embedding(const EmbeddingOptions& o) : o_(o) {
+    if (o.num_embeddings < 1 || o.embedding_dim < 1)
+      throw ValueError(ddp::detail::str("ddp: Embedding needs num_embeddings and embedding_dim >= 1, got (",
+                                        o.num_embeddings, ", ", o.embedding_dim, ")"));
+    if (!(o.init_std > 0.0))
+      throw ValueError(ddp::detail::str("ddp: Embedding's init_std must be > 0, got ", o.init_std));
+    weight_ = &this->register_parameter("weight", Shape{o.num_embeddings, o.embedding_dim});
+  }
+
+  // weight ~ N(0, init_std^2) (torch.nn.Embedding.reset_parameters: normal_(); minGPT: normal_(0, 0.02)).
+  void reset_parameters(Generator& gen) {
+    detail::fill_via_host(weight_->value(), [&](TensorView<T, Cpu> v) { gen.fill_normal(v, 0.0, o_.init_std); });
+  }
+
+  const EmbeddingOptions& options() const noexcept { return o_; }
+  Parameter<T, D>& weight() noexcept { return *weight_; }
+
+  std::string describe() const override {
+    return ddp::detail::str("Embedding(", o_.num_embeddings, ", ", o_.embedding_dim, ")");
+  }
+
+  using Module<T, D>::forward;
+  // y[..., :] = weight[ids[...], :]: ids of any shape (at most 4 dims) -> (..., embedding_dim).
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
+    trace::Span span = this->trace_span("forward");
+    if (ids.numel() == 0)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": no token ids (ids shape ", ids.shape(),
+                                        "); check --batch-size and the loader"));
+    const Shape out = detail::append_dim(ids.shape(), o_.embedding_dim);
+    const std::int64_t bad = kernels::first_id_out_of_range(ids.data(), ids.numel(), o_.num_embeddings);
+    if (bad >= 0)
+      throw kernels::embedding_id_out_of_range(this->where(), ids.data()[bad], bad, ids.shape(), o_.num_embeddings);
+    const std::int64_t n = ids.numel();
+    Tensor<T, D> y(out);
+    Kernels<D>::embedding_forward(
+        exec, kernels::EmbeddingForwardArgs<T, D>{.ids = ids.reshape(Shape{n}),
+                                                  .weight = weight_->value().cview(),
+                                                  .y = y.view().reshape(Shape{n, o_.embedding_dim})});
+    ids_ = ids;
+    have_ids_ = true;
+    return y;
+  }
+
+ protected:
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
+    throw ValueError(ddp::detail::str("ddp: ", this->where(),
+                                      ": takes int64 token ids, got values of the model's "
+                                      "floating-point type (shape ",
+                                      x.shape(),
+                                      "); pass the ids as a "
+                                      "TensorView<const std::int64_t, D> to forward(exec, ids)"));
+  }
+
+  // Accumulates d(loss)/d(weight) by token; returns an empty tensor (no gradient for the ids).
+  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+    this->require_forward_state(have_ids_);
+    have_ids_ = false;
+    expect_shape(dy, detail::append_dim(ids_.shape(), o_.embedding_dim), "output gradient dy", "Embedding.backward");
+    const std::int64_t n = ids_.numel();
+    Kernels<D>::embedding_backward(exec,
+                                   kernels::EmbeddingBackwardArgs<T, D>{.ids = ids_.reshape(Shape{n}),
+                                                                        .dy = dy.reshape(Shape{n, o_.embedding_dim}),
+                                                                        .dweight = weight_->grad_dest()});
+    weight_->grad_done(exec);
+    return Tensor<T, D>();
+  }
+
+ private:
+  EmbeddingOptions o_;
+  Parameter<T, D>* weight_ = nullptr;      // (num_embeddings, embedding_dim)
+  TensorView<const std::int64_t, D> ids_;  // the last forward's ids, owned by the caller
+  bool have_ids_ = false;
+};
+
+}  // namespace ddp::nn

@@ -68,7 +68,7 @@ ddprun="$build/tools/ddprun"
 if [[ $quick == 1 ]]; then
   sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); toy_epochs=2; overlap_steps=3; data_epochs=1
 else
-  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); toy_epochs=5; overlap_steps=10; data_epochs=3
+  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); toy_epochs=5; overlap_steps=30; data_epochs=3
 fi
 
 # run NAME CMD...: CMD's JSON lines (stdout) appended to $out/NAME.jsonl, each tagged with the comparison.

@@ -3,7 +3,10 @@
 //
 // Usage: ddprun --nproc-per-node 2 --standalone bench_ddp_overlap [--arch resnet18] [--width 64] [--image_size 64]
 //        [--batch_size 8] [--steps 10] [--threads 1] [--bucket-cap-mb 25]
-// Measures in one run, medians over --steps after one warm-up step:
+// Measures in one run, medians over --steps rounds. Each round times every variant once, one after the other
+// (local, comm, then a fresh DDP wrapper with copies and one with views, each after an untimed warm-up step), so a
+// drift of the machine's speed during the run (this VM's step time moves by +-25% over tens of seconds, which a
+// variant-after-variant run mistook for DDP overhead or gain) reaches every variant alike:
 //   local_ms  forward + backward + SGD step of the bare model (no communication)
 //   comm_ms   all-reduce (Avg) of every gradient as one flat buffer, alone (the communication to hide)
 //   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward)
@@ -77,39 +80,46 @@ int main(int argc, char** argv) {
       model.backward(exec, ce.backward(exec).cview());
       opt.step(exec);
     };
-    auto timed = [&](auto&& fn) {
-      std::vector<double> ms;
-      for (int s = 0; s <= steps; ++s) {
-        comm->barrier().wait();
-        const auto t = Clock::now();
-        fn();
-        if (s > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
-      }
-      return median(ms);
+    // One timed call of fn, every rank starting together.
+    auto once = [&](auto&& fn) {
+      comm->barrier().wait();
+      const auto t = Clock::now();
+      fn();
+      return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
     };
-    const double local_ms = timed([&] { step(net); });
     std::vector<float> flat(static_cast<std::size_t>(net.num_parameters()), 1.0f);
-    const double comm_ms = timed([&] { comm->all_reduce(std::span<float>(flat), {.op = comm::ReduceOp::Avg}).wait(); });
-    struct DdpTimes {
-      double step_ms, no_sync_ms;
-      std::size_t buckets, launched_during_backward;
-    };
-    auto time_ddp = [&](bool view) {
+    std::vector<double> local, flat_comm, ddp_step, ddp_no_sync, view_step, view_no_sync;
+    std::size_t buckets = 0, launched_during_backward = 0;
+    // A fresh wrapper per round and mode (two wrappers cannot share a module: each installs its hooks, and a view
+    // wrapper moves the gradients into its buckets); its first step, which rebuilds the buckets, is not timed.
+    auto round_ddp = [&](bool view, std::vector<double>& with_comm, std::vector<double>& without) {
       parallel::DdpOptions o = dist.ddp;
       o.gradient_as_bucket_view = view;
       parallel::DistributedDataParallel<float, Cpu> model(net, *comm, o);
-      DdpTimes t{};
-      t.step_ms = timed([&] { step(model); });
-      t.no_sync_ms = timed([&] {  // the wrapper without gradient communication (buffers still broadcast)
+      once([&] { step(model); });
+      with_comm.push_back(once([&] { step(model); }));
+      without.push_back(once([&] {  // the wrapper without gradient communication (buffers still broadcast)
         auto guard = model.no_sync();
         step(model);
-      });
-      t.buckets = model.buckets().size();
-      t.launched_during_backward = model.last_trace().launched_during_backward();
-      return t;
+      }));
+      buckets = model.buckets().size();
+      if (!view) launched_during_backward = model.last_trace().launched_during_backward();
     };
-    const DdpTimes copying = time_ddp(false), viewing = time_ddp(true);
-    const double ddp_ms = copying.step_ms, nosync_ms = copying.no_sync_ms;
+    once([&] { step(net); });  // warm-up: first-touch of every buffer, the caching allocator
+    for (int s = 0; s < steps; ++s) {
+      local.push_back(once([&] { step(net); }));
+      flat_comm.push_back(once([&] { comm->all_reduce(std::span<float>(flat), {.op = comm::ReduceOp::Avg}).wait(); }));
+      round_ddp(false, ddp_step, ddp_no_sync);
+      round_ddp(true, view_step, view_no_sync);
+    }
+    const double local_ms = median(local), comm_ms = median(flat_comm);
+    const double ddp_ms = median(ddp_step), nosync_ms = median(ddp_no_sync);
+    const struct {
+      double step_ms, no_sync_ms;
+    } viewing{median(view_step), median(view_no_sync)};
+    const struct {
+      std::size_t buckets, launched_during_backward;
+    } copying{buckets, launched_during_backward};
     const double hidden = std::clamp((local_ms + comm_ms - ddp_ms) / comm_ms, 0.0, 1.0);
     const double hidden_view = std::clamp((local_ms + comm_ms - viewing.step_ms) / comm_ms, 0.0, 1.0);
     if (comm->rank() == 0)

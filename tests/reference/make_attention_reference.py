@@ -7,10 +7,11 @@
 # The module is karpathy/minGPT's CausalSelfAttention (mingpt/model.py) written out with torch ops, dropout 0:
 # c_attn, split into q, k, v, heads (B, nh, T, hs), masked softmax(q k^T / sqrt(hs)), att v, heads side by side,
 # c_proj. One case: B = 2, T = 5 (< block_size = 8), C = 16, n_head = 4, float32, torch.nn.Linear's default
-# initialisation. File format: make_op_reference.py's (records "attn/<tensor>", float32 values stored as float64).
+# initialisation. File format: reference_records.py's (records "attn/<tensor>", float32 values stored as float64).
 import math
-import struct
 import sys
+
+from reference_records import Records  # the record format, shared by these scripts
 
 try:
     import torch
@@ -21,19 +22,8 @@ except Exception as e:  # pragma: no cover - depends on the machine
 
 torch.manual_seed(4321)
 torch.set_num_threads(1)
-records = []
-
-
-def put(name, t):
-    if isinstance(t, int):
-        kind, dims, data = 1, [1], [t]
-    else:
-        t = t.detach().contiguous()
-        kind, dims, data = 0, list(t.shape), t.to(torch.float64).flatten().tolist()
-    b = name.encode()
-    out = struct.pack("<I", len(b)) + b + struct.pack("<BI", kind, len(dims)) + struct.pack(f"<{len(dims)}q", *dims)
-    out += struct.pack(f"<{len(data)}{'q' if kind else 'd'}", *data)
-    records.append(out)
+records = Records()
+put = records.put
 
 
 class CausalSelfAttention(torch.nn.Module):
@@ -78,7 +68,4 @@ for name, p in m.named_parameters():  # c_attn.weight, c_attn.bias, c_proj.weigh
     put("attn/" + name, p)
     put("attn/grad/" + name, p.grad)
 
-with open(sys.argv[1], "wb") as f:
-    for r in records:
-        f.write(r)
-print(f"wrote {len(records)} tensors to {sys.argv[1]}")
+records.write(sys.argv[1])

@@ -4,14 +4,13 @@
 #
 # Usage: /usr/bin/python3 make_op_reference.py OUT_FILE      (exits 77 when torch is not importable)
 #
-# File format (little-endian), a sequence of records until end of file:
-#   u32 name_length, name (utf-8), u8 kind (0: float64 values, 1: int64 values), u32 rank, i64 dims[rank],
-#   then prod(dims) values of that kind.
-# Float tensors are computed in float32 by PyTorch and stored exactly as float64. Tensors keep PyTorch's
+# File format: reference_records.py's (name, kind, dims, values per record; float32 results stored exactly as
+# float64). Tensors keep PyTorch's
 # layouts (NCHW activations, OIHW weights); the C++ test converts them to NHWC / KRSC. Names are
 # "<case>/<tensor>", e.g. "conv3/dw"; "<op>/count" holds the number of cases of an op.
-import struct
 import sys
+
+from reference_records import Records  # the record format, shared by these scripts
 
 try:
     import torch
@@ -22,23 +21,8 @@ except Exception as e:  # pragma: no cover - depends on the machine
 
 torch.manual_seed(1234)
 torch.set_num_threads(1)
-records = []
-
-
-def put(name, t):
-    if isinstance(t, (list, tuple)):
-        t = torch.tensor(t)
-    elif isinstance(t, (int, float)):
-        t = torch.tensor([t])
-    t = t.detach().contiguous()
-    if t.dtype in (torch.int64, torch.int32, torch.bool):
-        kind, data = 1, t.to(torch.int64).flatten().tolist()
-    else:
-        kind, data = 0, t.to(torch.float64).flatten().tolist()
-    b = name.encode()
-    out = struct.pack("<I", len(b)) + b + struct.pack("<BI", kind, t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape)
-    out += struct.pack(f"<{len(data)}{'q' if kind else 'd'}", *data)
-    records.append(out)
+records = Records()
+put = records.put
 
 
 def leaf(*shape, scale=1.0):
@@ -169,7 +153,4 @@ for i, cfg in enumerate(sgd_cases):
     put(c + "/steps", steps)
 put("sgd/count", len(sgd_cases))
 
-with open(sys.argv[1], "wb") as f:
-    for r in records:
-        f.write(r)
-print(f"wrote {len(records)} tensors to {sys.argv[1]}")
+records.write(sys.argv[1])

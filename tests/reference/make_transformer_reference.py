@@ -5,12 +5,13 @@
 #
 # Usage: /usr/bin/python3 make_transformer_reference.py OUT_FILE      (exits 77 when torch is not importable)
 #
-# File format: make_op_reference.py's (records of name, kind, dims, values; float32 results stored exactly as
+# File format: reference_records.py's (records of name, kind, dims, values; float32 results stored exactly as
 # float64). Tensors are row-major in torch's shapes, which are ddp's for these modules ((B, T, C) activations,
 # (V, C) embedding weight). Names are "<case>/<tensor>"; "<op>/count" holds the number of cases of an op.
 import math
-import struct
 import sys
+
+from reference_records import Records  # the record format, shared by these scripts
 
 try:
     import torch
@@ -21,23 +22,8 @@ except Exception as e:  # pragma: no cover - depends on the machine
 
 torch.manual_seed(4321)
 torch.set_num_threads(1)
-records = []
-
-
-def put(name, t):
-    if isinstance(t, (list, tuple)):
-        t = torch.tensor(t)
-    elif isinstance(t, (int, float)):
-        t = torch.tensor([t])
-    t = t.detach().contiguous()
-    if t.dtype in (torch.int64, torch.int32, torch.bool):
-        kind, data = 1, t.to(torch.int64).flatten().tolist()
-    else:
-        kind, data = 0, t.to(torch.float64).flatten().tolist()
-    b = name.encode()
-    out = struct.pack("<I", len(b)) + b + struct.pack("<BI", kind, t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape)
-    out += struct.pack(f"<{len(data)}{'q' if kind else 'd'}", *data)
-    records.append(out)
+records = Records()
+put = records.put
 
 
 # LayerNorm: (input shape, elementwise_affine, eps, input scale, input offset)
@@ -92,7 +78,4 @@ for i, (v, ch, ids_shape) in enumerate(emb_cases):
     put(c + "/dweight", emb.weight.grad)
 put("emb/count", len(emb_cases))
 
-with open(sys.argv[1], "wb") as f:
-    for r in records:
-        f.write(r)
-print(f"wrote {len(records)} tensors to {sys.argv[1]}")
+records.write(sys.argv[1])

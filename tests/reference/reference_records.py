@@ -1,0 +1,42 @@
+"""The reference file the make_*_reference.py scripts write and tests/reference/reference_file.hpp reads.
+
+File format (little-endian), a sequence of records until end of file:
+  u32 name_length, name (utf-8), u8 kind (0: float64 values, 1: int64 values), u32 rank, i64 dims[rank],
+  then prod(dims) values of that kind.
+Float tensors computed in float32 by PyTorch are stored exactly as float64; integer and bool tensors as int64; a
+Python int or float becomes a one-element tensor, a list or tuple a tensor of its values.
+
+    from reference_records import Records   # the scripts' own directory is on sys.path
+    out = Records()
+    out.put("conv3/dw", w.grad)
+    out.write(sys.argv[1])
+SPDX-License-Identifier: MIT
+"""
+import struct
+
+
+class Records:
+    def __init__(self):
+        self.records = []
+
+    def put(self, name, t):
+        import torch  # the scripts check that torch imports (exit 77 otherwise) before they put anything
+        if isinstance(t, (list, tuple)):
+            t = torch.tensor(t)
+        elif isinstance(t, (int, float)):
+            t = torch.tensor([t])
+        t = t.detach().contiguous()
+        if t.dtype in (torch.int64, torch.int32, torch.bool):
+            kind, data = 1, t.to(torch.int64).flatten().tolist()
+        else:
+            kind, data = 0, t.to(torch.float64).flatten().tolist()
+        b = name.encode()
+        out = struct.pack("<I", len(b)) + b + struct.pack("<BI", kind, t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape)
+        out += struct.pack(f"<{len(data)}{'q' if kind else 'd'}", *data)
+        self.records.append(out)
+
+    def write(self, path):
+        with open(path, "wb") as f:
+            for r in self.records:
+                f.write(r)
+        print(f"wrote {len(self.records)} tensors to {path}")

@@ -10,17 +10,9 @@
 # "<case>/<tensor>", e.g. "conv3/dw"; "<op>/count" holds the number of cases of an op.
 import sys
 
-from reference_records import Records  # the record format, shared by these scripts
+from reference_records import Records, import_torch  # shared by these scripts
 
-try:
-    import torch
-    import torch.nn.functional as F
-except Exception as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); install python3-torch")
-    sys.exit(77)
-
-torch.manual_seed(1234)
-torch.set_num_threads(1)
+torch, F = import_torch(seed=1234)
 records = Records()
 put = records.put
 

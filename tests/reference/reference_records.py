@@ -6,13 +6,28 @@ File format (little-endian), a sequence of records until end of file:
 Float tensors computed in float32 by PyTorch are stored exactly as float64; integer and bool tensors as int64; a
 Python int or float becomes a one-element tensor, a list or tuple a tensor of its values.
 
-    from reference_records import Records   # the scripts' own directory is on sys.path
+    from reference_records import Records, import_torch   # the scripts' own directory is on sys.path
+    torch, F = import_torch(seed=1234)     # exits 77 (ctest: skipped) when torch is missing
     out = Records()
     out.put("conv3/dw", w.grad)
     out.write(sys.argv[1])
 SPDX-License-Identifier: MIT
 """
 import struct
+import sys
+
+
+def import_torch(seed):
+    """torch and torch.nn.functional, seeded, on one thread; exit 77 (skipped) when torch cannot be imported."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:  # pragma: no cover - depends on the machine
+        print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); install python3-torch")
+        sys.exit(77)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    return torch, F
 
 
 class Records:
@@ -20,7 +35,7 @@ class Records:
         self.records = []
 
     def put(self, name, t):
-        import torch  # the scripts check that torch imports (exit 77 otherwise) before they put anything
+        import torch  # imported by import_torch() before anything is put
         if isinstance(t, (list, tuple)):
             t = torch.tensor(t)
         elif isinstance(t, (int, float)):

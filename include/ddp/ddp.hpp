@@ -132,6 +132,8 @@
 #include "ddp/nn/sync_batchnorm.hpp"
 // defines: nn::CausalSelfAttention, nn::CausalSelfAttentionOptions (minGPT's masked multi-head self-attention)
 #include "ddp/nn/causal_self_attention.hpp"
+// defines: nn::GPT, nn::GPTOptions, nn::EmbeddingStem, nn::AttentionLayer, nn::Block (the tutorial's minGPT)
+#include "ddp/nn/gpt.hpp"
 // defines: nn::Embedding, nn::LayerNorm, nn::GELU, nn::Dropout (transformer modules; Embedding and LayerNorm CPU only)
 #include "ddp/nn/dropout.hpp"
 #include "ddp/nn/embedding.hpp"

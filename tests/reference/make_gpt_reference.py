@@ -12,40 +12,18 @@
 # a batch of ids and targets (B 3, T 8); loss = mean cross-entropy over the B*T positions, as the tutorial's.
 # After the tutorial's initialisation, the parameters it leaves constant (pos_emb and biases 0, LayerNorm weights
 # 1) get N(0, 0.02^2) noise so that every parameter's value matters to the comparison.
-# Records (make_op_reference.py's format): "gpt/<config>" ints, "gpt/ids", "gpt/targets" (int64), "gpt/logits",
+# Records (reference_records.py's format): "gpt/<config>" ints, "gpt/ids", "gpt/targets" (int64), "gpt/logits",
 # "gpt/loss" (1), and "gpt/param/<name>", "gpt/grad/<name>" for every parameter under ddp's name, which differs
 # from the tutorial's only inside MultiheadAttention (in_proj_* -> c_attn.*, out_proj.* -> c_proj.*).
 import math
-import struct
 import sys
 
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except Exception as e:  # pragma: no cover - depends on the machine
-    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); install python3-torch")
-    sys.exit(77)
+from reference_records import Records, import_torch  # shared by the make_*_reference.py scripts
 
-torch.manual_seed(2024)
-torch.set_num_threads(1)
-records = []
-
-
-def put(name, t):
-    if isinstance(t, int):
-        t = torch.tensor([t])
-    elif isinstance(t, float):
-        t = torch.tensor([t], dtype=torch.float64)
-    t = t.detach().contiguous()
-    if t.dtype == torch.int64:
-        kind, data = 1, t.flatten().tolist()
-    else:
-        kind, data = 0, t.to(torch.float64).flatten().tolist()
-    b = name.encode()
-    out = struct.pack("<I", len(b)) + b + struct.pack("<BI", kind, t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape)
-    out += struct.pack(f"<{len(data)}{'q' if kind else 'd'}", *data)
-    records.append(out)
+torch, F = import_torch(seed=2024)
+nn = torch.nn
+records = Records()
+put = records.put
 
 
 class Config:
@@ -159,7 +137,4 @@ for name, p in model.named_parameters():
     put("gpt/grad/" + names[-1], p.grad)
 put("gpt/num_params", len(names))
 
-with open(sys.argv[1], "wb") as f:
-    for r in records:
-        f.write(r)
-print(f"wrote {len(records)} tensors ({len(names)} parameters) to {sys.argv[1]}")
+records.write(sys.argv[1])

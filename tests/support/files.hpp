@@ -29,7 +29,7 @@ inline void spit(const std::string& path, const std::vector<std::uint8_t>& bytes
 }
 
 // Replaces the file's contents with the bytes of `text`.
-inline void spit(const std::string& path, const std::string& text) {
+inline void spit_text(const std::string& path, const std::string& text) {
   spit(path, std::vector<std::uint8_t>(text.begin(), text.end()));
 }
 

@@ -20,7 +20,7 @@ TEST_SUITE("data") {
   TEST_CASE("CharDataset: code points sorted into the vocabulary, samples are the block and its shift by one") {
     ddp::test::TempDir dir("ddp_chars_");
     const std::string path = dir.file("t.txt");
-    ddp::test::spit(path, "abcab\xe2\x9c\x93");  // "abcab" + U+2713 (3 bytes)
+    ddp::test::spit_text(path, "abcab\xe2\x9c\x93");  // "abcab" + U+2713 (3 bytes)
     const CharDataset d(path, {.block_size = 2});
     CHECK(d.vocab_size() == 4);  // a b c U+2713
     CHECK(d.num_characters() == 6);
@@ -43,9 +43,9 @@ TEST_SUITE("data") {
   TEST_CASE("CharDataset: invalid UTF-8, a missing file and a text too short are IoErrors naming the file") {
     ddp::test::TempDir dir("ddp_chars_");
     const std::string bad = dir.file("bad.txt"), overlong = dir.file("overlong.txt"), short_text = dir.file("s.txt");
-    ddp::test::spit(bad, "ab\xff" "cd");
-    ddp::test::spit(overlong, "a\xc0\xaf");  // '/' in two bytes: overlong, invalid
-    ddp::test::spit(short_text, "ab");
+    ddp::test::spit_text(bad, "ab\xff" "cd");
+    ddp::test::spit_text(overlong, "a\xc0\xaf");  // '/' in two bytes: overlong, invalid
+    ddp::test::spit_text(short_text, "ab");
     for (const auto& [path, what] : std::vector<std::pair<std::string, std::string>>{
              {bad, "at byte 2"}, {overlong, "at byte 1"}, {dir.file("none.txt"), "cannot open"}, {short_text, "too few"}}) {
       CAPTURE(path);

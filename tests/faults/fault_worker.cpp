@@ -128,7 +128,10 @@ void run_epochs(comm::Communicator& comm, const std::string& path, long model_mb
       train::save_snapshot(path, net, opt, {.epoch = e + 1});
       say() << "phase snapshot-write epoch " << e << " end" << std::endl;
     }
-    comm.barrier().wait();
+    // The others wait here while rank 0 writes and fsyncs 128 MiB, which took more than the matrix's T (4 s) on a
+    // loaded CI disk: a slow write is not the fault under test (a dead rank 0 is seen by its closed connection or
+    // by mpirun, not by this timeout), so this barrier gets a bound of its own.
+    comm.barrier({.timeout = std::chrono::seconds(120)}).wait();
   }
 }
 

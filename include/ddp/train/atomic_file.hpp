@@ -2,7 +2,8 @@
 // SPDX-License-Identifier: MIT
 //
 // How it works: the new bytes go to `<path>.tmp`, which is fsync'ed; with keep_previous the current
-// `<path>` is hard-linked to `<path>.prev` (replacing an older .prev; `<path>` never disappears); then
+// `<path>` is hard-linked to `<path>.prev.tmp` and that renamed over `<path>.prev` (so `.prev` is always a
+// complete file, the older or the newer one, and `<path>` never disappears); then
 // rename(2) atomically swaps `.tmp` in and the directory is fsync'ed so the rename itself is durable.
 // A crash at any point leaves `<path>` either the old complete file or the new complete file, never a
 // torn one; a failed write removes `.tmp` and leaves `<path>` untouched.
@@ -101,11 +102,20 @@ inline void write_file_atomic(const std::string& path, std::span<const std::span
       ::unlink(tmp.c_str());
       return err;
     };
-    if (::unlink(prev.c_str()) != 0 && errno != ENOENT) throw fail(ddp::detail::str("unlink('", prev, "')"));
-    if (::link(path.c_str(), prev.c_str()) != 0) {
+    // `path` is linked to `<path>.prev.tmp`, which is then renamed over `.prev`: a crash at any point leaves a
+    // complete `.prev` (the older one until the rename), where unlinking `.prev` first left none for a moment (the
+    // fault matrix killed a job in that window).
+    const std::string prev_tmp = prev + ".tmp";
+    if (::unlink(prev_tmp.c_str()) != 0 && errno != ENOENT) throw fail(ddp::detail::str("unlink('", prev_tmp, "')"));
+    if (::link(path.c_str(), prev_tmp.c_str()) == 0) {
+      if (::rename(prev_tmp.c_str(), prev.c_str()) != 0) {
+        auto err = fail(ddp::detail::str("rename('", prev_tmp, "', '", prev, "')"));
+        ::unlink(prev_tmp.c_str());
+        throw err;
+      }
+    } else if (::rename(path.c_str(), prev.c_str()) != 0) {
       // Filesystems without hard links: fall back to a rename (brief window without `path`).
-      if (::rename(path.c_str(), prev.c_str()) != 0)
-        throw fail(ddp::detail::str("rename('", path, "', '", prev, "')"));
+      throw fail(ddp::detail::str("rename('", path, "', '", prev, "')"));
     }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

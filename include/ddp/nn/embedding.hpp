@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 //
 // Parameter "weight" (num_embeddings, embedding_dim), as in PyTorch. Its input is int64 token ids, not T, so it
-// has its own entry point, forward(exec, ids), beside Module's: it opens the same trace span, keeps a view of
+// implements Module's forward(exec, ids) (forward_ids_impl): it keeps a view of
 // the ids (THE CALLER KEEPS THEM ALIVE until backward returns, as for every module's input, nn/module.hpp), and
 // backward(exec, dy) accumulates the weight gradient by token and returns an empty tensor (ids take no
 // gradient). Module's forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a
@@ -77,10 +77,9 @@ class Embedding : public Module<T, D> {
     return ddp::detail::str("Embedding(", o_.num_embeddings, ", ", o_.embedding_dim, ")");
   }
 
-  using Module<T, D>::forward;
+ protected:
   // y[..., :] = weight[ids[...], :]: ids of any shape (at most 4 dims) -> (..., embedding_dim).
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
-    trace::Span span = this->trace_span("forward");
+  Tensor<T, D> forward_ids_impl(Exec<D>& exec, TensorView<const std::int64_t, D> ids) override {
     if (ids.numel() == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": no token ids (ids shape ", ids.shape(),
                                         "); check --batch-size and the loader"));
@@ -99,15 +98,7 @@ class Embedding : public Module<T, D> {
     return y;
   }
 
- protected:
-  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
-    throw ValueError(ddp::detail::str("ddp: ", this->where(),
-                                      ": takes int64 token ids, got values of the model's "
-                                      "floating-point type (shape ",
-                                      x.shape(),
-                                      "); pass the ids as a "
-                                      "TensorView<const std::int64_t, D> to forward(exec, ids)"));
-  }
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override { this->reject_values(x.shape()); }
 
   // Accumulates d(loss)/d(weight) by token; returns an empty tensor (no gradient for the ids).
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {

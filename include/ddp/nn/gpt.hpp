@@ -122,10 +122,9 @@ class EmbeddingStem : public Module<T, D> {
     return ddp::detail::str("EmbeddingStem(block_size=", block_size_, ", n_embd=", n_embd_, ")");
   }
 
-  using Module<T, D>::forward;
+ protected:
   // ids (B, T) -> (B, T, C): x[b, t, :] = tok_emb.weight[ids[b, t], :] + pos_emb[0, t, :], then dropout.
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
-    trace::Span span = this->trace_span("forward");
+  Tensor<T, D> forward_ids_impl(Exec<D>& exec, TensorView<const std::int64_t, D> ids) override {
     detail::check_gpt_ids(this->where(), ids.shape(), block_size_);
     const std::int64_t b = ids.dim(0), t = ids.dim(1);
     Tensor<T, D> x = tok_emb_->forward(exec, ids);  // (B, T, C)
@@ -136,11 +135,7 @@ class EmbeddingStem : public Module<T, D> {
     return drop_->forward(exec, x.cview());  // Dropout keeps no view of its input
   }
 
- protected:
-  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
-    throw ValueError(ddp::detail::str("ddp: ", this->where(), ": takes int64 token ids, got values of shape ",
-                                      x.shape(), "; pass them as a TensorView<const std::int64_t, D>"));
-  }
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override { this->reject_values(x.shape()); }
 
   // d pos_emb[0, t, :] = sum over b of dx[b, t, :] for t < T, 0 for the rows this forward did not use; the
   // embedding's gradient by token. Returns an empty tensor.
@@ -355,10 +350,9 @@ class GPT : public Module<T, D> {
                             ", n_head=", o_.n_head, ", n_embd=", o_.n_embd, ")");
   }
 
-  using Module<T, D>::forward;
+ protected:
   // ids (B, T) int64, T <= block_size -> logits (B, T, vocab_size).
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
-    trace::Span span = this->trace_span("forward");
+  Tensor<T, D> forward_ids_impl(Exec<D>& exec, TensorView<const std::int64_t, D> ids) override {
     detail::check_gpt_ids(this->where(), ids.shape(), o_.block_size);
     const std::int64_t b = ids.dim(0), t = ids.dim(1), c = o_.n_embd;
     x0_ = emb_stem_->forward(exec, ids);
@@ -369,13 +363,7 @@ class GPT : public Module<T, D> {
     return logits;
   }
 
- protected:
-  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
-    throw ValueError(ddp::detail::str("ddp: ", this->where(),
-                                      ": takes int64 token ids (B, T), got values of the model's floating-point "
-                                      "type (shape ",
-                                      x.shape(), "); pass the ids as a TensorView<const std::int64_t, D>"));
-  }
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override { this->reject_values(x.shape()); }
 
   // dlogits (B, T, vocab_size) -> every parameter's gradient; returns an empty tensor.
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dlogits) override {

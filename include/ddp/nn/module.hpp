@@ -96,6 +96,12 @@ class Module {
     trace::Span span = trace_span("forward");
     return forward_impl(exec, x);
   }
+  // y = f(ids) for the modules whose input is int64 token ids (Embedding, GPT and its EmbeddingStem); the same
+  // trace span. Every other module throws ValueError. Like x, THE CALLER KEEPS ids ALIVE until backward returns.
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
+    trace::Span span = trace_span("forward");
+    return forward_ids_impl(exec, ids);
+  }
   // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
   // each parameter's grad-ready hook as soon as its gradient is final.
   Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) {
@@ -180,6 +186,19 @@ class Module {
   // What forward() and backward() run: every module implements these (the public calls add the trace span).
   virtual Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) = 0;
   virtual Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) = 0;
+  // What forward(exec, ids) runs: modules that take token ids override it (and reject T values in forward_impl
+  // with reject_values).
+  virtual Tensor<T, D> forward_ids_impl(Exec<D>&, TensorView<const std::int64_t, D> ids) {
+    throw ValueError(ddp::detail::str("ddp: ", where(), ": takes values of the model's floating-point type, got int64 "
+                                      "token ids (shape ", ids.shape(), "); only modules with an embedding "
+                                      "(Embedding, GPT) take ids"));
+  }
+  // forward_impl of a module that takes token ids: the ValueError for T values of shape `shape`.
+  [[noreturn]] void reject_values(const Shape& shape) const {
+    throw ValueError(ddp::detail::str("ddp: ", where(), ": takes int64 token ids, got values of the model's "
+                                      "floating-point type (shape ", shape, "); pass the ids as a "
+                                      "TensorView<const std::int64_t, D> to forward(exec, ids)"));
+  }
   // The trace span of one call of this module (`phase`: "forward" or "backward"), named by path() ("model" for
   // the root); for entry points other than forward/backward, such as BatchNorm2d's fused forward_act.
   trace::Span trace_span(std::string_view phase) const {

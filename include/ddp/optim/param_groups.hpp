@@ -9,7 +9,8 @@
 //   torch:  AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
 //   ddp:    AdamW<float, D>(weight_decay_groups(model, 0.05), {.lr = 1e-3})
 // weight_decay_groups applies the common recipe: no weight decay on parameters with fewer than two
-// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear weights).
+// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear weights);
+// linear_weight_decay_groups minGPT's: decay on Linear weights only (not on embeddings).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/nn/linear.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/tensor/device.hpp"
@@ -36,23 +38,47 @@ struct ParamGroup {
   std::string name;                    // for messages and inspection, e.g. "decay", "no_decay"
 };
 
+namespace detail {
+// Two groups of `params` (in their order): "decay" (is_decay(p)) with `weight_decay`, "no_decay" with 0; a group
+// with no parameter is left out.
+template <class T, Device D, class IsDecay>
+std::vector<ParamGroup<T, D>> split_decay(const std::vector<nn::Parameter<T, D>*>& params, double weight_decay,
+                                          IsDecay is_decay) {
+  ParamGroup<T, D> decay{.weight_decay = weight_decay, .name = "decay"};
+  ParamGroup<T, D> no_decay{.weight_decay = 0.0, .name = "no_decay"};
+  for (auto* p : params) (is_decay(*p) ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup<T, D>> out;
+  if (!decay.params.empty()) out.push_back(std::move(decay));
+  if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
+  return out;
+}
+}  // namespace detail
+
 // Two groups of `params` (in their order): "decay" (parameters of rank >= 2) with `weight_decay` and
 // "no_decay" (rank <= 1: biases, BatchNorm weights and biases) with 0. A group with no parameter is left out.
 // Example, Linear(20, 1) + BatchNorm: decay = {fc.weight}, no_decay = {fc.bias, bn.weight, bn.bias}.
 template <class T, Device D>
 std::vector<ParamGroup<T, D>> weight_decay_groups(const std::vector<nn::Parameter<T, D>*>& params,
                                                   double weight_decay) {
-  ParamGroup<T, D> decay{.weight_decay = weight_decay, .name = "decay"};
-  ParamGroup<T, D> no_decay{.weight_decay = 0.0, .name = "no_decay"};
-  for (auto* p : params) (p->shape().rank() >= 2 ? decay : no_decay).params.push_back(p);
-  std::vector<ParamGroup<T, D>> out;
-  if (!decay.params.empty()) out.push_back(std::move(decay));
-  if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
-  return out;
+  return detail::split_decay(params, weight_decay, [](const nn::Parameter<T, D>& p) { return p.shape().rank() >= 2; });
 }
 template <class T, Device D>
 std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D>& model, double weight_decay) {
   return weight_decay_groups(model.parameters(), weight_decay);
+}
+
+// minGPT's recipe (the DDP tutorial's create_optimizer): "decay" holds the weights of nn::Linear modules only
+// (the attention's packed projection included: torch's in_proj_weight, our c_attn Linear); every other
+// parameter -- biases, LayerNorm and Embedding weights, GPT's pos_emb -- is in "no_decay". In
+// model.parameters() order (the tutorial sorts by name, which only renumbers torch's optimizer state).
+template <class T, Device D>
+std::vector<ParamGroup<T, D>> linear_weight_decay_groups(nn::Module<T, D>& model, double weight_decay) {
+  std::set<const nn::Parameter<T, D>*> linear_weights;
+  model.visit([&](nn::Module<T, D>& m) {
+    if (auto* l = dynamic_cast<nn::Linear<T, D>*>(&m)) linear_weights.insert(&l->weight());
+  });
+  return detail::split_decay(model.parameters(), weight_decay,
+                             [&](const nn::Parameter<T, D>& p) { return linear_weights.contains(&p); });
 }
 
 namespace detail {

@@ -159,19 +159,13 @@ class DistributedDataParallel {
   ~DistributedDataParallel() { module_->set_grad_ready_hook({}); }
 
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
-    const bool synchronised = sync_ && grad_;
-    if (join_mode_) {
-      if (joined_)
-        throw Error("ddp: forward() after join() in the same join context; a joined rank has no data left -- "
-                    "leave the context (destroy the join_context() guard) before training or evaluating again");
-      const JoinRound r = join_round(true, o_.broadcast_buffers && buffers_follow_, synchronised);
-      if (r.buffers) broadcast_buffers(exec, r.buffer_root);
-    } else if (o_.broadcast_buffers && buffers_follow_) {
-      broadcast_buffers(exec);
-    }
-    buffers_follow_ = synchronised;  // torch: require_forward_param_sync
-    if (synchronised) reducer_.prepare_step(step_++, exec);
+    begin_forward(exec);
     return module_->forward(exec, x);
+  }
+  // The same for a module whose input is int64 token ids (nn::Embedding, nn::GPT).
+  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
+    begin_forward(exec);
+    return module_->forward(exec, ids);
   }
 
   // The module's backward, then finish(): gradients are averaged over ranks when it returns.
@@ -281,6 +275,23 @@ class DistributedDataParallel {
   nn::Module<T, D>* module_;
   comm::Communicator* comm_;
   DdpOptions o_;
+
+  // What every forward does before the module's: the join round or the buffer broadcast, then the reducer's
+  // step when this forward is a synchronised one.
+  void begin_forward(Exec<D>& exec) {
+    const bool synchronised = sync_ && grad_;
+    if (join_mode_) {
+      if (joined_)
+        throw Error("ddp: forward() after join() in the same join context; a joined rank has no data left -- "
+                    "leave the context (destroy the join_context() guard) before training or evaluating again");
+      const JoinRound r = join_round(true, o_.broadcast_buffers && buffers_follow_, synchronised);
+      if (r.buffers) broadcast_buffers(exec, r.buffer_root);
+    } else if (o_.broadcast_buffers && buffers_follow_) {
+      broadcast_buffers(exec);
+    }
+    buffers_follow_ = synchronised;  // torch: require_forward_param_sync
+    if (synchronised) reducer_.prepare_step(step_++, exec);
+  }
 
   // What one round of join mode agreed on (every forward inside join_context(), every loop of join()).
   struct JoinRound {

@@ -209,6 +209,13 @@ TEST_SUITE("nn") {
                          "floating-point type (shape (2, 3)); pass the ids as a TensorView<const std::int64_t, D> to "
                          "forward(exec, ids)",
                          ValueError);
+    // And a module of T values refuses ids, naming itself.
+    nn::LayerNorm<float, Cpu> values_only({.normalized_shape = 3});
+    CHECK_THROWS_WITH_AS(values_only.forward(exec, negative.cview()),
+                         doctest::Contains("(LayerNorm((3,), eps=1e-05, elementwise_affine=True)): takes values of "
+                                           "the model's floating-point type, got int64 token ids (shape (4)); only "
+                                           "modules with an embedding (Embedding, GPT) take ids"),
+                         ValueError);
     CHECK_THROWS_WITH_AS(emb.backward(exec, Tensor<float, Cpu>::zeros({2, 3, 3}).cview()),
                          "ddp: backward of module '<root>' (Embedding(5, 3)) called without a preceding forward (or "
                          "twice for one forward); call forward(x) before each backward(dy)",

@@ -3,8 +3,10 @@
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
+#include <ddp/nn/gpt.hpp>
 #include <ddp/nn/parameter.hpp>
 #include <ddp/optim/adamw.hpp>
 #include <ddp/optim/clip.hpp>
@@ -83,6 +85,30 @@ TEST_SUITE("optim") {
     CHECK(opt.group_lr(1) == 1e-3);
     opt.set_lr(2e-3);
     CHECK(opt.group_lr(1) == 2e-3);  // a group without its own lr follows lr()
+  }
+
+  TEST_CASE("linear_weight_decay_groups: minGPT's groups, decay on Linear weights only") {
+    // The tutorial's create_optimizer on its GPT: decay = every Linear's weight (MultiheadAttention's
+    // in_proj_weight and out_proj included), no_decay = biases, LayerNorm and Embedding weights, pos_emb.
+    nn::GPT<float, Cpu> gpt({.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 4});
+    const auto groups = optim::linear_weight_decay_groups(gpt, 0.1);
+    auto names = [](const optim::ParamGroup<float, Cpu>& g) {
+      std::vector<std::string> out;
+      for (auto* p : g.params) out.push_back(p->name());
+      return out;
+    };
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].weight_decay == 0.1);
+    CHECK(names(groups[0]) == std::vector<std::string>{"blocks.0.attn.c_proj.weight", "blocks.0.attn.attn.c_attn.weight",
+                                                       "blocks.0.attn.attn.c_proj.weight", "blocks.0.mlp.0.weight",
+                                                       "blocks.0.mlp.2.weight", "head.weight"});
+    CHECK(groups[1].weight_decay == 0.0);
+    CHECK(names(groups[1]) ==
+          std::vector<std::string>{"emb_stem.pos_emb", "emb_stem.tok_emb.weight", "blocks.0.ln1.weight",
+                                   "blocks.0.ln1.bias", "blocks.0.ln2.weight", "blocks.0.ln2.bias",
+                                   "blocks.0.attn.c_proj.bias", "blocks.0.attn.attn.c_attn.bias",
+                                   "blocks.0.attn.attn.c_proj.bias", "blocks.0.mlp.0.bias", "blocks.0.mlp.2.bias",
+                                   "ln_f.weight", "ln_f.bias"});
   }
 
   TEST_CASE("parameter groups: a parameter twice, bad settings and bad AdamW options are ValueErrors") {

@@ -45,6 +45,7 @@
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/progress.hpp>
+#include <ddp/train/rank_sum.hpp>
 #include <ddp/train/snapshot_io.hpp>
 #include <ddp/train/trace.hpp>
 
@@ -75,22 +76,6 @@ struct Setup {
   data::DataLoader* loader = nullptr;
   std::size_t workers = 1;  // --workers: loader threads decoding batches (ImageFolder JPEGs)
 };
-
-// Counts ([top-1, top-5, samples]) summed over every rank: one all-reduce in D's memory, the memory the
-// communicator DDP uses reaches (host for gloo/mpi on the CPU; the GPU for nccl or a staged tcp/mpi).
-template <Device D>
-std::array<double, 3> sum_over_ranks(comm::Communicator& comm, Exec<D>& exec, std::array<double, 3> counts) {
-  Tensor<double, Cpu> host(Shape{3});
-  std::copy(counts.begin(), counts.end(), host.data());
-  if constexpr (std::same_as<D, Cpu>) {
-    comm.all_reduce(host.view(), {.op = comm::ReduceOp::Sum}).wait();
-  } else {
-    Tensor<double, D> dev = to<D>(host.cview(), exec);
-    comm.all_reduce(dev.view(), {.op = comm::ReduceOp::Sum, .stream = exec.stream}).wait();
-    host = to<Cpu>(dev.cview(), exec);  // ordered after the all-reduce on exec's stream
-  }
-  return {host.data()[0], host.data()[1], host.data()[2]};
-}
 
 // This rank's share of `test_set` (data::EvalSampler over world ranks) through the unwrapped model in eval
 // mode (running statistics: no collective, also with --sync-bn); returns [top-1 correct, top-5 correct,
@@ -208,7 +193,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
     if (s.test_set) {
       const auto [correct, correct5, samples] =
-          sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank, s.workers));
+          train::sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank, s.workers));
       if (rank == 0)
         std::cout << "epoch " << epoch << " test accuracy " << correct / samples << " (" << static_cast<long>(correct)
                   << "/" << static_cast<long>(samples) << ") top-5 " << correct5 / samples << " ("

@@ -195,6 +195,8 @@
 // defines: train::Progress (progress with an ETA, live on a terminal), train::progress_line, train::live_progress_wanted,
 //          train::format_eta
 #include "ddp/train/progress.hpp"
+// defines: train::sum_over_ranks (a few host numbers summed over every rank: evaluation metrics)
+#include "ddp/train/rank_sum.hpp"
 // defines: train::read_and_broadcast
 #include "ddp/train/snapshot_sync.hpp"
 // defines: train::copy_state, train::state_on, train::StateOn, train::on_device, train::OnDevice

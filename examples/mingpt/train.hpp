@@ -1,0 +1,270 @@
+// The mingpt example's training loop: the DDP tutorial's minGPT-ddp Trainer (pytorch/examples,
+// distributed/minGPT-ddp/mingpt/trainer.py) written once for every device (main.cpp runs it on the CPU; GPT has no
+// CUDA kernels yet).
+// SPDX-License-Identifier: MIT
+//
+// Per epoch (1-based in its lines, as the tutorial's): the DistributedSampler over the training split
+// (set_epoch(epoch)), batches of batch_size samples per rank; per step DDP forward on the int64 ids, the mean
+// cross-entropy over the B*T positions, DDP backward, clip_grad_norm(grad_norm_clip) over every parameter, AdamW
+// (linear_weight_decay_groups: the tutorial's create_optimizer groups, betas 0.9/0.95); every log_every-th step
+// each rank prints "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" (the tutorial's line, on the CPU too).
+// After the epoch: a snapshot (every save_every-th epoch, and after the last one, which the tutorial skips), then
+// the evaluation of the test split: every rank its share (data::EvalSampler, no padding), the model in eval mode
+// (no dropout), the loss summed over every rank; rank 0 prints "[GPU0] Epoch <e> | Eval Loss <x>" (the tutorial
+// prints per-rank batch losses instead).
+// Snapshots (docs/ARCHITECTURE.md D10, D46): model, AdamW state and the finished epoch, written atomically by
+// global rank 0 only (the tutorial writes from local rank 0 on every node); the file's metadata also holds the
+// model configuration and the vocabulary, so `mingpt generate` needs nothing else. Resume: rank 0 reads the file
+// and broadcasts it; training continues with the first unfinished epoch, and the dropout masks continue from the
+// optimizer's step count, so a resumed run ends bit-identical to an uninterrupted one.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ddp/comm/communicator.hpp>
+#include <ddp/core/error.hpp>
+#include <ddp/core/str.hpp>
+#include <ddp/data/char_dataset.hpp>
+#include <ddp/data/distributed_sampler.hpp>
+#include <ddp/nn/gpt.hpp>
+#include <ddp/nn/loss.hpp>
+#include <ddp/optim/adamw.hpp>
+#include <ddp/optim/clip.hpp>
+#include <ddp/optim/param_groups.hpp>
+#include <ddp/parallel/ddp.hpp>
+#include <ddp/train/device_state.hpp>
+#include <ddp/train/metrics.hpp>
+#include <ddp/train/progress.hpp>
+#include <ddp/train/rank_sum.hpp>
+#include <ddp/train/snapshot_io.hpp>
+#include <ddp/train/trace.hpp>
+
+namespace mingpt_example {
+
+using namespace ddp;
+
+// The tutorial's gpt2_train_cfg.yaml, section by section (flags and --config set them; main.cpp).
+struct Config {
+  // data_config
+  std::string data_path;
+  std::int64_t block_size = 128;
+  double train_split = 0.9;
+  double truncate = 0.05;
+  // gpt_config (and GPTConfig's dropout defaults)
+  std::int64_t n_layer = 8, n_head = 8, n_embd = 512;
+  double embd_pdrop = 0.1, resid_pdrop = 0.1;
+  // trainer_config
+  long max_epochs = 10;
+  std::size_t batch_size = 216;  // per rank, as the tutorial's DataLoader
+  double grad_norm_clip = 1.0;
+  std::string snapshot_path = "gpt_snapshot.safetensors";
+  long save_every = 3;
+  bool use_amp = false;  // the tutorial's True needs CUDA (main.cpp refuses it on the CPU)
+  // optimizer_config
+  double weight_decay = 0.1;
+  double learning_rate = 3e-4;
+  // ours
+  std::uint64_t seed = 0;  // initialisation, split and dropout
+  long log_every = 100;    // the tutorial prints every 100 iterations
+  long max_iters = 0;      // > 0: at most this many steps per epoch (quick runs, tests)
+};
+
+// Everything the loop needs besides the configuration.
+struct Setup {
+  Config cfg;
+  long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot (attempt 0)
+  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT
+  std::string metrics_file, tensorboard_dir;  // rank 0's (empty: none)
+  train::TraceOptions trace;
+  parallel::DdpOptions ddp;
+  comm::Communicator* comm = nullptr;
+};
+
+// The snapshot's metadata entries that describe the model and its vocabulary (D46); generate reads them back.
+inline std::map<std::string, std::string> model_metadata(const nn::GPTOptions& o, const data::CharDataset& text) {
+  std::string vocab;
+  for (std::int64_t i = 0; i < text.vocab_size(); ++i) vocab += text.decode(std::vector<std::int64_t>{i});
+  return {{"gpt.vocab_size", std::to_string(o.vocab_size)}, {"gpt.block_size", std::to_string(o.block_size)},
+          {"gpt.n_layer", std::to_string(o.n_layer)},       {"gpt.n_head", std::to_string(o.n_head)},
+          {"gpt.n_embd", std::to_string(o.n_embd)},         {"gpt.vocab", vocab}};
+}
+
+// The model options a configuration gives (dropout on the rank's own streams).
+inline nn::GPTOptions gpt_options(const Config& c, std::int64_t vocab_size, int rank) {
+  return {.vocab_size = vocab_size, .block_size = c.block_size, .n_layer = c.n_layer, .n_head = c.n_head,
+          .n_embd = c.n_embd, .embd_pdrop = c.embd_pdrop, .resid_pdrop = c.resid_pdrop, .attn_pdrop = 0.0,
+          .seed = c.seed, .rank = static_cast<std::uint32_t>(rank)};
+}
+
+// Mean cross-entropy of logits (B, T, V) against targets (B, T) over the B*T positions, as the tutorial's
+// F.cross_entropy(logits.view(-1, V), targets.view(-1)); keeps d(loss)/d(logits) in ce for backward.
+template <Device D>
+double lm_loss(nn::CrossEntropyLoss<float, D>& ce, Exec<D>& exec, const Tensor<float, D>& logits,
+               TensorView<const std::int64_t, D> targets) {
+  const std::int64_t rows = logits.dim(0) * logits.dim(1), v = logits.dim(2);
+  return ce.forward(exec, logits.cview().reshape(Shape{rows, v}), targets.reshape(Shape{rows}));
+}
+
+// This rank's share of the test split through the unwrapped model in eval mode: [loss summed over batches x
+// positions, positions]. Batches of batch_size samples.
+template <Device D>
+std::array<double, 2> eval_share(nn::GPT<float, D>& net, Exec<D>& exec, const data::CharDataset& text,
+                                 const std::vector<std::int64_t>& test, std::size_t batch_size, int world, int rank) {
+  net.eval();
+  data::EvalSampler es(test.size(), world, rank);
+  const auto mine = es.indices();
+  nn::CrossEntropyLoss<float, D> ce;
+  double sum = 0, positions = 0;
+  for (std::size_t b0 = 0; b0 < mine.size(); b0 += batch_size) {
+    std::vector<std::int64_t> idx;
+    for (std::size_t k = b0; k < std::min(mine.size(), b0 + batch_size); ++k)
+      idx.push_back(test[static_cast<std::size_t>(mine[k])]);
+    const data::TokenBatch b = text.batch(idx);
+    const auto x = train::on_device<D>(b.x.cview(), exec);
+    const auto y = train::on_device<D>(b.y.cview(), exec);
+    const Tensor<float, D> logits = net.forward(exec, x.cview());
+    const double n = static_cast<double>(b.y.numel());
+    sum += lm_loss(ce, exec, logits, y.cview()) * n;
+    positions += n;
+  }
+  net.train();
+  return {sum, positions};
+}
+
+template <Device D>
+int train(const Setup& s, Exec<D>& exec) {
+  const Config& c = s.cfg;
+  comm::Communicator& comm = *s.comm;
+  const int rank = comm.rank(), world = comm.size();
+
+  const data::CharDataset text(c.data_path, {.block_size = c.block_size, .truncate = c.truncate});
+  const auto [train_idx, test_idx] = data::split_indices(text.size(), c.train_split, c.seed);
+  if (train_idx.empty())
+    throw ConfigError(ddp::detail::str("ddp: the training split is empty (", text.size(), " samples x --train_split ",
+                                       c.train_split, "); use a longer text, a larger --truncate or --train_split"));
+  const nn::GPTOptions mo = gpt_options(c, text.vocab_size(), rank);
+  nn::GPT<float, D> net(mo);
+  optim::AdamW<float, D> opt(optim::linear_weight_decay_groups(net, c.weight_decay),
+                             {.lr = c.learning_rate, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.weight_decay});
+
+  const long epochs_run = train::resume_snapshot(comm, c.snapshot_path, exec, net, opt, mo);
+  net.set_dropout_step(static_cast<std::uint64_t>(opt.steps()));  // one training forward per optimizer step
+  if (epochs_run > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << epochs_run << std::endl;
+  parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
+
+  data::DistributedSampler sampler(train_idx.size(),
+                                   {.num_replicas = world, .rank = rank, .shuffle = true, .seed = c.seed});
+  const std::size_t steps_all = (sampler.size() + c.batch_size - 1) / c.batch_size;
+  const std::size_t steps = c.max_iters > 0 ? std::min<std::size_t>(steps_all, static_cast<std::size_t>(c.max_iters))
+                                            : steps_all;
+  if (rank == 0)
+    std::cout << "mingpt: " << text.num_characters() << " characters, vocabulary " << text.vocab_size() << ", "
+              << train_idx.size() << " training and " << test_idx.size() << " test samples; " << net.describe()
+              << ", " << world << " ranks x batch " << c.batch_size << ", " << steps << " steps per epoch"
+              << std::endl;
+
+  nn::CrossEntropyLoss<float, D> ce;
+  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
+                               rank == 0 ? s.tensorboard_dir : std::string());
+  train::StepTracer<D> tracer(comm, s.trace);
+  const bool live = train::live_progress_wanted() && rank == 0;
+  train::Progress progress(std::cout, {.total_steps = (c.max_epochs - epochs_run) * static_cast<long long>(steps),
+                                       .live = live});
+  const auto t0 = std::chrono::steady_clock::now();
+  std::size_t tokens_seen = 0;  // by every rank since t0
+  const auto loss_text = [](double loss) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(5) << loss;  // the tutorial's {batch_loss:.5f}
+    return o.str();
+  };
+
+  for (long epoch = epochs_run + 1; epoch <= c.max_epochs; ++epoch) {  // 1-based, as the tutorial's
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto mine = sampler.indices();
+    for (std::size_t it = 0; it < steps; ++it) {
+      const auto ts = std::chrono::steady_clock::now();
+      std::vector<std::int64_t> idx;
+      for (std::size_t k = it * c.batch_size; k < std::min(mine.size(), (it + 1) * c.batch_size); ++k)
+        idx.push_back(train_idx[static_cast<std::size_t>(mine[k])]);
+      const data::TokenBatch b = text.batch(idx);
+      const auto got_batch = std::chrono::steady_clock::now();
+      const long global_step = opt.steps() + 1;
+      tracer.begin_step(global_step);
+      const auto x = train::on_device<D>(b.x.cview(), exec);  // alive until backward returns
+      const auto y = train::on_device<D>(b.y.cview(), exec);
+      opt.zero_grad();
+      const Tensor<float, D> logits = model.forward(exec, x.cview());
+      double loss = 0;
+      {
+        trace::Span span("loss", "loss");
+        loss = lm_loss(ce, exec, logits, y.cview());
+      }
+      Tensor<float, D> dlogits = ce.backward(exec);  // (B*T, V)
+      dlogits.reshape(logits.shape());
+      model.backward(exec, dlogits.cview());
+      double grad_norm = 0;
+      {
+        trace::Span span("optimizer", "optimizer");
+        grad_norm = optim::clip_grad_norm(exec, net.parameters(), c.grad_norm_clip);
+        opt.step(exec);
+      }
+      tracer.end_step(global_step, ts, got_batch, exec);
+      tokens_seen += static_cast<std::size_t>(b.x.numel()) * static_cast<std::size_t>(world);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (c.log_every > 0 && it % static_cast<std::size_t>(c.log_every) == 0)
+        std::cout << "[GPU" << rank << "] Epoch " << epoch << " | Iter " << it << " | Train Loss " << loss_text(loss)
+                  << std::endl;
+      if (live)
+        progress.step(epoch, static_cast<long long>(it) + 1, static_cast<long long>(steps), loss,
+                      static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs,
+                      ddp::detail::str("tokens/s ", static_cast<long long>(static_cast<double>(tokens_seen) / secs)));
+      if (metrics.enabled()) {
+        nlohmann::json record{
+            {"epoch", epoch},
+            {"step", it},
+            {"global_step", global_step},
+            {"loss", loss},
+            {"lr", opt.lr()},
+            {"grad_norm", grad_norm},
+            {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()},
+            {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
+        train::add_comm_metrics(record, model.last_trace());
+        metrics.write(record);
+      }
+    }
+    progress.end_epoch();
+    if (epoch % c.save_every == 0 || epoch == c.max_epochs) {
+      train::SnapshotInfo info{.epoch = epoch, .metadata = model_metadata(mo, text)};
+      train::save_snapshot_on_rank0(comm, c.snapshot_path, exec, net, opt, info, mo);
+      if (rank == 0) std::cout << "Snapshot saved at epoch " << epoch << std::endl;
+      if (epoch == s.die_after_epoch && s.restart_count == 0) {
+        comm.barrier().wait();  // the snapshot is on disk before the simulated crash
+        if (rank == 1) std::raise(SIGKILL);
+      }
+    }
+    if (!test_idx.empty()) {
+      const auto [sum, positions] =
+          train::sum_over_ranks(comm, exec, eval_share(net, exec, text, test_idx, c.batch_size, world, rank));
+      if (rank == 0) std::cout << "[GPU0] Epoch " << epoch << " | Eval Loss " << loss_text(sum / positions) << std::endl;
+    }
+  }
+  tracer.close(exec);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0)
+    std::cout << "Training took " << secs << " s (" << static_cast<double>(tokens_seen) / secs << " tokens/s)"
+              << std::endl;
+  return 0;
+}
+
+}  // namespace mingpt_example

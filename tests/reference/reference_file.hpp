@@ -30,12 +30,13 @@ struct RefTensor {
 
 class RefFile {
  public:
-  // Runs `script` with an output path in the build dir; exits the test program with 77 (skip) when the
-  // script does, e.g. because torch is missing.
-  static RefFile generate(const std::string& script_name) {
+  // Runs `script` with an output path in the build dir (then `more_args`, e.g. a second output's path); exits the
+  // test program with 77 (skip) when the script does, e.g. because torch is missing.
+  static RefFile generate(const std::string& script_name, const std::string& more_args = "") {
     const std::string out =
         std::string(DDP_REFERENCE_OUT) + "/" + script_name + "." + std::to_string(::getpid()) + ".bin";
-    const std::string cmd = std::string(DDP_TEST_PYTHON) + " " + DDP_REFERENCE_DIR + "/" + script_name + " " + out;
+    const std::string cmd = std::string(DDP_TEST_PYTHON) + " " + DDP_REFERENCE_DIR + "/" + script_name + " " + out +
+                            (more_args.empty() ? "" : " " + more_args);
     const int rc = std::system(cmd.c_str());
     const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
     if (code == 77) {

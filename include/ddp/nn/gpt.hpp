@@ -16,13 +16,16 @@
 //     mlp           Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop)): mlp.0, mlp.2
 //   ln_f            LayerNorm(C)
 //   head            Linear(C, vocab_size, bias = false)
-// Mapping to the tutorial's state_dict (a loader for its snapshots is a later task): everything has the same name
-// except the attention's torch.nn.MultiheadAttention, whose packed projections are our CausalSelfAttention's:
+// Mapping to the tutorial's state_dict (mingpt_state_dict_key below): everything has the same name except the
+// attention's torch.nn.MultiheadAttention, whose packed projections are our CausalSelfAttention's:
 //   blocks.i.attn.attn.c_attn.weight (3C, C)  <->  blocks.i.attn.attn.in_proj_weight   (rows q, k, v: same order)
 //   blocks.i.attn.attn.c_attn.bias   (3C)     <->  blocks.i.attn.attn.in_proj_bias
 //   blocks.i.attn.attn.c_proj.weight (C, C)   <->  blocks.i.attn.attn.out_proj.weight
 //   blocks.i.attn.attn.c_proj.bias   (C)      <->  blocks.i.attn.attn.out_proj.bias
-// and the tutorial's buffer blocks.i.attn.mask (the tril) has no counterpart: the causal mask is computed.
+// and the tutorial's buffer blocks.i.attn.mask (the tril) has no counterpart: the causal mask is computed
+// (mingpt_ignored_keys). Its model's state_dict, saved with safetensors, loads with
+//     train::load_state_dict(path, gpt, /*strict=*/true, {.file_key = nn::mingpt_state_dict_key,
+//                                                         .ignore = nn::mingpt_ignored_keys(n_layer)});
 // One deliberate difference: the tutorial passes that float tril mask as attn_mask to MultiheadAttention, which
 // ADDS a float mask to the scores (+1 on and below the diagonal, +0 above), so its model is not causal (a known
 // defect); ours is (CausalSelfAttention masks the future out).
@@ -50,7 +53,9 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ddp/core/error.hpp"
@@ -83,6 +88,33 @@ struct GPTOptions {
   std::uint32_t rank = 0;                   // this process's global rank: dropout masks differ by rank
   std::uint32_t dropout_stream = 3u << 16;  // Philox stream of the first Dropout; the k-th uses + k
 };
+
+// The tutorial's state_dict key of our parameter `name` (the file comment's mapping): the attention's packed
+// projections take MultiheadAttention's names, every other name is the same. Matched on the end of the name, so it
+// also maps a GPT registered inside another module ("model.blocks.0.attn.attn.c_attn.weight").
+// Example: "blocks.1.attn.attn.c_proj.bias" -> "blocks.1.attn.attn.out_proj.bias"; "blocks.1.attn.c_proj.bias" (the
+// layer's own c_proj) is unchanged.
+inline std::string mingpt_state_dict_key(const std::string& name) {
+  struct Rename {
+    std::string_view ours, theirs;
+  };
+  static constexpr Rename kRenames[] = {{".attn.attn.c_attn.weight", ".attn.attn.in_proj_weight"},
+                                        {".attn.attn.c_attn.bias", ".attn.attn.in_proj_bias"},
+                                        {".attn.attn.c_proj.weight", ".attn.attn.out_proj.weight"},
+                                        {".attn.attn.c_proj.bias", ".attn.attn.out_proj.bias"}};
+  for (const Rename& r : kRenames)
+    if (std::string_view(name).ends_with(r.ours))
+      return name.substr(0, name.size() - r.ours.size()) + std::string(r.theirs);
+  return name;
+}
+
+// The tutorial's state_dict keys with no counterpart here, for n_layer blocks: each block's causal-mask buffer
+// "blocks.i.attn.mask" (we compute the mask). What a load of its file ignores.
+inline std::set<std::string> mingpt_ignored_keys(std::int64_t n_layer) {
+  std::set<std::string> out;
+  for (std::int64_t i = 0; i < n_layer; ++i) out.insert(ddp::detail::str("blocks.", i, ".attn.mask"));
+  return out;
+}
 
 namespace detail {
 // v ~ N(0, std^2) drawn from gen on the host.

@@ -7,6 +7,13 @@
 // (C_out, C_in, kH, kW). So in PyTorch
 //     model.load_state_dict(load_file("resnet18.safetensors"))
 // works, and a torchvision state_dict saved with safetensors.torch.save_file loads here.
+// Files whose keys differ from ours (another implementation's names for the same model) load through a
+// StateDictKeys: file_key maps each of our names to the file's key, ignore lists the file's keys we have no
+// counterpart for. Example, the DDP tutorial's minGPT (nn/gpt.hpp):
+//     train::load_state_dict(path, gpt, /*strict=*/true, {.file_key = nn::mingpt_state_dict_key,
+//                                                         .ignore = nn::mingpt_ignored_keys(n_layer)});
+// and an error names both keys: "has no tensor 'blocks.0.attn.attn.in_proj_weight' (ddp's
+// 'blocks.0.attn.attn.c_attn.weight') that GPT(...) needs".
 // Conversion (how it works): OIHW index ((o * C + c) * kH + r) * kW + s  <->  KRSC ((o * kH + r) * kW + s) * C + c.
 // Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is permuted.
 //
@@ -71,6 +78,17 @@ struct SnapshotInfo {
   std::int64_t epoch = 0;                       // the next epoch to run on resume
   RngState rng;                                 // e.g. the data generator's state
   std::map<std::string, std::string> metadata;  // free-form user entries (no "ddp." prefix)
+};
+
+// How a state_dict file's keys relate to the model's names (see the file comment). The default: the same names,
+// nothing ignored.
+struct StateDictKeys {
+  // Our parameter or buffer name -> the file's key; unset: the same name. Must map no two names to one key.
+  std::function<std::string(const std::string&)> file_key;
+  // File keys that are neither loaded nor, under strict, unexpected (e.g. buffers we compute instead of store).
+  std::set<std::string> ignore;
+
+  std::string key_of(const std::string& name) const { return file_key ? file_key(name) : name; }
 };
 
 namespace detail {
@@ -140,33 +158,47 @@ inline std::string model_hint(const SafetensorsFile& f) {
   return it == f.metadata.end() ? std::string() : ddp::detail::str(" (the file was written for ", it->second, ")");
 }
 
-// Checks that `name` exists with `shape` and dtype `want`; returns its entry.
+// Checks that `name` exists with `shape` and dtype `want`; returns its entry. `ours`, when not empty and not
+// `name`, is our name for the file's `name` (a StateDictKeys load) and is named in the messages too.
 inline const TensorEntry& expect_tensor(const SafetensorsFile& f, const std::string& path, const std::string& name,
-                                        const Shape& shape, DType want, const std::string& model) {
+                                        const Shape& shape, DType want, const std::string& model,
+                                        const std::string& ours = "") {
+  const std::string label = ours.empty() || ours == name ? ddp::detail::str("'", name, "'")
+                                                         : ddp::detail::str("'", name, "' (ddp's '", ours, "')");
   auto it = f.tensors.find(name);
   if (it == f.tensors.end())
-    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "' has no tensor '", name, "' that ", model, " needs",
+    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "' has no tensor ", label, " that ", model, " needs",
                                    model_hint(f), "; is it a checkpoint of another architecture?"));
   const TensorEntry& e = it->second;
   const std::vector<std::int64_t> want_dims(shape.begin(), shape.end());
   if (e.shape != want_dims)
     throw IoError(ddp::detail::str(
-        "ddp: checkpoint '", path, "': tensor '", name, "' has shape [", ddp::detail::join(e.shape, ", "), "] but ",
+        "ddp: checkpoint '", path, "': tensor ", label, " has shape [", ddp::detail::join(e.shape, ", "), "] but ",
         model, " needs [", ddp::detail::join(want_dims, ", "), "]", model_hint(f), "; wrong --arch or --num-classes?"));
   if (e.dtype != want)
-    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "': tensor '", name, "' has dtype ", dtype_name(e.dtype),
+    throw IoError(ddp::detail::str("ddp: checkpoint '", path, "': tensor ", label, " has dtype ", dtype_name(e.dtype),
                                    " but the model holds ", dtype_name(want), "; convert the file (e.g. .float())"));
   return e;
 }
 
-// Validates every tensor first, then copies: a bad file leaves the model untouched.
+// Validates every tensor first, then copies: a bad file leaves the model untouched. `keys` maps our names to the
+// file's (a key map that sends two names to one key is a ValueError naming both).
 template <class T>
 void load_state_dict_from(const SafetensorsFile& f, const std::string& path, nn::Module<T, Cpu>& model, bool strict,
-                          const std::string& extra_prefix = "") {
+                          const std::string& extra_prefix = "", const StateDictKeys& keys = {}) {
   const std::string model_name = model.describe();
+  std::map<std::string, std::string> ours_of;  // file key -> our name
+  for (const auto& name : model.state_dict_keys()) {
+    const std::string key = keys.key_of(name);
+    if (auto [it, fresh] = ours_of.emplace(key, name); !fresh)
+      throw ValueError(ddp::detail::str("ddp: load_state_dict: the key map sends both '", it->second, "' and '", name,
+                                        "' of ", model_name, " to the file key '", key,
+                                        "'; each name needs a key of its own"));
+  }
   std::vector<std::pair<const TensorEntry*, std::function<void(const TensorEntry&)>>> copies;
   for (auto* p : model.parameters()) {
-    const TensorEntry& e = expect_tensor(f, path, p->name(), p->torch_shape(), dtype_of<T>, model_name);
+    const TensorEntry& e =
+        expect_tensor(f, path, keys.key_of(p->name()), p->torch_shape(), dtype_of<T>, model_name, p->name());
     copies.emplace_back(&e, [p](const TensorEntry& t) {
       const T* src = reinterpret_cast<const T*>(t.data.data());
       if (p->layout() == nn::Layout::Krsc)
@@ -176,15 +208,14 @@ void load_state_dict_from(const SafetensorsFile& f, const std::string& path, nn:
     });
   }
   for (auto* b : model.buffers()) {
-    const TensorEntry& e =
-        expect_tensor(f, path, b->name(), b->shape(), b->dtype() == DType::I64 ? DType::I64 : dtype_of<T>, model_name);
+    const TensorEntry& e = expect_tensor(f, path, keys.key_of(b->name()), b->shape(),
+                                         b->dtype() == DType::I64 ? DType::I64 : dtype_of<T>, model_name, b->name());
     copies.emplace_back(&e, [b](const TensorEntry& t) { std::memcpy(b->data(), t.data.data(), b->bytes()); });
   }
   if (strict) {
-    const auto keys = model.state_dict_keys();
-    const std::set<std::string> known(keys.begin(), keys.end());
     for (const auto& name : f.order)
-      if (!known.count(name) && (extra_prefix.empty() || name.rfind(extra_prefix, 0) != 0))
+      if (!ours_of.contains(name) && !keys.ignore.contains(name) &&
+          (extra_prefix.empty() || name.rfind(extra_prefix, 0) != 0))
         throw IoError(ddp::detail::str("ddp: checkpoint '", path, "' holds tensor '", name, "' that ", model_name,
                                        " does not have", model_hint(f),
                                        "; is it a checkpoint of another architecture?"));
@@ -283,11 +314,13 @@ void save_state_dict(const std::string& path, nn::Module<T, Cpu>& model,
   w.write(path);
 }
 
-// Loads a state_dict file into `model`. strict: tensors the model lacks are errors too (torch's strict=True).
+// Loads a state_dict file into `model`. strict: tensors the model lacks are errors too (torch's strict=True),
+// except those in keys.ignore. keys: how the file names our tensors (StateDictKeys; default the same names).
 template <class T>
-void load_state_dict(const std::string& path, nn::Module<T, Cpu>& model, bool strict = true) {
+void load_state_dict(const std::string& path, nn::Module<T, Cpu>& model, bool strict = true,
+                     const StateDictKeys& keys = {}) {
   const SafetensorsFile f = read_safetensors(path);
-  detail::load_state_dict_from(f, path, model, strict, kOptimizerPrefix);
+  detail::load_state_dict_from(f, path, model, strict, kOptimizerPrefix, keys);
 }
 
 // ---- snapshots ----

@@ -28,8 +28,11 @@ TEST_SUITE("kernels") {
       ddp::Generator(1).fill_normal(x.view(), 0, 1);
       ddp::Generator(2).fill_normal(wt.view(), 0, 1);
       ddp::Generator(3).fill_normal(dy.view(), 0, 1);
-      // direct loops
+      // direct loops, over raw NHWC / KRSC offsets (element access through operator() costs ~5x under ASan,
+      // which made this reference most of unit_kernels' time)
       auto y_ref = T64::zeros({n, ho, wo, k}), dx_ref = T64::zeros(x.shape()), dw_ref = T64::zeros(wt.shape());
+      const double *xp = x.data(), *wp = wt.data(), *dyp = dy.data();
+      double *yp = y_ref.data(), *dxp = dx_ref.data(), *dwp = dw_ref.data();
       for (std::int64_t b = 0; b < n; ++b)
         for (std::int64_t oh = 0; oh < ho; ++oh)
           for (std::int64_t ow = 0; ow < wo; ++ow)
@@ -38,11 +41,15 @@ TEST_SUITE("kernels") {
                 for (std::int64_t j = 0; j < s; ++j) {
                   const std::int64_t hi = oh * stride - pad + i, wi = ow * stride - pad + j;
                   if (hi < 0 || hi >= h || wi < 0 || wi >= w) continue;
+                  const std::int64_t yo = ((b * ho + oh) * wo + ow) * k + o, xo = ((b * h + hi) * w + wi) * c,
+                                     wo_ = ((o * r + i) * s + j) * c;
+                  double acc = 0;
                   for (std::int64_t q = 0; q < c; ++q) {
-                    y_ref(b, oh, ow, o) += x(b, hi, wi, q) * wt(o, i, j, q);
-                    dx_ref(b, hi, wi, q) += dy(b, oh, ow, o) * wt(o, i, j, q);
-                    dw_ref(o, i, j, q) += dy(b, oh, ow, o) * x(b, hi, wi, q);
+                    acc += xp[xo + q] * wp[wo_ + q];
+                    dxp[xo + q] += dyp[yo] * wp[wo_ + q];
+                    dwp[wo_ + q] += dyp[yo] * xp[xo + q];
                   }
+                  yp[yo] += acc;
                 }
       for (int threads : {1, 2}) {
         CAPTURE(threads);

@@ -55,6 +55,7 @@ void apply_config_file(const std::string& path, mingpt_example::Config& c) {
   };
   if (!j.is_object()) throw ConfigError(ddp::detail::str("ddp: --config file ", ddp::detail::quoted(path), " must hold a JSON object"));
   for (const auto& [section, body] : j.items()) {
+    if (section == "compile") continue;  // the tutorial's torch.compile switch: nothing to compile here
     if (!body.is_object())
       throw ConfigError(ddp::detail::str("ddp: --config file ", ddp::detail::quoted(path), ": section '", section,
                                          "' must be an object"));
@@ -78,7 +79,6 @@ void apply_config_file(const std::string& path, mingpt_example::Config& c) {
         else if (section == "trainer_config" && key == "data_loader_workers") continue;  // no loader threads
         else if (section == "optimizer_config" && key == "weight_decay") c.weight_decay = v.get<double>();
         else if (section == "optimizer_config" && key == "learning_rate") c.learning_rate = v.get<double>();
-        else if (section == "compile") continue;
         else
           throw ConfigError(ddp::detail::str("ddp: unknown setting ", where(section, key), "; see `mingpt --help`"));
       } catch (const nlohmann::json::exception& e) {

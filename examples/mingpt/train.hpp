@@ -177,7 +177,7 @@ int train(const Setup& s, Exec<D>& exec) {
   nn::CrossEntropyLoss<float, D> ce;
   train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
                                rank == 0 ? s.tensorboard_dir : std::string());
-  train::StepTracer<D> tracer(comm, s.trace);
+  train::StepTracer<D> tracer(comm, s.trace, exec);
   const bool live = train::live_progress_wanted() && rank == 0;
   train::Progress progress(std::cout, {.total_steps = (c.max_epochs - epochs_run) * static_cast<long long>(steps),
                                        .live = live});
@@ -207,7 +207,7 @@ int train(const Setup& s, Exec<D>& exec) {
       const Tensor<float, D> logits = model.forward(exec, x.cview());
       double loss = 0;
       {
-        trace::Span span("loss", "loss");
+        trace::Span span("loss", "cross-entropy");
         loss = lm_loss(ce, exec, logits, y.cview());
       }
       Tensor<float, D> dlogits = ce.backward(exec);  // (B*T, V)

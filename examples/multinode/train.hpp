@@ -107,8 +107,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
   // --trace (train/trace.hpp): on the GPU every span waits for the stream, so traced steps show device time.
-  train::StepTracer<D> tracer(comm, s.trace);
-  if constexpr (!std::same_as<D, Cpu>) tracer.recorder().set_synchronize([&exec] { synchronize(exec); });
+  train::StepTracer<D> tracer(comm, s.trace, exec);
   const auto t0 = std::chrono::steady_clock::now();
   // On a terminal rank 0 also redraws one progress line with an ETA (train/progress.hpp); in a log the output
   // stays the tutorial's lines. Every rank reads DDP_PROGRESS, so a bad value stops them all.
@@ -136,16 +135,20 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
       opt.zero_grad();
       auto out = model.forward(exec, xd.cview());
       double loss = 0;
+      Tensor<float, D> dout;
       if (s.loss == "mse") {
         const auto yd = train::on_device<D>(y.cview(), exec);
+        trace::Span span("loss", "mse");
         loss = mse.forward(exec, out.cview(), yd.cview());
-        model.backward(exec, mse.backward(exec).cview());
+        dout = mse.backward(exec);
       } else {
         const auto labels = Tensor<std::int64_t, Cpu>::zeros(Shape{static_cast<std::int64_t>(n)});
         const auto ld = train::on_device<D>(labels.cview(), exec);
+        trace::Span span("loss", "cross-entropy");
         loss = ce.forward(exec, out.cview(), ld.cview());
-        model.backward(exec, ce.backward(exec).cview());
+        dout = ce.backward(exec);
       }
+      model.backward(exec, dout.cview());
       double grad_norm = -1.0;  // --clip-grad-norm off
       {
         trace::Span span("optimizer", "optimizer");

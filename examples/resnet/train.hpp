@@ -127,8 +127,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   nn::CrossEntropyLoss<float, D> ce;
   // --trace: the chosen steps of every rank as one Chrome trace (train/trace.hpp). On the GPU every span waits for
   // the stream before it ends, so traced steps show device time (and run serialised).
-  train::StepTracer<D> tracer(comm, s.trace);
-  if constexpr (!std::same_as<D, Cpu>) tracer.recorder().set_synchronize([&exec] { synchronize(exec); });
+  train::StepTracer<D> tracer(comm, s.trace, exec);
   const auto steps = static_cast<long>(s.loader->num_batches());
   const optim::LrSchedule schedule = train::lr_schedule(s.optim, s.learning_rate, steps, s.num_epochs);
 

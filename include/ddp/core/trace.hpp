@@ -15,8 +15,9 @@
 // process, as in the unit tests, each trace their own thread). The
 // all-reduce of a bucket, which runs on the backend's progress thread, is recorded from its launch and its Work's
 // completion time as an event on track kCommTrack (parallel/bucket_schedule.hpp), so overlapping all-reduces need
-// no thread of their own. Times are steady_clock (CLOCK_MONOTONIC: one clock for every process of a host);
-// Recorder::origin() pairs it with the system clock so that traces of several hosts can be laid side by side.
+// no thread of their own. Every event is thus added on the thread that activated the recorder, and a recorder needs
+// no lock. Times are steady_clock (CLOCK_MONOTONIC: one clock for every process of a host); the trace writer
+// (train/trace.hpp) pairs it with the system clock so that traces of several hosts can be laid side by side.
 // GPU: a span measures the host; Recorder::set_synchronize(f) makes every span wait for the device (f, e.g. a
 // cudaStreamSynchronize) before it ends, so that traced steps show device time at the cost of serialising them.
 #pragma once
@@ -24,7 +25,6 @@
 #include <chrono>
 #include <concepts>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,6 +44,10 @@ struct Arg {
   std::string text;
   bool is_number = true;
 };
+// A numeric argument: number_arg("bucket", 2).
+inline Arg number_arg(std::string key, double value) {
+  return {.key = std::move(key), .number = value, .text = {}, .is_number = true};
+}
 
 struct Event {
   std::string name;        // "layer1.0.conv1", "all-reduce bucket 2", "optimizer"
@@ -53,26 +57,17 @@ struct Event {
   std::vector<Arg> args;
 };
 
-// Collects events from any thread.
+// Collects the events of the thread that activated it (see the file comment: one thread, no lock).
 class Recorder {
  public:
   Recorder() = default;
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  void add(Event e) {
-    std::lock_guard lock(mu_);
-    events_.push_back(std::move(e));
-  }
+  void add(Event e) { events_.push_back(std::move(e)); }
   // Every event recorded so far, in the order they ended; the recorder is empty afterwards.
-  std::vector<Event> take() {
-    std::lock_guard lock(mu_);
-    return std::exchange(events_, {});
-  }
-  std::size_t size() const {
-    std::lock_guard lock(mu_);
-    return events_.size();
-  }
+  std::vector<Event> take() { return std::exchange(events_, {}); }
+  std::size_t size() const { return events_.size(); }
   // Called at the end of every span before its end time is read (nullptr: none); see the file comment.
   void set_synchronize(std::function<void()> f) { synchronize_ = std::move(f); }
   void synchronize() const {
@@ -80,7 +75,6 @@ class Recorder {
   }
 
  private:
-  mutable std::mutex mu_;
   std::vector<Event> events_;
   std::function<void()> synchronize_;
 };

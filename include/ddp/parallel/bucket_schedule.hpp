@@ -350,10 +350,10 @@ class BucketSchedule {
       rec->add(trace::Event{
           .name = ddp::detail::str("all-reduce bucket ", b.index), .category = "allreduce", .start = b.launched,
           .end = b.completed, .track = trace::kCommTrack,
-          .args = {{.key = "bucket", .number = static_cast<double>(b.index), .text = {}, .is_number = true},
-                   {.key = "ddp_step", .number = static_cast<double>(trace_.step), .text = {}, .is_number = true},
-                   {.key = "parameters", .number = static_cast<double>(b.num_params), .text = {}, .is_number = true},
-                   {.key = "bytes", .number = static_cast<double>(b.numel) * sizeof(T), .text = {}, .is_number = true}}});
+          .args = {trace::number_arg("bucket", static_cast<double>(b.index)),
+                   trace::number_arg("ddp_step", static_cast<double>(trace_.step)),
+                   trace::number_arg("parameters", static_cast<double>(b.num_params)),
+                   trace::number_arg("bytes", static_cast<double>(b.numel) * sizeof(T))}});
     rec->add(trace::Event{.name = "wait for all-reduces", .category = "ddp", .start = trace_.backward_end,
                           .end = trace_.finished, .track = trace::kMainTrack, .args = {}});
   }

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <iostream>
 #include <limits>
@@ -177,14 +178,16 @@ std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D
 template <Device D>
 class StepTracer {
  public:
-  StepTracer(comm::Communicator& comm, TraceOptions o) : comm_(&comm), o_(std::move(o)) {}
+  // On a GPU every span of a traced step waits for exec's stream before it ends, so the trace shows device time
+  // (at the cost of serialising those steps; core/trace.hpp). exec must outlive the tracer.
+  StepTracer(comm::Communicator& comm, TraceOptions o, Exec<D>& exec) : comm_(&comm), o_(std::move(o)) {
+    if constexpr (!std::same_as<D, Cpu>) rec_.set_synchronize([&exec] { synchronize(exec); });
+  }
   StepTracer(const StepTracer&) = delete;
   StepTracer& operator=(const StepTracer&) = delete;
 
   bool enabled() const noexcept { return !o_.path.empty(); }
   const TraceOptions& options() const noexcept { return o_; }
-  // The recorder (for Recorder::set_synchronize on the GPU).
-  trace::Recorder& recorder() noexcept { return rec_; }
 
   // Step `step` (1-based over epochs) begins its compute: recording starts at o.first.
   void begin_step(long step) {
@@ -195,7 +198,7 @@ class StepTracer {
   void end_step(long step, trace::Clock::time_point started, trace::Clock::time_point got_batch, const Exec<D>& exec) {
     if (!on_) return;
     const trace::Clock::time_point now = trace::Clock::now();
-    const trace::Arg number{.key = "step", .number = static_cast<double>(step), .text = {}, .is_number = true};
+    const trace::Arg number = trace::number_arg("step", static_cast<double>(step));
     rec_.add({.name = ddp::detail::str("step ", step), .category = "step", .start = started, .end = now,
               .track = trace::kMainTrack, .args = {number}});
     rec_.add({.name = "data wait", .category = "data", .start = started, .end = got_batch,

@@ -207,8 +207,8 @@ TEST_SUITE("train") {
       auto net = trace_test::small_mlp();
       // 1 KiB caps: Linear(16, 4)'s 80 floats and Linear(8, 16)'s 144 in buckets of their own and more.
       parallel::DistributedDataParallel<float, Cpu> model(*net, c, {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 256});
-      train::StepTracer<Cpu> tracer(c, {.path = path, .first = 2, .last = 3});
       Exec<Cpu> exec;
+      train::StepTracer<Cpu> tracer(c, {.path = path, .first = 2, .last = 3}, exec);
       nn::MSELoss<float, Cpu> mse;
       const auto target = Tensor<float, Cpu>::zeros(Shape{6, 4});
       for (long step = 1; step <= 5; ++step) {

@@ -70,7 +70,7 @@ if [[ $quick == 1 ]]; then
   sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); gpt=(--quick); toy_epochs=2; overlap_steps=3
   data_epochs=1
 else
-  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 2); toy_epochs=5
+  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 3); toy_epochs=5
   overlap_steps=30; data_epochs=3
 fi
 

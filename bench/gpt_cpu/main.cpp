@@ -14,19 +14,21 @@
 //     small     n_layer 2, n_head 4, n_embd 64,  block 64,  batch 16
 //     medium    n_layer 4, n_head 4, n_embd 256, block 128, batch 8
 //     tutorial  n_layer 8, n_head 8, n_embd 512, block 128, batch 8   (gpt2_train_cfg.yaml's model, CPU batch)
-//   --rounds N (default 2): N rounds of (ours: build the model, warm up, time --repeats steps; then PyTorch the
+//   --rounds N (default 3): N rounds of (ours: build the model, warm up, time the round's steps; then PyTorch the
 //   same in a child python), alternating so that load from other jobs on a shared machine hits both sides alike;
-//   medians are over all rounds' steps. --quick: small and tutorial only, 2 repeats, 1 round. --threads: 2 by
-//   default (this machine's cores; PyTorch gets the same: set_num_threads and OPENBLAS_NUM_THREADS). --config:
-//   that configuration only; --no-torch: ours only (for profiling ours, e.g. under perf record); --profile: one more
-//   step of ours under a trace recorder (core/trace.hpp), "ours_profile_ms": the exclusive milliseconds of each
-//   module over every block ("blocks.*.mlp.1/backward": GELU's backward summed over the n_layer blocks);
-//   --torch-active-wait: PyTorch with libgomp's default wait policy instead of OMP_WAIT_POLICY=PASSIVE (run_torch)
+//   medians are over all rounds' steps. Steps per round: --repeats (default 5) for the tutorial shape, 2x that for
+//   medium and 8x for small, whose steps are short enough that one burst of load would cover a whole round.
+//   --quick: small and tutorial only, 2 repeats, 1 round. --threads: 2 by default (this machine's cores; PyTorch
+//   gets the same: set_num_threads and OPENBLAS_NUM_THREADS). --config: that configuration only. --no-torch: ours
+//   only (for profiling ours, e.g. under perf record). --profile: one more step of ours under a trace recorder
+//   (core/trace.hpp), "ours_profile_ms": the exclusive milliseconds of each module over every block
+//   ("blocks.*.mlp.1/backward": GELU's backward summed over the n_layer blocks). --torch-active-wait: PyTorch with
+//   libgomp's default wait policy instead of OMP_WAIT_POLICY=PASSIVE (run_torch)
 // Expected output: one JSON object per line, e.g.
 //   {"config":"small","n_layer":2,...,"threads":2,"ours_step_s":0.05,"ours_forward_s":...,"ours_backward_s":...,
 //    "ours_optim_s":...,"ours_tokens_per_s":20000,"torch_step_s":0.1,"torch_tokens_per_s":10000,
 //    "ratio_torch_over_ours":2.0}
-// Times are medians over rounds x repeats steps, each round after one warm-up step (the lists are in
+// Times are medians over all rounds' steps, each round after one warm-up step (the lists are in
 // ours_step_times / torch_step_times, the fastest in *_min_step_s: the least disturbed by other jobs); ratio > 1
 // means ours is faster.
 #include <algorithm>
@@ -61,6 +63,7 @@ namespace {
 struct Config {
   std::string name;
   std::int64_t n_layer, n_head, n_embd, block_size, vocab, batch;
+  int repeat_scale;  // steps per round = --repeats x this: rounds of the smaller shapes last about as long
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -101,9 +104,15 @@ struct OursTimes {
 void run_ours(const Config& c, int threads, int repeats, bool profile, OursTimes& out) {
   kernels::cpu::ThreadPool pool(threads);
   Exec<Cpu> exec{.pool = &pool};
-  nn::GPT<float, Cpu> model({.vocab_size = c.vocab, .block_size = c.block_size, .n_layer = c.n_layer,
-                             .n_head = c.n_head, .n_embd = c.n_embd, .embd_pdrop = 0.1, .resid_pdrop = 0.1});
-  optim::AdamW<float, Cpu> opt(optim::linear_weight_decay_groups(model, 0.1), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95});
+  nn::GPT<float, Cpu> model({.vocab_size = c.vocab,
+                             .block_size = c.block_size,
+                             .n_layer = c.n_layer,
+                             .n_head = c.n_head,
+                             .n_embd = c.n_embd,
+                             .embd_pdrop = 0.1,
+                             .resid_pdrop = 0.1});
+  optim::AdamW<float, Cpu> opt(optim::linear_weight_decay_groups(model, 0.1),
+                               {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95});
   const auto params = model.parameters();
   const std::int64_t b = c.batch, t = c.block_size;
   Tensor<std::int64_t, Cpu> ids(Shape{b, t}), targets(Shape{b * t});
@@ -148,8 +157,9 @@ void run_ours(const Config& c, int threads, int repeats, bool profile, OursTimes
 // machine was 3 to 10 times slower than with passive waiting whenever other jobs held a core (medium: 3.6 s vs
 // 0.31 s); passive is its better setting here, and the reference should be at its best.
 nlohmann::json run_torch(const Config& c, int threads, int repeats, bool active_wait) {
-  std::string cmd = "OPENBLAS_NUM_THREADS=" + std::to_string(threads) + (active_wait ? "" : " OMP_WAIT_POLICY=PASSIVE") +
-                    " " + DDP_BENCH_PYTHON + " " + DDP_BENCH_TORCH_SCRIPT;
+  std::string cmd = "OPENBLAS_NUM_THREADS=" + std::to_string(threads) +
+                    (active_wait ? "" : " OMP_WAIT_POLICY=PASSIVE") + " " + DDP_BENCH_PYTHON + " " +
+                    DDP_BENCH_TORCH_SCRIPT;
   for (std::int64_t v : {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab, c.batch}) cmd += " " + std::to_string(v);
   cmd += " " + std::to_string(threads) + " " + std::to_string(repeats);
   return ddp_bench::run_child_json(cmd);
@@ -160,7 +170,7 @@ nlohmann::json run_torch(const Config& c, int threads, int repeats, bool active_
 int main(int argc, char** argv) {
   bool quick = false, torch = true, profile = false, active_wait = false;
   std::string only;
-  int repeats = 5, threads = 2, rounds = 2;
+  int repeats = 5, threads = 2, rounds = 3;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
@@ -190,8 +200,8 @@ int main(int argc, char** argv) {
     repeats = std::min(repeats, 2);
     rounds = 1;
   }
-  std::vector<Config> configs{{"small", 2, 4, 64, 64, 65, 16}, {"medium", 4, 4, 256, 128, 65, 8},
-                              {"tutorial", 8, 8, 512, 128, 65, 8}};
+  std::vector<Config> configs{
+      {"small", 2, 4, 64, 64, 65, 16, 8}, {"medium", 4, 4, 256, 128, 65, 8, 2}, {"tutorial", 8, 8, 512, 128, 65, 8, 1}};
   if (quick) configs.erase(configs.begin() + 1);
   if (!only.empty()) {
     std::erase_if(configs, [&](const Config& c) { return c.name != only; });
@@ -202,15 +212,15 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& c : configs) {
-      nlohmann::json j = {{"config", c.name},     {"n_layer", c.n_layer},       {"n_head", c.n_head},
-                          {"n_embd", c.n_embd},   {"block_size", c.block_size}, {"vocab_size", c.vocab},
-                          {"batch", c.batch},     {"threads", threads}};
+      nlohmann::json j = {{"config", c.name},   {"n_layer", c.n_layer},       {"n_head", c.n_head},
+                          {"n_embd", c.n_embd}, {"block_size", c.block_size}, {"vocab_size", c.vocab},
+                          {"batch", c.batch},   {"threads", threads}};
       OursTimes ours;
       std::vector<double> torch_times;
       for (int round = 0; round < rounds; ++round) {  // alternating, so that a neighbour's load hits both alike
-        run_ours(c, threads, repeats, profile && round == 0, ours);
+        run_ours(c, threads, repeats * c.repeat_scale, profile && round == 0, ours);
         if (!torch) continue;
-        nlohmann::json tj = run_torch(c, threads, repeats, active_wait);
+        nlohmann::json tj = run_torch(c, threads, repeats * c.repeat_scale, active_wait);
         if (!tj.contains("torch_step_times")) {
           j.update(tj);  // its error
           break;

@@ -58,8 +58,8 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
     ElementwiseKernels<Cpu>::gelu_forward(e, x, y, tanh_form);
   }
   template <class T>
-  static void gelu_backward(const Exec<Cpu>& e, TensorView<const T, D> x, TensorView<const T, D> dy, TensorView<T, D> dx,
-                            bool tanh_form) {
+  static void gelu_backward(const Exec<Cpu>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
+                            TensorView<T, D> dx, bool tanh_form) {
     if constexpr (std::is_same_v<T, float>) {
       if (!tanh_form) {
         expect_shape(dy, x.shape(), "output gradient dy", "gelu_backward");

@@ -97,6 +97,27 @@ def main():
             summary.append(f"| ResNet CPU step | {r['arch']} {r['image_size']} px b{r['batch']}, {r['threads']} thr | "
                            f"{r['ddp_step_s']:.3f} s | {r['torch_step_s']:.3f} s | {r['torch_step_s'] / r['ddp_step_s']:.2f} |")
 
+    gpt = [r for r in rows(d, "gpt_cpu") if "torch_step_s" in r]
+    if gpt:
+        labels = [f"{r['config']}\nL{r['n_layer']} C{r['n_embd']} T{r['block_size']}\nb{r['batch']}, {r['threads']} thr"
+                  for r in gpt]
+        x = range(len(gpt))
+        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(gpt)), 4.5))
+        ax.bar([i - 0.2 for i in x], [r["ours_tokens_per_s"] for r in gpt], 0.4, label="ddp")
+        ax.bar([i + 0.2 for i in x], [r["torch_tokens_per_s"] for r in gpt], 0.4, label="PyTorch")
+        for i, r in zip(x, gpt):
+            ax.annotate(f"{r['ratio_torch_over_ours']:.2f}x", (i, max(r["ours_tokens_per_s"], r["torch_tokens_per_s"])),
+                        ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=7)
+        ax.set_yscale("log"); ax.set_ylabel("training tokens / s (log)")
+        ax.set_title("CPU minGPT training step (forward, loss, backward, clip, AdamW)\n"
+                     "label: PyTorch step time / ours (> 1: ddp faster)", fontsize=10)
+        ax.legend(fontsize=8, loc="upper right"); fig.tight_layout(); fig.savefig(os.path.join(d, "gpt_cpu.png"), dpi=110); plt.close(fig)
+        for r in gpt:
+            summary.append(f"| minGPT CPU step | {r['config']} (L{r['n_layer']} C{r['n_embd']} T{r['block_size']}) "
+                           f"b{r['batch']}, {r['threads']} thr | {r['ours_step_s']:.3f} s | {r['torch_step_s']:.3f} s | "
+                           f"{r['ratio_torch_over_ours']:.2f} |")
+
     ov = rows(d, "ddp_overlap")
     if ov:
         r = ov[-1]

@@ -12,6 +12,7 @@
 #   allreduce_tcp.jsonl     tcp backend (shared memory on one host) vs Open MPI (mpi4py) and vs PyTorch gloo,
 #                           2 and 4 ranks
 #   resnet_cpu.jsonl        one ResNet training step vs torchvision on PyTorch + oneDNN, 1 and 2 threads
+#   gpt_cpu.jsonl           one training step of the DDP tutorial's minGPT vs the same model in PyTorch, 2 threads
 #   ddp_overlap.jsonl       DDP step vs the bare step and one flat all-reduce of the same gradients
 #   ddp_toy.jsonl           the multinode tutorial job vs PyTorch DDP (gloo) under torchrun
 #   data.jsonl              ImageFolder DataLoader (224 px training transform) vs torchvision's DataLoader on the
@@ -54,7 +55,7 @@ fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_CUDA=OFF -DDDP_WITH_MPI=ON \
   -DDDP_BUILD_TESTS=OFF -DDDP_CHECK_OPT= -DDDP_BENCH_OPT= >/dev/null
-cmake --build "$build" -j "$(nproc)" --target bench_allreduce bench_resnet_cpu bench_ddp_overlap ddprun multinode
+cmake --build "$build" -j "$(nproc)" --target bench_allreduce bench_resnet_cpu bench_gpt_cpu bench_ddp_overlap ddprun multinode
 # bench_data exists only with the JPEG/PNG decoders (ddp::image: libturbojpeg0-dev, libpng-dev).
 have_data=0
 if cmake --build "$build" --target help | grep -q '^bench_data:'; then
@@ -66,9 +67,11 @@ mkdir -p "$out"
 allreduce="$build/bench/allreduce/bench_allreduce"
 ddprun="$build/tools/ddprun"
 if [[ $quick == 1 ]]; then
-  sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); toy_epochs=2; overlap_steps=3; data_epochs=1
+  sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); gpt=(--quick); toy_epochs=2; overlap_steps=3
+  data_epochs=1
 else
-  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); toy_epochs=5; overlap_steps=30; data_epochs=3
+  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 3); toy_epochs=5
+  overlap_steps=30; data_epochs=3
 fi
 
 # run NAME CMD...: CMD's JSON lines (stdout) appended to $out/NAME.jsonl, each tagged with the comparison.
@@ -83,13 +86,14 @@ for line in sys.stdin:  # a JSON line, possibly behind ddprun'"'"'s "[rank0]: " 
     | tee -a "$out/$name.jsonl"
 }
 
-rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,ddp_overlap,ddp_toy,data}.jsonl
+rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,gpt_cpu,ddp_overlap,ddp_toy,data}.jsonl
 run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$reps" "${sizes[@]}"
 for np in 2 4; do
   run allreduce_tcp "$py" bench/allreduce/compare_mpi.py "$allreduce" --ours tcp --np "$np" --reps "$reps" "${sizes[@]}"
   run allreduce_tcp "$py" bench/allreduce/compare_gloo.py "$allreduce" --nproc "$np" --min-bytes 1024 "${sizes[@]}"
 done
 run resnet_cpu "$build/bench/resnet_cpu/bench_resnet_cpu" "${resnet[@]}"
+run gpt_cpu "$build/bench/gpt_cpu/bench_gpt_cpu" "${gpt[@]}"
 run ddp_overlap "$ddprun" --nproc-per-node 2 --standalone "$build/bench/ddp_overlap/bench_ddp_overlap" \
   --steps "$overlap_steps" --threads 1
 run ddp_toy "$py" bench/ddp_toy/compare.py "$ddprun" "$build/examples/multinode/multinode" --epochs "$toy_epochs"

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cpu/attention.hpp"
@@ -17,6 +18,7 @@
 #include "ddp/kernels/cpu/bn_act.hpp"
 #include "ddp/kernels/cpu/conv2d.hpp"
 #include "ddp/kernels/cpu/embedding.hpp"
+#include "ddp/kernels/cpu/gelu.hpp"
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/layer_norm.hpp"
 #include "ddp/kernels/cpu/linear.hpp"
@@ -42,6 +44,30 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   template <class F>
   static void for_each_index(const Exec<Cpu>& e, std::size_t n, F f) {
     cpu::for_each_index(e, n, f);
+  }
+
+  // GELU: the exact form in float runs cpu/gelu.hpp's vectorised loops, everything else the functors.
+  template <class T>
+  static void gelu_forward(const Exec<Cpu>& e, TensorView<const T, D> x, TensorView<T, D> y, bool tanh_form) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!tanh_form) {
+        expect_shape(y, x.shape(), "output y", "gelu_forward");
+        return cpu::gelu_exact_forward(e, x.data(), y.data(), static_cast<std::size_t>(x.numel()));
+      }
+    }
+    ElementwiseKernels<Cpu>::gelu_forward(e, x, y, tanh_form);
+  }
+  template <class T>
+  static void gelu_backward(const Exec<Cpu>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
+                            TensorView<T, D> dx, bool tanh_form) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!tanh_form) {
+        expect_shape(dy, x.shape(), "output gradient dy", "gelu_backward");
+        expect_shape(dx, x.shape(), "input gradient dx", "gelu_backward");
+        return cpu::gelu_exact_backward(e, x.data(), dy.data(), dx.data(), static_cast<std::size_t>(x.numel()));
+      }
+    }
+    ElementwiseKernels<Cpu>::gelu_backward(e, x, dy, dx, tanh_form);
   }
 
   // ---- layers ----

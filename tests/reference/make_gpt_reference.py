@@ -4,7 +4,7 @@
 #
 # Usage: /usr/bin/python3 make_gpt_reference.py OUT_FILE INIT_F32 INIT_F64   (exits 77 when torch is not importable)
 #
-# The model is the DDP tutorial's minGPT (pytorch/examples distributed/minGPT-ddp, mingpt/model.py) written out
+# The model is the DDP tutorial's minGPT (pytorch/examples distributed/minGPT-ddp, mingpt/model.py), gpt_torch_model.py:
 # module for module, with its names and its initialisation, and one change: the attention mask given to
 # torch.nn.MultiheadAttention is a BOOL mask (True = may not attend), so the model is causal. The tutorial passes
 # its float tril, which MultiheadAttention adds to the scores, so the tutorial's model is not causal (a known
@@ -35,15 +35,14 @@
 # k < steps; step 0's is the batch above), "gpt/grad_norms" (float64's norm before clipping, per step)
 # and "gpt/trained/<name>", every float64 parameter after the last step.
 import copy
-import math
 import sys
 
 from reference_records import Records, import_torch  # shared by the make_*_reference.py scripts
 
 torch, F = import_torch(seed=2024)
 from safetensors_py import save_file  # noqa: E402  (imports torch, so after import_torch's check)
+from gpt_torch_model import GPT, ddp_name, optimizer_groups  # noqa: E402  (the tutorial's model, shared with bench/gpt_cpu)
 
-nn = torch.nn
 records = Records()
 put = records.put
 
@@ -51,87 +50,6 @@ put = records.put
 class Config:
     vocab_size, block_size, n_layer, n_head, n_embd = 17, 8, 2, 4, 64
     embd_pdrop = resid_pdrop = attn_pdrop = 0.0
-
-
-class MultiheadAttentionLayer(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        assert config.n_embd % config.n_head == 0
-        self.resid_drop = nn.Dropout(config.resid_pdrop)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
-        self.register_buffer("mask", torch.tril(torch.ones(config.block_size, config.block_size))
-                             .view(1, 1, config.block_size, config.block_size))
-        self.attn = nn.MultiheadAttention(embed_dim=config.n_embd, num_heads=config.n_head,
-                                          dropout=config.attn_pdrop, batch_first=True)
-
-    def forward(self, x):
-        _, seq_size, _ = x.size()
-        # The tutorial: attn_mask=self.mask[0, 0, :seq_size, :seq_size] (float, added to the scores). Here: bool.
-        y = self.attn(x, x, x, attn_mask=self.mask[0, 0, :seq_size, :seq_size] == 0)[0]
-        return self.resid_drop(self.c_proj(y))
-
-
-class Block(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(config.n_embd)
-        self.ln2 = nn.LayerNorm(config.n_embd)
-        self.attn = MultiheadAttentionLayer(config)
-        self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
-                                 nn.Linear(4 * config.n_embd, config.n_embd), nn.Dropout(config.resid_pdrop))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        x = x + self.mlp(self.ln2(x))
-        return x
-
-
-class EmbeddingStem(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Parameter(torch.zeros(1, config.block_size, config.n_embd))
-        self.drop = nn.Dropout(config.embd_pdrop)
-        self.block_size = config.block_size
-
-    def forward(self, idx):
-        b, t = idx.size()
-        assert t <= self.block_size
-        return self.drop(self.tok_emb(idx) + self.pos_emb[:, :t, :])
-
-
-class GPT(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.emb_stem = EmbeddingStem(config)
-        self.blocks = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd)
-        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for pn, p in self.named_parameters():
-            if pn.endswith("c_proj.weight"):
-                p.data.normal_(mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            module.weight.data.normal_(mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.bias.data.zero_()
-            module.weight.data.fill_(1.0)
-
-    def forward(self, idx, targets):
-        x = self.blocks(self.emb_stem(idx))
-        logits = self.head(self.ln_f(x))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return logits, loss
-
-
-def ddp_name(name):
-    return (name.replace("attn.attn.in_proj_weight", "attn.attn.c_attn.weight")
-            .replace("attn.attn.in_proj_bias", "attn.attn.c_attn.bias")
-            .replace("attn.attn.out_proj.", "attn.attn.c_proj."))
 
 
 cfg = Config()
@@ -160,29 +78,8 @@ for name, p in model.named_parameters():
 put("gpt/num_params", len(names))
 
 
-def create_optimizer(model, lr, weight_decay, betas):
-    """The tutorial's create_optimizer (minGPT's recipe): decay on the weights of Linear modules only."""
-    decay, no_decay = set(), set()
-    for mn, m in model.named_modules():
-        for pn, _ in m.named_parameters(recurse=False):
-            full = f"{mn}.{pn}" if mn else pn
-            if pn.endswith("bias"):
-                no_decay.add(full)
-            elif pn.endswith("weight") and isinstance(m, nn.Linear):  # MultiheadAttention's out_proj is a Linear
-                decay.add(full)
-            elif pn.endswith("in_proj_weight"):
-                decay.add(full)
-            else:  # LayerNorm and Embedding weights, pos_emb
-                no_decay.add(full)
-    params = dict(model.named_parameters())
-    assert decay.isdisjoint(no_decay) and decay | no_decay == params.keys()
-    groups = [{"params": [params[n] for n in sorted(decay)], "weight_decay": weight_decay},
-              {"params": [params[n] for n in sorted(no_decay)], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas)
-
-
 LR, WEIGHT_DECAY, BETAS, MAX_NORM, STEPS = 1e-2, 0.1, (0.9, 0.95), 1.0, 3
-optimizer = create_optimizer(model64, LR, WEIGHT_DECAY, BETAS)
+optimizer = torch.optim.AdamW(optimizer_groups(model64, WEIGHT_DECAY), lr=LR, betas=BETAS)
 norms = []
 for k in range(STEPS):
     if k > 0:  # step 0 trains on the batch above

@@ -238,6 +238,8 @@ int train(const Setup& s, Exec<D>& exec) {
             {"lr", opt.lr()},
             {"grad_norm", grad_norm},
             {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()},
+            {"data_ms", std::chrono::duration<double, std::milli>(got_batch - ts).count()},
+            {"samples_per_sec", static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs},
             {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
         train::add_comm_metrics(record, model.last_trace());
         metrics.write(record);

@@ -27,6 +27,21 @@ def size_label(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10 else f"{b} B"
 
 
+def pair_bars(path, labels, ours, theirs, their_label, ylabel, title, legend_loc, min_width):
+    """Writes `path`: per configuration (labels), ddp's bar beside the reference's on a log axis, labelled with
+    the ratio. ours: [(value, ratio)], theirs: [value]; `title` says what the ratio means."""
+    x = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(min_width, 1.3 * len(labels)), 4.5))
+    ax.bar([i - 0.2 for i in x], [v for v, _ in ours], 0.4, label="ddp")
+    ax.bar([i + 0.2 for i in x], theirs, 0.4, label=their_label)
+    for i, (v, ratio) in enumerate(ours):
+        ax.annotate(f"{ratio:.2f}x", (i, max(v, theirs[i])), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=7)
+    ax.set_yscale("log"); ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc=legend_loc); fig.tight_layout(); fig.savefig(path, dpi=110); plt.close(fig)
+
+
 def busbw_chart(ax, series, title):
     """series: [(label, style, [(bytes, GB/s)])] on a log2 size axis."""
     for label, style, pts in series:
@@ -81,18 +96,11 @@ def main():
     res = rows(d, "resnet_cpu")
     if res:
         labels = [f"{r['arch']}\n{r['image_size']}px b{r['batch']}\n{r['threads']} thr" for r in res]
-        x = range(len(res))
-        fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(res)), 4.5))
-        ax.bar([i - 0.2 for i in x], [r["ddp_step_s"] for r in res], 0.4, label="ddp")
-        ax.bar([i + 0.2 for i in x], [r["torch_step_s"] for r in res], 0.4, label="PyTorch + oneDNN")
-        for i, r in zip(x, res):
-            ax.annotate(f"{r['torch_step_s'] / r['ddp_step_s']:.2f}x", (i, max(r["ddp_step_s"], r["torch_step_s"])),
-                        ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=7)
-        ax.set_yscale("log"); ax.set_ylabel("training step (s, log)")
-        ax.set_title("CPU ResNet training step (forward, loss, backward, SGD)\n"
-                     "label: PyTorch time / ours (> 1: ddp faster)", fontsize=10)
-        ax.legend(fontsize=8, loc="lower right"); fig.tight_layout(); fig.savefig(os.path.join(d, "resnet_cpu.png"), dpi=110); plt.close(fig)
+        pair_bars(os.path.join(d, "resnet_cpu.png"), labels,
+                  [(r["ddp_step_s"], r["torch_step_s"] / r["ddp_step_s"]) for r in res], [r["torch_step_s"] for r in res],
+                  "PyTorch + oneDNN", "training step (s, log)",
+                  "CPU ResNet training step (forward, loss, backward, SGD)\n"
+                  "label: PyTorch time / ours (> 1: ddp faster)", "lower right", 7)
         for r in res:
             summary.append(f"| ResNet CPU step | {r['arch']} {r['image_size']} px b{r['batch']}, {r['threads']} thr | "
                            f"{r['ddp_step_s']:.3f} s | {r['torch_step_s']:.3f} s | {r['torch_step_s'] / r['ddp_step_s']:.2f} |")
@@ -101,18 +109,11 @@ def main():
     if gpt:
         labels = [f"{r['config']}\nL{r['n_layer']} C{r['n_embd']} T{r['block_size']}\nb{r['batch']}, {r['threads']} thr"
                   for r in gpt]
-        x = range(len(gpt))
-        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(gpt)), 4.5))
-        ax.bar([i - 0.2 for i in x], [r["ours_tokens_per_s"] for r in gpt], 0.4, label="ddp")
-        ax.bar([i + 0.2 for i in x], [r["torch_tokens_per_s"] for r in gpt], 0.4, label="PyTorch")
-        for i, r in zip(x, gpt):
-            ax.annotate(f"{r['ratio_torch_over_ours']:.2f}x", (i, max(r["ours_tokens_per_s"], r["torch_tokens_per_s"])),
-                        ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=7)
-        ax.set_yscale("log"); ax.set_ylabel("training tokens / s (log)")
-        ax.set_title("CPU minGPT training step (forward, loss, backward, clip, AdamW)\n"
-                     "label: PyTorch step time / ours (> 1: ddp faster)", fontsize=10)
-        ax.legend(fontsize=8, loc="upper right"); fig.tight_layout(); fig.savefig(os.path.join(d, "gpt_cpu.png"), dpi=110); plt.close(fig)
+        pair_bars(os.path.join(d, "gpt_cpu.png"), labels,
+                  [(r["ours_tokens_per_s"], r["ratio_torch_over_ours"]) for r in gpt], [r["torch_tokens_per_s"] for r in gpt],
+                  "PyTorch", "training tokens / s (log)",
+                  "CPU minGPT training step (forward, loss, backward, clip, AdamW)\n"
+                  "label: PyTorch step time / ours (> 1: ddp faster)", "upper right", 6)
         for r in gpt:
             summary.append(f"| minGPT CPU step | {r['config']} (L{r['n_layer']} C{r['n_embd']} T{r['block_size']}) "
                            f"b{r['batch']}, {r['threads']} thr | {r['ours_step_s']:.3f} s | {r['torch_step_s']:.3f} s | "

@@ -5,8 +5,8 @@
 //
 // Tolerances: the single kernels match the CPU to fp32 rounding in differently ordered sums (layer_norm's row sums
 // are float on the GPU, double on the CPU; the attention's GEMMs are cuBLAS's): |gpu - cpu| <= 1e-5 (|cpu| +
-// max|cpu|) per tensor; the embedding's forward is a copy, so exact, and its backward adds at most a few dy rows
-// per token (atomics in any order), 1e-6. Through the 2-block GPT the differences grow: 1e-3 for logits and
+// max|cpu|) per tensor; the embedding's forward is a copy and its backward adds each token's dy rows in position
+// order like the CPU (sorted by id), so both are exact. Through the 2-block GPT the differences grow: 1e-3 for logits and
 // gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1): its masks are a function of
 // (seed, rank, stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43).
 // Skips (exit 77) without a GPU; without one CI compiles this file to PTX only (tests/CMakeLists.txt), and
@@ -82,7 +82,7 @@ Tensor<std::int64_t, Cpu> token_ids(Shape s, std::int64_t vocab, std::uint64_t s
 
 void check_embedding() {
   Devices d;
-  const std::int64_t n = 300, v = 7, c = 40;  // every token repeats: the backward's atomics collide
+  const std::int64_t n = 300, v = 7, c = 40;  // every token repeats, in runs of about 43 positions
   const auto ids = token_ids(Shape{n}, v, 5);
   const auto w = ddp::test::randn(Shape{v, c}, 1);
   const auto dy = ddp::test::randn(Shape{n, c}, 2);
@@ -100,7 +100,7 @@ void check_embedding() {
                                     .ids = ids.cview(), .dy = dy.cview(), .dweight = dwc.view()});
   KG::embedding_backward(d.gpu, ddp::kernels::EmbeddingBackwardArgs<float, Cuda>{
                                     .ids = gids.cview(), .dy = gdy.cview(), .dweight = dwg.view()});
-  CHECK(excess(dwc, d.down(dwg), 1e-6) <= 0.0);
+  CHECK(excess(dwc, d.down(dwg), 0.0) <= 0.0);  // the CPU's additions in the CPU's order
 
   // A bad id: the CPU's words (op, id, position), and nothing read or written outside weight.
   auto bad = token_ids(Shape{n}, v, 5);

@@ -2,11 +2,15 @@
 // SPDX-License-Identifier: MIT
 //
 // Same contract as kernels/cpu/embedding.hpp. Forward: one thread per element of y (N, C), a grid-stride loop
-// (for_each_index); element (n, j) reads ids[n] and copies weight[ids[n], j]. Backward: dweight = 0 (a memset),
-// then one thread per element of dy adds dy[n, j] into dweight[ids[n], j] with atomicAdd, since several positions
-// may hold the same token. Float atomics make the order of those additions, and so the last bits of a row whose
-// token repeats in the batch, vary from run to run (the CPU adds in position order; docs/ARCHITECTURE.md D48).
-// Example: ids (2, 0, 2), dy rows (a, b, c): dweight rows 0 = b, 1 = 0, 2 = a + c (or c + a).
+// (for_each_index); element (n, j) reads ids[n] and copies weight[ids[n], j]. Backward: several positions may hold
+// the same token, so instead of racing on dweight's rows (atomicAdd, whose order and so last bits vary by run) the
+// positions are sorted by id with CUB's stable radix sort (keys limited to the bits of V), and one thread per
+// (run of a token, column) sums that token's dy rows in position order: the CPU's additions in the CPU's order, so
+// the same bits on every run and as the CPU. dweight rows of unused tokens are zeroed first (a memset). A very
+// frequent token makes its threads loop over all its positions (e.g. the space in character-level text, about a
+// sixth of the batch); every column of it runs in parallel.
+// Example: ids (2, 0, 2), dy rows (a, b, c): sorted keys (0, 2, 2), positions (1, 0, 2): dweight rows 0 = b,
+// 1 = 0, 2 = a + c.
 // Token ids: they are device memory here, so the host cannot check them before the launch (the CPU does). The
 // kernels never read or write outside weight/dweight: an id outside [0, V) makes forward write a zero row and
 // backward skip the position, and the lowest such position is recorded in a device word (atomicMin). After the
@@ -16,6 +20,7 @@
 // layers these two calls therefore block until their kernel has run. Unverified on a GPU so far.
 #pragma once
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,6 +28,8 @@
 #include <string_view>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/tensor/cuda/allocator.hpp"
@@ -61,17 +68,37 @@ struct EmbeddingGather {
   }
 };
 
-// dweight[ids[n], j] += dy[n, j]; nothing for a bad id.
-template <class T>
-struct EmbeddingScatterAdd {
+// keys[n] = ids[n] when in [0, num), else num (sorted after every token, then skipped); pos[n] = n.
+struct EmbeddingSortKeys {
   const std::int64_t* ids;
-  const T* dy;
-  T* dweight;
-  std::int64_t c, num;
+  std::int64_t* keys;
+  std::int64_t* pos;
+  std::int64_t num;
   unsigned long long* bad;
   __device__ void operator()(std::size_t i) const {
     std::int64_t id = 0;
-    if (embedding_id_ok(ids, i, c, num, bad, &id)) atomicAdd(dweight + id * c + static_cast<std::int64_t>(i) % c, dy[i]);
+    keys[i] = embedding_id_ok(ids, i, 1, num, bad, &id) ? id : num;
+    pos[i] = static_cast<std::int64_t>(i);
+  }
+};
+
+// Element i = (s, j) of the sorted (N, C) order: if s starts the run of token `key` (< num) in keys, then
+// dweight[key, j] = dy[pos[s], j] + dy[pos[s + 1], j] + ... over the run, added in position order from 0 (the CPU's
+// order, so the same bits). Threads of other s return at once.
+template <class T>
+struct EmbeddingRunSum {
+  const std::int64_t* keys;  // sorted ids, (N)
+  const std::int64_t* pos;   // their positions, increasing within a run (a stable sort)
+  const T* dy;
+  T* dweight;
+  std::int64_t n, c, num;
+  __device__ void operator()(std::size_t i) const {
+    const std::int64_t s = static_cast<std::int64_t>(i) / c, j = static_cast<std::int64_t>(i) % c;
+    const std::int64_t key = keys[s];
+    if (key >= num || (s > 0 && keys[s - 1] == key)) return;
+    T acc = T(0);
+    for (std::int64_t r = s; r < n && keys[r] == key; ++r) acc += dy[pos[r] * c + j];
+    dweight[key * c + j] = acc;
   }
 };
 
@@ -114,11 +141,33 @@ template <class T>
 void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.dweight.dim(0), c = a.dweight.dim(1);
-  DDP_CUDA_CHECK(cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), cuda_stream(e)));
+  if (n > 2147483647)
+    throw ValueError(ddp::detail::str("ddp: embedding_backward: ", n,
+                                      " token ids exceed the sort's 32-bit count; split the batch"));
+  const cudaStream_t s = cuda_stream(e);
+  const CudaAllocStream on_stream(e);  // the sort's buffers are freed while the kernels below may still run
+  Tensor<std::int64_t, Cuda> keys(Shape{2, n}), pos(Shape{2, n});  // row 0 unsorted, row 1 sorted
+  std::int64_t* keys_in = keys.data();
+  std::int64_t* keys_out = keys_in + n;
+  std::int64_t* pos_in = pos.data();
+  std::int64_t* pos_out = pos_in + n;
+  int end_bit = 1;  // keys are in [0, v]: sort only the bits that can be set
+  while (end_bit < 63 && (std::int64_t{1} << end_bit) <= v) ++end_bit;
+  DDP_CUDA_CHECK(cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), s));
   detail::with_embedding_id_check(e, a.ids, v, "embedding_backward", [&](unsigned long long* bad) {
+    for_each_index(e, static_cast<std::size_t>(n),
+                   detail::EmbeddingSortKeys{
+                       .ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});
+    std::size_t temp_bytes = 0;
+    DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out,
+                                                   static_cast<int>(n), 0, end_bit, s));
+    Tensor<std::uint8_t, Cuda> temp(Shape{static_cast<std::int64_t>(temp_bytes > 0 ? temp_bytes : 1)});
+    DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys_in, keys_out, pos_in, pos_out,
+                                                   static_cast<int>(n), 0, end_bit, s));
+    sync_check_after("cub::DeviceRadixSort::SortPairs", s);  // DDP_CUDA_SYNC_CHECK=1 only
     for_each_index(e, static_cast<std::size_t>(n * c),
-                   detail::EmbeddingScatterAdd<T>{
-                       .ids = a.ids.data(), .dy = a.dy.data(), .dweight = a.dweight.data(), .c = c, .num = v, .bad = bad});
+                   detail::EmbeddingRunSum<T>{.keys = keys_out, .pos = pos_out, .dy = a.dy.data(),
+                                              .dweight = a.dweight.data(), .n = n, .c = c, .num = v});
   });
 }
 

@@ -6,11 +6,11 @@
 // Tolerances: the single kernels match the CPU to fp32 rounding in differently ordered sums (layer_norm's row sums
 // are float on the GPU, double on the CPU; the attention's GEMMs are cuBLAS's): |gpu - cpu| <= 1e-5 (|cpu| +
 // max|cpu|) per tensor; the embedding's forward is a copy and its backward adds each token's dy rows in position
-// order like the CPU (sorted by id), so both are exact. Through the 2-block GPT the differences grow: 1e-3 for logits and
-// gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1): its masks are a function of
-// (seed, rank, stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43).
-// Skips (exit 77) without a GPU; without one CI compiles this file to PTX only (tests/CMakeLists.txt), and
-// tests/odr/main_cuda.cu instantiates GPT<float, Cuda> under the host compiler.
+// order like the CPU (sorted by id), so both are exact. Through the 2-block GPT the differences grow: 1e-3 for logits
+// and gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1): its masks are a function of (seed, rank,
+// stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43). Skips (exit 77) without a GPU; without one
+// CI compiles this file to PTX only (tests/CMakeLists.txt), and tests/odr/main_cuda.cu instantiates GPT<float, Cuda>
+// under the host compiler.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -91,8 +91,8 @@ void check_embedding() {
   auto gw = d.up(w);
   auto gdy = d.up(dy);
   Tensor<float, Cuda> yg(Shape{n, c}), dwg(Shape{v, c});
-  KC::embedding_forward(d.cpu, ddp::kernels::EmbeddingForwardArgs<float, Cpu>{
-                                   .ids = ids.cview(), .weight = w.cview(), .y = yc.view()});
+  KC::embedding_forward(
+      d.cpu, ddp::kernels::EmbeddingForwardArgs<float, Cpu>{.ids = ids.cview(), .weight = w.cview(), .y = yc.view()});
   KG::embedding_forward(d.gpu, ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
                                    .ids = gids.cview(), .weight = gw.cview(), .y = yg.view()});
   CHECK(excess(yc, d.down(yg), 0.0) <= 0.0);
@@ -107,17 +107,20 @@ void check_embedding() {
   bad.data()[123] = v;
   bad.data()[200] = -1;
   auto gbad = d.up(bad);
-  CHECK_THROWS_WITH_AS(KG::embedding_forward(d.gpu, ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
-                                                        .ids = gbad.cview(), .weight = gw.cview(), .y = yg.view()}),
+  CHECK_THROWS_WITH_AS(KG::embedding_forward(d.gpu,
+                                             ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
+                                                 .ids = gbad.cview(), .weight = gw.cview(), .y = yg.view()}),
                        doctest::Contains("embedding_forward: token id 7 at position (123)"), ddp::ValueError);
-  CHECK_THROWS_WITH_AS(KG::embedding_backward(d.gpu, ddp::kernels::EmbeddingBackwardArgs<float, Cuda>{
-                                                         .ids = gbad.cview(), .dy = gdy.cview(), .dweight = dwg.view()}),
+  CHECK_THROWS_WITH_AS(KG::embedding_backward(d.gpu,
+                                              ddp::kernels::EmbeddingBackwardArgs<float, Cuda>{
+                                                  .ids = gbad.cview(), .dy = gdy.cview(), .dweight = dwg.view()}),
                        doctest::Contains("embedding_backward: token id 7 at position (123)"), ddp::ValueError);
   ddp::synchronize(d.gpu);  // the stream is still usable
   // Shape errors are found on the host before any launch, with the CPU's words.
   Tensor<float, Cuda> wrong(Shape{n, c + 1});
-  CHECK_THROWS_WITH_AS(KG::embedding_forward(d.gpu, ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
-                                                        .ids = gids.cview(), .weight = gw.cview(), .y = wrong.view()}),
+  CHECK_THROWS_WITH_AS(KG::embedding_forward(d.gpu,
+                                             ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
+                                                 .ids = gids.cview(), .weight = gw.cview(), .y = wrong.view()}),
                        doctest::Contains("embedding_forward"), ddp::ValueError);
 }
 
@@ -175,10 +178,11 @@ void check_layer_norm(bool affine) {
     CHECK(excess(dbc, d.down(dbg), 1e-5) <= 0.0);
   }
   Tensor<float, Cuda> short_mean(Shape{m - 1});
-  CHECK_THROWS_WITH_AS(KG::layer_norm_forward(d.gpu, ddp::kernels::LayerNormForwardArgs<float, Cuda>{
-                                                         .x = gx.cview(), .y = yg.view(), .mean = short_mean.view(),
-                                                         .rstd = rg.view()}),
-                       doctest::Contains("layer_norm_forward"), ddp::ValueError);
+  CHECK_THROWS_WITH_AS(
+      KG::layer_norm_forward(d.gpu,
+                             ddp::kernels::LayerNormForwardArgs<float, Cuda>{
+                                 .x = gx.cview(), .y = yg.view(), .mean = short_mean.view(), .rstd = rg.view()}),
+      doctest::Contains("layer_norm_forward"), ddp::ValueError);
 }
 
 void check_attention(std::int64_t b, std::int64_t t, std::int64_t c, std::int64_t nh) {
@@ -201,27 +205,30 @@ void check_attention(std::int64_t b, std::int64_t t, std::int64_t c, std::int64_
     for (std::int64_t j = r % t + 1; j < t; ++j) masked_zero = masked_zero && att_back.data()[r * t + j] == 0.0f;
   CHECK(masked_zero);
   CHECK(excess(yc, d.down(yg), 1e-5) <= 0.0);
-  KC::attention_backward(d.cpu, ddp::kernels::AttentionBackwardArgs<float, Cpu>{.qkv = qkv.cview(),
-                                                                                 .att = attc.cview(),
-                                                                                 .dy = dy.cview(),
-                                                                                 .dqkv = dqkvc.view(),
-                                                                                 .n_head = nh});
-  KG::attention_backward(d.gpu, ddp::kernels::AttentionBackwardArgs<float, Cuda>{.qkv = gqkv.cview(),
-                                                                                  .att = attg.cview(),
-                                                                                  .dy = gdy.cview(),
-                                                                                  .dqkv = dqkvg.view(),
-                                                                                  .n_head = nh});
+  KC::attention_backward(
+      d.cpu, ddp::kernels::AttentionBackwardArgs<float, Cpu>{
+                 .qkv = qkv.cview(), .att = attc.cview(), .dy = dy.cview(), .dqkv = dqkvc.view(), .n_head = nh});
+  KG::attention_backward(
+      d.gpu, ddp::kernels::AttentionBackwardArgs<float, Cuda>{
+                 .qkv = gqkv.cview(), .att = attg.cview(), .dy = gdy.cview(), .dqkv = dqkvg.view(), .n_head = nh});
   CHECK(excess(dqkvc, d.down(dqkvg), 1e-5) <= 0.0);
-  CHECK_THROWS_WITH_AS(KG::attention_forward(d.gpu, ddp::kernels::AttentionForwardArgs<float, Cuda>{
-                                                        .qkv = gqkv.cview(), .att = attg.view(), .y = yg.view(),
-                                                        .n_head = c + 1}),
-                       doctest::Contains("attention_forward: n_head"), ddp::ValueError);
+  CHECK_THROWS_WITH_AS(
+      KG::attention_forward(d.gpu,
+                            ddp::kernels::AttentionForwardArgs<float, Cuda>{
+                                .qkv = gqkv.cview(), .att = attg.view(), .y = yg.view(), .n_head = c + 1}),
+      doctest::Contains("attention_forward: n_head"), ddp::ValueError);
 }
 
 void check_gpt_step() {
   Devices d;
-  const ddp::nn::GPTOptions o{.vocab_size = 11, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16,
-                              .embd_pdrop = 0.1, .resid_pdrop = 0.1, .seed = 9};
+  const ddp::nn::GPTOptions o{.vocab_size = 11,
+                              .block_size = 16,
+                              .n_layer = 2,
+                              .n_head = 2,
+                              .n_embd = 16,
+                              .embd_pdrop = 0.1,
+                              .resid_pdrop = 0.1,
+                              .seed = 9};
   ddp::nn::GPT<float, Cpu> mc(o);
   ddp::nn::GPT<float, Cuda> mg(o);
   auto pc = mc.parameters();
@@ -241,14 +248,14 @@ void check_gpt_step() {
   CHECK(excess(yc, d.down(yg), 1e-3) <= 0.0);
   Tensor<float, Cpu> dyc(yc.shape());
   Tensor<float, Cuda> dyg(yc.shape());
-  const double lc = KC::cross_entropy(d.cpu, ddp::kernels::CrossEntropyArgs<float, Cpu>{
-                                                 .logits = yc.cview().reshape(Shape{b * t, o.vocab_size}),
-                                                 .labels = targets.cview(),
-                                                 .dlogits = dyc.view().reshape(Shape{b * t, o.vocab_size})});
-  const double lg = KG::cross_entropy(d.gpu, ddp::kernels::CrossEntropyArgs<float, Cuda>{
-                                                 .logits = yg.cview().reshape(Shape{b * t, o.vocab_size}),
-                                                 .labels = gtargets.cview(),
-                                                 .dlogits = dyg.view().reshape(Shape{b * t, o.vocab_size})});
+  const double lc = KC::cross_entropy(
+      d.cpu, ddp::kernels::CrossEntropyArgs<float, Cpu>{.logits = yc.cview().reshape(Shape{b * t, o.vocab_size}),
+                                                        .labels = targets.cview(),
+                                                        .dlogits = dyc.view().reshape(Shape{b * t, o.vocab_size})});
+  const double lg = KG::cross_entropy(
+      d.gpu, ddp::kernels::CrossEntropyArgs<float, Cuda>{.logits = yg.cview().reshape(Shape{b * t, o.vocab_size}),
+                                                         .labels = gtargets.cview(),
+                                                         .dlogits = dyg.view().reshape(Shape{b * t, o.vocab_size})});
   CHECK(lg == doctest::Approx(lc).epsilon(1e-4));
   mc.backward(d.cpu, dyc.cview());
   mg.backward(d.gpu, dyg.cview());

@@ -118,8 +118,8 @@ void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, Cuda>&
   const char* op = "attention_forward";
   for (std::int64_t h = 0; h < nh; ++h) {
     const T* q = a.qkv.data() + h * hs;
-    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_T, CUBLAS_OP_N, t, t, hs, scale, q + c, 3 * c, t * 3 * c, q,
-                                    3 * c, t * 3 * c, T(0), a.att.data() + h * t * t, t, nh * t * t, b, e.precision);
+    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_T, CUBLAS_OP_N, t, t, hs, scale, q + c, 3 * c, t * 3 * c, q, 3 * c,
+                                    t * 3 * c, T(0), a.att.data() + h * t * t, t, nh * t * t, b, e.precision);
   }
   const std::int64_t rows = b * nh * t;
   detail::causal_softmax_kernel<T><<<detail::attention_row_blocks(rows), kThreads, 0, s>>>(a.att.data(), rows, t);
@@ -158,10 +158,10 @@ void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, Cuda
     detail::causal_softmax_backward_kernel<T>
         <<<detail::attention_row_blocks(b * t), kThreads, 0, s>>>(att, sa, datt.data(), b * t, t);
     check_launch("causal_softmax_backward_kernel", s);
-    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_N, hs, t, t, scale, k, 3 * c, sq, datt.data(), t,
-                                    st, T(0), dq, 3 * c, sq, b, e.precision);
-    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_T, hs, t, t, scale, q, 3 * c, sq, datt.data(), t,
-                                    st, T(0), dk, 3 * c, sq, b, e.precision);
+    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_N, hs, t, t, scale, k, 3 * c, sq, datt.data(), t, st,
+                                    T(0), dq, 3 * c, sq, b, e.precision);
+    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_T, hs, t, t, scale, q, 3 * c, sq, datt.data(), t, st,
+                                    T(0), dk, 3 * c, sq, b, e.precision);
   }
 }
 

@@ -20,8 +20,8 @@
 // layers these two calls therefore block until their kernel has run. Unverified on a GPU so far.
 #pragma once
 
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
 
 #include <cstddef>
 #include <cstdint>
@@ -142,8 +142,8 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.dweight.dim(0), c = a.dweight.dim(1);
   if (n > 2147483647)
-    throw ValueError(ddp::detail::str("ddp: embedding_backward: ", n,
-                                      " token ids exceed the sort's 32-bit count; split the batch"));
+    throw ValueError(
+        ddp::detail::str("ddp: embedding_backward: ", n, " token ids exceed the sort's 32-bit count; split the batch"));
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // the sort's buffers are freed while the kernels below may still run
   Tensor<std::int64_t, Cuda> keys(Shape{2, n}), pos(Shape{2, n});  // row 0 unsorted, row 1 sorted
@@ -155,9 +155,9 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
   while (end_bit < 63 && (std::int64_t{1} << end_bit) <= v) ++end_bit;
   DDP_CUDA_CHECK(cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), s));
   detail::with_embedding_id_check(e, a.ids, v, "embedding_backward", [&](unsigned long long* bad) {
-    for_each_index(e, static_cast<std::size_t>(n),
-                   detail::EmbeddingSortKeys{
-                       .ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});
+    for_each_index(
+        e, static_cast<std::size_t>(n),
+        detail::EmbeddingSortKeys{.ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});
     std::size_t temp_bytes = 0;
     DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out,
                                                    static_cast<int>(n), 0, end_bit, s));
@@ -166,8 +166,13 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
                                                    static_cast<int>(n), 0, end_bit, s));
     sync_check_after("cub::DeviceRadixSort::SortPairs", s);  // DDP_CUDA_SYNC_CHECK=1 only
     for_each_index(e, static_cast<std::size_t>(n * c),
-                   detail::EmbeddingRunSum<T>{.keys = keys_out, .pos = pos_out, .dy = a.dy.data(),
-                                              .dweight = a.dweight.data(), .n = n, .c = c, .num = v});
+                   detail::EmbeddingRunSum<T>{.keys = keys_out,
+                                              .pos = pos_out,
+                                              .dy = a.dy.data(),
+                                              .dweight = a.dweight.data(),
+                                              .n = n,
+                                              .c = c,
+                                              .num = v});
   });
 }
 

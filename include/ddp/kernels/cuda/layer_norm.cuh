@@ -77,8 +77,9 @@ __global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __re
 
 template <class T>
 __global__ void layer_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                     const LayerNormStat<T>* __restrict__ mean, const LayerNormStat<T>* __restrict__ rstd,
-                                     const T* __restrict__ dy, T* __restrict__ dx, std::int64_t m, std::int64_t c) {
+                                     const LayerNormStat<T>* __restrict__ mean,
+                                     const LayerNormStat<T>* __restrict__ rstd, const T* __restrict__ dy,
+                                     T* __restrict__ dx, std::int64_t m, std::int64_t c) {
   using S = LayerNormStat<T>;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kLnRowsPerBlock + (threadIdx.x >> 5);
   if (r >= m) return;

@@ -134,7 +134,7 @@
 #include "ddp/nn/causal_self_attention.hpp"
 // defines: nn::GPT, nn::GPTOptions, nn::EmbeddingStem, nn::AttentionLayer, nn::Block (the tutorial's minGPT)
 #include "ddp/nn/gpt.hpp"
-// defines: nn::Embedding, nn::LayerNorm, nn::GELU, nn::Dropout (transformer modules; Embedding and LayerNorm CPU only)
+// defines: nn::Embedding, nn::LayerNorm, nn::GELU, nn::Dropout (transformer modules)
 #include "ddp/nn/dropout.hpp"
 #include "ddp/nn/embedding.hpp"
 #include "ddp/nn/gelu.hpp"

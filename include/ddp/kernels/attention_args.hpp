@@ -7,8 +7,8 @@
 // no kernel needs a transpose to (B, nh, T, hs) or back:
 //   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y = att v as (B, T, C)
 //   attention_backward  dqkv (B, T, 3C) from dy (B, T, C), qkv and the forward's att
-// Only the CPU implements them today (kernels/cpu/attention.hpp); they are not in KernelsApi until
-// Kernels<Cuda> has them too. validate() throws ValueError like args.hpp's.
+// Kernels<Cpu> (kernels/cpu/attention.hpp) and Kernels<Cuda> (kernels/cuda/attention.cuh) implement them; both are
+// in KernelsApi. validate() throws ValueError like args.hpp's.
 #pragma once
 
 #include <cstdint>

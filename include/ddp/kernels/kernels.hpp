@@ -16,6 +16,7 @@
 
 #include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/attention_args.hpp"
 #include "ddp/kernels/elementwise.hpp"
 #include "ddp/kernels/fused_args.hpp"
 #include "ddp/tensor/device.hpp"
@@ -145,6 +146,9 @@ concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const 
                               const AdaptiveAvgPool2dForwardArgs<float, D>& avg_f,
                               const AdaptiveAvgPool2dBackwardArgs<float, D>& avg_b,
                               const LinearForwardArgs<float, D>& lin_f, const LinearBackwardArgs<float, D>& lin_b,
+                              const AttentionForwardArgs<float, D>& att_f, const AttentionBackwardArgs<float, D>& att_b,
+                              const LayerNormForwardArgs<float, D>& ln_f, const LayerNormBackwardArgs<float, D>& ln_b,
+                              const EmbeddingForwardArgs<float, D>& emb_f, const EmbeddingBackwardArgs<float, D>& emb_b,
                               const CrossEntropyArgs<float, D>& ce, const MseArgs<float, D>& mse,
                               const SgdArgs<float, D>& sgd, const MultiSgdArgs<float, D>& sgd_multi,
                               const MultiAdamwArgs<float, D>& adamw_multi, const MultiTensorArgs<float, D>& tensors,
@@ -168,6 +172,12 @@ concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const 
   K::adaptive_avg_pool2d_backward(e, avg_b);
   K::linear_forward(e, lin_f);
   K::linear_backward(e, lin_b);
+  K::attention_forward(e, att_f);
+  K::attention_backward(e, att_b);
+  K::layer_norm_forward(e, ln_f);
+  K::layer_norm_backward(e, ln_b);
+  K::embedding_forward(e, emb_f);
+  K::embedding_backward(e, emb_b);
   { K::cross_entropy(e, ce) } -> std::same_as<double>;
   { K::mse(e, mse) } -> std::same_as<double>;
   K::sgd_step(e, sgd);

@@ -6,15 +6,18 @@
 // the ids (THE CALLER KEEPS THEM ALIVE until backward returns, as for every module's input, nn/module.hpp), and
 // backward(exec, dy) accumulates the weight gradient by token and returns an empty tensor (ids take no
 // gradient). Module's forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a
-// ValueError naming this module, the id and its position in ids.
+// ValueError: on the CPU checked on the host before the lookup, naming this module, the id and its position in
+// ids; on the GPU the ids are device memory, so the kernel checks them and the error names embedding_forward and
+// the position in the flattened ids (kernels/cuda/embedding.cuh; it costs a stream wait per forward/backward).
 // Initialisation: reset_parameters(gen) draws N(0, init_std^2): init_std 1 is torch's default, 0.02 minGPT's
 // _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
-// Devices: the kernels are Kernels<Cpu>'s (kernels/cpu/embedding.hpp); Kernels<Cuda> has none yet, so
-// Embedding<T, Cuda> does not compile (a later task, with a device-side id check).
+// Devices: Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh; the
+// CUDA path compiles but is unverified on a GPU so far, docs/ARCHITECTURE.md D48).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -84,9 +87,11 @@ class Embedding : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": no token ids (ids shape ", ids.shape(),
                                         "); check --batch-size and the loader"));
     const Shape out = detail::append_dim(ids.shape(), o_.embedding_dim);
-    const std::int64_t bad = kernels::first_id_out_of_range(ids.data(), ids.numel(), o_.num_embeddings);
-    if (bad >= 0)
-      throw kernels::embedding_id_out_of_range(this->where(), ids.data()[bad], bad, ids.shape(), o_.num_embeddings);
+    if constexpr (std::is_same_v<D, Cpu>) {  // host ids; device ids are checked by the CUDA kernel itself
+      const std::int64_t bad = kernels::first_id_out_of_range(ids.data(), ids.numel(), o_.num_embeddings);
+      if (bad >= 0)
+        throw kernels::embedding_id_out_of_range(this->where(), ids.data()[bad], bad, ids.shape(), o_.num_embeddings);
+    }
     const std::int64_t n = ids.numel();
     Tensor<T, D> y(out);
     Kernels<D>::embedding_forward(

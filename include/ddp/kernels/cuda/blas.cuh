@@ -1,4 +1,5 @@
-// cuBLAS plumbing for the CUDA kernels: one handle per thread and device, and a checked fp32/fp64 GEMM.
+// cuBLAS plumbing for the CUDA kernels: one handle per thread and device, and checked fp32/fp64 GEMMs (single and
+// strided-batched).
 // SPDX-License-Identifier: MIT
 //
 // Handles are created on first use and bound to the exec's stream before each call. They are
@@ -84,6 +85,29 @@ void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::
                                 cuda_data_type<T>, static_cast<int>(ldb), &beta, c, cuda_data_type<T>,
                                 static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
   sync_check_after("cublasGemmEx", cuda_stream(e));  // DDP_CUDA_SYNC_CHECK=1 only
+}
+
+// `count` independent column-major products C_i (m x n) = alpha op(A_i) op(B_i) + beta C_i, where X_i starts
+// stride_x elements after X_{i-1} (cublasGemmStridedBatchedEx). `op` names the caller in the size error.
+// Example: attention's scores of one head over the batch: count = B, stride_a = stride_b = T * 3C.
+template <class T>
+void gemm_strided_batched(const Exec<Cuda>& e, const char* op, cublasOperation_t ta, cublasOperation_t tb,
+                          std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
+                          std::int64_t stride_a, const T* b, std::int64_t ldb, std::int64_t stride_b, T beta, T* c,
+                          std::int64_t ldc, std::int64_t stride_c, std::int64_t count,
+                          Precision precision = Precision::Fp32) {
+  constexpr std::int64_t kIntMax = 2147483647;
+  if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax ||
+      count > kIntMax)
+    throw ValueError(ddp::detail::str("ddp: ", op, ": batched GEMM sizes m=", m, " n=", n, " k=", k,
+                                      " count=", count, " exceed cuBLAS's 32-bit limit; split the batch"));
+  const cublasComputeType_t compute = compute_type<T>(precision);
+  DDP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_handle(e), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
+      cuda_data_type<T>, static_cast<int>(lda), static_cast<long long>(stride_a), b, cuda_data_type<T>,
+      static_cast<int>(ldb), static_cast<long long>(stride_b), &beta, c, cuda_data_type<T>, static_cast<int>(ldc),
+      static_cast<long long>(stride_c), static_cast<int>(count), compute, CUBLAS_GEMM_DEFAULT));
+  sync_check_after("cublasGemmStridedBatchedEx", cuda_stream(e));  // DDP_CUDA_SYNC_CHECK=1 only
 }
 
 }  // namespace ddp::kernels::cuda::detail

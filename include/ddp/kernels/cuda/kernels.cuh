@@ -10,7 +10,8 @@
 // (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp).
 // Contract: members validate their Args on the host (the same ValueError words as the CPU) and then
 // enqueue work on exec.stream and return without waiting, except the losses and sum_squares_multi, which
-// return a value and so wait for the stream.
+// return a value and so wait for the stream, and embedding_forward/backward, which wait to report a token id
+// out of range (ids are device memory; embedding.cuh).
 // Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
 // Thread-safety: concurrent calls on different streams are safe; one stream's calls are ordered.
 // Compiled only by nvcc (a .cu file linked with ddp::cuda).
@@ -20,10 +21,14 @@
 #include <cstdint>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/attention_args.hpp"
+#include "ddp/kernels/cuda/attention.cuh"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/bn_act.cuh"
 #include "ddp/kernels/cuda/conv2d.cuh"
+#include "ddp/kernels/cuda/embedding.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/layer_norm.cuh"
 #include "ddp/kernels/cuda/linear.cuh"
 #include "ddp/kernels/cuda/loss.cuh"
 #include "ddp/kernels/cuda/multi_adamw.cuh"
@@ -101,6 +106,35 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   template <class T>
   static void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, D>& a) {
     cuda::linear_backward(e, a);
+  }
+
+  // ---- causal self-attention on the packed qkv (B, T, 3C): cuBLAS batched GEMMs + causal softmax kernels ----
+  template <class T>
+  static void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, D>& a) {
+    cuda::attention_forward(e, a);
+  }
+  template <class T>
+  static void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, D>& a) {
+    cuda::attention_backward(e, a);
+  }
+
+  // ---- transformer layers (issue 19) ----
+  template <class T>
+  static void layer_norm_forward(const Exec<Cuda>& e, const LayerNormForwardArgs<T, D>& a) {
+    cuda::layer_norm_forward(e, a);
+  }
+  template <class T>
+  static void layer_norm_backward(const Exec<Cuda>& e, const LayerNormBackwardArgs<T, D>& a) {
+    cuda::layer_norm_backward(e, a);
+  }
+  // Both check the token ids on the device and wait for the stream to report a bad one (embedding.cuh).
+  template <class T>
+  static void embedding_forward(const Exec<Cuda>& e, const EmbeddingForwardArgs<T, D>& a) {
+    cuda::embedding_forward(e, a);
+  }
+  template <class T>
+  static void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, D>& a) {
+    cuda::embedding_backward(e, a);
   }
 
   // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested) ----

@@ -20,7 +20,8 @@
 //    "optimizer_config": {"weight_decay": 0.1, "learning_rate": 0.0003}}
 // A flag given on the command line wins over the file. Unknown sections or keys are errors naming them
 // (the tutorial's data_loader_workers and compile are accepted and ignored: batches are slices of the text).
-// Device: the CPU. GPT has no CUDA kernels yet, so --device cuda and --use_amp (mixed precision) are refused.
+// Device: the CPU. GPT's CUDA kernels compile but have never run, and mixed precision is not written, so
+// --device cuda and --use_amp are refused.
 // Output (what the tutorial prints; train.hpp): "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" every
 // --log_every steps, "Snapshot saved at epoch <e>", and per epoch "[GPU0] Epoch <e> | Eval Loss <x>".
 #include <cxxopts.hpp>
@@ -185,9 +186,9 @@ int main(int argc, char** argv) {
       throw ConfigError(ddp::detail::str("ddp: --n_embd (", c.n_embd, ") must be a multiple of --n_head (", c.n_head, ")"));
     if (args["device"].as<std::string>() != "cpu")
       throw ConfigError("ddp: --device " + args["device"].as<std::string>() +
-                        ": GPT has CPU kernels only so far (Embedding, LayerNorm and attention have no CUDA kernels)");
+                        ": the mingpt example runs on the CPU only so far (GPT's CUDA kernels have never run on a GPU)");
     if (c.use_amp)
-      throw ConfigError("ddp: use_amp (mixed precision) needs the CUDA path, which GPT does not have yet; set "
+      throw ConfigError("ddp: use_amp (mixed precision) is not written for GPT yet; set "
                         "trainer_config.use_amp to false or drop --use_amp");
     const train::DistFlags dist = train::read_dist_flags(args);
     if (dist.backend == "nccl") throw ConfigError("ddp: --backend nccl needs the CUDA path; use gloo, tcp or mpi");

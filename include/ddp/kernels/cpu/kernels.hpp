@@ -121,8 +121,7 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
     cpu::linear_backward(e, a);
   }
 
-  // ---- causal self-attention on the packed qkv (B, T, 3C) (kernels/cpu/attention.hpp) ----
-  // CPU only for now: Kernels<Cuda> lacks them, so they are not in KernelsApi (the CUDA kernel is a later task).
+  // ---- causal self-attention on the packed qkv (B, T, 3C) (kernels/cpu/attention.hpp; CUDA: kernels/cuda/attention.cuh) ----
   template <class T>
   static void attention_forward(const Exec<Cpu>& e, const AttentionForwardArgs<T, D>& a) {
     cpu::attention_forward(e, a);
@@ -132,7 +131,7 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
     cpu::attention_backward(e, a);
   }
 
-  // ---- transformer layers (issue 19): CPU only so far, so not in KernelsApi until Kernels<Cuda> has them ----
+  // ---- transformer layers (issue 19; CUDA: kernels/cuda/layer_norm.cuh, embedding.cuh) ----
   template <class T>
   static void layer_norm_forward(const Exec<Cpu>& e, const LayerNormForwardArgs<T, D>& a) {
     cpu::layer_norm_forward(e, a);

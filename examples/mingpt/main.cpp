@@ -20,11 +20,15 @@
 //    "optimizer_config": {"weight_decay": 0.1, "learning_rate": 0.0003}}
 // A flag given on the command line wins over the file. Unknown sections or keys are errors naming them
 // (the tutorial's data_loader_workers and compile are accepted and ignored: batches are slices of the text).
-// Device: the CPU. GPT's CUDA kernels compile but have never run, and mixed precision is not written, so
-// --device cuda and --use_amp are refused.
+// Device (train/device_choice.hpp, the other examples' rules): --device cuda trains on GPU LOCAL_RANK with nccl (or
+// shares the visible GPUs with gloo/tcp); without --device a build with CUDA and a visible GPU trains on the GPU
+// (not with --backend mpi), anything else on the CPU. The GPU path (train_cuda.cu, fp32) is UNVERIFIED: GPT's CUDA
+// kernels have never run on a GPU (docs/ARCHITECTURE.md D48). --use_amp (mixed precision) is not written yet and
+// is refused.
 // Output (what the tutorial prints; train.hpp): "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" every
 // --log_every steps, "Snapshot saved at epoch <e>", and per epoch "[GPU0] Epoch <e> | Eval Loss <x>".
 #include <cxxopts.hpp>
+#include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
 #include <ddp/env/flags.hpp>
 #include <ddp/train/options.hpp>
@@ -34,6 +38,7 @@
 #include <string>
 
 #include "../common/placement.hpp"
+#include "cuda_entry.hpp"
 #include "generate.hpp"
 #include "train.hpp"
 
@@ -127,13 +132,15 @@ int main(int argc, char** argv) {
         "snapshot_path", "snapshot file (global rank 0 writes it; generate reads it)",
         cxxopts::value<std::string>()->default_value(d.snapshot_path))(
         "save_every", "write a snapshot every this many epochs (and after the last)", num(d.save_every))(
-        "use_amp", "mixed precision (needs CUDA: refused on the CPU)")(
+        "use_amp", "mixed precision (not written for GPT yet: refused)")(
         "weight_decay", "AdamW weight decay on Linear weights", real(d.weight_decay))(
         "learning_rate", "AdamW learning rate", real(d.learning_rate))(
         "seed", "initialisation, data split, dropout and sampling seed", num(static_cast<long>(d.seed)))(
         "log_every", "print the train loss every this many steps (0: never)", num(d.log_every))(
         "max_iters", "at most this many steps per epoch (0: the whole epoch)", num(d.max_iters))(
-        "device", "cpu (the only device GPT has kernels for)", cxxopts::value<std::string>()->default_value("cpu"))(
+        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; "
+        "else cpu). The GPU path is unverified: GPT's CUDA kernels have never run on a GPU",
+        cxxopts::value<std::string>()->default_value(""))(
         "prompt", "generate: the text to continue", cxxopts::value<std::string>()->default_value(""))(
         "max_new_tokens", "generate: characters to sample", cxxopts::value<long>()->default_value("500"))(
         "temperature", "generate: logits are divided by this (0: always the most likely)",
@@ -184,22 +191,21 @@ int main(int argc, char** argv) {
     if (!(c.grad_norm_clip > 0.0)) throw ConfigError("ddp: --grad_norm_clip must be > 0");
     if (c.n_embd % c.n_head != 0)
       throw ConfigError(ddp::detail::str("ddp: --n_embd (", c.n_embd, ") must be a multiple of --n_head (", c.n_head, ")"));
-    if (args["device"].as<std::string>() != "cpu")
-      throw ConfigError("ddp: --device " + args["device"].as<std::string>() +
-                        ": the mingpt example runs on the CPU only so far (GPT's CUDA kernels have never run on a GPU)");
     if (c.use_amp)
       throw ConfigError("ddp: use_amp (mixed precision) is not written for GPT yet; set "
                         "trainer_config.use_amp to false or drop --use_amp");
     const train::DistFlags dist = train::read_dist_flags(args);
-    if (dist.backend == "nccl") throw ConfigError("ddp: --backend nccl needs the CUDA path; use gloo, tcp or mpi");
+    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
 
-    ddp_example::Job job = ddp_example::join(dist, ddp_example::Placement{}, env, launch);
+    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
     const mingpt_example::Setup setup{.cfg = c, .die_after_epoch = args["die-after-epoch"].as<long>(),
                                       .restart_count = job.info.restart_count, .metrics_file = dist.metrics_file,
                                       .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace, .ddp = dist.ddp,
                                       .comm = job.comm.get()};
+    if constexpr (BuildConfig::with_cuda)
+      if (job.gpu >= 0) return mingpt_example::train_cuda(setup, job.gpu);
     Exec<Cpu> exec;
-    return mingpt_example::train<Cpu>(setup, exec);
+    return mingpt_example::train<Cpu>(setup, exec);  // the communicator's destructor runs a bounded barrier
   } catch (const std::exception& e) {
     std::cerr << e.what() << '\n';
     return 1;

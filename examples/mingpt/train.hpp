@@ -1,6 +1,6 @@
 // The mingpt example's training loop: the DDP tutorial's minGPT-ddp Trainer (pytorch/examples,
-// distributed/minGPT-ddp/mingpt/trainer.py) written once for every device (main.cpp runs it on the CPU; GPT has no
-// CUDA kernels yet).
+// distributed/minGPT-ddp/mingpt/trainer.py) written once for every device (main.cpp runs it on the CPU, train_cuda.cu
+// on the GPU -- unverified there: GPT's CUDA kernels have never run, docs/ARCHITECTURE.md D48).
 // SPDX-License-Identifier: MIT
 //
 // Per epoch (1-based in its lines, as the tutorial's): the DistributedSampler over the training split
@@ -87,6 +87,7 @@ struct Setup {
   int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT
   std::string metrics_file, tensorboard_dir;  // rank 0's (empty: none)
   train::TraceOptions trace;
+  MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
   parallel::DdpOptions ddp;
   comm::Communicator* comm = nullptr;
 };
@@ -242,6 +243,11 @@ int train(const Setup& s, Exec<D>& exec) {
             {"samples_per_sec", static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs},
             {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
         train::add_comm_metrics(record, model.last_trace());
+        if (s.device_memory) {
+          const MemoryStats m = s.device_memory();
+          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
+          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
+        }
         metrics.write(record);
       }
     }

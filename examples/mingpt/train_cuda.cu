@@ -1,0 +1,27 @@
+// The mingpt example on the GPU: the device main.cpp chose, a compute stream, Exec<Cuda> in fp32, and the shared
+// training loop of train.hpp instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (D48).
+// SPDX-License-Identifier: MIT
+#include <ddp/core/log.hpp>
+#include <ddp/kernels/cuda/kernels.cuh>
+#include <ddp/parallel/cuda/transport.cuh>
+#include <ddp/tensor/cuda/allocator.hpp>
+#include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/cuda/stream.hpp>
+
+#include "cuda_entry.hpp"
+
+namespace mingpt_example {
+
+int train_cuda(const Setup& s, int device) {
+  DDP_CUDA_CHECK(cudaSetDevice(device));
+  ddp::Stream stream;
+  ddp::Exec<ddp::Cuda> exec = stream.exec(ddp::Precision::Fp32);
+  DDP_LOG_INFO("training on cuda:", device, " in fp32 (GPT's CUDA path is unverified: it has never run on a GPU)");
+  Setup gpu = s;
+  gpu.device_memory = &ddp::cuda_memory_stats;  // GPU memory in the metrics records
+  const int rc = train<ddp::Cuda>(gpu, exec);
+  stream.synchronize();
+  return rc;
+}
+
+}  // namespace mingpt_example

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The mingpt example as a user runs it: several ranks under a real launcher (issue 19's must-shows 2 and 3).
 
-Usage: mingpt_tests.py world|resume|learn --mingpt BIN --ddprun BIN
+Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN
   world   world 1, 2 and 4 (ddprun, global batch 8, dropout 0) train on the same samples: the final parameters
           agree to a relative 5e-5 per tensor (the gradient all-reduce sums in another order, which AdamW
           magnifies; the attention's key bias, whose exact gradient is 0, is bounded by AdamW's step instead).
@@ -10,12 +10,16 @@ Usage: mingpt_tests.py world|resume|learn --mingpt BIN --ddprun BIN
           the masks' step is restored too). Exits 77 when torchrun (python3-torch) is missing.
   learn   2 ranks on /usr/share/common-licenses/GPL-3: the eval loss falls from ln(vocab) to below 2.7 in 80
           steps, and `mingpt generate` continues a prompt with text that has English's share of spaces.
+  gpu     (label gpu; exits 77 without a GPU) one process trains 8 steps on --device cpu and on --device cuda from
+          the same weights and samples (dropout 0): every step's loss and the eval loss agree to a relative 1e-3.
 Every run has a timeout; the text and snapshots live in a temporary directory that is removed.
 """
 import argparse
+import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -149,14 +153,40 @@ def learn(args, work):
     print("PASS: the loss fell and generate continues the prompt")
 
 
+def gpu(args, work):
+    p = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) \
+        if shutil.which("nvidia-smi") else None
+    if p is None or "GPU " not in p.stdout:
+        print("skip: no GPU (nvidia-smi -L lists none)")
+        sys.exit(77)
+    losses = {}
+    for device in ("cpu", "cuda"):
+        metrics = os.path.join(work, f"{device}.jsonl")
+        log = run([args.mingpt, "--device", device, "--backend", "gloo", "--snapshot_path",
+                   os.path.join(work, f"{device}.safetensors"), "--metrics-file", metrics] + SMALL +
+                  ["--data_path", TEXT, "--truncate", "0.1", "--max_epochs", "1", "--max_iters", "8",
+                   "--batch_size", "8", "--embd_pdrop", "0", "--resid_pdrop", "0", "--learning_rate", "1e-3"])
+        with open(metrics) as f:
+            steps = [json.loads(line)["loss"] for line in f]
+        evals = [float(x) for x in re.findall(r"Eval Loss ([0-9.]+)", log)]
+        losses[device] = steps + evals
+    print(f"cpu: {losses['cpu']}\ncuda: {losses['cuda']}")
+    if len(losses["cpu"]) != 9 or len(losses["cuda"]) != 9:
+        sys.exit("FAIL: expected 8 step losses and one eval loss per device")
+    worst = max(abs(g - c) / abs(c) for c, g in zip(losses["cpu"], losses["cuda"]))
+    if not worst <= 1e-3:
+        sys.exit(f"FAIL: GPU and CPU losses differ by {worst:.2e} relative (> 1e-3)")
+    print(f"PASS: GPU losses equal the CPU's to {worst:.2e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["world", "resume", "learn"])
+    ap.add_argument("case", choices=["world", "resume", "learn", "gpu"])
     ap.add_argument("--mingpt", required=True)
     ap.add_argument("--ddprun", required=True)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddp_mingpt_") as work:
-        {"world": world, "resume": resume, "learn": learn}[args.case](args, work)
+        {"world": world, "resume": resume, "learn": learn, "gpu": gpu}[args.case](args, work)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -103,7 +104,10 @@ template <template <class, Device> class Opt, class Options>
 void check_equivalence(int world, const Options& o, int to) {
   using Inner = Opt<float, Cpu>;
   constexpr int kSteps = 4;
-  std::vector<std::uint8_t> snapshot;  // written by rank `to` before a barrier, read by every rank after it
+  // Written by rank `to` before a barrier, read by every rank after it. The barrier orders them, but through the
+  // tcp backend's sockets and shared memory, which TSan cannot see: the mutex makes the order visible to it.
+  std::vector<std::uint8_t> snapshot;
+  std::mutex snapshot_mu;
   check_all_ok(test::run_ranks(world, [&](comm::TcpCommunicator& c) {
     Exec<Cpu> exec;
     auto zm = small_resnet();
@@ -163,7 +167,9 @@ void check_equivalence(int world, const Options& o, int to) {
     if (full) {
       CHECK(same_state(*full, ref));
       CHECK(full->group_lr(0) == ref.group_lr(0));
-      snapshot = train::serialize_snapshot(*zm, *full, {.epoch = 1});
+      auto bytes = train::serialize_snapshot(*zm, *full, {.epoch = 1});
+      std::lock_guard lock(snapshot_mu);
+      snapshot = std::move(bytes);
     }
     CHECK(zero.state_bytes() == own_bytes);
     c.barrier().wait();
@@ -173,7 +179,10 @@ void check_equivalence(int world, const Options& o, int to) {
     fill_values(*zm2, 99);
     ZeroRedundancyOptimizer<Inner> zero2(groups_of(*zm2), o, c);
     auto loaded = zero2.make_full();
-    train::load_snapshot_bytes<float>(snapshot, *zm2, *loaded);
+    {
+      std::lock_guard lock(snapshot_mu);
+      train::load_snapshot_bytes<float>(snapshot, *zm2, *loaded);
+    }
     zero2.load_consolidated(*loaded);
     CHECK(parallel::optimizer_state_bytes(*loaded) == 0);  // moved into the shard, then cleared
     CHECK(zero2.steps() == kSteps);

@@ -31,6 +31,7 @@
 
 #include "random_tensor.hpp"
 #include "support/gpu.hpp"
+#include "support/tolerance.hpp"
 
 namespace {
 
@@ -47,14 +48,7 @@ using KG = ddp::kernels::Kernels<Cuda>;
 template <class T>
 double excess(const Tensor<T, Cpu>& ref, const Tensor<T, Cpu>& got, double rtol) {
   REQUIRE(ref.shape() == got.shape());
-  double scale = 0.0, worst = -1.0;
-  for (std::int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, std::fabs(double(ref.data()[i])));
-  for (std::int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.data()[i], g = got.data()[i];
-    const double e = std::fabs(r - g) - rtol * (std::fabs(r) + scale);
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-  return worst;
+  return ddp::test::tolerance_excess(ref, got, rtol);
 }
 
 struct Devices {

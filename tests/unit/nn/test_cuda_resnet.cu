@@ -23,6 +23,7 @@
 #include <ddp/tensor/random.hpp>
 
 #include "support/gpu.hpp"
+#include "support/tolerance.hpp"
 
 namespace {
 
@@ -31,17 +32,7 @@ using ddp::Cuda;
 using ddp::Exec;
 using ddp::Tensor;
 
-// Largest |gpu - cpu| - rtol (|cpu| + max|cpu|) over the tensor; <= 0 means within tolerance.
-double excess(const Tensor<float, Cpu>& ref, const Tensor<float, Cpu>& got, double rtol) {
-  double scale = 0.0, worst = -1.0;
-  for (std::int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, std::fabs(double(ref.data()[i])));
-  for (std::int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.data()[i], g = got.data()[i];
-    const double e = std::fabs(r - g) - rtol * (std::fabs(r) + scale);
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-  return worst;
-}
+using ddp::test::tolerance_excess;  // <= 0: within rtol (|cpu| + max|cpu|) everywhere
 
 void compare_one_step(const std::string& arch) {
   ddp::Stream stream;
@@ -58,7 +49,7 @@ void compare_one_step(const std::string& arch) {
   REQUIRE(pc.size() == pg.size());
   for (std::size_t i = 0; i < pc.size(); ++i) {  // same initialisation, bit for bit
     INFO(pc[i]->name());
-    CHECK(excess(pc[i]->value(), ddp::to<Cpu>(pg[i]->value().cview(), gpu), 0.0) <= 0.0);
+    CHECK(tolerance_excess(pc[i]->value(), ddp::to<Cpu>(pg[i]->value().cview(), gpu), 0.0) <= 0.0);
   }
 
   const std::int64_t n = 3;
@@ -71,7 +62,7 @@ void compare_one_step(const std::string& arch) {
 
   auto yc = mc.forward(cpu, x.cview());
   auto yg = mg.forward(gpu, gx.cview());
-  CHECK(excess(yc, ddp::to<Cpu>(yg.cview(), gpu), 1e-3) <= 0.0);
+  CHECK(tolerance_excess(yc, ddp::to<Cpu>(yg.cview(), gpu), 1e-3) <= 0.0);
   Tensor<float, Cpu> dyc(yc.shape());
   Tensor<float, Cuda> dyg(yc.shape());
   const double lc = ddp::kernels::Kernels<Cpu>::cross_entropy(
@@ -85,7 +76,7 @@ void compare_one_step(const std::string& arch) {
   mg.backward(gpu, dyg.cview());
   for (std::size_t i = 0; i < pc.size(); ++i) {
     INFO(pc[i]->name());
-    CHECK(excess(pc[i]->grad(), ddp::to<Cpu>(pg[i]->grad().cview(), gpu), 1e-3) <= 0.0);
+    CHECK(tolerance_excess(pc[i]->grad(), ddp::to<Cpu>(pg[i]->grad().cview(), gpu), 1e-3) <= 0.0);
   }
   // One SGD step with momentum and weight decay: optim::SGD's multi-tensor launch against per-tensor CPU steps.
   const ddp::optim::SgdOptions so{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4};
@@ -95,7 +86,7 @@ void compare_one_step(const std::string& arch) {
   og.step(gpu);
   for (std::size_t i = 0; i < pc.size(); ++i) {
     INFO(pc[i]->name(), " after the SGD step");
-    CHECK(excess(pc[i]->value(), ddp::to<Cpu>(pg[i]->value().cview(), gpu), 1e-3) <= 0.0);
+    CHECK(tolerance_excess(pc[i]->value(), ddp::to<Cpu>(pg[i]->value().cview(), gpu), 1e-3) <= 0.0);
   }
   auto bc = mc.buffers();
   auto bg = mg.buffers();
@@ -105,7 +96,7 @@ void compare_one_step(const std::string& arch) {
     if (bc[i]->is_integer()) {
       CHECK(ddp::to<Cpu>(bg[i]->count().cview(), gpu).data()[0] == bc[i]->count().data()[0]);
     } else {
-      CHECK(excess(bc[i]->real(), ddp::to<Cpu>(bg[i]->real().cview(), gpu), 1e-4) <= 0.0);
+      CHECK(tolerance_excess(bc[i]->real(), ddp::to<Cpu>(bg[i]->real().cview(), gpu), 1e-4) <= 0.0);
     }
   }
 }

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
@@ -47,6 +48,7 @@
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/progress.hpp>
 #include <ddp/train/rank_sum.hpp>
+#include <ddp/train/safetensors.hpp>
 #include <ddp/train/snapshot_io.hpp>
 #include <ddp/train/trace.hpp>
 
@@ -159,6 +161,18 @@ int train(const Setup& s, Exec<D>& exec) {
   optim::AdamW<float, D> opt(optim::linear_weight_decay_groups(net, c.weight_decay),
                              {.lr = c.learning_rate, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.weight_decay});
 
+  // A snapshot of a model trained on another text has the same tensor shapes when the vocabularies are equally
+  // large, but its token ids mean other characters: rank 0, which reads the file, compares the vocabularies first
+  // (the other ranks then fail with "rank 0 closed its connection", rank 0's message says why).
+  if (rank == 0 && std::filesystem::exists(c.snapshot_path)) {
+    const auto meta = train::SafetensorsReader(c.snapshot_path).metadata();
+    const auto it = meta.find("gpt.vocab");
+    if (it != meta.end() && it->second != model_metadata(mo, text).at("gpt.vocab"))
+      throw ConfigError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(c.snapshot_path),
+                                         " was trained on a text with another vocabulary than --data_path ",
+                                         ddp::detail::quoted(c.data_path), "; resume with the same text and "
+                                         "--truncate, or give a new --snapshot_path"));
+  }
   const long epochs_run = train::resume_snapshot(comm, c.snapshot_path, exec, net, opt, mo);
   net.set_dropout_step(static_cast<std::uint64_t>(opt.steps()));  // one training forward per optimizer step
   if (epochs_run > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << epochs_run << std::endl;

@@ -9,7 +9,8 @@ Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN
           resumes at epoch 2 and its final snapshot is byte-identical to an uninterrupted run's (dropout on, so
           the masks' step is restored too). Exits 77 when torchrun (python3-torch) is missing.
   learn   2 ranks on /usr/share/common-licenses/GPL-3: the eval loss falls from ln(vocab) to below 2.7 in 80
-          steps, and `mingpt generate` continues a prompt with text that has English's share of spaces.
+          steps, `mingpt generate` continues a prompt with text that has English's share of spaces, and resuming
+          the snapshot on another text is refused.
   gpu     (label gpu; exits 77 without a GPU) one process trains 8 steps on --device cpu and on --device cuda from
           the same weights and samples (dropout 0): every step's loss and the eval loss agree to a relative 1e-3.
 Every run has a timeout; the text and snapshots live in a temporary directory that is removed.
@@ -150,7 +151,12 @@ def learn(args, work):
     # English text is ~15-20% spaces; a model that learned nothing samples each of ~76 characters alike (~1%).
     if not spaces > 0.10:
         sys.exit(f"FAIL: the generated text has {spaces:.1%} spaces; the model did not learn word structure")
-    print("PASS: the loss fell and generate continues the prompt")
+    # Resuming that snapshot on another text (an other vocabulary) is refused with the reason, not trained on.
+    p = subprocess.run([args.mingpt, "--data_path", "/usr/share/common-licenses/GPL-2", "--snapshot_path", snap,
+                        "--max_epochs", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    if p.returncode == 0 or "was trained on a text with another vocabulary" not in p.stdout:
+        sys.exit(f"FAIL: resuming on another text was not refused (exit {p.returncode}):\n{p.stdout}")
+    print("PASS: the loss fell, generate continues the prompt, another text's resume is refused")
 
 
 def gpu(args, work):

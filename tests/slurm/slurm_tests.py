@@ -4,6 +4,7 @@
 # srun, sbatch and scancel the way users do. Cases:
 #   srun_message_passing  srun -N1 -n2 message_passing --backend tcp: the Slurm policy (SLURM_* variables)
 #   srun_resnet           srun -n2 resnet --use_syn (tiny): ranks, local ranks, store address and port
+#   srun_mingpt           srun -n2 mingpt (a tiny GPT, 3 steps): each task trains as its rank, rank 0 snapshots
 #   srun_torchrun         srun -N1 -n1 torchrun --nproc_per_node 2 (one agent per node, as PyTorch's
 #                         multinode tutorial does): torchrun's variables win over SLURM_*
 #   sbatch_templates      sbatch of examples/slurm/ddp.sbatch and torchrun.sbatch, waited for, output checked
@@ -12,7 +13,7 @@
 #                         a batch script that starts a program without srun is refused
 #   two_nodes             two nodes (network namespaces of tests/netns, a slurmd each): srun -N2 -n3 env,
 #                         message_passing across the veth, probe
-# Run by CTest: slurm_tests.py CASE --message-passing PATH --resnet PATH --probe PATH --examples DIR.
+# Run by CTest: slurm_tests.py CASE --message-passing PATH --resnet PATH --probe PATH --mingpt PATH --examples DIR.
 # Exit 0 pass, 1 fail, 77 skip (not root, Slurm or munge not installed, daemons refuse to start).
 # SPDX-License-Identifier: MIT
 #
@@ -386,6 +387,20 @@ def case_srun_resnet(a, c):
     print("  " + next(ln for ln in out.splitlines() if "samples_per_sec" in ln).strip())
 
 
+def case_srun_mingpt(a, c):
+    # The DDP tutorial's minGPT job (issue 19) under srun: 2 tasks, 3 steps of a tiny GPT on a text every Debian
+    # machine has, a snapshot by global rank 0.
+    out, err = srun(c, ["-n2", "-l", "--kill-on-bad-exit=1", a.mingpt, "--data_path", "/usr/share/common-licenses/GPL-3",
+                        "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "8", "--batch_size", "4",
+                        "--max_epochs", "1", "--max_iters", "3", "--log_every", "1", "--train_split", "1",
+                        "--snapshot_path", "models/gpt.safetensors"])
+    for task in (0, 1):
+        expect(re.search(rf"^{task}: \[GPU{task}\] Epoch 1 \| Iter 2 \| Train Loss [0-9.]+$", out, re.M) is not None,
+               f"task {task} is not rank {task}, or it did not train 3 steps", out, err)
+    expect(re.search(r"^0: Snapshot saved at epoch 1$", out, re.M) is not None, "no snapshot from rank 0", out, err)
+    check_slurm_ranks(c, err, 2, last_job(c))
+
+
 def have_torch():
     p = subprocess.run([PY, "-c", "import torch.distributed.run"], capture_output=True, timeout=60)
     if p.returncode != 0:
@@ -606,9 +621,10 @@ def main():
     ap.add_argument("--message-passing", dest="message_passing", required=True)
     ap.add_argument("--resnet", required=True)
     ap.add_argument("--probe", required=True)
+    ap.add_argument("--mingpt", required=True)
     ap.add_argument("--examples", required=True, help="examples/slurm (the sbatch templates)")
     a = ap.parse_args()
-    for k in ("message_passing", "resnet", "probe", "examples"):
+    for k in ("message_passing", "resnet", "probe", "mingpt", "examples"):
         setattr(a, k, os.path.abspath(getattr(a, k)))  # the jobs run in the cluster's directory
     if os.geteuid() != 0:
         print("skipped: slurmd and munged need root here (they run tasks as other users)")

@@ -2,11 +2,12 @@
 # The two training examples under the launchers of docs/ARCHITECTURE.md §0 that run on one machine: ddprun, torchrun
 # (static and c10d rendezvous), torch.distributed.launch --use_env --no_python, mpirun; the
 # resnet example on synthetic data, with --resume, and on (generated) CIFAR-10 files with evaluation.
-# Usage: examples_smoke.sh ddprun|torch|mpi <ddprun> <multinode> <resnet>
+# and (mpi) the mingpt example under mpirun with --backend mpi.
+# Usage: examples_smoke.sh ddprun|torch|mpi <ddprun> <multinode> <resnet> [<mingpt>]
 # Exit 77 (skipped) when the launcher is not installed.
 # SPDX-License-Identifier: MIT
 set -u
-mode=$1 ddprun=$2 multinode=$3 resnet=$4
+mode=$1 ddprun=$2 multinode=$3 resnet=$4 mingpt=${5:-}
 work=$(mktemp -d /tmp/ddp_examples_smoke.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -71,6 +72,12 @@ mpi)
       echo "note: built without MPI; --backend mpi not checked"
     else
       run "multinode under mpirun --backend mpi" "Training took" "${M[@]}" -x MASTER_PORT="$(free_port)" "$multinode" 2 1 --snapshot_path "$work/n.safetensors" --backend mpi
+      if [ -n "$mingpt" ]; then
+        run "mingpt under mpirun --backend mpi" "Snapshot saved at epoch 1" "${M[@]}" "$mingpt" --backend mpi \
+          --data_path /usr/share/common-licenses/GPL-3 --n_layer 1 --n_head 2 --n_embd 16 --block_size 8 --batch_size 4 \
+          --max_epochs 1 --max_iters 3 --log_every 1 --train_split 1 --snapshot_path "$work/g.safetensors"
+        grep -q "\[GPU1\] Epoch 1 | Iter 2 | Train Loss" "$work/out.log" || fail "mingpt: rank 1 did not train 3 steps"
+      fi
     fi
   fi
   ;;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -79,24 +80,18 @@ inline std::string generate(const GenerateOptions& o) {
   if (o.prompt.empty()) throw ConfigError("ddp: --prompt must not be empty: generation continues a text");
   const auto m = train::SafetensorsReader(o.snapshot_path).metadata();
   const auto number = [&](const std::string& key) { return std::stoll(detail::meta(m, key, o.snapshot_path)); };
-  const std::vector<char32_t> vocab = data::decode_utf8(detail::meta(m, "gpt.vocab", o.snapshot_path), "gpt.vocab");
+  const data::CharVocab vocab(data::decode_utf8(detail::meta(m, "gpt.vocab", o.snapshot_path), "gpt.vocab"),
+                              ddp::detail::str("the snapshot ", ddp::detail::quoted(o.snapshot_path)));
   nn::GPT<float, Cpu> net({.vocab_size = number("gpt.vocab_size"), .block_size = number("gpt.block_size"),
                            .n_layer = number("gpt.n_layer"), .n_head = number("gpt.n_head"),
                            .n_embd = number("gpt.n_embd"), .embd_pdrop = 0, .resid_pdrop = 0});
-  if (static_cast<std::int64_t>(vocab.size()) != net.options().vocab_size)
+  if (vocab.size() != net.options().vocab_size)
     throw IoError(ddp::detail::str("ddp: ", ddp::detail::quoted(o.snapshot_path), ": gpt.vocab has ", vocab.size(),
                                    " characters but gpt.vocab_size is ", net.options().vocab_size));
   train::load_state_dict(o.snapshot_path, net);
   net.eval();
 
-  std::vector<std::int64_t> ids;
-  for (char32_t ch : data::decode_utf8(o.prompt, "--prompt")) {
-    const auto it = std::find(vocab.begin(), vocab.end(), ch);
-    if (it == vocab.end())
-      throw ConfigError(ddp::detail::str("ddp: --prompt: character ", ddp::detail::quoted(data::encode_utf8(ch)),
-                                         " is not in the snapshot's vocabulary; use characters of the training text"));
-    ids.push_back(it - vocab.begin());
-  }
+  std::vector<std::int64_t> ids = vocab.encode(o.prompt);  // ValueError naming a character it lacks
   Exec<Cpu> exec;
   Generator gen(o.seed, 0, kStreamData);
   const std::int64_t block = net.options().block_size, v = net.options().vocab_size;
@@ -109,7 +104,7 @@ inline std::string generate(const GenerateOptions& o) {
     const float* last = logits.data() + (t - 1) * v;
     const std::int64_t next = detail::sample_token(std::vector<double>(last, last + v), o, gen);
     ids.push_back(next);
-    out += data::encode_utf8(vocab[static_cast<std::size_t>(next)]);
+    out += vocab.decode(std::span<const std::int64_t>(&next, 1));
   }
   return out;
 }

@@ -96,11 +96,9 @@ struct Setup {
 
 // The snapshot's metadata entries that describe the model and its vocabulary (D46); generate reads them back.
 inline std::map<std::string, std::string> model_metadata(const nn::GPTOptions& o, const data::CharDataset& text) {
-  std::string vocab;
-  for (std::int64_t i = 0; i < text.vocab_size(); ++i) vocab += text.decode(std::vector<std::int64_t>{i});
   return {{"gpt.vocab_size", std::to_string(o.vocab_size)}, {"gpt.block_size", std::to_string(o.block_size)},
           {"gpt.n_layer", std::to_string(o.n_layer)},       {"gpt.n_head", std::to_string(o.n_head)},
-          {"gpt.n_embd", std::to_string(o.n_embd)},         {"gpt.vocab", vocab}};
+          {"gpt.n_embd", std::to_string(o.n_embd)},         {"gpt.vocab", text.vocab().utf8()}};
 }
 
 // The model options a configuration gives (dropout on the rank's own streams).
@@ -167,7 +165,7 @@ int train(const Setup& s, Exec<D>& exec) {
   if (rank == 0 && std::filesystem::exists(c.snapshot_path)) {
     const auto meta = train::SafetensorsReader(c.snapshot_path).metadata();
     const auto it = meta.find("gpt.vocab");
-    if (it != meta.end() && it->second != model_metadata(mo, text).at("gpt.vocab"))
+    if (it != meta.end() && it->second != text.vocab().utf8())
       throw ConfigError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(c.snapshot_path),
                                          " was trained on a text with another vocabulary than --data_path ",
                                          ddp::detail::quoted(c.data_path), "; resume with the same text and "

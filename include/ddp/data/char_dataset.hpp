@@ -17,9 +17,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -100,9 +100,66 @@ inline std::string encode_utf8(char32_t cp) {
   return s;
 }
 
+// A character vocabulary: token id i is the i-th of a sorted list of distinct code points. CharDataset builds one
+// from its text; `mingpt generate` rebuilds it from a snapshot's metadata (utf8() written there). `source` names
+// where it came from in errors, e.g. "'input.txt'".
+class CharVocab {
+ public:
+  CharVocab() = default;
+  // The distinct code points of `chars`, sorted.
+  CharVocab(std::vector<char32_t> chars, std::string source) : source_(std::move(source)), itos_(std::move(chars)) {
+    std::sort(itos_.begin(), itos_.end());
+    itos_.erase(std::unique(itos_.begin(), itos_.end()), itos_.end());
+  }
+
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(itos_.size()); }
+  // The id of character c, -1 when it is not in the vocabulary.
+  std::int64_t id_of(char32_t c) const {
+    const auto it = std::lower_bound(itos_.begin(), itos_.end(), c);
+    return it == itos_.end() || *it != c ? -1 : it - itos_.begin();
+  }
+  // Every character in id order, as UTF-8: CharVocab(decode_utf8(utf8(), ...), ...) is the same vocabulary.
+  std::string utf8() const {
+    std::string out;
+    for (char32_t c : itos_) out += encode_utf8(c);
+    return out;
+  }
+
+  // Token ids of `text` (UTF-8); a character outside the vocabulary is a ValueError naming it.
+  std::vector<std::int64_t> encode(const std::string& text) const {
+    std::vector<std::int64_t> ids;
+    for (char32_t c : decode_utf8(text, "the prompt")) {
+      const std::int64_t id = id_of(c);
+      if (id < 0) {
+        char code[16];
+        std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(c));
+        throw ValueError(ddp::detail::str("ddp: character ", ddp::detail::quoted(encode_utf8(c)), " (", code,
+                                          ") is not in the vocabulary of ", source_,
+                                          "; use characters that occur in the text"));
+      }
+      ids.push_back(id);
+    }
+    return ids;
+  }
+  // UTF-8 text of token ids; an id outside [0, size()) is a ValueError.
+  std::string decode(std::span<const std::int64_t> ids) const {
+    std::string out;
+    for (std::int64_t id : ids) {
+      if (id < 0 || id >= size())
+        throw ValueError(ddp::detail::str("ddp: token id ", id, " is outside the vocabulary [0, ", size(), ")"));
+      out += encode_utf8(itos_[static_cast<std::size_t>(id)]);
+    }
+    return out;
+  }
+
+ private:
+  std::string source_;          // for messages
+  std::vector<char32_t> itos_;  // token id -> character, sorted
+};
+
 class CharDataset {
  public:
-  CharDataset(const std::string& path, const CharDatasetOptions& o) : path_(path), block_size_(o.block_size) {
+  CharDataset(const std::string& path, const CharDatasetOptions& o) : block_size_(o.block_size) {
     if (!(o.truncate > 0.0 && o.truncate <= 1.0))
       throw ConfigError(ddp::detail::str("ddp: character dataset truncate must be in (0, 1], got ", o.truncate,
                                          " (--truncate)"));
@@ -119,46 +176,23 @@ class CharDataset {
       throw IoError(ddp::detail::str("ddp: text file ", ddp::detail::quoted(path), " has ", text.size(),
                                      " characters (after --truncate ", o.truncate, "), too few for one sample of "
                                      "block_size + 1 = ", block_size_ + 1, "; use a longer text or a smaller block_size"));
-    itos_ = text;
-    std::sort(itos_.begin(), itos_.end());
-    itos_.erase(std::unique(itos_.begin(), itos_.end()), itos_.end());
-    std::map<char32_t, std::int64_t> stoi;
-    for (std::size_t i = 0; i < itos_.size(); ++i) stoi.emplace(itos_[i], static_cast<std::int64_t>(i));
+    vocab_ = CharVocab(text, ddp::detail::quoted(path));
     tokens_.reserve(text.size());
-    for (char32_t c : text) tokens_.push_back(stoi.at(c));
+    for (char32_t c : text) tokens_.push_back(vocab_.id_of(c));
   }
 
   // Samples: len - block_size, as the tutorial's __len__.
   std::size_t size() const noexcept { return tokens_.size() - static_cast<std::size_t>(block_size_); }
   std::int64_t block_size() const noexcept { return block_size_; }
-  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(itos_.size()); }
+  std::int64_t vocab_size() const noexcept { return vocab_.size(); }
+  const CharVocab& vocab() const noexcept { return vocab_; }
   std::size_t num_characters() const noexcept { return tokens_.size(); }
   // The whole (truncated) text as token ids.
   const std::vector<std::int64_t>& tokens() const noexcept { return tokens_; }
 
-  // Token ids of `text` (UTF-8); a character outside the vocabulary is a ValueError naming it.
-  std::vector<std::int64_t> encode(const std::string& text) const {
-    std::vector<std::int64_t> ids;
-    for (char32_t c : decode_utf8(text, "the prompt")) {
-      const auto it = std::lower_bound(itos_.begin(), itos_.end(), c);
-      if (it == itos_.end() || *it != c)
-        throw ValueError(ddp::detail::str("ddp: character ", ddp::detail::quoted(encode_utf8(c)), " (U+",
-                                          static_cast<std::uint32_t>(c), ") is not in the vocabulary of ",
-                                          ddp::detail::quoted(path_), "; use characters that occur in the text"));
-      ids.push_back(it - itos_.begin());
-    }
-    return ids;
-  }
-  // UTF-8 text of token ids; an id outside [0, vocab_size) is a ValueError.
-  std::string decode(std::span<const std::int64_t> ids) const {
-    std::string out;
-    for (std::int64_t id : ids) {
-      if (id < 0 || id >= vocab_size())
-        throw ValueError(ddp::detail::str("ddp: token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")"));
-      out += encode_utf8(itos_[static_cast<std::size_t>(id)]);
-    }
-    return out;
-  }
+  // Token ids of `text` and back (CharVocab's).
+  std::vector<std::int64_t> encode(const std::string& text) const { return vocab_.encode(text); }
+  std::string decode(std::span<const std::int64_t> ids) const { return vocab_.decode(ids); }
 
   // Sample `index`: x = tokens [index, index + block_size), y = the same shifted by one.
   void get_into(std::size_t index, std::span<std::int64_t> x, std::span<std::int64_t> y) const {
@@ -185,9 +219,8 @@ class CharDataset {
   }
 
  private:
-  std::string path_;
   std::int64_t block_size_;
-  std::vector<char32_t> itos_;         // token id -> character, sorted
+  CharVocab vocab_;
   std::vector<std::int64_t> tokens_;  // the text as token ids
 };
 

@@ -11,6 +11,7 @@
 // in KernelsApi. validate() throws ValueError like args.hpp's.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "ddp/core/error.hpp"
@@ -37,6 +38,12 @@ struct AttentionBackwardArgs {
   TensorView<T, D> dqkv;       // (B, T, 3C): overwritten with dq, dk, dv side by side
   std::int64_t n_head = 1;
 };
+
+// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T: the scores' scale of every device's kernel.
+template <class T>
+T attention_scale(std::int64_t hs) {
+  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+}
 
 // Checks qkv (B, T, 3C) with C divisible by n_head and returns C.
 template <class T, Device D>

@@ -36,12 +36,6 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T.
-template <class T>
-T attention_scale(std::int64_t hs) {
-  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-}
-
 // Row i of the (t x t) scores `att` becomes softmax(att[i][0..i]) and 0 beyond column i, in place. In float the
 // exponentials are exp_vectorizable's (kernels/cpu/vec_math.hpp, a few ulp; GCC vectorises that loop, which
 // libm's expf it cannot): with T 64 they were most of the attention forward's time. The sum stays in order.
@@ -84,7 +78,7 @@ template <class T>
 void attention_forward(const Exec<Cpu>& exec, const AttentionForwardArgs<T, Cpu>& a) {
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
-  const T scale = detail::attention_scale<T>(hs);
+  const T scale = attention_scale<T>(hs);
   const T* qkv = a.qkv.data();
   T* att_all = a.att.data();
   T* y = a.y.data();
@@ -106,7 +100,7 @@ template <class T>
 void attention_backward(const Exec<Cpu>& exec, const AttentionBackwardArgs<T, Cpu>& a) {
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
-  const T scale = detail::attention_scale<T>(hs);
+  const T scale = attention_scale<T>(hs);
   const T* qkv = a.qkv.data();
   const T* att_all = a.att.data();
   const T* dy_all = a.dy.data();

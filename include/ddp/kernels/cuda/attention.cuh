@@ -42,27 +42,10 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-inline constexpr int kAttRowsPerBlock = kThreads / 32;  // one warp per row of T scores
-
-// Max and sum over the warp, valid in every lane.
-template <class V>
-__device__ V warp_max_all(V v) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const V o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-template <class V>
-__device__ V warp_add_all(V v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 // Row r of `rows` (T x T) matrices, in place: att[i][j] = softmax over j <= i, 0 for j > i (i = r % T).
 template <class T>
 __global__ void causal_softmax_kernel(T* __restrict__ att, std::int64_t rows, std::int64_t t) {
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kAttRowsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t r = warp_row();
   if (r >= rows) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t i = r % t;
@@ -76,7 +59,7 @@ __global__ void causal_softmax_kernel(T* __restrict__ att, std::int64_t rows, st
     row[j] = p;
     sum += p;
   }
-  const T inv = T(1) / warp_add_all(sum);
+  const T inv = T(1) / warp_sum_all(sum);
   for (std::int64_t j = lane; j < t; j += 32) row[j] = j <= i ? row[j] * inv : T(0);
 }
 
@@ -85,7 +68,7 @@ __global__ void causal_softmax_kernel(T* __restrict__ att, std::int64_t rows, st
 template <class T>
 __global__ void causal_softmax_backward_kernel(const T* __restrict__ att, std::int64_t att_batch_stride,
                                                T* __restrict__ datt, std::int64_t rows, std::int64_t t) {
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kAttRowsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t r = warp_row();
   if (r >= rows) return;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t b = r / t, i = r % t;
@@ -93,18 +76,8 @@ __global__ void causal_softmax_backward_kernel(const T* __restrict__ att, std::i
   T* g = datt + r * t;
   T dot = T(0);
   for (std::int64_t j = lane; j <= i; j += 32) dot += p[j] * g[j];
-  dot = warp_add_all(dot);
+  dot = warp_sum_all(dot);
   for (std::int64_t j = lane; j < t; j += 32) g[j] = j <= i ? p[j] * (g[j] - dot) : T(0);
-}
-
-inline unsigned attention_row_blocks(std::int64_t rows) {
-  return static_cast<unsigned>((rows + kAttRowsPerBlock - 1) / kAttRowsPerBlock);
-}
-
-// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T (the CPU's attention_scale).
-template <class T>
-T attention_scale(std::int64_t hs) {
-  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
 }
 
 }  // namespace detail
@@ -113,7 +86,7 @@ template <class T>
 void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
-  const T scale = detail::attention_scale<T>(hs);
+  const T scale = attention_scale<T>(hs);
   const cudaStream_t s = cuda_stream(e);
   const char* op = "attention_forward";
   for (std::int64_t h = 0; h < nh; ++h) {
@@ -122,7 +95,7 @@ void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, Cuda>&
                                     t * 3 * c, T(0), a.att.data() + h * t * t, t, nh * t * t, b, e.precision);
   }
   const std::int64_t rows = b * nh * t;
-  detail::causal_softmax_kernel<T><<<detail::attention_row_blocks(rows), kThreads, 0, s>>>(a.att.data(), rows, t);
+  detail::causal_softmax_kernel<T><<<warp_row_blocks(rows), kThreads, 0, s>>>(a.att.data(), rows, t);
   check_launch("causal_softmax_kernel", s);
   for (std::int64_t h = 0; h < nh; ++h) {
     const T* v = a.qkv.data() + 2 * c + h * hs;
@@ -136,7 +109,7 @@ template <class T>
 void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
-  const T scale = detail::attention_scale<T>(hs);
+  const T scale = attention_scale<T>(hs);
   const cudaStream_t s = cuda_stream(e);
   const char* op = "attention_backward";
   const CudaAllocStream on_stream(e);  // the scratch is freed while the kernels below may still run on e's stream
@@ -156,7 +129,7 @@ void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, Cuda
     detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_T, hs, t, t, T(1), dy, c, sy, att, t, sa, T(0), dv,
                                     3 * c, sq, b, e.precision);
     detail::causal_softmax_backward_kernel<T>
-        <<<detail::attention_row_blocks(b * t), kThreads, 0, s>>>(att, sa, datt.data(), b * t, t);
+        <<<warp_row_blocks(b * t), kThreads, 0, s>>>(att, sa, datt.data(), b * t, t);
     check_launch("causal_softmax_backward_kernel", s);
     detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_N, hs, t, t, scale, k, 3 * c, sq, datt.data(), t, st,
                                     T(0), dq, 3 * c, sq, b, e.precision);

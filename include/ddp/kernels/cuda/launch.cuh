@@ -112,6 +112,31 @@ void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
   check_launch("for_each_index_kernel", cuda_stream(e), type_name<F>());
 }
 
+// Sum and maximum of v over the warp, valid in every lane (butterfly: the same order in every lane and run).
+template <class V>
+__device__ V warp_sum_all(V v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+template <class V>
+__device__ V warp_max_all(V v) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const V o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+// Kernels that give each row one warp (layer_norm.cuh, attention.cuh's softmax): kThreads / 32 rows per block,
+// row blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32.
+inline constexpr int kWarpRowsPerBlock = kThreads / 32;
+inline unsigned warp_row_blocks(std::int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+}
+__device__ inline std::int64_t warp_row() {
+  return static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + (threadIdx.x >> 5);
+}
+
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.
 // Fixed combination order: the same inputs give the same bits on every run.
 template <class V>

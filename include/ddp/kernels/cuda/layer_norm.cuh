@@ -2,7 +2,8 @@
 // SPDX-License-Identifier: MIT
 //
 // Same formulas and saved state as kernels/cpu/layer_norm.hpp (x (M, C) is M rows; mean and rstd per row, in
-// LayerNormStat<T>). One warp per row, kRowsPerBlock rows per 256-thread block, each lane striding over the row:
+// LayerNormStat<T>). One warp per row (launch.cuh's warp_row: kWarpRowsPerBlock rows per 256-thread block), each
+// lane striding over the row:
 //   forward   pass 1 sum x -> mean; pass 2 sum (x - mean)^2 -> var (two passes: no cancellation; the second
 //             re-reads the row, which is in L1/L2); rstd = 1 / sqrt(var + eps) in double, rounded once;
 //             y = (x rstd - mean rstd) * weight + bias, the CPU's order of operations
@@ -32,22 +33,13 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-inline constexpr int kLnRowsPerBlock = kThreads / 32;  // one warp per row
-
-// Sum of v over the warp, valid in every lane (butterfly: the same order in every lane and run).
-template <class V>
-__device__ V warp_sum_all(V v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 template <class T>
 __global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                           T* __restrict__ y, LayerNormStat<T>* __restrict__ mean_out,
                                           LayerNormStat<T>* __restrict__ rstd_out, std::int64_t m, std::int64_t c,
                                           double eps) {
   using S = LayerNormStat<T>;
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kLnRowsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t r = warp_row();
   if (r >= m) return;  // whole warps leave together: the shuffles below see full warps
   const int lane = static_cast<int>(threadIdx.x & 31);
   const T* xr = x + r * c;
@@ -81,7 +73,7 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ x, const T* __restric
                                      const LayerNormStat<T>* __restrict__ rstd, const T* __restrict__ dy,
                                      T* __restrict__ dx, std::int64_t m, std::int64_t c) {
   using S = LayerNormStat<T>;
-  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kLnRowsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t r = warp_row();
   if (r >= m) return;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const T* xr = x + r * c;
@@ -148,10 +140,6 @@ __global__ void layer_norm_param_finalize_kernel(const double* __restrict__ part
   out[j] = static_cast<T>(s);
 }
 
-inline unsigned layer_norm_row_blocks(std::int64_t m) {
-  return static_cast<unsigned>((m + kLnRowsPerBlock - 1) / kLnRowsPerBlock);
-}
-
 }  // namespace detail
 
 template <class T>
@@ -159,7 +147,7 @@ void layer_norm_forward(const Exec<Cuda>& e, const LayerNormForwardArgs<T, Cuda>
   validate(a);
   const std::int64_t m = a.x.dim(0), c = a.x.dim(1);
   const cudaStream_t s = cuda_stream(e);
-  detail::layer_norm_forward_kernel<T><<<detail::layer_norm_row_blocks(m), kThreads, 0, s>>>(
+  detail::layer_norm_forward_kernel<T><<<warp_row_blocks(m), kThreads, 0, s>>>(
       a.x.data(), a.weight.empty() ? nullptr : a.weight.data(), a.bias.empty() ? nullptr : a.bias.data(), a.y.data(),
       a.mean.data(), a.rstd.data(), m, c, a.eps);
   check_launch("layer_norm_forward_kernel", s);
@@ -171,7 +159,7 @@ void layer_norm_backward(const Exec<Cuda>& e, const LayerNormBackwardArgs<T, Cud
   const std::int64_t m = a.x.dim(0), c = a.x.dim(1);
   const cudaStream_t s = cuda_stream(e);
   if (!a.dx.empty()) {
-    detail::layer_norm_dx_kernel<T><<<detail::layer_norm_row_blocks(m), kThreads, 0, s>>>(
+    detail::layer_norm_dx_kernel<T><<<warp_row_blocks(m), kThreads, 0, s>>>(
         a.x.data(), a.weight.empty() ? nullptr : a.weight.data(), a.mean.data(), a.rstd.data(), a.dy.data(),
         a.dx.data(), m, c);
     check_launch("layer_norm_dx_kernel", s);

@@ -109,12 +109,15 @@ inline nn::GPTOptions gpt_options(const Config& c, std::int64_t vocab_size, int 
 }
 
 // Mean cross-entropy of logits (B, T, V) against targets (B, T) over the B*T positions, as the tutorial's
-// F.cross_entropy(logits.view(-1, V), targets.view(-1)); keeps d(loss)/d(logits) in ce for backward.
+// F.cross_entropy(logits.view(-1, V), targets.view(-1)); with `grad` it keeps d(loss)/d(logits) in ce for
+// backward, without (evaluation) it computes none.
 template <Device D>
 double lm_loss(nn::CrossEntropyLoss<float, D>& ce, Exec<D>& exec, const Tensor<float, D>& logits,
-               TensorView<const std::int64_t, D> targets) {
+               TensorView<const std::int64_t, D> targets, bool grad = true) {
   const std::int64_t rows = logits.dim(0) * logits.dim(1), v = logits.dim(2);
-  return ce.forward(exec, logits.cview().reshape(Shape{rows, v}), targets.reshape(Shape{rows}));
+  const auto l = logits.cview().reshape(Shape{rows, v});
+  const auto y = targets.reshape(Shape{rows});
+  return grad ? ce.forward(exec, l, y) : ce.value(exec, l, y);
 }
 
 // This rank's share of the test split through the unwrapped model in eval mode: [loss summed over batches x
@@ -136,7 +139,7 @@ std::array<double, 2> eval_share(nn::GPT<float, D>& net, Exec<D>& exec, const da
     const auto y = train::on_device<D>(b.y.cview(), exec);
     const Tensor<float, D> logits = net.forward(exec, x.cview());
     const double n = static_cast<double>(b.y.numel());
-    sum += lm_loss(ce, exec, logits, y.cview()) * n;
+    sum += lm_loss(ce, exec, logits, y.cview(), /*grad=*/false) * n;
     positions += n;
   }
   net.train();

@@ -32,13 +32,18 @@ class CrossEntropyLoss {
 
   // Mean loss over the batch; computes and keeps d(loss)/d(logits) for backward().
   double forward(Exec<D>& exec, TensorView<const T, D> logits, TensorView<const std::int64_t, D> labels) {
-    if (logits.rank() == 2 && labels.rank() == 1 && logits.dim(0) != labels.dim(0))
-      throw ValueError(ddp::detail::str("ddp: CrossEntropyLoss: ", logits.dim(0), " rows of logits ", logits.shape(),
-                                        " but ", labels.dim(0), " labels; the batch and its labels must match"));
+    check_batch(logits, labels);
     dlogits_ = Tensor<T, D>(logits.shape());
     return Kernels<D>::cross_entropy(exec, kernels::CrossEntropyArgs<T, D>{.logits = logits, .labels = labels,
                                                                             .dlogits = dlogits_.view(),
                                                                             .label_smoothing = o_.label_smoothing});
+  }
+  // The mean loss alone, for evaluation: no gradient is computed or kept (backward() is not affected).
+  double value(Exec<D>& exec, TensorView<const T, D> logits, TensorView<const std::int64_t, D> labels) const {
+    check_batch(logits, labels);
+    return Kernels<D>::cross_entropy(
+        exec, kernels::CrossEntropyArgs<T, D>{.logits = logits, .labels = labels, .dlogits = {},
+                                              .label_smoothing = o_.label_smoothing});
   }
   // d(loss)/d(logits) of the last forward (moved out: call once per forward).
   Tensor<T, D> backward(Exec<D>& /*exec*/) {
@@ -48,6 +53,12 @@ class CrossEntropyLoss {
   }
 
  private:
+  static void check_batch(const TensorView<const T, D>& logits, const TensorView<const std::int64_t, D>& labels) {
+    if (logits.rank() == 2 && labels.rank() == 1 && logits.dim(0) != labels.dim(0))
+      throw ValueError(ddp::detail::str("ddp: CrossEntropyLoss: ", logits.dim(0), " rows of logits ", logits.shape(),
+                                        " but ", labels.dim(0), " labels; the batch and its labels must match"));
+  }
+
   CrossEntropyOptions o_;
   Tensor<T, D> dlogits_;  // (N, C)
 };

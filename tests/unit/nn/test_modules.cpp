@@ -174,5 +174,9 @@ TEST_SUITE("nn") {
                          "ddp: CrossEntropyLoss: 2 rows of logits (2, 10) but 1 labels; the batch and its labels must "
                          "match",
                          ValueError);
+    CHECK_THROWS_AS(ce.value(exec, logits.cview(), short_labels.cview()), ValueError);
+    // value(): the loss without a gradient (evaluation) -- uniform logits over 10 classes give ln 10.
+    auto good = Tensor<std::int64_t, Cpu>::from({2}, {3, 9});
+    CHECK(ce.value(exec, logits.cview(), good.cview()) == doctest::Approx(std::log(10.0)));
   }
 }

@@ -14,17 +14,20 @@
 // AdamW lr 3e-4, weight decay 0.1 on Linear weights, grad_norm_clip 1.0, save_every 3, truncate 0.05,
 // train_split 0.9). --config reads the same settings from a JSON file with that file's sections and keys:
 //   {"data_config": {"path": "input.txt", "block_size": 128, "train_split": 0.9, "truncate": 0.05},
-//    "gpt_config": {"n_layer": 8, "n_head": 8, "n_embd": 512},
+//    "gpt_config": {"n_layer": 8, "n_head": 8, "n_embd": 512, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "attn_pdrop": 0.1},
 //    "trainer_config": {"max_epochs": 10, "batch_size": 216, "grad_norm_clip": 1.0,
-//                       "snapshot_path": "gpt_snapshot.safetensors", "save_every": 3, "use_amp": false},
+//                       "snapshot_path": "gpt_snapshot.safetensors", "save_every": 3, "use_amp": false,
+//                       "amp_dtype": "bf16", "loss_scale": 0},
 //    "optimizer_config": {"weight_decay": 0.1, "learning_rate": 0.0003}}
 // A flag given on the command line wins over the file. Unknown sections or keys are errors naming them
 // (the tutorial's data_loader_workers and compile are accepted and ignored: batches are slices of the text).
 // Device (train/device_choice.hpp, the other examples' rules): --device cuda trains on GPU LOCAL_RANK with nccl (or
 // shares the visible GPUs with gloo/tcp); without --device a build with CUDA and a visible GPU trains on the GPU
-// (not with --backend mpi), anything else on the CPU. The GPU path (train_cuda.cu, fp32) is UNVERIFIED: GPT's CUDA
-// kernels have never run on a GPU (docs/ARCHITECTURE.md D48). --use_amp (mixed precision) is not written yet and
-// is refused.
+// (not with --backend mpi), anything else on the CPU. The GPU path (train_cuda.cu) is UNVERIFIED: GPT's CUDA
+// kernels have never run on a GPU (docs/ARCHITECTURE.md D48).
+// Mixed precision (--use_amp, GPU only; D49): the GEMMs (Linear, attention) compute with --amp_dtype operands (bf16,
+// the default, or fp16: the tutorial's autocast dtype) and fp32 accumulation; everything else stays fp32. fp16 adds
+// the dynamic loss scaler (optim/grad_scaler.hpp, torch's GradScaler rule); --loss_scale turns that on anywhere.
 // Output (what the tutorial prints; train.hpp): "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" every
 // --log_every steps, "Snapshot saved at epoch <e>", and per epoch "[GPU0] Epoch <e> | Eval Loss <x>".
 #include <cxxopts.hpp>
@@ -32,10 +35,15 @@
 #include <ddp/core/log.hpp>
 #include <ddp/env/flags.hpp>
 #include <ddp/train/options.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "../common/placement.hpp"
 #include "cuda_entry.hpp"
@@ -46,8 +54,92 @@ using namespace ddp;
 
 namespace {
 
+using mingpt_example::Config;
+
+// Every training setting once: its --config section and key (section "": flag only), its flag and help. The flags,
+// the JSON reader and the flag overrides below all walk this table.
+struct Setting {
+  const char* section;
+  const char* key;
+  const char* flag;
+  const char* help;
+  std::variant<std::string Config::*, std::int64_t Config::*, std::uint64_t Config::*, double Config::*,
+               bool Config::*>
+      member;
+};
+
+const Setting kSettings[] = {
+    {"data_config", "path", "data_path", "the text to train on (UTF-8)", &Config::data_path},
+    {"data_config", "block_size", "block_size", "characters per sample: the context length", &Config::block_size},
+    {"data_config", "train_split", "train_split", "fraction of the samples for training, the rest for evaluation",
+     &Config::train_split},
+    {"data_config", "truncate", "truncate", "fraction of the text used, from its start", &Config::truncate},
+    {"gpt_config", "n_layer", "n_layer", "transformer blocks", &Config::n_layer},
+    {"gpt_config", "n_head", "n_head", "attention heads", &Config::n_head},
+    {"gpt_config", "n_embd", "n_embd", "embedding width", &Config::n_embd},
+    {"gpt_config", "embd_pdrop", "embd_pdrop", "embedding dropout", &Config::embd_pdrop},
+    {"gpt_config", "resid_pdrop", "resid_pdrop", "residual dropout", &Config::resid_pdrop},
+    {"gpt_config", "attn_pdrop", "attn_pdrop", "dropout on the attention weights", &Config::attn_pdrop},
+    {"trainer_config", "max_epochs", "max_epochs", "epochs to train", &Config::max_epochs},
+    {"trainer_config", "batch_size", "batch_size", "samples per rank and step", &Config::batch_size},
+    {"trainer_config", "grad_norm_clip", "grad_norm_clip", "clip the global gradient norm to this",
+     &Config::grad_norm_clip},
+    {"trainer_config", "snapshot_path", "snapshot_path", "snapshot file (global rank 0 writes it; generate reads it)",
+     &Config::snapshot_path},
+    {"trainer_config", "save_every", "save_every", "write a snapshot every this many epochs (and after the last)",
+     &Config::save_every},
+    {"trainer_config", "use_amp", "use_amp",
+     "mixed precision on the GPU: GEMMs in --amp_dtype with fp32 accumulation (unverified: never run on a GPU)",
+     &Config::use_amp},
+    {"trainer_config", "amp_dtype", "amp_dtype",
+     "bf16 or fp16 (the tutorial's autocast default; adds the dynamic loss scaler)", &Config::amp_dtype},
+    {"trainer_config", "loss_scale", "loss_scale",
+     "initial scale of the dynamic loss scaler (0: 65536 with --use_amp --amp_dtype fp16, else no scaler); > 0 "
+     "turns it on for any device and precision",
+     &Config::loss_scale},
+    {"optimizer_config", "weight_decay", "weight_decay", "AdamW weight decay on Linear weights", &Config::weight_decay},
+    {"optimizer_config", "learning_rate", "learning_rate", "AdamW learning rate", &Config::learning_rate},
+    {"", "", "seed", "initialisation, data split, dropout and sampling seed", &Config::seed},
+    {"", "", "log_every", "print the train loss every this many steps (0: never)", &Config::log_every},
+    {"", "", "max_iters", "at most this many steps per epoch (0: the whole epoch)", &Config::max_iters},
+};
+
+// How a setting is read from a flag or JSON: unsigned settings as signed, so that a negative value gets our
+// error naming the setting (cxxopts' own says only "Argument '-1' failed to parse").
+template <class V>
+using ReadAs = std::conditional_t<std::is_same_v<V, std::uint64_t>, std::int64_t, V>;
+
+// c.*m = v, checking an unsigned setting's sign; `name` says where v came from.
+template <class V>
+void assign(Config& c, V Config::*m, const ReadAs<V>& v, const std::string& name) {
+  if constexpr (std::is_same_v<V, std::uint64_t>) {
+    if (v < 0) throw ConfigError(ddp::detail::str("ddp: ", name, " must be >= 0, got ", v));
+    c.*m = static_cast<V>(v);
+  } else {
+    c.*m = v;
+  }
+}
+
+// One cxxopts option per setting, its default from Config's (bool settings are flags without a value).
+void add_setting_options(cxxopts::Options& options) {
+  const Config d;  // the tutorial's defaults
+  auto add = options.add_options();
+  for (const Setting& s : kSettings)
+    std::visit(
+        [&](auto m) {
+          using V = std::remove_cvref_t<decltype(d.*m)>;
+          if constexpr (std::is_same_v<V, bool>)
+            add(s.flag, s.help);
+          else if constexpr (std::is_same_v<V, std::string>)
+            add(s.flag, s.help, cxxopts::value<V>()->default_value(d.*m));
+          else
+            add(s.flag, s.help, cxxopts::value<ReadAs<V>>()->default_value(ddp::detail::str(d.*m)));
+        },
+        s.member);
+}
+
 // The --config file's settings into c (flags given on the command line are applied afterwards, so they win).
-void apply_config_file(const std::string& path, mingpt_example::Config& c) {
+void apply_config_file(const std::string& path, Config& c) {
   std::ifstream in(path);
   if (!in) throw IoError(ddp::detail::str("ddp: cannot open --config file ", ddp::detail::quoted(path)));
   nlohmann::json j;
@@ -66,31 +158,39 @@ void apply_config_file(const std::string& path, mingpt_example::Config& c) {
       throw ConfigError(ddp::detail::str("ddp: --config file ", ddp::detail::quoted(path), ": section '", section,
                                          "' must be an object"));
     for (const auto& [key, v] : body.items()) {
+      if (section == "trainer_config" && key == "data_loader_workers") continue;  // no loader threads
+      const auto s = std::find_if(std::begin(kSettings), std::end(kSettings), [&](const Setting& x) {
+        return *x.section && section == x.section && key == x.key;
+      });
+      if (s == std::end(kSettings))
+        throw ConfigError(ddp::detail::str("ddp: unknown setting ", where(section, key), "; see `mingpt --help`"));
       try {
-        if (section == "data_config" && key == "path") c.data_path = v.get<std::string>();
-        else if (section == "data_config" && key == "block_size") c.block_size = v.get<std::int64_t>();
-        else if (section == "data_config" && key == "train_split") c.train_split = v.get<double>();
-        else if (section == "data_config" && key == "truncate") c.truncate = v.get<double>();
-        else if (section == "gpt_config" && key == "n_layer") c.n_layer = v.get<std::int64_t>();
-        else if (section == "gpt_config" && key == "n_head") c.n_head = v.get<std::int64_t>();
-        else if (section == "gpt_config" && key == "n_embd") c.n_embd = v.get<std::int64_t>();
-        else if (section == "gpt_config" && key == "embd_pdrop") c.embd_pdrop = v.get<double>();
-        else if (section == "gpt_config" && key == "resid_pdrop") c.resid_pdrop = v.get<double>();
-        else if (section == "trainer_config" && key == "max_epochs") c.max_epochs = v.get<long>();
-        else if (section == "trainer_config" && key == "batch_size") c.batch_size = v.get<std::size_t>();
-        else if (section == "trainer_config" && key == "grad_norm_clip") c.grad_norm_clip = v.get<double>();
-        else if (section == "trainer_config" && key == "snapshot_path") c.snapshot_path = v.get<std::string>();
-        else if (section == "trainer_config" && key == "save_every") c.save_every = v.get<long>();
-        else if (section == "trainer_config" && key == "use_amp") c.use_amp = v.get<bool>();
-        else if (section == "trainer_config" && key == "data_loader_workers") continue;  // no loader threads
-        else if (section == "optimizer_config" && key == "weight_decay") c.weight_decay = v.get<double>();
-        else if (section == "optimizer_config" && key == "learning_rate") c.learning_rate = v.get<double>();
-        else
-          throw ConfigError(ddp::detail::str("ddp: unknown setting ", where(section, key), "; see `mingpt --help`"));
+        std::visit(
+            [&](auto m) {
+              using V = std::remove_cvref_t<decltype(c.*m)>;
+              assign(c, m, v.get<ReadAs<V>>(), where(section, key));
+            },
+            s->member);
       } catch (const nlohmann::json::exception& e) {
         throw ConfigError(ddp::detail::str("ddp: ", where(section, key), " has the wrong type (", v.dump(), "): ", e.what()));
       }
     }
+  }
+}
+
+// Settings given on the command line into c (after --config, so they win).
+void apply_flags(const cxxopts::ParseResult& args, Config& c) {
+  for (const Setting& s : kSettings) {
+    if (!args.count(s.flag)) continue;
+    std::visit(
+        [&](auto m) {
+          using V = std::remove_cvref_t<decltype(c.*m)>;
+          if constexpr (std::is_same_v<V, bool>)
+            c.*m = true;
+          else
+            assign(c, m, args[s.flag].as<ReadAs<V>>(), ddp::detail::str("--", s.flag));
+        },
+        s.member);
   }
 }
 
@@ -100,7 +200,7 @@ int run_generate(const cxxopts::ParseResult& args) {
                                           .max_new_tokens = args["max_new_tokens"].as<long>(),
                                           .temperature = args["temperature"].as<double>(),
                                           .top_k = args["top_k"].as<long>(),
-                                          .seed = static_cast<std::uint64_t>(args["seed"].as<long>())};
+                                          .seed = args["seed"].as<std::uint64_t>()};
   std::cout << mingpt_example::generate(o) << std::endl;
   return 0;
 }
@@ -111,33 +211,13 @@ int main(int argc, char** argv) {
   try {
     const env::Env env = env::Env::process();
     const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);
-    const mingpt_example::Config d;  // the tutorial's defaults
     cxxopts::Options options("mingpt", "The DDP tutorial's minGPT job: a character-level GPT trained with DDP");
     options.positional_help("[train|generate]");
-    const auto num = [](auto v) { return cxxopts::value<decltype(v)>()->default_value(std::to_string(v)); };
-    const auto real = [](double v) { return cxxopts::value<double>()->default_value(ddp::detail::str(v)); };
     options.add_options()("mode", "train (default) or generate", cxxopts::value<std::string>()->default_value("train"))(
         "config", "JSON file with the tutorial's config sections (see the file comment)",
-        cxxopts::value<std::string>()->default_value(""))(
-        "data_path", "the text to train on (UTF-8)", cxxopts::value<std::string>()->default_value(""))(
-        "block_size", "characters per sample: the context length", num(d.block_size))(
-        "train_split", "fraction of the samples for training, the rest for evaluation", real(d.train_split))(
-        "truncate", "fraction of the text used, from its start", real(d.truncate))(
-        "n_layer", "transformer blocks", num(d.n_layer))("n_head", "attention heads", num(d.n_head))(
-        "n_embd", "embedding width", num(d.n_embd))("embd_pdrop", "embedding dropout", real(d.embd_pdrop))(
-        "resid_pdrop", "residual dropout", real(d.resid_pdrop))(
-        "max_epochs", "epochs to train", num(d.max_epochs))(
-        "batch_size", "samples per rank and step", num(static_cast<long>(d.batch_size)))(
-        "grad_norm_clip", "clip the global gradient norm to this", real(d.grad_norm_clip))(
-        "snapshot_path", "snapshot file (global rank 0 writes it; generate reads it)",
-        cxxopts::value<std::string>()->default_value(d.snapshot_path))(
-        "save_every", "write a snapshot every this many epochs (and after the last)", num(d.save_every))(
-        "use_amp", "mixed precision (not written for GPT yet: refused)")(
-        "weight_decay", "AdamW weight decay on Linear weights", real(d.weight_decay))(
-        "learning_rate", "AdamW learning rate", real(d.learning_rate))(
-        "seed", "initialisation, data split, dropout and sampling seed", num(static_cast<long>(d.seed)))(
-        "log_every", "print the train loss every this many steps (0: never)", num(d.log_every))(
-        "max_iters", "at most this many steps per epoch (0: the whole epoch)", num(d.max_iters))(
+        cxxopts::value<std::string>()->default_value(""));
+    add_setting_options(options);
+    options.add_options()(
         "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; "
         "else cpu). The GPU path is unverified: GPT's CUDA kernels have never run on a GPU",
         cxxopts::value<std::string>()->default_value(""))(
@@ -161,29 +241,9 @@ int main(int argc, char** argv) {
     if (mode == "generate") return run_generate(args);
     if (mode != "train") throw ConfigError("ddp: the mode must be train or generate, got '" + mode + "'");
 
-    mingpt_example::Config c;
+    Config c;
     if (const std::string cfg = args["config"].as<std::string>(); !cfg.empty()) apply_config_file(cfg, c);
-    const auto given = [&](const char* flag) { return args.count(flag) > 0; };
-    if (given("data_path")) c.data_path = args["data_path"].as<std::string>();
-    if (given("block_size")) c.block_size = args["block_size"].as<std::int64_t>();
-    if (given("train_split")) c.train_split = args["train_split"].as<double>();
-    if (given("truncate")) c.truncate = args["truncate"].as<double>();
-    if (given("n_layer")) c.n_layer = args["n_layer"].as<std::int64_t>();
-    if (given("n_head")) c.n_head = args["n_head"].as<std::int64_t>();
-    if (given("n_embd")) c.n_embd = args["n_embd"].as<std::int64_t>();
-    if (given("embd_pdrop")) c.embd_pdrop = args["embd_pdrop"].as<double>();
-    if (given("resid_pdrop")) c.resid_pdrop = args["resid_pdrop"].as<double>();
-    if (given("max_epochs")) c.max_epochs = args["max_epochs"].as<long>();
-    if (given("batch_size")) c.batch_size = static_cast<std::size_t>(std::max(0L, args["batch_size"].as<long>()));
-    if (given("grad_norm_clip")) c.grad_norm_clip = args["grad_norm_clip"].as<double>();
-    if (given("snapshot_path")) c.snapshot_path = args["snapshot_path"].as<std::string>();
-    if (given("save_every")) c.save_every = args["save_every"].as<long>();
-    if (given("use_amp")) c.use_amp = true;
-    if (given("weight_decay")) c.weight_decay = args["weight_decay"].as<double>();
-    if (given("learning_rate")) c.learning_rate = args["learning_rate"].as<double>();
-    c.seed = static_cast<std::uint64_t>(args["seed"].as<long>());
-    c.log_every = args["log_every"].as<long>();
-    c.max_iters = args["max_iters"].as<long>();
+    apply_flags(args, c);
     // Bad settings fail here, before any rendezvous.
     if (c.data_path.empty()) throw ConfigError("ddp: --data_path is required: the text file to train on");
     if (c.max_epochs < 1 || c.save_every < 1 || c.batch_size < 1)
@@ -191,11 +251,15 @@ int main(int argc, char** argv) {
     if (!(c.grad_norm_clip > 0.0)) throw ConfigError("ddp: --grad_norm_clip must be > 0");
     if (c.n_embd % c.n_head != 0)
       throw ConfigError(ddp::detail::str("ddp: --n_embd (", c.n_embd, ") must be a multiple of --n_head (", c.n_head, ")"));
-    if (c.use_amp)
-      throw ConfigError("ddp: use_amp (mixed precision) is not written for GPT yet; set "
-                        "trainer_config.use_amp to false or drop --use_amp");
+    if (c.amp_dtype != "bf16" && c.amp_dtype != "fp16")
+      throw ConfigError(ddp::detail::str("ddp: --amp_dtype must be bf16 or fp16, got ", ddp::detail::quoted(c.amp_dtype)));
+    if (!(c.loss_scale >= 0.0) || !std::isfinite(c.loss_scale))
+      throw ConfigError(ddp::detail::str("ddp: --loss_scale must be finite and >= 0 (0: automatic), got ", c.loss_scale));
     const train::DistFlags dist = train::read_dist_flags(args);
     const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
+    if (c.use_amp && !where.is_cuda())
+      throw ConfigError("ddp: use_amp (trainer_config.use_amp or --use_amp) needs the GPU (--device cuda): on the CPU "
+                        "every GEMM runs in fp32; drop it there");
 
     ddp_example::Job job = ddp_example::join(dist, where, env, launch);
     const mingpt_example::Setup setup{.cfg = c, .die_after_epoch = args["die-after-epoch"].as<long>(),

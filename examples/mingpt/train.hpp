@@ -42,8 +42,10 @@
 #include <ddp/nn/loss.hpp>
 #include <ddp/optim/adamw.hpp>
 #include <ddp/optim/clip.hpp>
+#include <ddp/optim/grad_scaler.hpp>
 #include <ddp/optim/param_groups.hpp>
 #include <ddp/parallel/ddp.hpp>
+#include <ddp/tensor/precision.hpp>
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/progress.hpp>
@@ -65,22 +67,36 @@ struct Config {
   double truncate = 0.05;
   // gpt_config (and GPTConfig's dropout defaults)
   std::int64_t n_layer = 8, n_head = 8, n_embd = 512;
-  double embd_pdrop = 0.1, resid_pdrop = 0.1;
+  double embd_pdrop = 0.1, resid_pdrop = 0.1, attn_pdrop = 0.0;
   // trainer_config
-  long max_epochs = 10;
-  std::size_t batch_size = 216;  // per rank, as the tutorial's DataLoader
+  std::int64_t max_epochs = 10;
+  std::uint64_t batch_size = 216;  // per rank, as the tutorial's DataLoader
   double grad_norm_clip = 1.0;
   std::string snapshot_path = "gpt_snapshot.safetensors";
-  long save_every = 3;
-  bool use_amp = false;  // the tutorial's True needs CUDA (main.cpp refuses it on the CPU)
+  std::int64_t save_every = 3;
+  bool use_amp = false;            // the GPU only (main.cpp refuses it on the CPU)
+  std::string amp_dtype = "bf16";  // ours: the GEMMs' operand type under use_amp (the tutorial's autocast: fp16)
+  double loss_scale = 0;           // ours: the loss scaler's initial scale; 0: 65536 for fp16 AMP, else none
   // optimizer_config
   double weight_decay = 0.1;
   double learning_rate = 3e-4;
   // ours
-  std::uint64_t seed = 0;  // initialisation, split and dropout
-  long log_every = 100;    // the tutorial prints every 100 iterations
-  long max_iters = 0;      // > 0: at most this many steps per epoch (quick runs, tests)
+  std::uint64_t seed = 0;        // initialisation, split and dropout
+  std::int64_t log_every = 100;  // the tutorial prints every 100 iterations
+  std::int64_t max_iters = 0;    // > 0: at most this many steps per epoch (quick runs, tests)
 };
+
+// The arithmetic of the GEMMs on the GPU (tensor/precision.hpp): fp32 (as PyTorch's matmuls by default), or under
+// use_amp the amp_dtype operands with fp32 accumulation (autocast's matmuls; D49). The CPU always computes in fp32.
+inline Precision gemm_precision(const Config& c) {
+  return !c.use_amp ? Precision::Fp32 : c.amp_dtype == "fp16" ? Precision::Fp16 : Precision::Bf16;
+}
+
+// The dynamic loss scaler: on for fp16 AMP (torch's GradScaler defaults) or when --loss_scale is given.
+inline optim::GradScalerOptions scaler_options(const Config& c) {
+  const bool fp16 = c.use_amp && c.amp_dtype == "fp16";
+  return {.init_scale = c.loss_scale > 0 ? c.loss_scale : 65536.0, .enabled = fp16 || c.loss_scale > 0};
+}
 
 // Everything the loop needs besides the configuration.
 struct Setup {
@@ -104,7 +120,7 @@ inline std::map<std::string, std::string> model_metadata(const nn::GPTOptions& o
 // The model options a configuration gives (dropout on the rank's own streams).
 inline nn::GPTOptions gpt_options(const Config& c, std::int64_t vocab_size, int rank) {
   return {.vocab_size = vocab_size, .block_size = c.block_size, .n_layer = c.n_layer, .n_head = c.n_head,
-          .n_embd = c.n_embd, .embd_pdrop = c.embd_pdrop, .resid_pdrop = c.resid_pdrop, .attn_pdrop = 0.0,
+          .n_embd = c.n_embd, .embd_pdrop = c.embd_pdrop, .resid_pdrop = c.resid_pdrop, .attn_pdrop = c.attn_pdrop,
           .seed = c.seed, .rank = static_cast<std::uint32_t>(rank)};
 }
 
@@ -174,8 +190,13 @@ int train(const Setup& s, Exec<D>& exec) {
                                          ddp::detail::quoted(c.data_path), "; resume with the same text and "
                                          "--truncate, or give a new --snapshot_path"));
   }
-  const long epochs_run = train::resume_snapshot(comm, c.snapshot_path, exec, net, opt, mo);
-  net.set_dropout_step(static_cast<std::uint64_t>(opt.steps()));  // one training forward per optimizer step
+  optim::GradScaler<float, D> scaler(scaler_options(c));
+  const train::SnapshotInfo resumed = train::resume_snapshot(comm, c.snapshot_path, exec, net, opt, mo);
+  const long epochs_run = static_cast<long>(resumed.epoch);
+  scaler.load_state(resumed.metadata, c.snapshot_path);
+  // Iterations so far: optimizer steps plus the steps the loss scaler skipped (one training forward each).
+  const auto iterations = [&] { return opt.steps() + scaler.skipped_steps(); };
+  net.set_dropout_step(static_cast<std::uint64_t>(iterations()));
   if (epochs_run > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << epochs_run << std::endl;
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
 
@@ -184,6 +205,10 @@ int train(const Setup& s, Exec<D>& exec) {
   const std::size_t steps_all = (sampler.size() + c.batch_size - 1) / c.batch_size;
   const std::size_t steps = c.max_iters > 0 ? std::min<std::size_t>(steps_all, static_cast<std::size_t>(c.max_iters))
                                             : steps_all;
+  if (rank == 0 && (c.use_amp || scaler.enabled()))
+    std::cout << "mingpt: GEMMs in " << precision_name(gemm_precision(c)) << " with fp32 accumulation"
+              << (scaler.enabled() ? ddp::detail::str("; dynamic loss scaling, scale ", scaler.scale()) : "")
+              << std::endl;
   if (rank == 0)
     std::cout << "mingpt: " << text.num_characters() << " characters, vocabulary " << text.vocab_size() << ", "
               << train_idx.size() << " training and " << test_idx.size() << " test samples; " << net.describe()
@@ -215,7 +240,7 @@ int train(const Setup& s, Exec<D>& exec) {
         idx.push_back(train_idx[static_cast<std::size_t>(mine[k])]);
       const data::TokenBatch b = text.batch(idx);
       const auto got_batch = std::chrono::steady_clock::now();
-      const long global_step = opt.steps() + 1;
+      const long global_step = iterations() + 1;
       tracer.begin_step(global_step);
       const auto x = train::on_device<D>(b.x.cview(), exec);  // alive until backward returns
       const auto y = train::on_device<D>(b.y.cview(), exec);
@@ -227,14 +252,25 @@ int train(const Setup& s, Exec<D>& exec) {
         loss = lm_loss(ce, exec, logits, y.cview());
       }
       Tensor<float, D> dlogits = ce.backward(exec);  // (B*T, V)
+      scaler.scale_grad(exec, dlogits.view());       // d(scale * loss); nothing without a scaler
       dlogits.reshape(logits.shape());
       model.backward(exec, dlogits.cview());
       double grad_norm = 0;
+      const double scale = scaler.scale();
+      bool skipped = false;
       {
         trace::Span span("optimizer", "optimizer");
-        grad_norm = optim::clip_grad_norm(exec, net.parameters(), c.grad_norm_clip);
-        opt.step(exec);
+        // Unscale, then clip the true gradients (the tutorial clips the scaled ones: not copied), then step
+        // unless they overflowed (optim/grad_scaler.hpp).
+        const optim::UnscaleResult u = scaler.unscale(exec, net.parameters());
+        grad_norm = u.norm;
+        if (!u.found_inf) optim::clip_to_norm(exec, net.parameters(), c.grad_norm_clip, u.norm);
+        skipped = !scaler.step(exec, opt);
+        scaler.update();
       }
+      if (skipped && rank == 0 && c.log_every > 0)
+        std::cout << "[GPU0] Epoch " << epoch << " | Iter " << it << " | gradients overflowed at loss scale " << scale
+                  << ": step skipped, scale now " << scaler.scale() << std::endl;
       tracer.end_step(global_step, ts, got_batch, exec);
       tokens_seen += static_cast<std::size_t>(b.x.numel()) * static_cast<std::size_t>(world);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -257,6 +293,10 @@ int train(const Setup& s, Exec<D>& exec) {
             {"data_ms", std::chrono::duration<double, std::milli>(got_batch - ts).count()},
             {"samples_per_sec", static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs},
             {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
+        if (scaler.enabled()) {
+          record["loss_scale"] = scale;
+          record["skipped"] = skipped;
+        }
         train::add_comm_metrics(record, model.last_trace());
         if (s.device_memory) {
           const MemoryStats m = s.device_memory();
@@ -269,6 +309,7 @@ int train(const Setup& s, Exec<D>& exec) {
     progress.end_epoch();
     if (epoch % c.save_every == 0 || epoch == c.max_epochs) {
       train::SnapshotInfo info{.epoch = epoch, .metadata = model_metadata(mo, text)};
+      if (scaler.enabled() || scaler.skipped_steps() > 0) info.metadata.merge(scaler.state());
       train::save_snapshot_on_rank0(comm, c.snapshot_path, exec, net, opt, info, mo);
       if (rank == 0) std::cout << "Snapshot saved at epoch " << epoch << std::endl;
       if (epoch == s.die_after_epoch && s.restart_count == 0) {

@@ -1,5 +1,6 @@
-// The mingpt example on the GPU: the device main.cpp chose, a compute stream, Exec<Cuda> in fp32, and the shared
-// training loop of train.hpp instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (D48).
+// The mingpt example on the GPU: the device main.cpp chose, a compute stream, Exec<Cuda> at the GEMM precision the
+// config asks for (fp32, or bf16/fp16 with --use_amp: gemm_precision), and the shared training loop of train.hpp
+// instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (D48).
 // SPDX-License-Identifier: MIT
 #include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
@@ -15,8 +16,9 @@ namespace mingpt_example {
 int train_cuda(const Setup& s, int device) {
   DDP_CUDA_CHECK(cudaSetDevice(device));
   ddp::Stream stream;
-  ddp::Exec<ddp::Cuda> exec = stream.exec(ddp::Precision::Fp32);
-  DDP_LOG_INFO("training on cuda:", device, " in fp32 (GPT's CUDA path is unverified: it has never run on a GPU)");
+  ddp::Exec<ddp::Cuda> exec = stream.exec(gemm_precision(s.cfg));
+  DDP_LOG_INFO("training on cuda:", device, ", GEMMs in ", ddp::precision_name(exec.precision),
+               " (GPT's CUDA path is unverified: it has never run on a GPU)");
   Setup gpu = s;
   gpu.device_memory = &ddp::cuda_memory_stats;  // GPU memory in the metrics records
   const int rc = train<ddp::Cuda>(gpu, exec);

@@ -94,7 +94,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
                                    {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
 
   // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
-  const long start_epoch = train::resume_snapshot(comm, s.snapshot_path, exec, net, opt, mo);
+  const long start_epoch = train::resume_snapshot(comm, s.snapshot_path, exec, net, opt, mo).epoch;
   if (start_epoch > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
 

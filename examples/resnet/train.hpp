@@ -118,7 +118,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   // ZeRO optimizer's shards consolidated on rank 0.
   long start_epoch = 0;
   if (s.resume) {
-    start_epoch = train::resume_snapshot(comm, s.path, exec, net, opt, mo);
+    start_epoch = train::resume_snapshot(comm, s.path, exec, net, opt, mo).epoch;
     if (rank == 0) std::cout << "resumed from " << s.path << " at epoch " << start_epoch << std::endl;
   }
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);

@@ -142,9 +142,10 @@
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"
-// defines: optim::SGD, optim::AdamW, optim::clip_grad_norm, optim::LrSchedule
+// defines: optim::SGD, optim::AdamW, optim::clip_grad_norm, optim::clip_to_norm, optim::GradScaler, optim::LrSchedule
 #include "ddp/optim/adamw.hpp"
 #include "ddp/optim/clip.hpp"
+#include "ddp/optim/grad_scaler.hpp"
 #include "ddp/optim/lr_schedule.hpp"
 #include "ddp/optim/sgd.hpp"
 

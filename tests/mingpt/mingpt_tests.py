@@ -11,8 +11,11 @@ Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN
   learn   2 ranks on /usr/share/common-licenses/GPL-3: the eval loss falls from ln(vocab) to below 2.7 in 80
           steps, `mingpt generate` continues a prompt with text that has English's share of spaces, and resuming
           the snapshot on another text is refused.
+          Then the loss scaler: a power-of-two --loss_scale ends bit-identical, one past float's range skips two steps;
+          and --config: the tutorial's JSON sections apply, flags win, bad keys, types and values are refused.
   gpu     (label gpu; exits 77 without a GPU) one process trains 8 steps on --device cpu and on --device cuda from
-          the same weights and samples (dropout 0): every step's loss and the eval loss agree to a relative 1e-3.
+          the same weights and samples (dropout 0): every step's loss and the eval loss agree to a relative 1e-3 in
+          fp32, 3e-2 with --use_amp (bf16) and 1e-2 with --use_amp --amp_dtype fp16 (no step skipped).
 Every run has a timeout; the text and snapshots live in a temporary directory that is removed.
 """
 import argparse
@@ -95,6 +98,73 @@ def world(args, work):
     if not moved > 1e-4:
         sys.exit(f"FAIL: 4 steps moved no weight by more than {moved:.2e}")
     print("PASS: world 2 and 4 equal world 1")
+    loss_scaler(args, work, common, snaps[2])
+    config_file(args, work)
+
+
+def config_file(args, work):
+    """--config: the tutorial's gpt2_train_cfg sections as JSON (its data_loader_workers and compile accepted and
+    ignored), a flag given beside it wins, and an unknown key, a wrong type or a negative count is refused by name."""
+    def write(name, cfg):
+        path = os.path.join(work, name)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        return path
+    good = write("cfg.json", {
+        "data_config": {"path": TEXT, "block_size": 16, "train_split": 0.9, "truncate": 0.1},
+        "gpt_config": {"n_layer": 1, "n_head": 2, "n_embd": 16, "embd_pdrop": 0.0, "resid_pdrop": 0.0},
+        "trainer_config": {"max_epochs": 1, "batch_size": 4, "grad_norm_clip": 1.0, "save_every": 1,
+                           "snapshot_path": os.path.join(work, "cfg.safetensors"), "use_amp": False,
+                           "data_loader_workers": 4},
+        "optimizer_config": {"weight_decay": 0.1, "learning_rate": 0.0003}, "compile": False})
+    log = run([args.mingpt, "--device", "cpu", "--config", good, "--n_embd", "32", "--max_iters", "1"])
+    if "GPT(vocab_size=" not in log or "n_layer=1, n_head=2, n_embd=32)" not in log or "x batch 4," not in log:
+        sys.exit(f"FAIL: --config's settings (and the --n_embd flag over them) were not applied:\n{log}")
+    for cfg, flags, want in [({"gpt_config": {"n_layers": 1}}, [], "unknown setting --config file"),
+                             ({"trainer_config": {"batch_size": "4"}}, [], "trainer_config.batch_size has the wrong type"),
+                             ({"trainer_config": {"batch_size": -4}}, [], "trainer_config.batch_size must be >= 0"),
+                             ({}, ["--seed", "-1"], "--seed must be >= 0")]:
+        p = subprocess.run([args.mingpt, "--device", "cpu", "--data_path", TEXT, "--config", write("bad.json", cfg)]
+                           + flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        if p.returncode == 0 or want not in p.stdout:
+            sys.exit(f"FAIL: {cfg} {flags}: expected an error with {want!r}, got exit {p.returncode}:\n{p.stdout}")
+    print("PASS: --config applies the tutorial's sections, flags win, bad settings are refused by name")
+
+
+def snapshot_metadata(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n))["__metadata__"]
+
+
+def loss_scaler(args, work, common, plain):
+    """The dynamic loss scaler (optim/grad_scaler.hpp) in the job, on the CPU in fp32, at world 2.
+
+    A power-of-two scale multiplies and divides exactly, so a scaled run must end with the unscaled run's tensors, bit
+    for bit. A scale beyond float's range (1e39 becomes inf, as fp16's GEMMs overflow past 65504) makes every gradient
+    inf or NaN: those steps are skipped and the scale halves until it fits (1e39 -> 5e38 -> 2.5e38: two skips)."""
+    from safetensors_py import load_file
+    scaled = os.path.join(work, "scaled.safetensors")
+    ddprun(args, 2, common + ["--batch_size", "4", "--snapshot_path", scaled, "--loss_scale", "1024"])
+    a, b = load_file(plain), load_file(scaled)  # model and AdamW state
+    differ = [k for k in a if not torch_equal(a[k], b[k])]
+    if a.keys() != b.keys() or differ:
+        sys.exit(f"FAIL: loss scale 1024 changed the trained tensors {differ[:5]}")
+    if snapshot_metadata(scaled).get("grad_scaler.scale") != "1024":
+        sys.exit(f"FAIL: the snapshot does not record the scale: {snapshot_metadata(scaled)}")
+    over = os.path.join(work, "overflow.safetensors")
+    log = ddprun(args, 2, common + ["--batch_size", "4", "--snapshot_path", over, "--loss_scale", "1e39"])
+    skips = re.findall(r"\[GPU0\] Epoch 1 \| Iter (\d) \| gradients overflowed at loss scale ([0-9.e+]+): step skipped",
+                       log)
+    meta = snapshot_metadata(over)
+    got = (skips, meta.get("grad_scaler.skipped_steps"), meta.get("optimizer.steps"), meta.get("grad_scaler.scale"))
+    if got != ([("0", "1e+39"), ("1", "5e+38")], "2", "2", "2.5e+38"):
+        sys.exit(f"FAIL: loss scale 1e39: (skipped lines, skipped_steps, optimizer steps, scale) = {got}:\n{log}")
+    print("PASS: loss scale 1024 leaves training bit-identical; 1e39 skips two steps and backs off to 2.5e38")
+
+
+def torch_equal(x, y):
+    return x.shape == y.shape and bool((x == y).all())
 
 
 def resume(args, work):
@@ -166,23 +236,32 @@ def gpu(args, work):
         print("skip: no GPU (nvidia-smi -L lists none)")
         sys.exit(77)
     losses = {}
-    for device in ("cpu", "cuda"):
-        metrics = os.path.join(work, f"{device}.jsonl")
-        log = run([args.mingpt, "--device", device, "--backend", "gloo", "--snapshot_path",
-                   os.path.join(work, f"{device}.safetensors"), "--metrics-file", metrics] + SMALL +
+    # (name, flags, tolerance against the CPU's fp32 losses): fp32 on the GPU; mixed precision in bf16 (8 bits of
+    # mantissa in the GEMM operands) and fp16 with the loss scaler (11 bits; no step may be skipped at this size).
+    runs = [("cpu", ["--device", "cpu"], 0), ("cuda", ["--device", "cuda"], 1e-3),
+            ("bf16", ["--device", "cuda", "--use_amp"], 3e-2),
+            ("fp16", ["--device", "cuda", "--use_amp", "--amp_dtype", "fp16"], 1e-2)]
+    for name, flags, _ in runs:
+        metrics = os.path.join(work, f"{name}.jsonl")
+        log = run([args.mingpt, "--backend", "gloo", "--snapshot_path",
+                   os.path.join(work, f"{name}.safetensors"), "--metrics-file", metrics] + flags + SMALL +
                   ["--data_path", TEXT, "--truncate", "0.1", "--max_epochs", "1", "--max_iters", "8",
-                   "--batch_size", "8", "--embd_pdrop", "0", "--resid_pdrop", "0", "--learning_rate", "1e-3"])
+                   "--batch_size", "8", "--embd_pdrop", "0", "--resid_pdrop", "0", "--attn_pdrop", "0",
+                   "--learning_rate", "1e-3"])
         with open(metrics) as f:
-            steps = [json.loads(line)["loss"] for line in f]
+            records = [json.loads(line) for line in f]
+        if any(r.get("skipped") for r in records):
+            sys.exit(f"FAIL: {name}: the loss scaler skipped a step: {records}")
         evals = [float(x) for x in re.findall(r"Eval Loss ([0-9.]+)", log)]
-        losses[device] = steps + evals
-    print(f"cpu: {losses['cpu']}\ncuda: {losses['cuda']}")
-    if len(losses["cpu"]) != 9 or len(losses["cuda"]) != 9:
-        sys.exit("FAIL: expected 8 step losses and one eval loss per device")
-    worst = max(abs(g - c) / abs(c) for c, g in zip(losses["cpu"], losses["cuda"]))
-    if not worst <= 1e-3:
-        sys.exit(f"FAIL: GPU and CPU losses differ by {worst:.2e} relative (> 1e-3)")
-    print(f"PASS: GPU losses equal the CPU's to {worst:.2e}")
+        losses[name] = [r["loss"] for r in records] + evals
+        print(f"{name}: {losses[name]}")
+        if len(losses[name]) != 9:
+            sys.exit(f"FAIL: {name}: expected 8 step losses and one eval loss")
+    for name, _, tol in runs[1:]:
+        worst = max(abs(g - c) / abs(c) for c, g in zip(losses["cpu"], losses[name]))
+        if not worst <= tol:
+            sys.exit(f"FAIL: {name} losses differ from the CPU's by {worst:.2e} relative (> {tol})")
+        print(f"PASS: {name} losses equal the CPU's to {worst:.2e} (bound {tol})")
 
 
 def main():

@@ -49,18 +49,25 @@ double sum_of_squares(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& pa
   return Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads});
 }
 
+// Scales the gradients of `params` so that their total L2 norm, known to be `total` (e.g. GradScaler::unscale's
+// norm), becomes at most max_norm; returns total. The second half of clip_grad_norm, for callers that have the norm.
+template <class T, Device D>
+double clip_to_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm, double total) {
+  if (!(max_norm >= 0.0))
+    throw ValueError(ddp::detail::str("ddp: clip_grad_norm: max_norm ", max_norm, " must be >= 0 (--clip-grad-norm)"));
+  const double clip_coef = max_norm / (total + 1e-6);
+  if (!(clip_coef >= 1.0)) {  // also scales by a NaN factor, as torch does
+    const auto grads = detail::grads_of(params);
+    Kernels<D>::scale_multi(exec, kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = clip_coef});
+  }
+  return total;
+}
+
 // Clips the gradients of `params` in place to a total L2 norm of at most max_norm; returns the norm before.
 // Throws ValueError for a negative or NaN max_norm.
 template <class T, Device D>
 double clip_grad_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm) {
-  if (!(max_norm >= 0.0))
-    throw ValueError(ddp::detail::str("ddp: clip_grad_norm: max_norm ", max_norm, " must be >= 0 (--clip-grad-norm)"));
-  const auto grads = detail::grads_of(params);
-  const double total = std::sqrt(Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads}));
-  const double clip_coef = max_norm / (total + 1e-6);
-  if (!(clip_coef >= 1.0))  // also scales by a NaN factor, as torch does
-    Kernels<D>::scale_multi(exec, kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = clip_coef});
-  return total;
+  return clip_to_norm(exec, params, max_norm, std::sqrt(sum_of_squares(exec, params)));
 }
 
 }  // namespace ddp::optim

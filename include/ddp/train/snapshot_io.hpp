@@ -2,7 +2,7 @@
 // what the examples call at resume and at the end of each epoch.
 // SPDX-License-Identifier: MIT
 //
-//   long epoch = ddp::train::resume_snapshot(comm, path, exec, net, opt, model_options);  // collective; 0: none
+//   long epoch = ddp::train::resume_snapshot(comm, path, exec, net, opt, model_options).epoch;  // collective; 0: none
 //   ddp::train::save_snapshot_on_rank0(comm, path, exec, net, opt, {.epoch = e + 1}, model_options);  // collective
 // How it works: rank 0 reads the file and broadcasts its bytes (train/snapshot_sync.hpp); every rank loads them
 // into a host view of its model and optimizer (train::state_on<Cpu>: the objects themselves on the CPU, a copy
@@ -30,25 +30,26 @@ inline constexpr bool is_zero_optimizer = false;
 template <class Inner>
 inline constexpr bool is_zero_optimizer<parallel::ZeroRedundancyOptimizer<Inner>> = true;
 
-// Collective. Loads `path` (read by rank 0) into model and opt on every rank and returns the epoch it records,
-// or 0 when rank 0 has no such file. model_args: what the model was built with (for the host copy on a GPU).
+// Collective. Loads `path` (read by rank 0) into model and opt on every rank and returns what else it records
+// (the epoch, the rng state, the user's metadata, e.g. optim::GradScaler::state()), or a SnapshotInfo with epoch 0
+// when rank 0 has no such file. model_args: what the model was built with (for the host copy on a GPU).
 template <class M, class Opt, Device D, class... ModelArgs>
-long resume_snapshot(comm::Communicator& comm, const std::string& path, Exec<D>& exec, M& model, Opt& opt,
-                     const ModelArgs&... model_args) {
+SnapshotInfo resume_snapshot(comm::Communicator& comm, const std::string& path, Exec<D>& exec, M& model, Opt& opt,
+                             const ModelArgs&... model_args) {
   using T = typename M::value_type;
   const auto bytes = read_and_broadcast(comm, path, exec);
-  if (bytes.empty()) return 0;
+  if (bytes.empty()) return {};
   auto load = [&](auto& whole) {
     auto host = state_on<Cpu>(exec, model, whole, model_args...);
-    const auto info = load_snapshot_bytes<T>(bytes, host.model(), host.optimizer(), path);
+    SnapshotInfo info = load_snapshot_bytes<T>(bytes, host.model(), host.optimizer(), path);
     host.push(exec);
-    return static_cast<long>(info.epoch);
+    return info;
   };
   if constexpr (is_zero_optimizer<Opt>) {
     auto full = opt.make_full();
-    const long epoch = load(*full);
+    SnapshotInfo info = load(*full);
     opt.load_consolidated(*full);
-    return epoch;
+    return info;
   } else {
     return load(opt);
   }

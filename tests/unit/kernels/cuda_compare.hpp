@@ -87,5 +87,6 @@ inline void expect_close(const Tensor<float, Cpu>& ref, const Tensor<float, Cpu>
 inline constexpr double kFp32 = 1e-5;
 inline constexpr double kTf32 = 1e-3;
 inline constexpr double kBf16 = 1e-2;
+inline constexpr double kFp16 = 1e-3;
 
 }  // namespace ddp::test::cuda_kernels

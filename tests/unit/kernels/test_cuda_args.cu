@@ -26,6 +26,8 @@ TEST_SUITE("kernels_cuda_args") {
     CHECK(ddp::parse_precision("tf32") == ddp::Precision::Tf32);
     CHECK(ddp::parse_precision("bf16") == ddp::Precision::Bf16);
     CHECK(ddp::precision_name(ddp::Precision::Bf16) == "bf16");
+    CHECK(ddp::precision_name(ddp::Precision::Fp16) == "fp16");
+    CHECK_THROWS_AS(ddp::parse_precision("fp16"), ddp::ConfigError);  // GEMMs only: not a --precision for convs
     CHECK_THROWS_WITH_AS(ddp::parse_precision("fp16"),
                          "ddp: unknown --precision 'fp16'; valid: fp32, tf32 (the GPU default), bf16",
                          ddp::ConfigError);

@@ -235,6 +235,17 @@ TEST_SUITE("kernels_cuda") {
         expect_close(dw, f.down(tdw), tol, "conv2d dw (tensor cores)");
         expect_close(db, f.down(tdb), kFp32, "conv2d dbias (fp32 channel sums at any precision)");
       }
+      // fp16 is for cuBLAS GEMMs only (precision.hpp): the convolutions refuse it instead of computing in fp32.
+      auto fy = f.poisoned(ys);
+      CHECK_THROWS_WITH_AS(KC::conv2d_forward(f.stream.exec(ddp::Precision::Fp16),
+                                              ddp::kernels::Conv2dForwardArgs<float, Cuda>{
+                                                  .x = gx.cview(), .w = gw.cview(),
+                                                  .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{},
+                                                  .y = fy.view(), .stride = g.stride, .padding = g.pad,
+                                                  .dilation = g.dil}),
+                           "ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
+                           "(--precision)",
+                           ddp::ValueError);
     }
   }
 
@@ -342,7 +353,9 @@ TEST_SUITE("kernels_cuda") {
     expect_close(dx, f.down(gdx), kFp32, "linear dx");
     expect_close(dw, f.down(gdw), kFp32, "linear dw");
     expect_close(db, f.down(gdb), kFp32, "linear dbias");
-    for (const auto& [prec, tol] : {std::pair{ddp::Precision::Tf32, kTf32}, std::pair{ddp::Precision::Bf16, kBf16}}) {
+    // Fp16 (cuBLAS FAST_16F: fp16 operands, 11 significant bits like tf32) is for GEMMs only: the GPT's --amp_dtype.
+    for (const auto& [prec, tol] : {std::pair{ddp::Precision::Tf32, kTf32}, std::pair{ddp::Precision::Bf16, kBf16},
+                                    std::pair{ddp::Precision::Fp16, kFp16}}) {
       INFO("precision ", ddp::precision_name(prec));
       const Exec<Cuda> tc = f.stream.exec(prec);
       auto ty = f.poisoned({n, out}), tdx = f.poisoned({n, in}), tdw = f.poisoned({out, in});

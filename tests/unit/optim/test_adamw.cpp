@@ -13,16 +13,14 @@
 #include <ddp/optim/param_groups.hpp>
 #include <ddp/optim/sgd.hpp>
 
+#include "set_grad.hpp"
+
 using namespace ddp;
+using ddp::test::set_grad;
 
 namespace {
 using Param = nn::Parameter<float, Cpu>;
 
-void set_grad(Param& p, std::vector<float> g) {
-  p.zero_grad();
-  for (std::size_t i = 0; i < g.size(); ++i) p.grad().data()[i] = g[i];
-  p.set_grad_written();
-}
 }  // namespace
 
 TEST_SUITE("optim") {

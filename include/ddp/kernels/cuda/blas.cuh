@@ -63,6 +63,7 @@ cublasComputeType_t compute_type(Precision p) {
     switch (p) {
       case Precision::Tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
       case Precision::Bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+      case Precision::Fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
       case Precision::Fp32: break;
     }
     return CUBLAS_COMPUTE_32F;

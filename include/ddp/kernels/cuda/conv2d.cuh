@@ -363,6 +363,14 @@ void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64
   check_launch("channel_sum_finalize_kernel", s);
 }
 
+// The implicit GEMM has fp32, tf32 and bf16 paths; fp16 (precision.hpp) is for cuBLAS GEMMs only, and a 1x1 conv
+// through cuBLAS would take it silently while its neighbours could not.
+inline void require_conv_precision(Precision math) {
+  if (math == Precision::Fp16)
+    throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
+                     "(--precision)");
+}
+
 // A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
 // (N*P x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
 inline bool cublas_pointwise(const ConvGeometry& g) {
@@ -386,6 +394,7 @@ constexpr void require_float() {
 template <class T>
 void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Precision math) {
   detail::require_float<T>();
+  detail::require_conv_precision(math);
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
@@ -401,6 +410,7 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
 template <class T>
 void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, Precision math) {
   detail::require_float<T>();
+  detail::require_conv_precision(math);
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const bool pw = detail::cublas_pointwise(g);

@@ -76,6 +76,7 @@ void apply_config_file(const std::string& path, mingpt_example::Config& c) {
         else if (section == "gpt_config" && key == "n_embd") c.n_embd = v.get<std::int64_t>();
         else if (section == "gpt_config" && key == "embd_pdrop") c.embd_pdrop = v.get<double>();
         else if (section == "gpt_config" && key == "resid_pdrop") c.resid_pdrop = v.get<double>();
+        else if (section == "gpt_config" && key == "attn_pdrop") c.attn_pdrop = v.get<double>();
         else if (section == "trainer_config" && key == "max_epochs") c.max_epochs = v.get<long>();
         else if (section == "trainer_config" && key == "batch_size") c.batch_size = v.get<std::size_t>();
         else if (section == "trainer_config" && key == "grad_norm_clip") c.grad_norm_clip = v.get<double>();
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
         "n_layer", "transformer blocks", num(d.n_layer))("n_head", "attention heads", num(d.n_head))(
         "n_embd", "embedding width", num(d.n_embd))("embd_pdrop", "embedding dropout", real(d.embd_pdrop))(
         "resid_pdrop", "residual dropout", real(d.resid_pdrop))(
+        "attn_pdrop", "dropout on the attention probabilities", real(d.attn_pdrop))(
         "max_epochs", "epochs to train", num(d.max_epochs))(
         "batch_size", "samples per rank and step", num(static_cast<long>(d.batch_size)))(
         "grad_norm_clip", "clip the global gradient norm to this", real(d.grad_norm_clip))(
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
     if (given("n_embd")) c.n_embd = args["n_embd"].as<std::int64_t>();
     if (given("embd_pdrop")) c.embd_pdrop = args["embd_pdrop"].as<double>();
     if (given("resid_pdrop")) c.resid_pdrop = args["resid_pdrop"].as<double>();
+    if (given("attn_pdrop")) c.attn_pdrop = args["attn_pdrop"].as<double>();
     if (given("max_epochs")) c.max_epochs = args["max_epochs"].as<long>();
     if (given("batch_size")) c.batch_size = static_cast<std::size_t>(std::max(0L, args["batch_size"].as<long>()));
     if (given("grad_norm_clip")) c.grad_norm_clip = args["grad_norm_clip"].as<double>();

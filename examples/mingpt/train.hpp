@@ -65,7 +65,7 @@ struct Config {
   double truncate = 0.05;
   // gpt_config (and GPTConfig's dropout defaults)
   std::int64_t n_layer = 8, n_head = 8, n_embd = 512;
-  double embd_pdrop = 0.1, resid_pdrop = 0.1;
+  double embd_pdrop = 0.1, resid_pdrop = 0.1, attn_pdrop = 0.1;
   // trainer_config
   long max_epochs = 10;
   std::size_t batch_size = 216;  // per rank, as the tutorial's DataLoader
@@ -104,7 +104,7 @@ inline std::map<std::string, std::string> model_metadata(const nn::GPTOptions& o
 // The model options a configuration gives (dropout on the rank's own streams).
 inline nn::GPTOptions gpt_options(const Config& c, std::int64_t vocab_size, int rank) {
   return {.vocab_size = vocab_size, .block_size = c.block_size, .n_layer = c.n_layer, .n_head = c.n_head,
-          .n_embd = c.n_embd, .embd_pdrop = c.embd_pdrop, .resid_pdrop = c.resid_pdrop, .attn_pdrop = 0.0,
+          .n_embd = c.n_embd, .embd_pdrop = c.embd_pdrop, .resid_pdrop = c.resid_pdrop, .attn_pdrop = c.attn_pdrop,
           .seed = c.seed, .rank = static_cast<std::uint32_t>(rank)};
 }
 

@@ -6,7 +6,8 @@
 // One step is the tutorial trainer's (minGPT-ddp trainer.py): zero the gradients, forward on int64 ids (B, T),
 // mean cross-entropy over the B*T positions, backward, clip_grad_norm(1.0), AdamW(lr 3e-4, betas 0.9 / 0.95,
 // weight decay 0.1 on the Linear weights: optim::linear_weight_decay_groups). Dropout 0.1 on the embeddings and
-// the residual branches as in the tutorial; attention dropout 0 on both sides (ddp's attention has none yet).
+// the residual branches as in the tutorial; attention dropout 0 on both sides (the published numbers predate ddp's
+// attention dropout; the tutorial's is 0.1).
 // T = block_size.
 // Usage: bench_gpt_cpu [--quick] [--repeats N] [--rounds N] [--threads N] [--config NAME] [--no-torch] [--profile]
 //                      [--torch-active-wait]

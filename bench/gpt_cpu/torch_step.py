@@ -3,8 +3,8 @@
 # tests/reference/gpt_torch_model.py) for one configuration and prints {"torch_step_s": median, ...} as one JSON
 # line. The step is the tutorial trainer's: forward on int64 ids (B, T), mean cross-entropy over the B*T
 # positions, backward, clip_grad_norm_(1.0), AdamW(lr 3e-4, betas (0.9, 0.95)) with its decay groups (0.1).
-# Dropout embd_pdrop = resid_pdrop = 0.1 as the tutorial's; attn_pdrop = 0 (the tutorial's is 0.1, but ddp's
-# attention has no dropout yet, so both sides leave it out).
+# Dropout embd_pdrop = resid_pdrop = 0.1 as the tutorial's; attn_pdrop = 0 (the tutorial's is 0.1, but the
+# published numbers predate ddp's attention dropout, so both sides leave it out).
 # Usage: torch_step.py N_LAYER N_HEAD N_EMBD BLOCK_SIZE VOCAB BATCH THREADS REPEATS   (exits 77 without torch)
 # SPDX-License-Identifier: MIT
 import json

@@ -79,7 +79,7 @@ const Setting kSettings[] = {
     {"gpt_config", "n_embd", "n_embd", "embedding width", &Config::n_embd},
     {"gpt_config", "embd_pdrop", "embd_pdrop", "embedding dropout", &Config::embd_pdrop},
     {"gpt_config", "resid_pdrop", "resid_pdrop", "residual dropout", &Config::resid_pdrop},
-    {"gpt_config", "attn_pdrop", "attn_pdrop", "dropout on the attention weights", &Config::attn_pdrop},
+    {"gpt_config", "attn_pdrop", "attn_pdrop", "dropout on the attention probabilities", &Config::attn_pdrop},
     {"trainer_config", "max_epochs", "max_epochs", "epochs to train", &Config::max_epochs},
     {"trainer_config", "batch_size", "batch_size", "samples per rank and step", &Config::batch_size},
     {"trainer_config", "grad_norm_clip", "grad_norm_clip", "clip the global gradient norm to this",
@@ -195,12 +195,15 @@ void apply_flags(const cxxopts::ParseResult& args, Config& c) {
 }
 
 int run_generate(const cxxopts::ParseResult& args) {
+  Config flags;  // generate reads only --seed of the settings (checked as train's)
+  apply_flags(args, flags);
+  const std::uint64_t seed = flags.seed;
   const mingpt_example::GenerateOptions o{.snapshot_path = args["snapshot_path"].as<std::string>(),
                                           .prompt = args["prompt"].as<std::string>(),
                                           .max_new_tokens = args["max_new_tokens"].as<long>(),
                                           .temperature = args["temperature"].as<double>(),
                                           .top_k = args["top_k"].as<long>(),
-                                          .seed = args["seed"].as<std::uint64_t>()};
+                                          .seed = seed};
   std::cout << mingpt_example::generate(o) << std::endl;
   return 0;
 }

@@ -67,7 +67,7 @@ struct Config {
   double truncate = 0.05;
   // gpt_config (and GPTConfig's dropout defaults)
   std::int64_t n_layer = 8, n_head = 8, n_embd = 512;
-  double embd_pdrop = 0.1, resid_pdrop = 0.1, attn_pdrop = 0.0;
+  double embd_pdrop = 0.1, resid_pdrop = 0.1, attn_pdrop = 0.1;
   // trainer_config
   std::int64_t max_epochs = 10;
   std::uint64_t batch_size = 216;  // per rank, as the tutorial's DataLoader

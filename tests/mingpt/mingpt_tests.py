@@ -6,8 +6,9 @@ Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN
           agree to a relative 5e-5 per tensor (the gradient all-reduce sums in another order, which AdamW
           magnifies; the attention's key bias, whose exact gradient is 0, is bounded by AdamW's step instead).
   resume  under torchrun --max_restarts=1, rank 1 SIGKILLs itself after epoch 1's snapshot; the restarted job
-          resumes at epoch 2 and its final snapshot is byte-identical to an uninterrupted run's (dropout on, so
-          the masks' step is restored too). Exits 77 when torchrun (python3-torch) is missing.
+          resumes at epoch 2 and its final snapshot is byte-identical to an uninterrupted run's (dropout on, 0.1 on
+          the embeddings, the residual branches and the attention probabilities, so every mask's step is restored
+          too). Exits 77 when torchrun (python3-torch) is missing.
   learn   2 ranks on /usr/share/common-licenses/GPL-3: the eval loss falls from ln(vocab) to below 2.7 in 80
           steps, `mingpt generate` continues a prompt with text that has English's share of spaces, and resuming
           the snapshot on another text is refused.
@@ -60,7 +61,8 @@ def model_tensors(path):
 
 def world(args, work):
     common = SMALL + ["--data_path", TEXT, "--truncate", "0.2", "--train_split", "1", "--max_epochs", "1",
-                      "--max_iters", "4", "--embd_pdrop", "0", "--resid_pdrop", "0", "--learning_rate", "1e-3"]
+                      "--max_iters", "4", "--embd_pdrop", "0", "--resid_pdrop", "0", "--attn_pdrop", "0",
+                      "--learning_rate", "1e-3"]
     snaps = {}
     for w in (1, 2, 4):
         snaps[w] = os.path.join(work, f"w{w}.safetensors")
@@ -181,7 +183,8 @@ def resume(args, work):
                     "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                     "--no_python", args.mingpt] + SMALL +
                    ["--data_path", TEXT, "--truncate", "0.1", "--max_epochs", "3", "--max_iters", "3",
-                    "--save_every", "1", "--batch_size", "4", "--snapshot_path", snap] + extra)
+                    "--save_every", "1", "--batch_size", "4", "--embd_pdrop", "0.1", "--resid_pdrop", "0.1",
+                    "--attn_pdrop", "0.1", "--snapshot_path", snap] + extra)
 
     a, b = os.path.join(work, "a.safetensors"), os.path.join(work, "b.safetensors")
     torchrun(0, a, [])

@@ -463,7 +463,7 @@ inline ValueError embedding_id_out_of_range(std::string_view who, std::int64_t i
 
 // Inverted dropout (torch.nn.Dropout in training): y = keep ? x / (1 - p) : 0, keep with probability 1 - p.
 // The mask is a function of (seed, rank, stream, step) and the element index (kernels/elementwise.hpp,
-// DropoutForward): element i uses word i % 4 of block (step << 32) + i / 4 of Generator(seed, rank, stream)
+// DropoutMask): element i uses word i % 4 of block (step << 32) + i / 4 of Generator(seed, rank, stream)
 // (tensor/random.hpp) and is dropped when that word's unit value (w + 0.5) / 2^32 is below p.
 template <class T, Device D>
 struct DropoutForwardArgs {
@@ -490,15 +490,21 @@ inline void validate_dropout_p(double p, const char* op) {
   if (!(p >= 0.0 && p <= 1.0)) throw ValueError(detail::str("ddp: ", op, ": p must be in [0, 1], got ", p));
 }
 
+// What one step's mask can draw (kernels/elementwise.hpp, DropoutMask): numel elements, at most 2^32 Philox blocks
+// of 4, and a step below 2^32 (the counter's 32-bit words).
+inline void validate_dropout_draw(std::int64_t numel, std::uint64_t step, const char* op) {
+  if (numel > (std::int64_t{1} << 34))
+    throw ValueError(detail::str("ddp: ", op, ": ", numel, " elements exceed the 2^34 one step's mask can draw"));
+  if (step >> 32) throw ValueError(detail::str("ddp: ", op, ": step ", step, " must be below 2^32"));
+}
+
 template <class T, Device D>
 void validate(const DropoutForwardArgs<T, D>& a) {
   const char* op = "dropout_forward";
   validate_dropout_p(a.p, op);
   expect_shape(a.y, a.x.shape(), "output y", op);
   expect_shape(a.mask, a.x.shape(), "mask", op);
-  if (a.x.numel() > (std::int64_t{1} << 34))
-    throw ValueError(detail::str("ddp: ", op, ": ", a.x.numel(), " elements exceed the 2^34 one step's mask can draw"));
-  if (a.step >> 32) throw ValueError(detail::str("ddp: ", op, ": step ", a.step, " must be below 2^32"));
+  validate_dropout_draw(a.x.numel(), a.step, op);
 }
 
 template <class T, Device D>

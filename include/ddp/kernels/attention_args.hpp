@@ -5,22 +5,41 @@
 // (b, t) holds q (columns [0, C)), k ([C, 2C)) and v ([2C, 3C)); head h of each is the hs = C / n_head columns
 // starting at h * hs. So q of head h for batch b is a (T x hs) matrix with leading dimension 3C inside qkv, and
 // no kernel needs a transpose to (B, nh, T, hs) or back:
-//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y = att v as (B, T, C)
+//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y = dropout(att) v as (B, T, C)
 //   attention_backward  dqkv (B, T, 3C) from dy (B, T, C), qkv and the forward's att
 // Kernels<Cpu> (kernels/cpu/attention.hpp) and Kernels<Cuda> (kernels/cuda/attention.cuh) implement them; both are
 // in KernelsApi. validate() throws ValueError like args.hpp's.
+// Dropout on the probabilities (minGPT's attn_dropout, AttentionDropout below): att keeps the undropped
+// probabilities, which the softmax backward needs; the dropped ones exist only in a scratch for the y GEMM (and
+// for the dv GEMM in backward, which draws the same mask again from its Philox counters instead of keeping it).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/args.hpp"
+#include "ddp/kernels/elementwise.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/shape.hpp"
 #include "ddp/tensor/view.hpp"
 
 namespace ddp::kernels {
+
+// Inverted dropout on att before the y GEMM: y = (mask * att / (1 - p)) v. The mask is nn::Dropout's over att
+// (B, nh, T, T) as one tensor (docs/ARCHITECTURE.md D43): element e (att's flat index, ((b nh + h) T + i) T + j)
+// uses word e % 4 of block (step << 32) + e / 4 of Generator(seed, rank, stream), so both devices, any thread
+// count, and a backward drawing it again all see the same mask. p = 0 (the default) is no dropout: the kernels
+// then draw nothing and compute exactly what they did without this field.
+struct AttentionDropout {
+  double p = 0.0;  // in [0, 1]
+  std::uint64_t seed = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t stream = 0;
+  std::uint64_t step = 0;  // below 2^32
+};
 
 template <class T, Device D>
 struct AttentionForwardArgs {
@@ -28,16 +47,47 @@ struct AttentionForwardArgs {
   TensorView<T, D> att;        // (B, nh, T, T): overwritten with the probabilities; row i is 0 beyond column i
   TensorView<T, D> y;          // (B, T, C): att v with the heads side by side (torch's y.transpose(1, 2).view(B, T, C))
   std::int64_t n_head = 1;
+  AttentionDropout dropout;  // on att before y = att v (att itself is written undropped)
 };
 
 template <class T, Device D>
 struct AttentionBackwardArgs {
   TensorView<const T, D> qkv;  // (B, T, 3C): the forward's input
-  TensorView<const T, D> att;  // (B, nh, T, T): the forward's probabilities
+  TensorView<const T, D> att;  // (B, nh, T, T): the forward's probabilities (undropped)
   TensorView<const T, D> dy;   // (B, T, C)
   TensorView<T, D> dqkv;       // (B, T, 3C): overwritten with dq, dk, dv side by side
   std::int64_t n_head = 1;
+  AttentionDropout dropout;  // the forward's, so the same mask
 };
+
+// Row i of one (batch, head)'s probabilities under the dropout mask m, for both devices: the row's element (i, 0)
+// has flat index e_row in att. For j <= i, dropped[j] = att[j] * scale where m keeps element e_row + j, else 0;
+// with datt (backward: d(dropped att) in, d(att) out, in place) datt[j] likewise. Columns beyond i are left alone
+// (att is 0 there). One Philox block per 4 elements: worker `lane` of `stride` takes blocks first + lane,
+// first + lane + stride, ... (a warp's 32 lanes on the GPU; lane 0 of 1 on the CPU). A block straddling two rows is
+// evaluated for each: the words are the same.
+template <class T>
+DDP_HOST_DEVICE void attention_dropout_row(const DropoutMask& m, T scale, std::uint64_t e_row, std::int64_t i,
+                                           const T* att, T* dropped, T* datt, unsigned lane, unsigned stride) {
+  const std::uint64_t end = e_row + static_cast<std::uint64_t>(i) + 1;  // one past the row's last element <= i
+  for (std::uint64_t blk = e_row / 4 + lane; 4 * blk < end; blk += stride) {
+    std::uint32_t w[4];
+    m.words(blk, w);
+    for (unsigned k = 0; k < 4; ++k) {
+      const std::uint64_t e = 4 * blk + k;
+      if (e < e_row || e >= end) continue;
+      const std::uint64_t j = e - e_row;
+      const bool keep = m.keep(w[k]);
+      dropped[j] = keep ? att[j] * scale : T(0);
+      if (datt != nullptr) datt[j] = keep ? datt[j] * scale : T(0);
+    }
+  }
+}
+
+inline void validate_attention_dropout(const AttentionDropout& d, std::int64_t att_numel, const char* op) {
+  validate_dropout_p(d.p, op);
+  if (d.p > 0.0) validate_dropout_draw(att_numel, d.step, op);
+}
 
 // torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T: the scores' scale of every device's kernel.
 template <class T>
@@ -64,6 +114,7 @@ void validate(const AttentionForwardArgs<T, D>& a) {
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1);
   expect_shape(a.att, Shape{b, a.n_head, t, t}, "probabilities att", op);
   expect_shape(a.y, Shape{b, t, c}, "output y", op);
+  validate_attention_dropout(a.dropout, a.att.numel(), op);
 }
 
 template <class T, Device D>
@@ -74,6 +125,7 @@ void validate(const AttentionBackwardArgs<T, D>& a) {
   expect_shape(a.att, Shape{b, a.n_head, t, t}, "probabilities att", op);
   expect_shape(a.dy, Shape{b, t, c}, "output gradient dy", op);
   expect_shape(a.dqkv, a.qkv.shape(), "input gradient dqkv", op);
+  validate_attention_dropout(a.dropout, a.att.numel(), op);
 }
 
 }  // namespace ddp::kernels

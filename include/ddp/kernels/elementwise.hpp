@@ -185,26 +185,63 @@ struct GeluBackward {
   }
 };
 
-// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i < n, gets
-// word j of philox(counter (b, step, rank, stream), key (seed_lo, seed_hi)), i.e. of block (step << 32) + b of
-// Generator(seed, rank, stream), and is dropped when that word is below `threshold` (see DropoutForwardArgs).
-// Run it for (n + 3) / 4 indices. y may alias x (each element is read before it is written).
+// One dropout draw's mask (docs/ARCHITECTURE.md D43): element i (a flat index below 2^34) is kept iff word i % 4 of
+// philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block (step << 32) + i / 4 of
+// Generator(seed, rank, stream) -- is at least `threshold`. One Philox evaluation gives four elements' words.
+// nn::Dropout's functor below and the attention's dropout on its probabilities (attention_args.hpp) draw with it,
+// on either device.
+struct DropoutMask {
+  std::uint64_t threshold = 0;  // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
+  std::uint32_t seed_lo = 0, seed_hi = 0, step = 0, rank = 0, stream = 0;
+  // The words of elements 4 b .. 4 b + 3.
+  DDP_HOST_DEVICE void words(std::uint64_t b, std::uint32_t (&c)[4]) const {
+    c[0] = static_cast<std::uint32_t>(b);
+    c[1] = step;
+    c[2] = rank;
+    c[3] = stream;
+    philox4x32_10_inplace(c, seed_lo, seed_hi);
+  }
+  DDP_HOST_DEVICE bool keep(std::uint32_t word) const { return word >= threshold; }
+};
+
+// The mask of drop probability p (in [0, 1]) for the step-th draw of (seed, rank, stream); step below 2^32.
+inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank, std::uint32_t stream,
+                                std::uint64_t step) {
+  // drop <=> (w + 0.5) / 2^32 < p <=> w < p 2^32 - 0.5: the count of such 32-bit words w.
+  const double cut = std::ceil(p * 4294967296.0 - 0.5);
+  return DropoutMask{.threshold = cut <= 0.0 ? 0 : static_cast<std::uint64_t>(cut),
+                     .seed_lo = static_cast<std::uint32_t>(seed),
+                     .seed_hi = static_cast<std::uint32_t>(seed >> 32),
+                     .step = static_cast<std::uint32_t>(step),
+                     .rank = rank,
+                     .stream = stream};
+}
+
+// The kept elements' scale 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0 for p = 1,
+// where everything is dropped.
+template <class T>
+T dropout_scale(double p) {
+  return p >= 1.0 ? T(0) : T(1) / T(1.0 - p);
+}
+
+// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i < n, gets word j
+// of block b of `draw` and is dropped where the draw says. Run it for (n + 3) / 4 indices. y may alias x (each
+// element is read before it is written).
 template <class T>
 struct DropoutForward {
   const T* x;
   T* y;
   std::uint8_t* mask;
   std::size_t n;
-  T scale;                  // 1 / (1 - p)
-  std::uint64_t threshold;  // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
-  std::uint32_t seed_lo, seed_hi, step, rank, stream;
+  T scale;  // 1 / (1 - p)
+  DropoutMask draw;
   DDP_HOST_DEVICE void operator()(std::size_t b) const {
-    std::uint32_t c[4] = {static_cast<std::uint32_t>(b), step, rank, stream};
-    philox4x32_10_inplace(c, seed_lo, seed_hi);
+    std::uint32_t c[4];
+    draw.words(b, c);
     for (std::size_t j = 0; j < 4; ++j) {
       const std::size_t i = 4 * b + j;
       if (i >= n) break;
-      const bool keep = c[j] >= threshold;
+      const bool keep = draw.keep(c[j]);
       mask[i] = keep ? 1 : 0;
       y[i] = keep ? x[i] * scale : T(0);
     }

@@ -101,21 +101,13 @@ struct ElementwiseKernels {
   static void dropout_forward(const Exec<D>& e, const DropoutForwardArgs<T, D>& a) {
     validate(a);
     const auto n = static_cast<std::size_t>(a.x.numel());
-    // drop <=> (w + 0.5) / 2^32 < p <=> w < p 2^32 - 0.5: the count of such 32-bit words w.
-    const double cut = std::ceil(a.p * 4294967296.0 - 0.5);
-    const std::uint64_t threshold = cut <= 0.0 ? 0 : static_cast<std::uint64_t>(cut);
     Kernels<D>::for_each_index(e, (n + 3) / 4,
                                DropoutForward<T>{.x = a.x.data(),
                                                  .y = a.y.data(),
                                                  .mask = a.mask.data(),
                                                  .n = n,
                                                  .scale = dropout_scale<T>(a.p),
-                                                 .threshold = threshold,
-                                                 .seed_lo = static_cast<std::uint32_t>(a.seed),
-                                                 .seed_hi = static_cast<std::uint32_t>(a.seed >> 32),
-                                                 .step = static_cast<std::uint32_t>(a.step),
-                                                 .rank = a.rank,
-                                                 .stream = a.stream});
+                                                 .draw = dropout_mask(a.p, a.seed, a.rank, a.stream, a.step)});
   }
   template <class T>
   static void dropout_backward(const Exec<D>& e, const DropoutBackwardArgs<T, D>& a) {
@@ -124,13 +116,6 @@ struct ElementwiseKernels {
         e, static_cast<std::size_t>(a.dy.numel()),
         DropoutBackward<T>{
             .dy = a.dy.data(), .mask = a.mask.data(), .dx = a.dx.data(), .scale = dropout_scale<T>(a.p)});
-  }
-
- private:
-  // 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0 for p = 1, where all is dropped.
-  template <class T>
-  static T dropout_scale(double p) {
-    return p >= 1.0 ? T(0) : T(1) / T(1.0 - p);
   }
 };
 

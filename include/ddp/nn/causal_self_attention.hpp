@@ -5,15 +5,23 @@
 //   qkv = c_attn(x)                      Linear(C, 3C): q, k, v side by side, (B, T, 3C)
 //   q, k, v -> (B, nh, T, hs)            hs = C / n_head (a view in torch; our kernels read qkv in place)
 //   att = softmax(mask(q k^T / sqrt(hs))) causal: position t attends to positions <= t only
+//   att = attn_dropout(att)              Dropout(attn_pdrop), in training only
 //   y = att v -> (B, T, C)               the heads side by side again
 //   y = c_proj(y)                        Linear(C, C)
 // Parameters "c_attn.weight" (3C, C), "c_attn.bias" (3C), "c_proj.weight" (C, C), "c_proj.bias" (C). minGPT also
 // keeps the causal mask as a buffer "bias" (1, 1, block_size, block_size) in its state_dict; we compute the mask
 // instead, so a loader must skip that key (as minGPT's own from_pretrained does). block_size is the longest T
 // accepted; shorter sequences are fine (minGPT's mask[:, :, :T, :T]).
-// Dropout: attn_pdrop and resid_pdrop are kept as options, but only 0 is implemented (a ValueError otherwise).
+// Dropout: attn_pdrop is minGPT's attn_dropout on the probabilities, inverted (kept ones scaled by
+// 1 / (1 - attn_pdrop)) in training mode; eval() or attn_pdrop = 0 compute exactly what no dropout does and draw
+// nothing. Its mask is nn::Dropout's (docs/ARCHITECTURE.md D43), a pure function of (seed, rank, stream, step) and
+// the element of att (B, nh, T, T): step() counts training forwards (eval ones do not), set_step() restores it on
+// resume, and each attention of a model needs its own stream (GPT gives every one its own). resid_pdrop (minGPT's
+// dropout after c_proj) is not implemented: it must be 0 (GPT has that Dropout in its AttentionLayer instead).
 // Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output (B, T, C), which
-// c_proj reads in backward; att is kept rather than recomputed (docs/ARCHITECTURE.md D44).
+// c_proj reads in backward; att is kept rather than recomputed (docs/ARCHITECTURE.md D44). With dropout att stays
+// the undropped probabilities (the softmax backward needs them) and no mask is kept: backward draws it again from
+// the same Philox counters; the dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp).
 // Devices: Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh; the CUDA
 // path compiles but is unverified on a GPU so far).
 #pragma once
@@ -37,8 +45,13 @@ struct CausalSelfAttentionOptions {
   std::int64_t n_embd = 0;      // C
   std::int64_t n_head = 1;      // must divide n_embd
   std::int64_t block_size = 0;  // longest sequence T accepted
-  double attn_pdrop = 0.0;      // dropout on att (only 0 is implemented)
+  double attn_pdrop = 0.0;      // dropout on att, in [0, 1]
   double resid_pdrop = 0.0;     // dropout on the output (only 0 is implemented)
+  // The attention dropout's mask (nn::DropoutOptions' meaning): the run's seed, this process's global rank, and a
+  // Philox stream no other dropout of the model uses.
+  std::uint64_t seed = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t stream = kStreamDropout;
 };
 
 template <class T, Device D>
@@ -51,8 +64,12 @@ class CausalSelfAttention : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": n_embd = ", o.n_embd,
                                         " is not divisible by n_head = ", o.n_head,
                                         "; each head gets n_embd / n_head channels"));
-    check_dropout("attn_pdrop", o.attn_pdrop);
-    check_dropout("resid_pdrop", o.resid_pdrop);
+    check_probability("attn_pdrop", o.attn_pdrop);
+    check_probability("resid_pdrop", o.resid_pdrop);
+    if (o.resid_pdrop > 0.0)
+      throw ValueError(ddp::detail::str("ddp: ", describe(), ": resid_pdrop = ", o.resid_pdrop,
+                                        " but dropout on the attention's output is not implemented; set it to 0 and "
+                                        "put an nn::Dropout after the module (as GPT's AttentionLayer does)"));
     c_attn_ = &this->register_module(
         "c_attn", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = o.n_embd, .out_features = 3 * o.n_embd}));
     c_proj_ = &this->register_module(
@@ -69,6 +86,9 @@ class CausalSelfAttention : public Module<T, D> {
   const CausalSelfAttentionOptions& options() const noexcept { return o_; }
   Linear<T, D>& c_attn() noexcept { return *c_attn_; }
   Linear<T, D>& c_proj() noexcept { return *c_proj_; }
+  // Training forwards done so far: the next one draws the attention dropout's mask of this step (nn::Dropout's).
+  std::uint64_t step() const noexcept { return step_; }
+  void set_step(std::uint64_t step) noexcept { step_ = step; }
 
   std::string describe() const override {
     return ddp::detail::str("CausalSelfAttention(n_embd=", o_.n_embd, ", n_head=", o_.n_head,
@@ -93,10 +113,15 @@ class CausalSelfAttention : public Module<T, D> {
     qkv_.reshape(Shape{b, t, 3 * c});
     att_ = Tensor<T, D>(Shape{b, o_.n_head, t, t});
     heads_ = Tensor<T, D>(Shape{b * t, c});
-    Kernels<D>::attention_forward(
-        exec,
-        kernels::AttentionForwardArgs<T, D>{
-            .qkv = qkv_.cview(), .att = att_.view(), .y = heads_.view().reshape(Shape{b, t, c}), .n_head = o_.n_head});
+    drop_ = kernels::AttentionDropout{};  // p = 0: none
+    if (this->is_training() && o_.attn_pdrop > 0.0)
+      drop_ = {.p = o_.attn_pdrop, .seed = o_.seed, .rank = o_.rank, .stream = o_.stream, .step = step_};
+    Kernels<D>::attention_forward(exec, kernels::AttentionForwardArgs<T, D>{.qkv = qkv_.cview(),
+                                                                            .att = att_.view(),
+                                                                            .y = heads_.view().reshape(Shape{b, t, c}),
+                                                                            .n_head = o_.n_head,
+                                                                            .dropout = drop_});
+    if (this->is_training()) ++step_;
     Tensor<T, D> y = c_proj_->forward(exec, heads_.cview());
     y.reshape(Shape{b, t, c});
     have_state_ = true;
@@ -116,7 +141,8 @@ class CausalSelfAttention : public Module<T, D> {
                                                                         .att = att_.cview(),
                                                                         .dy = dheads.cview().reshape(Shape{b, t, c}),
                                                                         .dqkv = dqkv.view().reshape(Shape{b, t, 3 * c}),
-                                                                        .n_head = o_.n_head});
+                                                                        .n_head = o_.n_head,
+                                                                        .dropout = drop_});
     att_ = Tensor<T, D>();
     qkv_ = Tensor<T, D>();
     Tensor<T, D> dx = c_attn_->backward(exec, dqkv.cview());
@@ -125,12 +151,9 @@ class CausalSelfAttention : public Module<T, D> {
   }
 
  private:
-  void check_dropout(const char* name, double p) const {
-    if (!(p >= 0.0 && p < 1.0))
-      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": ", name, " = ", p, " must be in [0, 1)"));
-    if (p > 0.0)
-      throw ValueError(ddp::detail::str("ddp: ", describe(), ": ", name, " = ", p,
-                                        " but dropout in attention is not implemented yet; set it to 0"));
+  void check_probability(const char* name, double p) const {
+    if (!(p >= 0.0 && p <= 1.0))
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": ", name, " = ", p, " must be in [0, 1]"));
   }
 
   CausalSelfAttentionOptions o_;
@@ -139,6 +162,8 @@ class CausalSelfAttention : public Module<T, D> {
   Tensor<T, D> qkv_;                // (B, T, 3C): c_attn's output, the attention's input
   Tensor<T, D> att_;                // (B, nh, T, T): softmax probabilities, 0 above the diagonal
   Tensor<T, D> heads_;              // (B*T, C): the heads' output side by side, c_proj's input (it keeps a view)
+  kernels::AttentionDropout drop_;  // the last forward's draw (p = 0: none), which backward draws again
+  std::uint64_t step_ = 0;          // training forwards so far
   bool have_state_ = false;
 };
 

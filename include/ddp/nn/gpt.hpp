@@ -12,7 +12,8 @@
 //     ln1, ln2      LayerNorm(C)
 //     attn          AttentionLayer (the tutorial's MultiheadAttentionLayer): y = resid_drop(c_proj(attn(x)))
 //       c_proj      Linear(C, C)
-//       attn        CausalSelfAttention(C, n_head, block_size): children c_attn Linear(C, 3C), c_proj Linear(C, C)
+//       attn        CausalSelfAttention(C, n_head, block_size, attn_pdrop): children c_attn Linear(C, 3C), c_proj
+//                   Linear(C, C); dropout on its probabilities (MultiheadAttention's dropout = attn_pdrop)
 //     mlp           Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop)): mlp.0, mlp.2
 //   ln_f            LayerNorm(C)
 //   head            Linear(C, vocab_size, bias = false)
@@ -39,10 +40,11 @@
 // and the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
 // attn.c_proj (its out_proj is not renamed). docs/ARCHITECTURE.md D45.
 //
-// Dropout: embd_pdrop and resid_pdrop as in the tutorial (3 Dropouts per model plus 2 per block, each on its own
-// Philox stream dropout_stream + k, k in model order: emb_stem.drop 0, blocks.i.attn.resid_drop 1 + 2i,
-// blocks.i.mlp.3 2 + 2i; docs/ARCHITECTURE.md D43). attn_pdrop must be 0 (CausalSelfAttention has no attention
-// dropout yet). set_dropout_step() restores the masks' step on resume.
+// Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem plus, per block, the
+// two resid_pdrop Dropouts and the attention's dropout on its probabilities), each drawing on its own Philox stream
+// dropout_stream + k, k in model order: emb_stem.drop 0, blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn (its
+// attention dropout) 2 + 3i, blocks.i.mlp.3 3 + 3i (docs/ARCHITECTURE.md D43); the streams are assigned whatever
+// the probabilities, 0 included. set_dropout_step() restores every mask's step on resume.
 // Input: forward(exec, ids) with int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE IDS
 // ALIVE until backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every parameter's
 // gradient and returns an empty tensor (ids take no gradient). Module's forward with T values is a ValueError.
@@ -84,10 +86,10 @@ struct GPTOptions {
   std::int64_t n_embd = 512;  // C
   double embd_pdrop = 0.1;    // the tutorial's GPTConfig defaults
   double resid_pdrop = 0.1;
-  double attn_pdrop = 0.0;                  // only 0 is implemented (the tutorial's default is 0.1)
+  double attn_pdrop = 0.0;                  // dropout on the attention probabilities (the tutorial's default is 0.1)
   std::uint64_t seed = 0;                   // initialisation and dropout seed (the same on every rank)
   std::uint32_t rank = 0;                   // this process's global rank: dropout masks differ by rank
-  std::uint32_t dropout_stream = 3u << 16;  // Philox stream of the first Dropout; the k-th uses + k
+  std::uint32_t dropout_stream = 3u << 16;  // Philox stream of emb_stem.drop; the k-th dropout in model order uses + k
 };
 
 // The tutorial's state_dict key of our parameter `name` (the file comment's mapping): the attention's packed
@@ -320,10 +322,15 @@ class GPT : public Module<T, D> {
     emb_stem_ = &this->register_module(
         "emb_stem", std::make_unique<EmbeddingStem<T, D>>(o.vocab_size, o.block_size, o.n_embd, dropout(o.embd_pdrop)));
     blocks_ = &this->register_module("blocks", std::make_unique<Sequential<T, D>>());
-    const CausalSelfAttentionOptions attn{
-        .n_embd = o.n_embd, .n_head = o.n_head, .block_size = o.block_size, .attn_pdrop = o.attn_pdrop};
-    for (std::int64_t i = 0; i < o.n_layer; ++i) {
+    for (std::int64_t i = 0; i < o.n_layer; ++i) {  // the streams in model order (file comment)
       const DropoutOptions attn_drop = dropout(o.resid_pdrop);
+      const CausalSelfAttentionOptions attn{.n_embd = o.n_embd,
+                                            .n_head = o.n_head,
+                                            .block_size = o.block_size,
+                                            .attn_pdrop = o.attn_pdrop,
+                                            .seed = o.seed,
+                                            .rank = o.rank,
+                                            .stream = stream++};
       const DropoutOptions mlp_drop = dropout(o.resid_pdrop);
       block_list_.push_back(&blocks_->push_back(std::make_unique<Block<T, D>>(attn, attn_drop, mlp_drop)));
     }
@@ -364,11 +371,12 @@ class GPT : public Module<T, D> {
     linear(*head_, 0.02);
   }
 
-  // Restores every Dropout's step (training forwards done so far) on resume: the masks then repeat those of an
-  // uninterrupted run (docs/ARCHITECTURE.md D43).
+  // Restores the step (training forwards done so far) of every Dropout and every attention's dropout on resume:
+  // the masks then repeat those of an uninterrupted run (docs/ARCHITECTURE.md D43).
   void set_dropout_step(std::uint64_t step) {
     this->visit([&](Module<T, D>& m) {
       if (auto* d = dynamic_cast<Dropout<T, D>*>(&m)) d->set_step(step);
+      if (auto* a = dynamic_cast<CausalSelfAttention<T, D>*>(&m)) a->set_step(step);
     });
   }
 

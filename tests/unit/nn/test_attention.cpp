@@ -1,6 +1,7 @@
-// CausalSelfAttention: finite differences (double) for dx and every parameter, causality, T < block_size, the
-// state_dict names and hook order, and the errors (messages pinned). Equality with PyTorch is in
-// tests/reference/test_attention_ops.cpp.
+// CausalSelfAttention: finite differences (double) for dx and every parameter, without and with attention dropout
+// (the mask held by the step), causality, T < block_size, the state_dict names and hook order, the attention
+// dropout's mask against nn::Dropout's kernel (the same counter layout, D43) and its reproducibility, and the errors
+// (messages pinned). Equality with PyTorch is in tests/reference/test_attention_ops.cpp.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <ddp/kernels/cpu/kernels.hpp>
 #include <ddp/nn/causal_self_attention.hpp>
 #include <ddp/tensor/random.hpp>
 
@@ -18,19 +20,24 @@ using namespace ddp;
 
 namespace attn_test {
 
-// A C = 8, 2-head module with torch's default Linear initialisation (non-zero biases).
+// A C = 8, 2-head module with torch's default Linear initialisation (non-zero biases); the same weights for any
+// dropout options.
 template <class T>
-std::unique_ptr<nn::CausalSelfAttention<T, Cpu>> make(std::int64_t block_size = 8) {
-  auto m = std::make_unique<nn::CausalSelfAttention<T, Cpu>>(
-      nn::CausalSelfAttentionOptions{.n_embd = 8, .n_head = 2, .block_size = block_size});
+std::unique_ptr<nn::CausalSelfAttention<T, Cpu>> make(std::int64_t block_size = 8,
+                                                      nn::CausalSelfAttentionOptions o = {}) {
+  o.n_embd = 8;
+  o.n_head = 2;
+  o.block_size = block_size;
+  auto m = std::make_unique<nn::CausalSelfAttention<T, Cpu>>(o);
   Generator gen(17);
   m->reset_parameters(gen);
   return m;
 }
 
-// loss = sum(y * w): its dy is w.
+// loss = sum(y * w): its dy is w. Every forward draws the attention dropout's mask of step 3 (training mode).
 double weighted_sum(Exec<Cpu>& exec, nn::CausalSelfAttention<double, Cpu>& m, const Tensor<double, Cpu>& x,
                     const Tensor<double, Cpu>& w) {
+  m.set_step(3);
   auto y = m.forward(exec, x.cview());
   double s = 0;
   for (std::int64_t i = 0; i < y.numel(); ++i) s += y.data()[i] * w.data()[i];
@@ -58,27 +65,55 @@ void check_all_elements(Exec<Cpu>& exec, nn::CausalSelfAttention<double, Cpu>& m
   MESSAGE(what << ": worst relative error " << worst << " over " << n << " elements");
 }
 
+template <class T>
+bool same_values(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b) {
+  if (!(a.shape() == b.shape())) return false;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    if (a.data()[i] != b.data()[i]) return false;
+  return true;
+}
+
+// Finite differences of dx and every parameter's gradient of a (2, 5, 8) input (T = 5 < block_size = 8).
+void check_finite_differences(nn::CausalSelfAttention<double, Cpu>& m) {
+  kernels::cpu::ThreadPool pool(2);
+  Exec<Cpu> exec{.pool = &pool};
+  auto x = ddp::test::randn<double>({2, 5, 8}, 3);
+  const auto w = ddp::test::randn<double>({2, 5, 8}, 4);
+  m.zero_grad();
+  m.set_step(3);  // weighted_sum's step
+  auto y = m.forward(exec, x.cview());
+  REQUIRE(y.shape() == Shape{2, 5, 8});
+  auto dx = m.backward(exec, w.cview());
+  REQUIRE(dx.shape() == x.shape());
+  check_all_elements(exec, m, x, w, x.data(), dx.data(), x.numel(), "dx");
+  for (auto* p : m.parameters())
+    check_all_elements(exec, m, x, w, p->value().data(), p->grad().data(), p->numel(), p->name());
+  // The key bias adds q . b_k to every score of a row, which the softmax cancels: its gradient is 0 (up to
+  // rounding), as in torch; dropout after the softmax does not change that.
+  const auto& db = m.find_parameter("c_attn.bias")->grad();
+  for (std::int64_t i = 8; i < 16; ++i) CHECK(std::abs(db.data()[i]) <= 1e-12);
+}
+
 }  // namespace attn_test
 
 TEST_SUITE("nn") {
   TEST_CASE("causal self-attention: finite differences for dx and every parameter (double, T < block_size)") {
-    kernels::cpu::ThreadPool pool(2);
-    Exec<Cpu> exec{.pool = &pool};
     auto m = attn_test::make<double>(8);
-    auto x = ddp::test::randn<double>({2, 5, 8}, 3);  // T = 5 < block_size = 8
-    const auto w = ddp::test::randn<double>({2, 5, 8}, 4);
-    m->zero_grad();
-    auto y = m->forward(exec, x.cview());
-    REQUIRE(y.shape() == Shape{2, 5, 8});
-    auto dx = m->backward(exec, w.cview());
-    REQUIRE(dx.shape() == x.shape());
-    attn_test::check_all_elements(exec, *m, x, w, x.data(), dx.data(), x.numel(), "dx");
-    for (auto* p : m->parameters())
-      attn_test::check_all_elements(exec, *m, x, w, p->value().data(), p->grad().data(), p->numel(), p->name());
-    // The key bias adds q . b_k to every score of a row, which the softmax cancels: its gradient is 0 (up to
-    // rounding), as in torch.
-    const auto& db = m->find_parameter("c_attn.bias")->grad();
-    for (std::int64_t i = 8; i < 16; ++i) CHECK(std::abs(db.data()[i]) <= 1e-12);
+    attn_test::check_finite_differences(*m);
+  }
+
+  TEST_CASE("causal self-attention: finite differences with attention dropout 0.3, the mask held by the step") {
+    auto m = attn_test::make<double>(8, {.attn_pdrop = 0.3, .seed = 5, .rank = 1, .stream = 400});
+    // The mask of step 3 drops some of the 2 x 2 x 15 causal probabilities (else this would test nothing): the
+    // output differs from the undropped one.
+    Exec<Cpu> exec;
+    const auto x = ddp::test::randn<double>({2, 5, 8}, 3);
+    m->set_step(3);
+    const auto dropped = m->forward(exec, x.cview());
+    m->eval();
+    CHECK_FALSE(attn_test::same_values(m->forward(exec, x.cview()), dropped));
+    m->train();
+    attn_test::check_finite_differences(*m);
   }
 
   TEST_CASE("causal self-attention: a position sees only itself and earlier positions") {
@@ -156,6 +191,146 @@ TEST_SUITE("nn") {
     CHECK(order == std::vector<std::string>{"c_proj.weight", "c_proj.bias", "c_attn.weight", "c_attn.bias"});
   }
 
+  TEST_CASE(
+      "causal self-attention: attention dropout is nn::Dropout's mask on att, scaled, the same on any thread count") {
+    // Kernel level, against the outside reference of nn::Dropout's kernel: attention_forward with dropout writes
+    // the undropped att and y = Dropout(att) v, where Dropout(att) is dropout_forward over att with the same (seed,
+    // rank, stream, step), i.e. the same counter layout; its mask drops a fraction p of the causal probabilities.
+    using K = Kernels<Cpu>;
+    kernels::cpu::ThreadPool one(1), two(2);
+    Exec<Cpu> e1{.pool = &one}, e2{.pool = &two};
+    const std::int64_t b = 4, t = 61, c = 16, nh = 4, hs = c / nh;  // T odd: rows straddle Philox blocks
+    const auto qkv = ddp::test::randn<float>({b, t, 3 * c}, 20);
+    const auto dy = ddp::test::randn<float>({b, t, c}, 21);
+    const kernels::AttentionDropout drop{.p = 0.25, .seed = 99, .rank = 3, .stream = 700, .step = 12};
+    Tensor<float, Cpu> att0(Shape{b, nh, t, t}), y0(Shape{b, t, c}), att(Shape{b, nh, t, t}), y(Shape{b, t, c});
+    K::attention_forward(e2, kernels::AttentionForwardArgs<float, Cpu>{
+                                 .qkv = qkv.cview(), .att = att0.view(), .y = y0.view(), .n_head = nh});
+    K::attention_forward(e2, kernels::AttentionForwardArgs<float, Cpu>{
+                                 .qkv = qkv.cview(), .att = att.view(), .y = y.view(), .n_head = nh, .dropout = drop});
+    CHECK(attn_test::same_values(att, att0));  // att stays the undropped probabilities
+    Tensor<float, Cpu> ref_att(att.shape());
+    Tensor<std::uint8_t, Cpu> mask(att.shape());
+    K::dropout_forward(e1, kernels::DropoutForwardArgs<float, Cpu>{.x = att0.cview(),
+                                                                   .y = ref_att.view(),
+                                                                   .mask = mask.view(),
+                                                                   .p = drop.p,
+                                                                   .seed = drop.seed,
+                                                                   .rank = drop.rank,
+                                                                   .stream = drop.stream,
+                                                                   .step = drop.step});
+    std::int64_t causal = 0, dropped = 0;
+    for (std::int64_t r = 0; r < b * nh * t; ++r)
+      for (std::int64_t j = 0; j <= r % t; ++j) {
+        ++causal;
+        dropped += mask.data()[r * t + j] == 0;
+      }
+    const double fraction = static_cast<double>(dropped) / static_cast<double>(causal);
+    MESSAGE("attention dropout p = 0.25: dropped " << fraction << " of " << causal << " causal probabilities");
+    CHECK(std::abs(fraction - drop.p) <= 0.012);  // 5 standard deviations: sqrt(p (1 - p) / 30256) = 0.0025
+    // y = Dropout(att) v in double: the kept probabilities scaled by 1 / (1 - p) (Dropout's own tests pin that).
+    double worst = 0;
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t h = 0; h < nh; ++h)
+        for (std::int64_t i = 0; i < t; ++i)
+          for (std::int64_t d = 0; d < hs; ++d) {
+            double acc = 0;
+            for (std::int64_t j = 0; j < t; ++j)
+              acc += double(ref_att(bi, h, i, j)) * double(qkv(bi, j, 2 * c + h * hs + d));
+            worst = std::max(worst, std::abs(acc - double(y(bi, i, h * hs + d))) / (1.0 + std::abs(acc)));
+          }
+    CHECK(worst <= 1e-5);
+    // One thread draws and computes the same as two (the mask is per element, the pairs' outputs disjoint);
+    // backward too.
+    Tensor<float, Cpu> att1(att.shape()), y1(y.shape()), dqkv1(qkv.shape()), dqkv2(qkv.shape());
+    K::attention_forward(e1,
+                         kernels::AttentionForwardArgs<float, Cpu>{
+                             .qkv = qkv.cview(), .att = att1.view(), .y = y1.view(), .n_head = nh, .dropout = drop});
+    CHECK(attn_test::same_values(y1, y));
+    K::attention_backward(e1, kernels::AttentionBackwardArgs<float, Cpu>{.qkv = qkv.cview(),
+                                                                         .att = att.cview(),
+                                                                         .dy = dy.cview(),
+                                                                         .dqkv = dqkv1.view(),
+                                                                         .n_head = nh,
+                                                                         .dropout = drop});
+    K::attention_backward(e2, kernels::AttentionBackwardArgs<float, Cpu>{.qkv = qkv.cview(),
+                                                                         .att = att.cview(),
+                                                                         .dy = dy.cview(),
+                                                                         .dqkv = dqkv2.view(),
+                                                                         .n_head = nh,
+                                                                         .dropout = drop});
+    CHECK(attn_test::same_values(dqkv1, dqkv2));
+    // dv = Dropout(att)^T dy: the backward draws the forward's mask again.
+    worst = 0;
+    for (std::int64_t bi = 0; bi < b; ++bi)
+      for (std::int64_t h = 0; h < nh; ++h)
+        for (std::int64_t j = 0; j < t; ++j)
+          for (std::int64_t d = 0; d < hs; ++d) {
+            double acc = 0;
+            for (std::int64_t i = 0; i < t; ++i) acc += double(ref_att(bi, h, i, j)) * double(dy(bi, i, h * hs + d));
+            worst = std::max(worst, std::abs(acc - double(dqkv1(bi, j, 2 * c + h * hs + d))) / (1.0 + std::abs(acc)));
+          }
+    CHECK(worst <= 1e-5);
+    // A bad p or step is the kernel's ValueError.
+    CHECK_THROWS_WITH_AS(
+        K::attention_forward(
+            e1,
+            kernels::AttentionForwardArgs<float, Cpu>{
+                .qkv = qkv.cview(), .att = att1.view(), .y = y1.view(), .n_head = nh, .dropout = {.p = 1.5}}),
+        "ddp: attention_forward: p must be in [0, 1], got 1.5", ValueError);
+    CHECK_THROWS_WITH_AS(K::attention_backward(
+                             e1, kernels::AttentionBackwardArgs<float, Cpu>{.qkv = qkv.cview(),
+                                                                            .att = att.cview(),
+                                                                            .dy = dy.cview(),
+                                                                            .dqkv = dqkv1.view(),
+                                                                            .n_head = nh,
+                                                                            .dropout = {.p = 0.5, .step = 1ull << 32}}),
+                         "ddp: attention_backward: step 4294967296 must be below 2^32", ValueError);
+  }
+
+  TEST_CASE(
+      "causal self-attention: the dropout mask is a function of (seed, rank, stream, step); eval and p = 0 "
+      "are the undropped layer bit for bit") {
+    Exec<Cpu> exec;
+    const auto x = ddp::test::randn<float>({2, 16, 8}, 30);
+    const auto dy = ddp::test::randn<float>({2, 16, 8}, 31);
+    const nn::CausalSelfAttentionOptions o{.attn_pdrop = 0.2, .seed = 1234, .rank = 1, .stream = 500};
+    auto plain = attn_test::make<float>(16);  // attn_pdrop = 0: the layer without dropout
+    const auto y_plain = plain->forward(exec, x.cview());
+    const auto dx_plain = plain->backward(exec, dy.cview());
+    CHECK(plain->step() == 1);  // a training forward counts even when it draws nothing
+
+    auto a = attn_test::make<float>(16, o);
+    auto b = attn_test::make<float>(16, o);
+    const auto ya = a->forward(exec, x.cview());
+    CHECK(a->step() == 1);
+    CHECK_FALSE(attn_test::same_values(ya, y_plain));
+    CHECK(attn_test::same_values(b->forward(exec, x.cview()), ya));        // same (seed, rank, stream, step)
+    CHECK_FALSE(attn_test::same_values(b->forward(exec, x.cview()), ya));  // step 1: another mask
+    b->set_step(0);                                                        // what a resumed run does
+    CHECK(attn_test::same_values(b->forward(exec, x.cview()), ya));
+    // Another rank, stream (another layer of the model) or seed: another mask.
+    for (const nn::CausalSelfAttentionOptions& other :
+         {nn::CausalSelfAttentionOptions{.attn_pdrop = 0.2, .seed = 1234, .rank = 0, .stream = 500},
+          nn::CausalSelfAttentionOptions{.attn_pdrop = 0.2, .seed = 1234, .rank = 1, .stream = 501},
+          nn::CausalSelfAttentionOptions{.attn_pdrop = 0.2, .seed = 1235, .rank = 1, .stream = 500}}) {
+      auto c = attn_test::make<float>(16, other);
+      CHECK_FALSE(attn_test::same_values(c->forward(exec, x.cview()), ya));
+    }
+    // Evaluation: no dropout, no step counted, and the undropped layer's forward and backward bit for bit.
+    a->eval();
+    CHECK(attn_test::same_values(a->forward(exec, x.cview()), y_plain));
+    CHECK(attn_test::same_values(a->backward(exec, dy.cview()), dx_plain));
+    CHECK(a->step() == 1);
+    // p = 1 drops every probability: y is c_proj's bias on every row.
+    auto all = attn_test::make<float>(16, {.attn_pdrop = 1.0});
+    const auto y_all = all->forward(exec, x.cview());
+    const auto& bias = all->c_proj().bias()->value();
+    bool bias_only = true;
+    for (std::int64_t i = 0; i < y_all.numel(); ++i) bias_only = bias_only && y_all.data()[i] == bias.data()[i % 8];
+    CHECK(bias_only);
+  }
+
   TEST_CASE("causal self-attention: bad options and inputs are ValueErrors naming the module") {
     kernels::cpu::ThreadPool pool(1);
     Exec<Cpu> exec{.pool = &pool};
@@ -165,13 +340,20 @@ TEST_SUITE("nn") {
                          "resid_pdrop=0): n_embd = 10 is not divisible by n_head = 4; each head gets n_embd / n_head "
                          "channels",
                          ValueError);
-    CHECK_THROWS_WITH_AS(Attn({.n_embd = 8, .n_head = 2, .block_size = 8, .attn_pdrop = 0.1}),
-                         "ddp: CausalSelfAttention(n_embd=8, n_head=2, block_size=8, attn_pdrop=0.1, resid_pdrop=0): "
-                         "attn_pdrop = 0.1 but dropout in attention is not implemented yet; set it to 0",
+    CHECK_THROWS_WITH_AS(Attn({.n_embd = 8, .n_head = 2, .block_size = 8, .attn_pdrop = 1.5}),
+                         "ddp: invalid CausalSelfAttention(n_embd=8, n_head=2, block_size=8, attn_pdrop=1.5, "
+                         "resid_pdrop=0): attn_pdrop = 1.5 must be in [0, 1]",
                          ValueError);
+    CHECK_THROWS_WITH_AS(Attn({.n_embd = 8, .n_head = 2, .block_size = 8, .attn_pdrop = -0.1}),
+                         doctest::Contains("attn_pdrop = -0.1 must be in [0, 1]"), ValueError);
     CHECK_THROWS_WITH_AS(Attn({.n_embd = 8, .n_head = 2, .block_size = 8, .resid_pdrop = 1.5}),
                          "ddp: invalid CausalSelfAttention(n_embd=8, n_head=2, block_size=8, attn_pdrop=0, "
-                         "resid_pdrop=1.5): resid_pdrop = 1.5 must be in [0, 1)",
+                         "resid_pdrop=1.5): resid_pdrop = 1.5 must be in [0, 1]",
+                         ValueError);
+    CHECK_THROWS_WITH_AS(Attn({.n_embd = 8, .n_head = 2, .block_size = 8, .resid_pdrop = 0.1}),
+                         "ddp: CausalSelfAttention(n_embd=8, n_head=2, block_size=8, attn_pdrop=0, resid_pdrop=0.1): "
+                         "resid_pdrop = 0.1 but dropout on the attention's output is not implemented; set it to 0 "
+                         "and put an nn::Dropout after the module (as GPT's AttentionLayer does)",
                          ValueError);
 
     Attn m({.n_embd = 8, .n_head = 2, .block_size = 4});

@@ -7,10 +7,11 @@
 // are float on the GPU, double on the CPU; the attention's GEMMs are cuBLAS's): |gpu - cpu| <= 1e-5 (|cpu| +
 // max|cpu|) per tensor; the embedding's forward is a copy and its backward adds each token's dy rows in position
 // order like the CPU (sorted by id), so both are exact. Through the 2-block GPT the differences grow: 1e-3 for logits
-// and gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1): its masks are a function of (seed, rank,
-// stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43). Skips (exit 77) without a GPU; without one
-// CI compiles this file to PTX only (tests/CMakeLists.txt), and tests/odr/main_cuda.cu instantiates GPT<float, Cuda>
-// under the host compiler.
+// and gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1, the attention's too): its masks are a
+// function of (seed, rank, stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43); the attention
+// kernels are also compared with dropout 0.3 on their probabilities, where the same mask means the same y and dqkv.
+// Skips (exit 77) without a GPU; without one CI compiles this file to PTX only (tests/CMakeLists.txt), and
+// tests/odr/main_cuda.cu instantiates GPT<float, Cuda> under the host compiler.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -179,19 +180,22 @@ void check_layer_norm(bool affine) {
       doctest::Contains("layer_norm_forward"), ddp::ValueError);
 }
 
-void check_attention(std::int64_t b, std::int64_t t, std::int64_t c, std::int64_t nh) {
+void check_attention(std::int64_t b, std::int64_t t, std::int64_t c, std::int64_t nh, double p = 0.0) {
   Devices d;
-  INFO("B ", b, " T ", t, " C ", c, " nh ", nh);
+  INFO("B ", b, " T ", t, " C ", c, " nh ", nh, " attention dropout ", p);
+  const ddp::kernels::AttentionDropout drop{.p = p, .seed = 21, .rank = 1, .stream = 600, .step = 5};
   const auto qkv = ddp::test::randn(Shape{b, t, 3 * c}, 7);
   const auto dy = ddp::test::randn(Shape{b, t, c}, 8);
   auto gqkv = d.up(qkv);
   auto gdy = d.up(dy);
   Tensor<float, Cpu> attc(Shape{b, nh, t, t}), yc(Shape{b, t, c}), dqkvc(Shape{b, t, 3 * c});
   Tensor<float, Cuda> attg(Shape{b, nh, t, t}), yg(Shape{b, t, c}), dqkvg(Shape{b, t, 3 * c});
-  KC::attention_forward(d.cpu, ddp::kernels::AttentionForwardArgs<float, Cpu>{
-                                   .qkv = qkv.cview(), .att = attc.view(), .y = yc.view(), .n_head = nh});
-  KG::attention_forward(d.gpu, ddp::kernels::AttentionForwardArgs<float, Cuda>{
-                                   .qkv = gqkv.cview(), .att = attg.view(), .y = yg.view(), .n_head = nh});
+  KC::attention_forward(d.cpu,
+                        ddp::kernels::AttentionForwardArgs<float, Cpu>{
+                            .qkv = qkv.cview(), .att = attc.view(), .y = yc.view(), .n_head = nh, .dropout = drop});
+  KG::attention_forward(d.gpu,
+                        ddp::kernels::AttentionForwardArgs<float, Cuda>{
+                            .qkv = gqkv.cview(), .att = attg.view(), .y = yg.view(), .n_head = nh, .dropout = drop});
   const auto att_back = d.down(attg);
   CHECK(excess(attc, att_back, 1e-5) <= 0.0);
   bool masked_zero = true;  // exactly 0 above the diagonal, as the CPU's
@@ -199,12 +203,18 @@ void check_attention(std::int64_t b, std::int64_t t, std::int64_t c, std::int64_
     for (std::int64_t j = r % t + 1; j < t; ++j) masked_zero = masked_zero && att_back.data()[r * t + j] == 0.0f;
   CHECK(masked_zero);
   CHECK(excess(yc, d.down(yg), 1e-5) <= 0.0);
-  KC::attention_backward(
-      d.cpu, ddp::kernels::AttentionBackwardArgs<float, Cpu>{
-                 .qkv = qkv.cview(), .att = attc.cview(), .dy = dy.cview(), .dqkv = dqkvc.view(), .n_head = nh});
-  KG::attention_backward(
-      d.gpu, ddp::kernels::AttentionBackwardArgs<float, Cuda>{
-                 .qkv = gqkv.cview(), .att = attg.cview(), .dy = gdy.cview(), .dqkv = dqkvg.view(), .n_head = nh});
+  KC::attention_backward(d.cpu, ddp::kernels::AttentionBackwardArgs<float, Cpu>{.qkv = qkv.cview(),
+                                                                                .att = attc.cview(),
+                                                                                .dy = dy.cview(),
+                                                                                .dqkv = dqkvc.view(),
+                                                                                .n_head = nh,
+                                                                                .dropout = drop});
+  KG::attention_backward(d.gpu, ddp::kernels::AttentionBackwardArgs<float, Cuda>{.qkv = gqkv.cview(),
+                                                                                 .att = attg.cview(),
+                                                                                 .dy = gdy.cview(),
+                                                                                 .dqkv = dqkvg.view(),
+                                                                                 .n_head = nh,
+                                                                                 .dropout = drop});
   CHECK(excess(dqkvc, d.down(dqkvg), 1e-5) <= 0.0);
   CHECK_THROWS_WITH_AS(
       KG::attention_forward(d.gpu,
@@ -222,6 +232,7 @@ void check_gpt_step() {
                               .n_embd = 16,
                               .embd_pdrop = 0.1,
                               .resid_pdrop = 0.1,
+                              .attn_pdrop = 0.1,
                               .seed = 9};
   ddp::nn::GPT<float, Cpu> mc(o);
   ddp::nn::GPT<float, Cuda> mg(o);
@@ -290,11 +301,15 @@ TEST_SUITE("nn_cuda") {
     check_layer_norm(true);
     check_layer_norm(false);
   }
-  TEST_CASE("causal attention on the GPU matches the CPU") {
+  TEST_CASE("causal attention on the GPU matches the CPU, with and without dropout on the probabilities") {
     if (ddp::test::skip_without_gpu()) return;
     check_attention(2, 13, 24, 3);
     check_attention(1, 70, 32, 1);  // T beyond one warp's 32 lanes
     check_attention(3, 1, 8, 2);
+    // Dropout on the probabilities: the same mask on both devices (the CPU's counter layout), so the same y and
+    // dqkv to rounding; T 70 odd-sized rows straddle Philox blocks and span three 32-lane rounds.
+    check_attention(2, 13, 24, 3, 0.3);
+    check_attention(1, 70, 32, 1, 0.3);
   }
   TEST_CASE("GPT: one training step on the GPU matches the CPU") {
     if (ddp::test::skip_without_gpu()) return;

@@ -199,6 +199,55 @@ TEST_SUITE("nn") {
     CHECK(changed);
   }
 
+  TEST_CASE(
+      "GPT: each dropout, the attention's included, has its own stream in model order; set_dropout_step "
+      "replays the masks") {
+    nn::GPTOptions o{.vocab_size = 7,
+                     .block_size = 6,
+                     .n_layer = 2,
+                     .n_head = 2,
+                     .n_embd = 8,
+                     .embd_pdrop = 0.0,
+                     .resid_pdrop = 0.0,
+                     .attn_pdrop = 0.3,
+                     .seed = 11,
+                     .rank = 1};
+    nn::GPT<float, Cpu> m(o);
+    const std::uint32_t s0 = o.dropout_stream;
+    CHECK(m.emb_stem().drop().options().stream == s0);
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      CAPTURE(i);
+      CHECK(m.block(i).attn().resid_drop().options().stream == s0 + 1 + 3 * i);
+      const nn::CausalSelfAttentionOptions& a = m.block(i).attn().attn().options();
+      CHECK(a.stream == s0 + 2 + 3 * i);
+      CHECK((a.attn_pdrop == 0.3 && a.seed == 11 && a.rank == 1));
+      CHECK(m.block(i).mlp_drop().options().stream == s0 + 3 + 3 * i);
+    }
+    Exec<Cpu> exec;
+    const auto ids = gpt_test::random_ids(2, 6, 7, 3);
+    const auto y0 = m.forward(exec, ids.cview());
+    const auto y1 = m.forward(exec, ids.cview());
+    CHECK(m.block(1).attn().attn().step() == 2);
+    bool same = true;
+    for (std::int64_t i = 0; i < y0.numel(); ++i) same = same && y0.data()[i] == y1.data()[i];
+    CHECK_FALSE(same);      // step 1 drew other attention masks
+    m.set_dropout_step(0);  // what a resumed run does
+    CHECK(m.block(0).attn().attn().step() == 0);
+    const auto again = m.forward(exec, ids.cview());
+    same = true;
+    for (std::int64_t i = 0; i < y0.numel(); ++i) same = same && y0.data()[i] == again.data()[i];
+    CHECK(same);
+    // In evaluation the model is the one without attention dropout, bit for bit.
+    o.attn_pdrop = 0.0;
+    nn::GPT<float, Cpu> plain(o);
+    const auto y_plain = plain.forward(exec, ids.cview());
+    m.eval();
+    const auto y_eval = m.forward(exec, ids.cview());
+    same = true;
+    for (std::int64_t i = 0; i < y0.numel(); ++i) same = same && y_eval.data()[i] == y_plain.data()[i];
+    CHECK(same);
+  }
+
   TEST_CASE("GPT: bad inputs are ValueErrors") {
     gpt_test::Model m(gpt_test::small_options());
     Exec<Cpu> exec;

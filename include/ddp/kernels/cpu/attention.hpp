@@ -11,6 +11,11 @@
 //   backward  datt = dy v^T;  dv = att^T dy        dy: the (T x hs) block of dy at columns h*hs
 //             dpre = att * (datt - rowsum(att * datt))   softmax backward (0 where masked, since att is 0 there)
 //             dq = dpre k * scale;  dk = dpre^T q * scale
+// With attention dropout (p > 0, AttentionDropout in attention_args.hpp) the y GEMM reads drop = mask * att / (1 - p)
+// from a (T x T) scratch per chunk of pairs, and att keeps the undropped probabilities; backward draws the same mask
+// again in one pass over the pair that writes drop (for dv = drop^T dy) and turns datt = dy v^T into
+// mask * datt / (1 - p), the gradient of the undropped att, before the softmax backward. So nothing beyond p = 0's
+// state is kept, for one more Philox evaluation per 4 probabilities in backward. p = 0 runs none of it.
 // Example: minGPT's config (B 216, T 128, C 512, nh 8, hs 64) runs 1728 pairs of four 128x128x64 GEMMs forward.
 // The pairs are split over exec's pool, each chunk running gemm_serial (kernels/cpu/gemm.hpp), like the
 // convolutions' per-image split; outputs of different pairs are disjoint, so the result does not depend on the
@@ -72,6 +77,18 @@ void causal_softmax_backward_rows(const T* att, T* datt, std::int64_t t) {
   }
 }
 
+// Pair p's (t x t) probabilities att under the dropout mask m: dropped = mask * att * keep_scale (0 above the
+// diagonal); with datt, also datt = mask * datt * keep_scale below it, in place (attention_dropout_row per row).
+template <class T>
+void dropout_pair(const DropoutMask& m, T keep_scale, std::int64_t p, std::int64_t t, const T* att, T* dropped,
+                  T* datt) {
+  for (std::int64_t i = 0; i < t; ++i) {
+    const auto e_row = static_cast<std::uint64_t>((p * t + i) * t);
+    attention_dropout_row(m, keep_scale, e_row, i, att + i * t, dropped + i * t, datt ? datt + i * t : nullptr, 0, 1);
+    std::fill(dropped + i * t + i + 1, dropped + (i + 1) * t, T(0));
+  }
+}
+
 }  // namespace detail
 
 template <class T>
@@ -79,10 +96,15 @@ void attention_forward(const Exec<Cpu>& exec, const AttentionForwardArgs<T, Cpu>
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
   const T scale = attention_scale<T>(hs);
+  const AttentionDropout& d = a.dropout;
+  const bool drop = d.p > 0.0;
+  const DropoutMask mask = drop ? dropout_mask(d.p, d.seed, d.rank, d.stream, d.step) : DropoutMask{};
+  const T keep_scale = dropout_scale<T>(d.p);
   const T* qkv = a.qkv.data();
   T* att_all = a.att.data();
   T* y = a.y.data();
   parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
+    std::vector<T> dropped(drop ? static_cast<std::size_t>(t * t) : 0);  // this chunk's scratch, reused per pair
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t bi = p / nh, h = p % nh;
       const T* q = qkv + bi * t * 3 * c + h * hs;
@@ -91,7 +113,12 @@ void attention_forward(const Exec<Cpu>& exec, const AttentionForwardArgs<T, Cpu>
       T* att = att_all + p * t * t;
       gemm_serial(Trans::No, Trans::Yes, t, t, hs, scale, q, 3 * c, k, 3 * c, T(0), att, t);
       detail::causal_softmax_rows(att, t);
-      gemm_serial(Trans::No, Trans::No, t, hs, t, T(1), att, t, v, 3 * c, T(0), y + bi * t * c + h * hs, c);
+      const T* probs = att;
+      if (drop) {
+        detail::dropout_pair<T>(mask, keep_scale, p, t, att, dropped.data(), nullptr);
+        probs = dropped.data();
+      }
+      gemm_serial(Trans::No, Trans::No, t, hs, t, T(1), probs, t, v, 3 * c, T(0), y + bi * t * c + h * hs, c);
     }
   });
 }
@@ -101,12 +128,17 @@ void attention_backward(const Exec<Cpu>& exec, const AttentionBackwardArgs<T, Cp
   validate(a);
   const std::int64_t b = a.qkv.dim(0), t = a.qkv.dim(1), c = a.qkv.dim(2) / 3, nh = a.n_head, hs = c / nh;
   const T scale = attention_scale<T>(hs);
+  const AttentionDropout& d = a.dropout;
+  const bool drop = d.p > 0.0;
+  const DropoutMask mask = drop ? dropout_mask(d.p, d.seed, d.rank, d.stream, d.step) : DropoutMask{};
+  const T keep_scale = dropout_scale<T>(d.p);
   const T* qkv = a.qkv.data();
   const T* att_all = a.att.data();
   const T* dy_all = a.dy.data();
   T* dqkv = a.dqkv.data();
   parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
     std::vector<T> datt(static_cast<std::size_t>(t * t));  // this chunk's (T x T) scratch, reused per pair
+    std::vector<T> dropped(drop ? static_cast<std::size_t>(t * t) : 0);
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t bi = p / nh, h = p % nh;
       const std::int64_t off = bi * t * 3 * c + h * hs;
@@ -119,7 +151,12 @@ void attention_backward(const Exec<Cpu>& exec, const AttentionBackwardArgs<T, Cp
       const T* att = att_all + p * t * t;
       const T* dy = dy_all + bi * t * c + h * hs;
       gemm_serial(Trans::No, Trans::Yes, t, t, hs, T(1), dy, c, v, 3 * c, T(0), datt.data(), t);
-      gemm_serial(Trans::Yes, Trans::No, t, hs, t, T(1), att, t, dy, c, T(0), dv, 3 * c);
+      const T* probs = att;
+      if (drop) {  // the forward's mask again: dropped for dv, and datt becomes d(undropped att)
+        detail::dropout_pair<T>(mask, keep_scale, p, t, att, dropped.data(), datt.data());
+        probs = dropped.data();
+      }
+      gemm_serial(Trans::Yes, Trans::No, t, hs, t, T(1), probs, t, dy, c, T(0), dv, 3 * c);
       detail::causal_softmax_backward_rows(att, datt.data(), t);
       gemm_serial(Trans::No, Trans::No, t, hs, t, scale, datt.data(), t, k, 3 * c, T(0), dq, 3 * c);
       gemm_serial(Trans::Yes, Trans::No, t, hs, t, scale, datt.data(), t, q, 3 * c, T(0), dk, 3 * c);

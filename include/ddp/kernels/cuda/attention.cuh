@@ -17,7 +17,13 @@
 //             dpre = att * (datt - rowsum(att * datt))  in place (kernel below)
 //             dq = scale dpre k   ->  dq^T = k^T dpre^T:          A = k (N), B = dpre (N), m = hs, n = k = T
 //             dk = scale dpre^T q ->  dk^T = q^T dpre:            A = q (N), B = dpre (T), m = hs, n = k = T
-// datt is one head's (B, T, T) scratch from Allocator<Cuda>, reused by the next head (stream order). The GEMMs
+// datt is one head's (B, T, T) scratch from Allocator<Cuda>, reused by the next head (stream order).
+// Attention dropout (p > 0, AttentionDropout in attention_args.hpp; the CPU's scheme): per head, a warp-per-row
+// kernel writes drop = mask * att / (1 - p) into a second (B, T, T) scratch, which the y GEMM reads instead of att
+// (A = v, B = drop with batch stride T*T); in backward the same kernel, after the datt GEMM, draws the mask again,
+// writes drop for the dv GEMM and turns datt into mask * datt / (1 - p) in place, and the softmax backward reads
+// the undropped att as before. Each lane evaluates one Philox block (4 elements) at a time, with the CPU's counter
+// layout (attention_dropout_row), so both devices draw the same mask. p = 0 launches none of it. The GEMMs
 // compute at exec.precision (Fp32: CUBLAS_COMPUTE_32F, like linear.cuh); the softmax kernels use one warp per row
 // with float sums (expf, not the fast-math __expf), as the CPU sums in T. Example: minGPT (B 216, T 128, C 512,
 // nh 8): forward is 8 x 2 batched GEMMs of 216 128x128x64 products plus one softmax launch over 221,184 rows.
@@ -80,6 +86,33 @@ __global__ void causal_softmax_backward_kernel(const T* __restrict__ att, std::i
   for (std::int64_t j = lane; j < t; j += 32) g[j] = j <= i ? p[j] * (g[j] - dot) : T(0);
 }
 
+// One head h over the batch: rows r = b T + i of drop (B, T, T) from att (B, nh, T, T) under the mask m:
+// drop[r][j] = mask * att * keep_scale for j <= i, 0 beyond; with datt (B, T, T), datt[r][j] = mask * datt *
+// keep_scale for j <= i, in place (the softmax backward zeroes it beyond).
+template <class T>
+__global__ void attention_dropout_kernel(const T* __restrict__ att, T* __restrict__ drop, T* __restrict__ datt,
+                                         std::int64_t rows, std::int64_t t, std::int64_t nh, std::int64_t h,
+                                         DropoutMask m, T keep_scale) {
+  const std::int64_t r = warp_row();
+  if (r >= rows) return;
+  const unsigned lane = threadIdx.x & 31u;
+  const std::int64_t b = r / t, i = r % t;
+  const std::int64_t e_row = ((b * nh + h) * t + i) * t;  // att's flat index of (b, h, i, 0): the mask's element
+  T* d = drop + r * t;
+  attention_dropout_row(m, keep_scale, static_cast<std::uint64_t>(e_row), i, att + e_row, d,
+                        datt != nullptr ? datt + r * t : nullptr, lane, 32u);
+  for (std::int64_t j = i + 1 + lane; j < t; j += 32) d[j] = T(0);
+}
+
+// Launches attention_dropout_kernel for head h (rows = B * T).
+template <class T>
+void launch_attention_dropout(cudaStream_t s, const T* att, T* drop, T* datt, std::int64_t rows, std::int64_t t,
+                              std::int64_t nh, std::int64_t h, const DropoutMask& m, T keep_scale) {
+  attention_dropout_kernel<T>
+      <<<warp_row_blocks(rows), kThreads, 0, s>>>(att, drop, datt, rows, t, nh, h, m, keep_scale);
+  check_launch("attention_dropout_kernel", s);
+}
+
 }  // namespace detail
 
 template <class T>
@@ -97,11 +130,23 @@ void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, Cuda>&
   const std::int64_t rows = b * nh * t;
   detail::causal_softmax_kernel<T><<<warp_row_blocks(rows), kThreads, 0, s>>>(a.att.data(), rows, t);
   check_launch("causal_softmax_kernel", s);
+  const AttentionDropout& d = a.dropout;
+  const bool drop = d.p > 0.0;
+  const CudaAllocStream on_stream(e);  // the scratch is freed while the GEMMs below may still run on e's stream
+  Tensor<T, Cuda> dropped = drop ? Tensor<T, Cuda>(Shape{b, t, t}) : Tensor<T, Cuda>();  // one head's
+  const DropoutMask mask = drop ? dropout_mask(d.p, d.seed, d.rank, d.stream, d.step) : DropoutMask{};
   for (std::int64_t h = 0; h < nh; ++h) {
     const T* v = a.qkv.data() + 2 * c + h * hs;
-    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_N, hs, t, t, T(1), v, 3 * c, t * 3 * c,
-                                    a.att.data() + h * t * t, t, nh * t * t, T(0), a.y.data() + h * hs, c, t * c, b,
-                                    e.precision);
+    const T* probs = a.att.data() + h * t * t;
+    std::int64_t probs_stride = nh * t * t;
+    if (drop) {
+      detail::launch_attention_dropout<T>(s, a.att.data(), dropped.data(), nullptr, b * t, t, nh, h, mask,
+                                          dropout_scale<T>(d.p));
+      probs = dropped.data();
+      probs_stride = t * t;
+    }
+    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_N, hs, t, t, T(1), v, 3 * c, t * 3 * c, probs, t,
+                                    probs_stride, T(0), a.y.data() + h * hs, c, t * c, b, e.precision);
   }
 }
 
@@ -114,6 +159,10 @@ void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, Cuda
   const char* op = "attention_backward";
   const CudaAllocStream on_stream(e);  // the scratch is freed while the kernels below may still run on e's stream
   Tensor<T, Cuda> datt(Shape{b, t, t});
+  const AttentionDropout& d = a.dropout;
+  const bool drop = d.p > 0.0;
+  Tensor<T, Cuda> dropped = drop ? Tensor<T, Cuda>(Shape{b, t, t}) : Tensor<T, Cuda>();  // one head's
+  const DropoutMask mask = drop ? dropout_mask(d.p, d.seed, d.rank, d.stream, d.step) : DropoutMask{};
   const std::int64_t sq = t * 3 * c, sy = t * c, sa = nh * t * t, st = t * t;  // batch strides
   for (std::int64_t h = 0; h < nh; ++h) {
     const T* q = a.qkv.data() + h * hs;
@@ -126,8 +175,16 @@ void attention_backward(const Exec<Cuda>& e, const AttentionBackwardArgs<T, Cuda
     const T* dy = a.dy.data() + h * hs;
     detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_T, CUBLAS_OP_N, t, t, hs, T(1), v, 3 * c, sq, dy, c, sy, T(0),
                                     datt.data(), t, st, b, e.precision);
-    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_T, hs, t, t, T(1), dy, c, sy, att, t, sa, T(0), dv,
-                                    3 * c, sq, b, e.precision);
+    const T* probs = att;
+    std::int64_t probs_stride = sa;
+    if (drop) {  // the forward's mask again: dropped for dv, and datt becomes d(undropped att)
+      detail::launch_attention_dropout<T>(s, a.att.data(), dropped.data(), datt.data(), b * t, t, nh, h, mask,
+                                          dropout_scale<T>(d.p));
+      probs = dropped.data();
+      probs_stride = st;
+    }
+    detail::gemm_strided_batched<T>(e, op, CUBLAS_OP_N, CUBLAS_OP_T, hs, t, t, T(1), dy, c, sy, probs, t, probs_stride,
+                                    T(0), dv, 3 * c, sq, b, e.precision);
     detail::causal_softmax_backward_kernel<T>
         <<<warp_row_blocks(b * t), kThreads, 0, s>>>(att, sa, datt.data(), b * t, t);
     check_launch("causal_softmax_backward_kernel", s);

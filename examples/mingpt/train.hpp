@@ -4,7 +4,8 @@
 // SPDX-License-Identifier: MIT
 //
 // Per epoch (1-based in its lines, as the tutorial's): the DistributedSampler over the training split
-// (set_epoch(epoch)), batches of batch_size samples per rank; per step DDP forward on the int64 ids, the mean
+// (set_epoch(epoch)), batches of batch_size samples per rank (on the GPU uploaded from pinned memory a step ahead,
+// tensor/prefetch.hpp); per step DDP forward on the int64 ids, the mean
 // cross-entropy over the B*T positions, DDP backward, clip_grad_norm(grad_norm_clip) over every parameter, AdamW
 // (linear_weight_decay_groups: the tutorial's create_optimizer groups, betas 0.9/0.95); every log_every-th step
 // each rank prints "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" (the tutorial's line, on the CPU too).
@@ -29,8 +30,10 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ddp/comm/communicator.hpp>
@@ -46,6 +49,7 @@
 #include <ddp/optim/param_groups.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/precision.hpp>
+#include <ddp/tensor/prefetch.hpp>
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
 #include <ddp/train/progress.hpp>
@@ -230,26 +234,38 @@ int train(const Setup& s, Exec<D>& exec) {
     return o.str();
   };
 
+  // The batches on D (tensor/prefetch.hpp): the host tensors themselves on the CPU; on the GPU pinned slots
+  // uploaded on a copy stream, the next batch's upload overlapping this step (docs/ARCHITECTURE.md D50).
+  Prefetcher<D, std::int64_t, std::int64_t> uploads(exec);
   for (long epoch = epochs_run + 1; epoch <= c.max_epochs; ++epoch) {  // 1-based, as the tutorial's
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto mine = sampler.indices();
+    std::size_t assembled = 0;  // batches of this epoch made so far (the feed makes one ahead on the GPU)
+    auto feed = prefetch_feed(
+        uploads,
+        [&]() -> std::optional<data::TokenBatch> {
+          if (assembled == steps) return std::nullopt;
+          const std::size_t it = assembled++;
+          std::vector<std::int64_t> idx;
+          for (std::size_t k = it * c.batch_size; k < std::min(mine.size(), (it + 1) * c.batch_size); ++k)
+            idx.push_back(train_idx[static_cast<std::size_t>(mine[k])]);
+          return text.batch(idx);
+        },
+        [](const data::TokenBatch& b) { return std::tuple(b.x.cview(), b.y.cview()); });
     for (std::size_t it = 0; it < steps; ++it) {
       const auto ts = std::chrono::steady_clock::now();
-      std::vector<std::int64_t> idx;
-      for (std::size_t k = it * c.batch_size; k < std::min(mine.size(), (it + 1) * c.batch_size); ++k)
-        idx.push_back(train_idx[static_cast<std::size_t>(mine[k])]);
-      const data::TokenBatch b = text.batch(idx);
+      const auto* batch = feed.next();  // never nullptr (the source makes `steps`); valid until the next next()
+      const data::TokenBatch& b = batch->host;
       const auto got_batch = std::chrono::steady_clock::now();
       const long global_step = iterations() + 1;
       tracer.begin_step(global_step);
-      const auto x = train::on_device<D>(b.x.cview(), exec);  // alive until backward returns
-      const auto y = train::on_device<D>(b.y.cview(), exec);
+      const auto& [x, y] = batch->input;  // (B, block_size) token ids and targets on D
       opt.zero_grad();
-      const Tensor<float, D> logits = model.forward(exec, x.cview());
+      const Tensor<float, D> logits = model.forward(exec, x);
       double loss = 0;
       {
         trace::Span span("loss", "cross-entropy");
-        loss = lm_loss(ce, exec, logits, y.cview());
+        loss = lm_loss(ce, exec, logits, y);
       }
       Tensor<float, D> dlogits = ce.backward(exec);  // (B*T, V)
       scaler.scale_grad(exec, dlogits.view());       // d(scale * loss); nothing without a scaler

@@ -7,6 +7,7 @@
 #include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/cuda/prefetcher.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 
 #include "cuda_entry.hpp"

@@ -3,8 +3,9 @@
 // the SGD or AdamW that --optimizer chose).
 // SPDX-License-Identifier: MIT
 //
-// One step: images and labels come from the DataLoader on the host (used in place on the CPU, uploaded for
-// Cuda; the device batch lives until backward returns, since conv1 keeps a view of its input), then DDP
+// One step: images and labels come from the DataLoader on the host (used in place on the CPU; on the GPU copied
+// into pinned memory and uploaded on a copy stream a step ahead, tensor/prefetch.hpp; the device batch lives
+// until the next batch is taken, after backward returned, since conv1 keeps a view of its input), then DDP
 // forward, cross-entropy (its value is read on the host, so the host waits for the forward once per step,
 // like PyTorch's loss.item()), DDP backward (buckets all-reduced while backward runs; no host wait), the
 // optional gradient clipping (--clip-grad-norm: the norm of the all-reduced gradients, one host wait), the
@@ -28,6 +29,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <ddp/comm/communicator.hpp>
@@ -40,6 +42,7 @@
 #include <ddp/optim/optimizer.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/copy.hpp>
+#include <ddp/tensor/prefetch.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/device_state.hpp>
 #include <ddp/train/metrics.hpp>
@@ -139,23 +142,28 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   const bool live = train::live_progress_wanted();
   train::Progress progress(std::cout, {.total_steps = (s.num_epochs - start_epoch) * steps, .log_every = s.log_every,
                                        .live = live});
+  // The batches on D (tensor/prefetch.hpp): the loader's host tensors themselves on the CPU; on the GPU pinned
+  // slots uploaded on a copy stream, the next batch's upload overlapping this step (docs/ARCHITECTURE.md D50).
+  Prefetcher<D, float, std::int64_t> uploads(exec);
   for (long epoch = start_epoch; epoch < s.num_epochs; ++epoch) {
     net.train();
     s.loader->start_epoch(static_cast<std::uint64_t>(epoch));
+    auto feed = prefetch_feed(
+        uploads, [&] { return s.loader->next(); },
+        [](const data::Batch& b) { return std::tuple(b.images.cview(), b.labels.cview()); });
     auto last = std::chrono::steady_clock::now();  // the previous step's end: step time includes the data wait
-    while (auto batch = s.loader->next()) {
+    while (const auto* batch = feed.next()) {  // its tensors stay valid until the next feed.next()
       const auto got_batch = std::chrono::steady_clock::now();
-      const long step = static_cast<long>(batch->step) + 1;
+      const long step = static_cast<long>(batch->host.step) + 1;
       tracer.begin_step(epoch * steps + step);
       opt.zero_grad();
-      const auto images = train::on_device<D>(batch->images.cview(), exec);  // alive until backward returns
-      const auto labels = train::on_device<D>(batch->labels.cview(), exec);
-      auto logits = model.forward(exec, images.cview());
+      const auto& [images, labels] = batch->input;  // (B, H, W, C) float and (B) int64 on D
+      auto logits = model.forward(exec, images);
       double loss = 0.0;
       Tensor<float, D> dlogits;
       {
         trace::Span span("loss", "cross-entropy");
-        loss = ce.forward(exec, logits.cview(), labels.cview());
+        loss = ce.forward(exec, logits.cview(), labels);
         dlogits = ce.backward(exec);
       }
       model.backward(exec, dlogits.cview());

@@ -80,6 +80,8 @@
 #include "ddp/tensor/copy.hpp"
 // defines: Generator (Philox4x32-10), RngState
 #include "ddp/tensor/random.hpp"
+// defines: Prefetcher<Cpu, T...>, PrefetchRing, PrefetchFeed, prefetch_feed (batches onto the device one step ahead)
+#include "ddp/tensor/prefetch.hpp"
 
 // ---- kernels: CPU reference kernels (CUDA kernels: kernels/cuda/kernels.cuh, under nvcc) ----
 // defines: kernels::*Args, conv2d_output_shape, maxpool2d_output_shape
@@ -105,6 +107,8 @@
 #  include "ddp/tensor/cuda/stream.hpp"
 // defines: DeviceCopy<Cuda, *>, copy(..., Exec<Cuda>)
 #  include "ddp/tensor/cuda/copy.hpp"
+// defines: Prefetcher<Cuda, T...>, CudaUploadBackend (pinned slots uploaded on a copy stream)
+#  include "ddp/tensor/cuda/prefetcher.hpp"
 // defines: Kernels<Cuda>, kernels::cuda::ConvMath
 #  include "ddp/kernels/cuda/kernels.cuh"
 #endif

@@ -12,9 +12,10 @@
 // state tensor (SGD's momentum buffers, AdamW's moments and per-parameter step counts), the learning rate and
 // the step count (copy_state); on a view they do nothing. Any optim::Optimizer works (optim/optimizer.hpp). The exec orders
 // the copies (an Exec<Cuda> for CPU <-> CUDA; a copy to the host is complete when the call returns).
-// on_device<To>(view, exec) does the same for one tensor: the input batch of a training step is a view of
-// the loader's host tensor on the CPU and an uploaded copy on the GPU; keep it alive until backward returns
-// (layers keep views of their inputs for the weight gradients).
+// on_device<To>(view, exec) does the same for one tensor: an evaluation batch is a view of the loader's host
+// tensor on the CPU and an uploaded copy on the GPU; keep it alive until backward returns (layers keep views of
+// their inputs for the weight gradients). The resnet and mingpt training loops take their batches from Prefetcher
+// (tensor/prefetch.hpp) instead: on the GPU from pinned memory, uploaded a step ahead.
 #pragma once
 
 #include <concepts>

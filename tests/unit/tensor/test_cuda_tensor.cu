@@ -1,15 +1,20 @@
-// The CUDA runtime layer: caching allocator statistics, copies both ways, pinned buffers, streams and events.
+// The CUDA runtime layer: caching allocator statistics, copies both ways, pinned buffers, streams and events, and
+// the batch prefetcher (pinned slots uploaded on a copy stream; its bookkeeping: test_prefetch.cpp, on the CPU).
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <numeric>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/pinned.hpp>
+#include <ddp/tensor/cuda/prefetcher.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 #include <ddp/tensor/tensor.hpp>
 
@@ -107,5 +112,70 @@ TEST_SUITE("tensor_cuda") {
     auto host = ddp::to<Cpu>(t.cview(), comm_exec);
     CHECK(ready.query());
     for (std::int64_t i = 0; i < host.numel(); i += 4099) REQUIRE(host.data()[i] == 6.0f);
+  }
+
+  TEST_CASE("Prefetcher<Cuda>: uploads equal the host batches, several in flight, a partial last batch") {
+    if (ddp::test::skip_without_gpu()) return;
+    // Batch `id`: x (rows, 1024) floats and y (rows) int64, values unique to the batch.
+    auto batch = [](int id, std::int64_t rows) {
+      std::pair<Tensor<float, Cpu>, Tensor<std::int64_t, Cpu>> b{Tensor<float, Cpu>({rows, 1024}),
+                                                                 Tensor<std::int64_t, Cpu>({rows})};
+      for (std::int64_t i = 0; i < b.first.numel(); ++i) b.first.data()[i] = static_cast<float>(id * 1000 + i % 1000);
+      for (std::int64_t i = 0; i < rows; ++i) b.second.data()[i] = id * 100000 + i;
+      return b;
+    };
+    auto same = [](const Tensor<float, Cpu>& a, const Tensor<float, Cpu>& b, float scale) {
+      if (!(a.shape() == b.shape())) return false;
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        if (a.data()[i] != scale * b.data()[i]) return false;
+      return true;
+    };
+    ddp::Stream compute;
+    auto ex = compute.exec();
+    ddp::Prefetcher<Cuda, float, std::int64_t> uploads(ex, 3);
+
+    // Three batches staged at once, the last one partial: each pop gives its own.
+    const std::vector<std::int64_t> rows{64, 64, 17};
+    std::vector<std::pair<Tensor<float, Cpu>, Tensor<std::int64_t, Cpu>>> host;
+    for (int id = 0; id < 3; ++id) host.push_back(batch(id, rows[static_cast<std::size_t>(id)]));
+    for (const auto& b : host) uploads.push(b.first.cview(), b.second.cview());
+    CHECK(uploads.staged() == 3);
+    CHECK_THROWS_AS(uploads.push(host[0].first.cview(), host[0].second.cview()), ddp::ValueError);  // full
+    for (const auto& b : host) {
+      const auto [x, y] = uploads.pop();
+      CHECK(same(ddp::to<Cpu>(x, ex), b.first, 1.0f));
+      const auto labels = ddp::to<Cpu>(y, ex);
+      REQUIRE(labels.shape() == b.second.shape());
+      for (std::int64_t i = 0; i < labels.numel(); ++i) REQUIRE(labels.data()[i] == b.second.data()[i]);
+    }
+
+    // A feed over 12 batches (the last partial) whose steps never wait on the host: the host runs ahead while
+    // every step scales its batch on the compute stream, so uploads and steps overlap as much as they can.
+    const auto allocations = uploads.allocations();
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      int next_id = 0;
+      std::vector<Tensor<float, Cuda>> results;
+      auto feed = ddp::prefetch_feed(
+          uploads,
+          [&]() -> std::optional<std::pair<Tensor<float, Cpu>, Tensor<std::int64_t, Cpu>>> {
+            if (next_id == 12) return std::nullopt;
+            const int id = next_id++;
+            return batch(id, id == 11 ? 5 : 64);  // freed by the feed once uploaded
+          },
+          [](const auto& b) { return std::tuple(b.first.cview(), b.second.cview()); });
+      while (const auto* item = feed.next()) {
+        const auto& x = std::get<0>(item->input);
+        Tensor<float, Cuda> out(x.shape());
+        ddp::copy(x, out.view(), ex);
+        for (int r = 0; r < 20; ++r) ddp::kernels::Kernels<Cuda>::scale(ex, 1.0f, out.view());  // a longer step
+        ddp::kernels::Kernels<Cuda>::scale(ex, 2.0f, out.view());
+        results.push_back(std::move(out));
+      }
+      REQUIRE(results.size() == 12);
+      for (int id = 0; id < 12; ++id)
+        CHECK(same(ddp::to<Cpu>(results[static_cast<std::size_t>(id)].cview(), ex), batch(id, id == 11 ? 5 : 64).first,
+                   2.0f));
+    }
+    CHECK(uploads.allocations() == allocations);  // 64-row slots hold every later batch
   }
 }

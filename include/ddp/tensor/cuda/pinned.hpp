@@ -2,9 +2,10 @@
 // SPDX-License-Identifier: MIT
 //
 // A cudaMemcpyAsync from pageable memory is staged through a driver buffer and returns only after the
-// source was read; from pinned memory it is a DMA that overlaps with compute. The data loader fills a
-// PinnedBuffer with the next batch and enqueues its upload on the exec stream; the buffer must outlive
-// that copy (record an Event after it and wait on the event before refilling). Move-only.
+// source was read; from pinned memory it is a DMA that overlaps with compute. The training batches go
+// through a ring of them (Prefetcher<Cuda, T...>, tensor/cuda/prefetcher.hpp: the next batch's upload on a copy
+// stream while the current step computes). A buffer must outlive the copies that read or write it: record
+// an Event after them and wait on it before refilling or freeing the buffer. Move-only.
 #pragma once
 
 #include <cuda_runtime.h>

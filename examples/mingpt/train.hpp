@@ -25,8 +25,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -34,6 +34,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ddp/comm/communicator.hpp>
@@ -298,6 +299,7 @@ int train(const Setup& s, Exec<D>& exec) {
                       static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs,
                       ddp::detail::str("tokens/s ", static_cast<long long>(static_cast<double>(tokens_seen) / secs)));
       if (metrics.enabled()) {
+        const auto done = std::chrono::steady_clock::now();
         nlohmann::json record{
             {"epoch", epoch},
             {"step", it},
@@ -305,21 +307,14 @@ int train(const Setup& s, Exec<D>& exec) {
             {"loss", loss},
             {"lr", opt.lr()},
             {"grad_norm", grad_norm},
-            {"step_ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count()},
-            {"data_ms", std::chrono::duration<double, std::milli>(got_batch - ts).count()},
             {"samples_per_sec", static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs},
             {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
         if (scaler.enabled()) {
           record["loss_scale"] = scale;
           record["skipped"] = skipped;
         }
-        train::add_comm_metrics(record, model.last_trace());
-        if (s.device_memory) {
-          const MemoryStats m = s.device_memory();
-          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
-          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
-        }
-        metrics.write(record);
+        metrics.write(train::step_record(std::move(record), {.start = ts, .got_batch = got_batch, .done = done},
+                                         model.last_trace(), s.device_memory));
       }
     }
     progress.end_epoch();

@@ -21,6 +21,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ddp/comm/communicator.hpp>
@@ -171,16 +172,11 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
             {"global_step", static_cast<std::size_t>(epoch) * steps + step},
             {"loss", loss},
             {"lr", opt.lr()},
-            {"step_ms", std::chrono::duration<double, std::milli>(done - ts).count()},
             {"samples_per_sec", static_cast<double>(samples_seen) / std::chrono::duration<double>(done - t0).count()}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
-        train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms
-        if (s.device_memory) {
-          const MemoryStats m = s.device_memory();
-          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
-          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
-        }
-        metrics.write(record);
+        // No data_ms: the batch is copied out of host arrays (tools/plot_metrics.py skips its step-time chart).
+        metrics.write(
+            train::step_record(std::move(record), {.start = ts, .done = done}, model.last_trace(), s.device_memory));
       }
     }
     progress.end_epoch();

@@ -181,18 +181,11 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
       const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
       if (rank == 0) progress.step(epoch, step, steps, loss, sps, ddp::detail::str("lr ", opt.lr()));
       if (metrics.enabled()) {
-        using ms = std::chrono::duration<double, std::milli>;
-        nlohmann::json record{{"epoch", epoch}, {"step", step}, {"global_step", epoch * steps + step},
-                              {"loss", loss}, {"lr", opt.lr()}, {"samples_per_sec", sps},
-                              {"step_ms", ms(done - last).count()}, {"data_ms", ms(got_batch - last).count()}};
+        nlohmann::json record{{"epoch", epoch}, {"step", step},   {"global_step", epoch * steps + step},
+                              {"loss", loss},   {"lr", opt.lr()}, {"samples_per_sec", sps}};
         if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
-        train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms
-        if (s.device_memory) {
-          const MemoryStats m = s.device_memory();
-          record["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
-          record["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
-        }
-        metrics.write(record);
+        metrics.write(train::step_record(std::move(record), {.start = last, .got_batch = got_batch, .done = done},
+                                         model.last_trace(), s.device_memory));
       }
       last = std::chrono::steady_clock::now();
     }

@@ -193,7 +193,8 @@
 #include "ddp/train/device_choice.hpp"
 // defines: train::TensorBoardWriter, train::Scalar, train::tfevents (TensorBoard event files, no protobuf)
 #include "ddp/train/tensorboard.hpp"
-// defines: train::MetricsWriter, train::tensorboard_scalars, train::add_comm_metrics
+// defines: train::MetricsWriter, train::tensorboard_scalars, train::add_comm_metrics, train::step_record,
+//          train::StepTimes
 #include "ddp/train/metrics.hpp"
 // defines: train::StepTracer, train::TraceOptions, train::parse_trace_steps (--trace: a Chrome trace of every rank)
 #include "ddp/train/trace.hpp"

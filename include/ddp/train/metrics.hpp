@@ -7,11 +7,17 @@
 //   -> {"global_step":23,"loss":2.31,"samples_per_sec":812.5,"step":3}
 //   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields becomes a scalar)
 //   train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms of the DDP step
+//   metrics.write(train::step_record({{"epoch", 1}, {"step", 3}, {"loss", 2.31}},  // a training loop's record
+//                                    {.start = ts, .got_batch = got_batch, .done = now}, model.last_trace(),
+//                                    s.device_memory));  // + step_ms, data_ms, comm_*, gpu_memory_* (MiB)
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +25,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
+#include "ddp/tensor/caching_pool.hpp"
 #include "ddp/train/tensorboard.hpp"
 
 namespace ddp::train {
@@ -31,6 +38,32 @@ inline void add_comm_metrics(nlohmann::json& record, const parallel::StepTrace& 
   if (t.step < 0 || !t.completions_known) return;
   record["comm_ms"] = t.comm_seconds() * 1e3;
   record["comm_exposed_ms"] = t.exposed_comm_seconds() * 1e3;
+}
+
+// When one training step began (before it waited for its batch), when its batch was there, and when it ended.
+struct StepTimes {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  std::optional<Clock::time_point> got_batch;  // none: the record gets no data_ms (multinode builds its batch)
+  Clock::time_point done;
+};
+
+// A training loop's per-step record `head` (epoch, step, loss, lr, ...) with the fields every example adds:
+// step_ms (start to done, the data wait included), data_ms (start to got_batch), the DDP step's comm_ms and
+// comm_exposed_ms (add_comm_metrics), and where `device_memory` is given (CUDA: cuda_memory_stats) the device's
+// tensor memory now and its peak, gpu_memory_mib and gpu_memory_peak_mib (MiB, 2^20 bytes).
+inline nlohmann::json step_record(nlohmann::json head, const StepTimes& t, const parallel::StepTrace& trace,
+                                  MemoryStats (*device_memory)() = nullptr) {
+  using ms = std::chrono::duration<double, std::milli>;
+  head["step_ms"] = ms(t.done - t.start).count();
+  if (t.got_batch) head["data_ms"] = ms(*t.got_batch - t.start).count();
+  add_comm_metrics(head, trace);
+  if (device_memory) {
+    const MemoryStats m = device_memory();
+    head["gpu_memory_mib"] = static_cast<double>(m.current_bytes) / (1 << 20);
+    head["gpu_memory_peak_mib"] = static_cast<double>(m.peak_bytes) / (1 << 20);
+  }
+  return head;
 }
 
 // TensorBoard's view of one record: every number except the step fields, tagged by its key; its step is

@@ -190,3 +190,33 @@ TEST_CASE("MetricsWriter: one record goes to the JSON line and, as scalars, to T
   ddp::train::MetricsWriter tb_only({}, tmp.file("tb2"));
   CHECK(tb_only.enabled());
 }
+
+namespace {
+ddp::MemoryStats fake_device_memory() { return {.current_bytes = 3u << 20, .peak_bytes = (5u << 20) + (1u << 19)}; }
+}  // namespace
+
+TEST_CASE("step_record: the examples' common fields, from the step's times, its DDP trace and the device's memory") {
+  using ms = std::chrono::milliseconds;
+  const ddp::train::StepTimes::Clock::time_point t0{};
+  ddp::parallel::StepTrace trace;  // one bucket in flight 2..6 ms; finish() waited 5..7 ms
+  trace.step = 4;
+  trace.completions_known = true;
+  trace.buckets.push_back({.launched = t0 + ms(2), .completed = t0 + ms(6)});
+  trace.backward_end = t0 + ms(5);
+  trace.finished = t0 + ms(7);
+
+  const nlohmann::json r = ddp::train::step_record(
+      {{"loss", 2.5}}, {.start = t0, .got_batch = t0 + ms(1), .done = t0 + ms(9)}, trace, &fake_device_memory);
+  CHECK(r["loss"] == 2.5);
+  CHECK(r["step_ms"].get<double>() == doctest::Approx(9.0));
+  CHECK(r["data_ms"].get<double>() == doctest::Approx(1.0));
+  CHECK(r["comm_ms"].get<double>() == doctest::Approx(4.0));
+  CHECK(r["comm_exposed_ms"].get<double>() == doctest::Approx(2.0));
+  CHECK(r["gpu_memory_mib"].get<double>() == 3.0);
+  CHECK(r["gpu_memory_peak_mib"].get<double>() == 5.5);
+
+  // No batch time, no device memory, a step before the first synchronised one: only step_ms is added.
+  const nlohmann::json bare =
+      ddp::train::step_record({{"loss", 1.0}}, {.start = t0, .done = t0 + ms(3)}, ddp::parallel::StepTrace{});
+  CHECK(bare == nlohmann::json{{"loss", 1.0}, {"step_ms", 3.0}});
+}

@@ -403,11 +403,18 @@ void validate(const LayerNormBackwardArgs<T, D>& a) {
 }
 
 // torch.nn.Embedding: y[n] = weight[ids[n]]; backward dweight[v] = sum over n with ids[n] == v of dy[n].
+// The kernels check every id (a ValueError naming the op) unless ids_checked says the caller already has:
+// nn::Embedding checks host ids itself, to name the module and the position in its (B, T) ids, and its backward
+// passes the ids its forward checked (unchanged: the caller keeps them alive and untouched until backward). The
+// CPU then scans the ids once per call instead of twice, and the CUDA backward skips its read-back and stream
+// synchronisation. A caller that sets the flag on unchecked ids gets no error: on the CPU, reads or writes outside
+// weight/dweight; on CUDA, zero rows for bad ids in forward and bad positions left out of dweight.
 template <class T, Device D>
 struct EmbeddingForwardArgs {
   TensorView<const std::int64_t, D> ids;  // (N), each in [0, V)
   TensorView<const T, D> weight;          // (V, C)
   TensorView<T, D> y;                     // (N, C); overwritten
+  bool ids_checked = false;               // every id is known to be in [0, V): the kernel does not check
 };
 
 template <class T, Device D>
@@ -415,6 +422,7 @@ struct EmbeddingBackwardArgs {
   TensorView<const std::int64_t, D> ids;  // (N), each in [0, V)
   TensorView<const T, D> dy;              // (N, C)
   TensorView<T, D> dweight;               // (V, C); overwritten (rows of unused ids are 0)
+  bool ids_checked = false;               // every id is known to be in [0, V): the kernel does not check
 };
 
 template <class T, Device D>

@@ -2,13 +2,14 @@
 // SPDX-License-Identifier: MIT
 //
 // Parameter "weight" (num_embeddings, embedding_dim), as in PyTorch. Its input is int64 token ids, not T, so it
-// implements Module's forward(exec, ids) (forward_ids_impl): it keeps a view of
-// the ids (THE CALLER KEEPS THEM ALIVE until backward returns, as for every module's input, nn/module.hpp), and
-// backward(exec, dy) accumulates the weight gradient by token and returns an empty tensor (ids take no
-// gradient). Module's forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a
-// ValueError: on the CPU checked on the host before the lookup, naming this module, the id and its position in
-// ids; on the GPU the ids are device memory, so the kernel checks them and the error names embedding_forward and
-// the position in the flattened ids (kernels/cuda/embedding.cuh; it costs a stream wait per forward/backward).
+// implements Module's forward(exec, ids) (forward_ids_impl): it keeps a view of the ids (THE CALLER KEEPS THEM
+// ALIVE AND UNCHANGED until backward returns, as for every module's input, nn/module.hpp; backward does not check
+// them again), and backward(exec, dy) accumulates the weight gradient by token and returns an empty tensor (ids
+// take no gradient). Module's forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a
+// ValueError: on the CPU checked on the host before the lookup (once: the kernel is told, Args::ids_checked),
+// naming this module, the id and its position in ids; on the GPU the ids are device memory, so the kernel checks
+// them and the error names embedding_forward and the position in the flattened ids (kernels/cuda/embedding.cuh;
+// it costs a stream wait per forward; backward, on the ids forward checked, skips it).
 // Initialisation: reset_parameters(gen) draws N(0, init_std^2): init_std 1 is torch's default, 0.02 minGPT's
 // _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
 // Devices: Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh; the
@@ -97,7 +98,8 @@ class Embedding : public Module<T, D> {
     Kernels<D>::embedding_forward(
         exec, kernels::EmbeddingForwardArgs<T, D>{.ids = ids.reshape(Shape{n}),
                                                   .weight = weight_->value().cview(),
-                                                  .y = y.view().reshape(Shape{n, o_.embedding_dim})});
+                                                  .y = y.view().reshape(Shape{n, o_.embedding_dim}),
+                                                  .ids_checked = std::is_same_v<D, Cpu>});  // checked above
     ids_ = ids;
     have_ids_ = true;
     return y;
@@ -111,10 +113,12 @@ class Embedding : public Module<T, D> {
     have_ids_ = false;
     expect_shape(dy, detail::append_dim(ids_.shape(), o_.embedding_dim), "output gradient dy", "Embedding.backward");
     const std::int64_t n = ids_.numel();
+    // The ids forward checked (here on the CPU, by the kernel on the GPU): no second check, nor its stream wait.
     Kernels<D>::embedding_backward(exec,
                                    kernels::EmbeddingBackwardArgs<T, D>{.ids = ids_.reshape(Shape{n}),
                                                                         .dy = dy.reshape(Shape{n, o_.embedding_dim}),
-                                                                        .dweight = weight_->grad_dest()});
+                                                                        .dweight = weight_->grad_dest(),
+                                                                        .ids_checked = true});
     weight_->grad_done(exec);
     return Tensor<T, D>();
   }

@@ -111,6 +111,24 @@ void check_embedding() {
                                                   .ids = gbad.cview(), .dy = gdy.cview(), .dweight = dwg.view()}),
                        doctest::Contains("embedding_backward: token id 7 at position (123)"), ddp::ValueError);
   ddp::synchronize(d.gpu);  // the stream is still usable
+  // ids_checked (nn::Embedding's backward, on the ids its forward checked): no read-back, no error, and still nothing
+  // touched outside weight/dweight: forward writes zero rows for the bad ids, backward leaves their positions out,
+  // as the CPU's sum with those dy rows zeroed (adding +0 changes no bits).
+  KG::embedding_forward(d.gpu, ddp::kernels::EmbeddingForwardArgs<float, Cuda>{
+                                   .ids = gbad.cview(), .weight = gw.cview(), .y = yg.view(), .ids_checked = true});
+  KG::embedding_backward(d.gpu,
+                         ddp::kernels::EmbeddingBackwardArgs<float, Cuda>{
+                             .ids = gbad.cview(), .dy = gdy.cview(), .dweight = dwg.view(), .ids_checked = true});
+  auto y_ref = yc.clone();
+  auto dy_skip = dy.clone();
+  for (const std::int64_t p : {123, 200}) {
+    std::fill_n(y_ref.data() + p * c, c, 0.0f);
+    std::fill_n(dy_skip.data() + p * c, c, 0.0f);
+  }
+  KC::embedding_backward(d.cpu, ddp::kernels::EmbeddingBackwardArgs<float, Cpu>{
+                                    .ids = ids.cview(), .dy = dy_skip.cview(), .dweight = dwc.view()});
+  CHECK(excess(y_ref, d.down(yg), 0.0) <= 0.0);
+  CHECK(excess(dwc, d.down(dwg), 0.0) <= 0.0);
   // Shape errors are found on the host before any launch, with the CPU's words.
   Tensor<float, Cuda> wrong(Shape{n, c + 1});
   CHECK_THROWS_WITH_AS(KG::embedding_forward(d.gpu,

@@ -193,7 +193,8 @@ TEST_SUITE("nn") {
                          "range [0, 5); ids must be below num_embeddings (5): check the vocabulary size against the "
                          "data",
                          ValueError);
-    // The kernel checks too (it must never read outside weight), naming itself.
+    // The module checks the ids once and tells the kernel (ids_checked); called directly, the kernels check them
+    // (they must never read or write outside weight), naming themselves.
     auto y = Tensor<float, Cpu>::empty({4, 3});
     CHECK_THROWS_WITH_AS(
         Kernels<Cpu>::embedding_forward(
@@ -201,6 +202,15 @@ TEST_SUITE("nn") {
             kernels::EmbeddingForwardArgs<float, Cpu>{
                 .ids = negative.cview(), .weight = emb.weight().value().cview(), .y = y.view()}),
         "ddp: embedding_forward: token id -1 at position (1) of ids (4) is out of range [0, 5); ids must be below "
+        "num_embeddings (5): check the vocabulary size against the data",
+        ValueError);
+    const auto dy = Tensor<float, Cpu>::zeros({4, 3});
+    auto dweight = Tensor<float, Cpu>::empty({5, 3});
+    CHECK_THROWS_WITH_AS(
+        Kernels<Cpu>::embedding_backward(exec,
+                                         kernels::EmbeddingBackwardArgs<float, Cpu>{
+                                             .ids = negative.cview(), .dy = dy.cview(), .dweight = dweight.view()}),
+        "ddp: embedding_backward: token id -1 at position (1) of ids (4) is out of range [0, 5); ids must be below "
         "num_embeddings (5): check the vocabulary size against the data",
         ValueError);
     const auto x = Tensor<float, Cpu>::zeros({2, 3});

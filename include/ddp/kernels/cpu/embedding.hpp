@@ -8,7 +8,7 @@
 // same bits for every thread count (and torch's order of additions, a serial index_add_ over positions).
 // Example: ids (2, 0, 2), dy rows (a, b, c): dweight rows 0 = b, 1 = 0, 2 = a + c.
 // Both check every id first (ValueError naming the op, the id and its position: a bad id must not read or
-// write outside weight).
+// write outside weight), unless the caller has (Args::ids_checked, set by nn::Embedding).
 #pragma once
 
 #include <algorithm>
@@ -31,7 +31,7 @@ template <class T>
 void embedding_forward(const Exec<Cpu>& exec, const EmbeddingForwardArgs<T, Cpu>& a) {
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.weight.dim(0), c = a.weight.dim(1);
-  check_embedding_ids(a.ids, v, "embedding_forward");
+  if (!a.ids_checked) check_embedding_ids(a.ids, v, "embedding_forward");
   parallel_for(exec, n, std::max<std::int64_t>(1, 16384 / c), [&](std::int64_t i0, std::int64_t i1, int) {
     for (std::int64_t i = i0; i < i1; ++i)
       std::memcpy(a.y.data() + i * c, a.weight.data() + a.ids.data()[i] * c, static_cast<std::size_t>(c) * sizeof(T));
@@ -42,7 +42,7 @@ template <class T>
 void embedding_backward(const Exec<Cpu>& exec, const EmbeddingBackwardArgs<T, Cpu>& a) {
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.dweight.dim(0), c = a.dweight.dim(1);
-  check_embedding_ids(a.ids, v, "embedding_backward");
+  if (!a.ids_checked) check_embedding_ids(a.ids, v, "embedding_backward");
   const std::int64_t* ids = a.ids.data();
   parallel_for(exec, c, 32, [&](std::int64_t c0, std::int64_t c1, int) {
     T* dw = a.dweight.data();

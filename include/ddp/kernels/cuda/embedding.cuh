@@ -15,9 +15,11 @@
 // kernels never read or write outside weight/dweight: an id outside [0, V) makes forward write a zero row and
 // backward skip the position, and the lowest such position is recorded in a device word (atomicMin). After the
 // launch the host reads that word back, which waits for the stream, and throws the CPU's ValueError
-// (embedding_id_out_of_range, naming the op, the id and its position). Cost: one stream synchronisation per call,
-// two per training step (a few microseconds of idle GPU while the host queues the next kernels); unlike the other
-// layers these two calls therefore block until their kernel has run. Unverified on a GPU so far.
+// (embedding_id_out_of_range, naming the op, the id and its position). Cost: one stream synchronisation per call
+// (a few microseconds of idle GPU while the host queues the next kernels); unlike the other layers such a call
+// therefore blocks until its kernel has run. Args::ids_checked skips the device word, the read-back and the wait
+// (the kernels still never touch memory outside weight/dweight): nn::Embedding's backward sets it, since its
+// forward checked the same ids, so a training step waits once, in forward. Unverified on a GPU so far.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,14 +44,14 @@ namespace ddp::kernels::cuda {
 namespace detail {
 
 // For element i of an (N, C) array: its row's id in *id_out, and whether it is in [0, num). A bad id's row goes to
-// *bad (lowest wins), recorded by the row's column-0 element only: one atomic per bad position.
+// *bad (lowest wins; not recorded when bad is null), by the row's column-0 element only: one atomic per bad position.
 __device__ inline bool embedding_id_ok(const std::int64_t* ids, std::size_t i, std::int64_t c, std::int64_t num,
                                        unsigned long long* bad, std::int64_t* id_out) {
   const auto row = static_cast<std::int64_t>(i) / c;
   const std::int64_t id = ids[row];
   *id_out = id;
   if (id >= 0 && id < num) return true;
-  if (static_cast<std::int64_t>(i) % c == 0) atomicMin(bad, static_cast<unsigned long long>(row));
+  if (bad != nullptr && static_cast<std::int64_t>(i) % c == 0) atomicMin(bad, static_cast<unsigned long long>(row));
   return false;
 }
 
@@ -103,10 +105,14 @@ struct EmbeddingRunSum {
 };
 
 // Runs launch(bad) with a device word set to n, then reads it back (waiting for the stream) and throws the CPU's
-// ValueError for the first bad id, if any.
+// ValueError for the first bad id, if any. With `checked` (Args::ids_checked): launch(nullptr), no word, no wait.
 template <class Launch>
 void with_embedding_id_check(const Exec<Cuda>& e, TensorView<const std::int64_t, Cuda> ids, std::int64_t num,
-                             std::string_view op, Launch launch) {
+                             std::string_view op, bool checked, Launch launch) {
+  if (checked) {
+    launch(nullptr);
+    return;
+  }
   const std::int64_t n = ids.numel();
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // the word is reused in the order of e's stream
@@ -130,7 +136,7 @@ template <class T>
 void embedding_forward(const Exec<Cuda>& e, const EmbeddingForwardArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.weight.dim(0), c = a.weight.dim(1);
-  detail::with_embedding_id_check(e, a.ids, v, "embedding_forward", [&](unsigned long long* bad) {
+  detail::with_embedding_id_check(e, a.ids, v, "embedding_forward", a.ids_checked, [&](unsigned long long* bad) {
     for_each_index(e, static_cast<std::size_t>(n * c),
                    detail::EmbeddingGather<T>{
                        .ids = a.ids.data(), .weight = a.weight.data(), .y = a.y.data(), .c = c, .num = v, .bad = bad});
@@ -154,7 +160,7 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
   int end_bit = 1;  // keys are in [0, v]: sort only the bits that can be set
   while (end_bit < 63 && (std::int64_t{1} << end_bit) <= v) ++end_bit;
   DDP_CUDA_CHECK(cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), s));
-  detail::with_embedding_id_check(e, a.ids, v, "embedding_backward", [&](unsigned long long* bad) {
+  detail::with_embedding_id_check(e, a.ids, v, "embedding_backward", a.ids_checked, [&](unsigned long long* bad) {
     for_each_index(
         e, static_cast<std::size_t>(n),
         detail::EmbeddingSortKeys{.ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});

@@ -379,7 +379,7 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
     throw IoError(
         ddp::detail::str("ddp: '", source, "' is not a ddp snapshot (metadata ddp.kind is ",
                          kind == f.metadata.end() ? std::string("missing") : ddp::detail::quoted(kind->second),
-                         "); pass a file written by save_snapshot (--snapshot-path)"));
+                         "); pass a snapshot a training run saved (save_snapshot)"));
   detail::check_data_hash(f, source);
   // Snapshots from before optimizer.kind existed are SGD's.
   auto opt_kind = f.metadata.find("optimizer.kind");

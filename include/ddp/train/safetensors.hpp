@@ -289,11 +289,12 @@ inline std::uint64_t open_for_read(const std::string& path, std::ifstream& in) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    throw st_error(path, "is not a regular file (a directory?); check the path (e.g. --snapshot-path)");
+    throw st_error(
+        path, "is not a regular file (a directory?); check the path (the program's snapshot or weights file flag)");
   in.open(path, std::ios::binary | std::ios::ate);
   if (!in)
     throw st_error(path, ddp::detail::str("cannot open it for reading (", std::strerror(errno),
-                                          "); check the path (e.g. --snapshot-path)"));
+                                          "); check the path (the program's snapshot or weights file flag)"));
   const auto size = in.tellg();
   if (size < 0) throw st_error(path, "cannot determine its size; is it a regular file?");
   in.seekg(0);

@@ -41,8 +41,8 @@ std::vector<std::uint8_t> read_and_broadcast(comm::Communicator& comm, const std
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec))
       throw IoError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(path),
-                                     " is not a regular file (a directory?); check the snapshot path (e.g. "
-                                     "--snapshot-path)"));
+                                     " is not a regular file (a directory?); check the path given to the "
+                                     "program's snapshot flag"));
     std::ifstream in(path, std::ios::binary);
     if (!in)
       throw IoError(ddp::detail::str("ddp: cannot read snapshot ", ddp::detail::quoted(path),

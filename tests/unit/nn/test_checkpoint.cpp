@@ -150,8 +150,8 @@ TEST_SUITE("nn") {
     optim::SGD<float, Cpu> opt(r18, {.lr = 0.1});
     CHECK_THROWS_WITH_AS(train::load_snapshot(path, r18, opt),
                          ("ddp: '" + path +
-                          "' is not a ddp snapshot (metadata ddp.kind is 'state_dict'); pass a file written by "
-                          "save_snapshot (--snapshot-path)")
+                          "' is not a ddp snapshot (metadata ddp.kind is 'state_dict'); pass a snapshot a training run "
+                          "saved (save_snapshot)")
                              .c_str(),
                          IoError);
     std::filesystem::resize_file(path, 100);

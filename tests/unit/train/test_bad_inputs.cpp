@@ -280,8 +280,8 @@ TEST_SUITE("train") {
         {"rng.seed missing", rewrite(good, keep_all, [](auto& m) { m.erase("rng.seed"); }),
          {"ddp: snapshot '" + path + "' has no metadata 'rng.seed'; it is not a ddp snapshot"}},
         {"ddp.kind missing (a foreign safetensors file)", rewrite(good, keep_all, [](auto& m) { m.erase("ddp.kind"); }),
-         {"ddp: '" + path + "' is not a ddp snapshot (metadata ddp.kind is missing); pass a file written by "
-                            "save_snapshot (--snapshot-path)"}},
+         {"ddp: '" + path + "' is not a ddp snapshot (metadata ddp.kind is missing); pass a snapshot a training run "
+                            "saved (save_snapshot)"}},
     };
     for (const auto& r : rows) {
       const std::string row = r.name;
@@ -413,7 +413,7 @@ TEST_SUITE("train") {
     };
     const Row rows[] = {
         {"a directory", dir.file("d"), [](const std::string& p) { fs::create_directories(p); },
-         {"ddp: snapshot '", "d' is not a regular file", "--snapshot-path"}},
+         {"ddp: snapshot '", "d' is not a regular file", "check the path given to the program's snapshot flag"}},
         // An empty file is a cut-short snapshot: starting from scratch would let the next save rotate it
         // over the good .prev.
         {"an empty file", dir.file("empty.safetensors"), [](const std::string& p) { ddp::test::spit(p, {}); },

@@ -217,14 +217,17 @@ TEST_SUITE("train") {
     CHECK_THROWS_WITH_AS(
         read_safetensors(dir.file("missing.safetensors")),
         ("ddp: safetensors file '" + dir.file("missing.safetensors") +
-         "': cannot open it for reading (No such file or directory); check the path (e.g. --snapshot-path)")
+         "': cannot open it for reading (No such file or directory); check the path (the program's snapshot or weights "
+         "file flag)")
             .c_str(),
         ddp::IoError);
-    CHECK_THROWS_WITH_AS(read_safetensors(dir.path.string()),
-                         ("ddp: safetensors file '" + dir.path.string() +
-                          "': is not a regular file (a directory?); check the path (e.g. --snapshot-path)")
-                             .c_str(),
-                         ddp::IoError);
+    CHECK_THROWS_WITH_AS(
+        read_safetensors(dir.path.string()),
+        ("ddp: safetensors file '" + dir.path.string() +
+         "': is not a regular file (a directory?); check the path (the program's snapshot or weights file "
+         "flag)")
+            .c_str(),
+        ddp::IoError);
     CHECK_THROWS_AS(ddp::train::read_file_bytes(dir.path.string()), ddp::IoError);
     ddp::test::spit(p, {1, 2, 3});
     expect("only 3 bytes, too short for the 8-byte header length; the file is truncated");

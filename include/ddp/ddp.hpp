@@ -199,7 +199,7 @@
 // defines: train::StepTracer, train::TraceOptions, train::parse_trace_steps (--trace: a Chrome trace of every rank)
 #include "ddp/train/trace.hpp"
 // defines: train::Progress (progress with an ETA, live on a terminal), train::progress_line, train::live_progress_wanted,
-//          train::format_eta
+//          train::stdout_shared_by, train::format_eta
 #include "ddp/train/progress.hpp"
 // defines: train::sum_over_ranks (a few host numbers summed over every rank: evaluation metrics)
 #include "ddp/train/rank_sum.hpp"

@@ -8,8 +8,9 @@
 //
 // Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most every
 // 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next. Plain (a pipe or a
-// file: a launcher's log, ddprun's "[rank0]: " prefixes): a line every log_every steps and at each epoch's last
-// step, as the examples always printed, now ending in the ETA:
+// file: a launcher's log, ddprun's "[rank0]: " prefixes; or a terminal other ranks write to as well: mpirun,
+// srun, torchrun with several local workers, see stdout_shared_by): a line every log_every steps and at each
+// epoch's last step, as the examples always printed, now ending in the ETA:
 //   "epoch 1 step 3/20 loss 2.3100 samples/s 812.5 lr 0.1 eta 0:42"
 // The ETA is the steps left times the mean step time since the first step this run (so data loading and
 // evaluation between epochs count): h:mm:ss, or m:ss under an hour.
@@ -19,13 +20,13 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <string_view>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/env/env.hpp"
 
 namespace ddp::train {
 
@@ -37,18 +38,45 @@ inline std::string progress_line(long long epoch, long long step, long long step
   return buf;
 }
 
-// Whether rank 0 should redraw one line: DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a
-// terminal that understands '\r' and erase-line (TERM set and not "dumb").
-inline bool live_progress_wanted() {
-  const char* v = std::getenv("DDP_PROGRESS");
-  const std::string_view mode = v ? v : "auto";
+// The variable showing that a launcher puts other ranks' output on the terminal this process writes to, or ""
+// when none does. A redrawn line stays open (no newline) between redraws, so their lines would be glued onto it
+// and cut it apart; and a launcher that relays output may hold the open line back until a newline comes.
+//   OMPI_COMM_WORLD_SIZE  Open MPI's mpirun/mpiexec: each rank's stdout is a pty that mpirun reads and relays,
+//                         so isatty() says yes although every rank ends up on mpirun's terminal
+//   PMIX_RANK             PMIx launchers: Open MPI 5's prterun, PRRTE, srun --mpi=pmix, MPICH built with PMIx
+//   PMI_RANK, PMI_ID      MPICH's Hydra (PMI_ID with -pmi-port), Intel MPI, Cray PALS, srun --mpi=pmi2 (pipes
+//                         today, which isatty() already refuses; a pty would not be this rank's alone either)
+//   MV2_COMM_WORLD_SIZE   MVAPICH2's mpirun_rsh (output relayed over ssh)
+//   SLURM_STEP_ID         an srun task (srun relays every task's output; srun --pty gives task 0 a pty); an
+//                         sbatch script itself has no step id and writes to its own file
+//   LOCAL_WORLD_SIZE > 1  torchrun (or torch.distributed.launch) without --redirects/--tee: the node's workers
+//                         inherit torchrun's terminal and all write to it. One worker per node has it alone.
+// ddprun needs no entry: its workers write to pipes, and when ddprun's own stdout is a terminal it sets
+// DDP_PROGRESS=live for them and keeps rank 0's line below the others (launch/supervisor.hpp).
+inline std::string_view stdout_shared_by(const env::Env& env) {
+  for (std::string_view v :
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_ID", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID"})
+    if (env.has(v)) return v;
+  if (const auto n = env.get("LOCAL_WORLD_SIZE"); n && env::detail::parse_int(*n).value_or(1) > 1)
+    return "LOCAL_WORLD_SIZE";
+  return {};
+}
+
+// Whether rank 0 should redraw one line, from the environment `env` and whether stdout is a terminal:
+// DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a terminal that understands '\r' and
+// erase-line (TERM set and not "dumb") and no launcher may share it with other ranks (stdout_shared_by).
+// Throws ConfigError for any other DDP_PROGRESS.
+inline bool live_progress_wanted(const env::Env& env, bool stdout_is_terminal) {
+  const std::string mode = env.get("DDP_PROGRESS").value_or("auto");
   if (mode == "live") return true;
   if (mode == "lines") return false;
-  if (mode != "auto" && !mode.empty())
-    throw ConfigError(ddp::detail::str("DDP_PROGRESS='", mode, "' is not one of auto, live, lines"));
-  const char* term = std::getenv("TERM");
-  return ::isatty(STDOUT_FILENO) == 1 && term != nullptr && std::string_view(term) != "dumb" && *term != '\0';
+  if (mode != "auto") throw ConfigError(ddp::detail::str("DDP_PROGRESS='", mode, "' is not one of auto, live, lines"));
+  const std::string term = env.get("TERM").value_or("");
+  return stdout_is_terminal && !term.empty() && term != "dumb" && stdout_shared_by(env).empty();
 }
+
+// The same for this process: its environment and its stdout.
+inline bool live_progress_wanted() { return live_progress_wanted(env::Env::process(), ::isatty(STDOUT_FILENO) == 1); }
 
 // "h:mm:ss", or "m:ss" under an hour; seconds rounded up (a countdown that shows 0:00 is done).
 inline std::string format_eta(double seconds) {

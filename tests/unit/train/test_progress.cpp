@@ -7,9 +7,13 @@
 #include <chrono>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include <ddp/core/error.hpp>
+#include <ddp/env/env.hpp>
 #include <ddp/train/progress.hpp>
+
+#include "unit/env/launch_envs.hpp"
 
 using ddp::train::format_eta;
 using ddp::train::Progress;
@@ -84,5 +88,62 @@ TEST_SUITE("train") {
       ::setenv("DDP_PROGRESS", saved.c_str(), 1);
     else
       ::unsetenv("DDP_PROGRESS");
+  }
+
+  TEST_CASE("live progress by default only on a terminal of its own: not under mpirun, srun or shared torchrun") {
+    using ddp::env::Env;
+    using ddp::train::live_progress_wanted;
+    using ddp::train::stdout_shared_by;
+    const Env term = Env::from({{"TERM", "xterm-256color"}});
+    CHECK(live_progress_wanted(term, true));
+    CHECK_FALSE(live_progress_wanted(term, false));  // a pipe or a file
+    CHECK_FALSE(live_progress_wanted(Env{}, true));  // no TERM
+    CHECK_FALSE(live_progress_wanted(term.with("TERM", "dumb"), true));
+    CHECK(live_progress_wanted(term.with("DDP_PROGRESS", "auto"), true));
+    CHECK(live_progress_wanted(term.with("DDP_PROGRESS", ""), true));  // empty counts as unset: auto
+
+    // The launchers' environments as they export them (tests/unit/env/launch_envs.hpp, most captured from the
+    // real launchers): the terminal is shared with other ranks or reached through the launcher.
+    const struct {
+      const char* launcher;
+      Env env;
+      std::string_view var;
+    } shared[] = {
+        {"Open MPI mpirun (a pty per rank)", ddp_test::openmpi_rank1(), "OMPI_COMM_WORLD_SIZE"},
+        {"prterun / srun --mpi=pmix", Env::from({{"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "prterun-vm-1@1"}}),
+         "PMIX_RANK"},
+        {"MPICH Hydra", ddp_test::mpich_hydra_local_rank1(), "PMI_RANK"},
+        {"MPICH Hydra -pmi-port", ddp_test::mpich_hydra_pmi_port_rank1(), "PMI_ID"},
+        {"Cray PALS mpiexec", ddp_test::cray_pals_rank6(), "PMI_RANK"},
+        {"MVAPICH2 mpirun_rsh", ddp_test::mvapich_rank2(), "MV2_COMM_WORLD_SIZE"},
+        {"srun", ddp_test::srun_captured_task1(), "SLURM_STEP_ID"},
+        {"srun, one task", ddp_test::srun_captured_task1().with("SLURM_STEP_NUM_TASKS", "1"), "SLURM_STEP_ID"},
+        {"torchrun, 2 local workers", ddp_test::torchrun_standalone_rank0(), "LOCAL_WORLD_SIZE"},
+        {"mpirun inside an sbatch script", ddp_test::nested(ddp_test::sbatch_allocation(), ddp_test::openmpi_rank1()),
+         "OMPI_COMM_WORLD_SIZE"},
+    };
+    for (const auto& row : shared) {
+      CAPTURE(row.launcher);
+      const Env env = row.env.with("TERM", "xterm");
+      CHECK(stdout_shared_by(env) == row.var);
+      CHECK_FALSE(live_progress_wanted(env, true));
+      CHECK(live_progress_wanted(env.with("DDP_PROGRESS", "live"), true));  // the explicit override still wins
+      CHECK_FALSE(live_progress_wanted(env.with("DDP_PROGRESS", "lines"), true));
+    }
+
+    // Nothing says the terminal is shared: one torchrun worker on this node, the sbatch script itself (no step),
+    // processes started by hand with env:// variables.
+    const Env alone[] = {
+        ddp_test::torchrun_node1_rank5().with("LOCAL_WORLD_SIZE", "1"),
+        ddp_test::sbatch_allocation(),
+        Env::from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}),
+    };
+    for (const Env& env : alone) {
+      CHECK(stdout_shared_by(env).empty());
+      CHECK(live_progress_wanted(env.with("TERM", "xterm"), true));
+    }
+    CHECK(live_progress_wanted(Env::from({{"LOCAL_WORLD_SIZE", "2"}, {"DDP_PROGRESS", "live"}}), false));
+    CHECK_THROWS_WITH_AS(live_progress_wanted(term.with("DDP_PROGRESS", "fancy"), true),
+                         doctest::Contains("DDP_PROGRESS='fancy' is not one of auto, live, lines"), ddp::ConfigError);
   }
 }

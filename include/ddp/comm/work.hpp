@@ -9,6 +9,9 @@
 // - wait(timeout) additionally gives up after `timeout` with a TimeoutError naming the op; the op itself
 //   keeps running (the caller may wait again). It never drops its argument.
 // - A default-constructed Work is already completed (used for no-op calls such as world size 1).
+// - A backend may let the waiter run the op itself: WorkState::help, when set, is called by wait() (not by
+//   wait(timeout), which must return at its timeout) before it blocks; the tcp backend's queue runs a collective that is first in line and not yet started on the waiting
+//   thread, which saves the two thread hand-offs of a caller that waits at once (tcp/op_queue.hpp).
 //
 //   Work w = comm.all_reduce(std::span(grad));   // returns at once; the progress thread runs it
 //   compute_something_else();
@@ -18,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +56,9 @@ struct WorkState {
   }
 
   const std::string label;
+  // Set by the backend before the Work is handed out, never changed after; may run the op on the calling thread
+  // (see the file comment). Must tolerate being called after the op completed, and from several waiters.
+  std::function<void()> help;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -83,6 +90,7 @@ class Work {
   // Blocks until the op completes; rethrows its exception.
   void wait() const {
     if (!state_) return;
+    if (state_->help) state_->help();
     std::unique_lock lock(state_->mu);
     state_->cv.wait(lock, [&] { return state_->done; });
     if (state_->error) std::rethrow_exception(state_->error);

@@ -317,18 +317,24 @@ TEST_SUITE("comm") {
     check_no_errors(run_staged(2, [](Staged& c, FakeDevice& d) {
       void* s = stream(5);
       std::vector<float> b1(300), b2(70000), b3(5);
-      auto step = [&] {
+      auto step = [&](std::latch* busy) {
         std::vector<comm::Work> w;
         w.push_back(c.all_reduce(dev(b1), {.op = comm::ReduceOp::Avg, .stream = s}));
         w.push_back(c.all_reduce(dev(b2), {.op = comm::ReduceOp::Avg, .stream = s}));
         w.push_back(c.broadcast(dev(b3), {.stream = s}));
+        if (busy) busy->count_down();
         for (auto& x : w) x.wait();
       };
-      step();
+      // Warm-up with the stream busy until all three ops are issued, so that their blocks are in use together:
+      // the most a step can need, whatever the timing (otherwise the warm step may reuse b1's block for b3 and a
+      // later, less lucky step allocate a third).
+      std::latch busy(1);
+      d.launch(s, [&] { busy.wait(); });
+      step(&busy);
       const auto warm = c.stats();
       const auto events = d.counters().events;
       CHECK(warm.pinned_allocs >= 1);
-      for (int i = 0; i < 5; ++i) step();
+      for (int i = 0; i < 5; ++i) step(nullptr);
       const auto after = c.stats();
       CHECK(after.pinned_allocs == warm.pinned_allocs);
       CHECK(after.pinned_bytes == warm.pinned_bytes);

@@ -10,6 +10,11 @@
 // collective: the batch of p2p.hpp. A send or recv queued while a batch runs wakes it through wake_fd().
 // Example: all_reduce(1 KiB) on an idle queue runs inline and its Work is complete on return;
 // all_reduce(4 MiB) is queued and its Work completes on the progress thread.
+// Waiting helps: Work::wait() on a queued collective that is first in line while nothing runs takes it off the
+// queue and runs it on the waiting thread (run_if_next). A caller that waits at once (a blocking all-reduce, a
+// barrier, DDP's last bucket) then pays no hand-off to the progress thread and back (two wake-ups, ~30 us each on
+// a loaded machine: 256 KiB took 94 us instead of 30 for Open MPI's), and one that computes in between still
+// overlaps. Issue order is kept: only the queue's head runs, and only when nothing else does.
 #pragma once
 
 #include <sys/eventfd.h>
@@ -88,16 +93,13 @@ class OpQueue {
     if (p2p)
       t.xfer = Transfer{.peer = call.peer, .is_send = call.fp.kind == OpKind::Send, .data = call.in.bytes_ptr(),
                         .bytes = call.in.bytes()};
+    if (!p2p) t.state->help = [alive = std::weak_ptr<OpQueue*>(self_), s = t.state.get()] {
+      if (const auto q = alive.lock()) (*q)->run_if_next(s);
+    };
     Work work(t.state);
     // Never inline send/recv: an irecv must return before the matching send is issued.
     if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || bytes <= inline_max_bytes_)) {
-      busy_ = true;
-      lock.unlock();
-      run_collective_(t);
-      lock.lock();
-      busy_ = false;
-      lock.unlock();
-      cv_.notify_all();
+      run_here(t, lock);
       return work;
     }
     queue_.push_back(std::move(t));
@@ -108,6 +110,16 @@ class OpQueue {
       (void)!::write(wake_.get(), &one, sizeof one);
     }
     return work;
+  }
+
+  // Runs the queued collective whose state is `s` on the calling thread if it is next in line and nothing runs
+  // (Work::wait's help); otherwise does nothing (it runs, or ran, on the progress thread).
+  void run_if_next(const comm::detail::WorkState* s) {
+    std::unique_lock lock(mu_);
+    if (busy_ || queue_.empty() || queue_.front().state.get() != s || queue_.front().fp.is_p2p()) return;
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    run_here(t, lock);
   }
 
   // For a running send/recv batch: hands each send/recv at the head of the queue, up to the next
@@ -125,6 +137,20 @@ class OpQueue {
   int wake_fd() const noexcept { return wake_.get(); }
 
  private:
+  // Runs collective t on this thread with the queue marked busy; `lock` is held on entry, released on return.
+  void run_here(Task& t, std::unique_lock<std::mutex>& lock) {
+    busy_ = true;
+    lock.unlock();
+    run_collective_(t);
+    lock.lock();
+    busy_ = false;
+    // Only the progress thread waits on cv_, and only for queued work: waking it for nothing would cost every
+    // inline op a futex wake and a context switch.
+    const bool queued = !queue_.empty();
+    lock.unlock();
+    if (queued) cv_.notify_all();
+  }
+
   void loop() {
     std::unique_lock lock(mu_);
     for (;;) {
@@ -156,6 +182,8 @@ class OpQueue {
   bool busy_ = false;  // an op is running (progress thread or inline)
   bool stop_ = false;
   std::thread thread_;
+  // What Work::help holds (weakly): a Work waited on after its communicator is gone finds no queue to help.
+  std::shared_ptr<OpQueue*> self_ = std::make_shared<OpQueue*>(this);
 };
 
 }  // namespace ddp::comm::tcp

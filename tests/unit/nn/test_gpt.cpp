@@ -202,7 +202,7 @@ TEST_SUITE("nn") {
   TEST_CASE(
       "GPT: each dropout, the attention's included, has its own stream in model order; set_dropout_step "
       "replays the masks") {
-    nn::GPTOptions o = small_options();
+    nn::GPTOptions o = gpt_test::small_options();
     o.attn_pdrop = 0.3;
     o.rank = 1;
     nn::GPT<float, Cpu> m(o);

@@ -7,6 +7,10 @@
 // of SGD issued right after backward on the same stream matches the plain model's. With two or more GPUs
 // the same job runs with two ranks (one thread and one device each, different data): every rank ends with
 // the same gradients, the mean of the ranks' local gradients. Skips (exit 77) without a GPU.
+// Communication hooks on the device (--comm-hook fp16|bf16): world 1 over NCCL gives the plain model's
+// gradients rounded through 16 bits (the CPU conversion's bits); world 2 over staged gloo on one GPU gives
+// the CPU hook's gradients (tcp, host buffers) bit for bit, the 16-bit sum being the same host code on both;
+// PowerSGD and register_comm_hook are refused with the supported list.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -14,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -23,6 +28,7 @@
 #include <ddp/comm/factory.hpp>
 #include <ddp/comm/nccl/nccl_communicator.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
+#include <ddp/nn/linear.hpp>
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/optim/sgd.hpp>
@@ -38,6 +44,7 @@ template class ddp::parallel::BucketSchedule<float, ddp::Cuda, ddp::parallel::Tr
 #include <ddp/tensor/random.hpp>
 
 #include "support/gpu.hpp"
+#include "unit/comm/comm_harness.hpp"
 
 namespace {
 
@@ -92,6 +99,48 @@ double max_abs_diff(const Tensor<float, Cpu>& a, const Tensor<float, Cpu>& b) {
   double m = 0.0;
   for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(a.data()[i]) - double(b.data()[i])));
   return m;
+}
+
+// ---- compression hooks: a Linear(1, kHookOut) fed x = 1, so each rank's local gradients (weight [kHookOut, 1],
+// bias [kHookOut]) are exactly the dy it is given, on either device (a product with 1 and a sum of one row) ----
+constexpr std::int64_t kHookOut = 3000;
+
+// dy of rank r at k: magnitudes 2^-30..2^17 (fp16 subnormals to fp16 overflow once halved and summed) with
+// 12-bit mantissas (rounding ties for fp16's 10 bits and bf16's 7), both signs, different on each rank.
+float hook_dy(int rank, std::int64_t k) {
+  const int e = static_cast<int>(k % 48) - 30;
+  const float m = 1.0f + static_cast<float>((k * 7919 + rank * 104729) % 4096) / 4096.0f;
+  return ((k / 48 + rank) % 3 == 0 ? -1.0f : 1.0f) * std::ldexp(m, e);
+}
+
+// One DDP backward of the Linear on device D with `hook` (and gradient_as_bucket_view `view`); the gradients
+// every parameter ends with, back to back on the host. Small buckets: weight and bias in buckets of their own.
+template <ddp::Device D>
+std::vector<float> hooked_grads(ddp::comm::Communicator& comm, ddp::parallel::CommHookKind hook, bool view,
+                                Exec<D>& e) {
+  ddp::nn::Linear<float, D> net({.in_features = 1, .out_features = kHookOut});
+  ddp::parallel::DistributedDataParallel<float, D> model(net, comm,
+                                                         {.bucket_cap_bytes = 4 << 10,
+                                                          .first_bucket_cap_bytes = 4 << 10,
+                                                          .comm_hook = hook,
+                                                          .gradient_as_bucket_view = view});
+  Tensor<float, Cpu> x = Tensor<float, Cpu>::full(ddp::Shape{1, 1}, 1.0f);
+  Tensor<float, Cpu> dy(ddp::Shape{1, kHookOut});
+  for (std::int64_t k = 0; k < kHookOut; ++k) dy.data()[k] = hook_dy(comm.rank(), k);
+  const Tensor<float, D> xd = ddp::to<D>(x.cview(), e), dyd = ddp::to<D>(dy.cview(), e);
+  net.zero_grad();
+  model.forward(e, xd.cview());
+  model.backward(e, dyd.cview());
+  std::vector<float> out;
+  for (auto* p : net.parameters()) {
+    const auto g = ddp::to<Cpu>(p->grad().cview(), e);
+    out.insert(out.end(), g.data(), g.data() + g.numel());
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -149,6 +198,89 @@ TEST_SUITE("gpu_ddp") {
     for (std::size_t i = 0; i < pp.size(); ++i) {
       INFO(pp[i]->name());
       CHECK(max_abs_diff(ddp::to<Cpu>(pp[i]->value().cview(), e), ddp::to<Cpu>(pf[i]->value().cview(), e)) == 0.0);
+    }
+  }
+
+  TEST_CASE("world size 1: fp16/bf16 hooks give the plain model's gradients rounded through 16 bits; others refused") {
+    if (ddp::test::skip_without_gpu()) return;
+    using ddp::parallel::CommHookKind;
+    ddp::store::HashStore store(std::chrono::seconds(30));
+    auto comm = make_nccl(0, 1, store);
+    ddp::Stream stream;
+    Exec<Cuda> e = stream.exec(ddp::Precision::Fp32);
+    const auto local = local_grads(0, stream);
+    Batch b = batch_of(0, e);
+    ddp::nn::CrossEntropyLoss<float, Cuda> ce;
+    for (CommHookKind hook : {CommHookKind::Fp16, CommHookKind::Bf16}) {
+      INFO(ddp::parallel::comm_hook_name(hook));
+      Net net(kNet);
+      ddp::parallel::DistributedDataParallel<float, Cuda> model(
+          net, *comm, {.bucket_cap_bytes = 256 << 10, .first_bucket_cap_bytes = 64 << 10, .comm_hook = hook});
+      for (int step = 0; step < 2; ++step) {  // step 2 runs on the rebuilt buckets
+        INFO("step ", step);
+        net.zero_grad();
+        auto logits = model.forward(e, b.x.cview());
+        ce.forward(e, logits.cview(), b.y.cview());
+        model.backward(e, ce.backward(e).cview());
+        const auto got = grads_of(net, e);
+        for (std::size_t i = 0; i < local.size(); ++i) {
+          // W = 1: g * 1 is g; one rank's sum is its value; so the result is float(H(g)), H rounding as on the CPU.
+          Tensor<float, Cpu> want(local[i].shape());
+          for (std::int64_t j = 0; j < want.numel(); ++j) {
+            const float g = local[i].data()[j];
+            want.data()[j] = hook == CommHookKind::Fp16 ? static_cast<float>(ddp::half(g))
+                                                        : static_cast<float>(ddp::bfloat16(g));
+          }
+          INFO(net.parameters()[i]->name());
+          CHECK(std::memcmp(want.data(), got[i].data(), want.bytes()) == 0);
+        }
+      }
+    }
+
+    using CudaDdp = ddp::parallel::DistributedDataParallel<float, Cuda>;
+    Net net(kNet);
+    CHECK_THROWS_WITH_AS(CudaDdp(net, *comm, {.comm_hook = CommHookKind::PowerSgd}),
+                         doctest::Contains("ddp: --comm-hook powersgd is not supported for CUDA models: they run the "
+                                           "built-in hooks allreduce, fp16 and bf16 on the device"),
+                         ddp::ValueError);
+    CudaDdp model(net, *comm);
+    CHECK_THROWS_WITH_AS(model.register_comm_hook(ddp::parallel::fp16_compress_hook<float>()),
+                         doctest::Contains("a hook passed to register_comm_hook is not supported for CUDA models"),
+                         ddp::ValueError);
+  }
+
+  TEST_CASE("two ranks on one GPU (staged gloo): fp16/bf16 hooks equal the CPU hook bit for bit") {
+    if (ddp::test::skip_without_gpu()) return;
+    using ddp::parallel::CommHookKind;
+    for (CommHookKind hook : {CommHookKind::Fp16, CommHookKind::Bf16}) {
+      INFO(ddp::parallel::comm_hook_name(hook));
+      std::vector<std::vector<float>> cpu(2), gpu(2), gpu_view(2);
+      auto errors = ddp::test::run_ranks(2, [&](ddp::comm::TcpCommunicator& c) {
+        Exec<Cpu> e;
+        cpu[static_cast<std::size_t>(c.rank())] = hooked_grads<Cpu>(c, hook, false, e);
+      });
+      for (const auto& ep : errors) REQUIRE_MESSAGE(!ep, ddp::test::message(ep));
+      errors = ddp::test::run_threads(2, [&](int r, ddp::store::Store& store) {
+        if (cudaSetDevice(0) != cudaSuccess) throw ddp::CudaError("cudaSetDevice(0) failed");
+        auto comm = ddp::comm::make_communicator("gloo", ddp::test::local_rank_info(r, 2), store,
+                                                 {.timeout = std::chrono::seconds(60), .cuda_device = 0});
+        ddp::Stream stream;
+        Exec<Cuda> e = stream.exec(ddp::Precision::Fp32);
+        gpu[static_cast<std::size_t>(r)] = hooked_grads<Cuda>(*comm, hook, false, e);
+        gpu_view[static_cast<std::size_t>(r)] = hooked_grads<Cuda>(*comm, hook, true, e);
+      });
+      for (const auto& ep : errors) REQUIRE_MESSAGE(!ep, ddp::test::message(ep));
+      for (std::size_t r = 0; r < 2; ++r) {
+        INFO("rank ", r);
+        REQUIRE(cpu[r].size() == static_cast<std::size_t>(2 * kHookOut));
+        CHECK(same_bits(gpu[r], cpu[r]));
+        CHECK(same_bits(gpu_view[r], cpu[r]));
+      }
+      // It really went through 16 bits: the plain average differs somewhere.
+      bool differs = false;
+      for (std::int64_t k = 0; k < kHookOut; ++k)
+        differs |= cpu[0][static_cast<std::size_t>(k)] != 0.5f * (hook_dy(0, k) + hook_dy(1, k));
+      CHECK(differs);
     }
   }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -386,6 +387,53 @@ TEST_SUITE("parallel") {
       CHECK(net.find_parameter("weight")->grad().data()[0] == 40000.0f);  // exact in fp16 (40000 = 625 * 64)
       CHECK(net.find_parameter("bias")->grad().data()[0] == 40000.0f);
     }));
+  }
+
+  TEST_CASE("compression hooks' element steps round to nearest even; which hooks CUDA models run, and the refusal") {
+    // The functors both devices run (the CPU hook's loops, the CUDA transport's kernels). Inputs are 2 x v with
+    // W = 2 (scale 0.5, exact), so the rounding to 16 bits is the only one; expected bits by IEEE hand rules.
+    const float scale = parallel::detail::compress_scale(2);
+    CHECK(scale == 0.5f);
+    const std::vector<float> f16_in = {80000.0f, 2.0f * (1.0f + 0x1p-11f), 2.0f * (1.0f + 3 * 0x1p-11f), 131008.0f,
+                                       131040.0f, 2.0f * 0x1p-25f, -2.0f * 0x1p-24f};
+    // 40000 exact; 1 + 2^-11 ties down to 1 (even); 1 + 3 * 2^-11 ties up to 1 + 2^-9 (even); 65504 the
+    // largest half; 65520 ties to inf; 2^-25 ties to 0; -2^-24 the smallest subnormal.
+    const std::vector<std::uint16_t> f16_want = {0x78e2, 0x3c00, 0x3c02, 0x7bff, 0x7c00, 0x0000, 0x8001};
+    std::vector<half> h(f16_in.size());
+    const parallel::detail::CompressToWire<float, half> to_half{.bucket = f16_in.data(), .wire = h.data(),
+                                                                .inv_world = scale};
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      to_half(i);
+      CHECK(h[i].bits == f16_want[i]);
+    }
+    std::vector<float> back(h.size());
+    const parallel::detail::DecompressFromWire<float, half> from_half{.wire = h.data(), .bucket = back.data()};
+    for (std::size_t i = 0; i < back.size(); ++i) from_half(i);
+    CHECK(back[0] == 40000.0f);
+    CHECK(back[2] == 1.0f + 0x1p-9f);
+    CHECK(std::isinf(back[4]));
+    CHECK(back[6] == -0x1p-24f);
+    // bfloat16 (7 mantissa bits): 1 + 2^-8 ties down to 1, 1 + 3 * 2^-8 up to 1 + 2^-6.
+    const std::vector<float> bf_in = {2.0f * (1.0f + 0x1p-8f), 2.0f * (1.0f + 3 * 0x1p-8f)};
+    std::vector<bfloat16> b(bf_in.size());
+    const parallel::detail::CompressToWire<float, bfloat16> to_bf16{.bucket = bf_in.data(), .wire = b.data(),
+                                                                    .inv_world = scale};
+    to_bf16(0);
+    to_bf16(1);
+    CHECK(b[0].bits == 0x3f80);
+    CHECK(b[1].bits == 0x3f82);
+
+    for (auto k : {parallel::CommHookKind::Allreduce, parallel::CommHookKind::Fp16, parallel::CommHookKind::Bf16,
+                   parallel::CommHookKind::PowerSgd})
+      CHECK(parallel::parse_comm_hook(std::string(parallel::comm_hook_name(k))) == k);
+    CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Allreduce));
+    CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Fp16));
+    CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Bf16));
+    CHECK_FALSE(parallel::runs_on_cuda(parallel::CommHookKind::PowerSgd));
+    CHECK(std::string(parallel::cuda_hook_refused("--comm-hook powersgd").what()) ==
+          "ddp: --comm-hook powersgd is not supported for CUDA models: they run the built-in hooks allreduce, fp16 "
+          "and bf16 on the device (--comm-hook allreduce|fp16|bf16, DdpOptions::comm_hook); PowerSGD and hooks "
+          "passed to register_comm_hook run on host buffers, for CPU models only");
   }
 
   TEST_CASE("gradient_as_bucket_view: gradients live in the buckets, results are bitwise those of copying") {

@@ -10,17 +10,27 @@
 //       ready[b].wait(comm)                  the comm stream waits for that point
 //       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync without a gradient)
 //       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for it
+//     or, with --comm-hook fp16|bf16 (CommHookKind::Fp16/Bf16; torch's fp16/bf16_compress_hook):
+//       kernel flat -> wire (comm stream)    wire[i] = H(flat[i] * (1/W)), H = half/bfloat16 (the CPU hook's
+//                                            element functor, parallel/comm_hooks.hpp: same rounding)
+//       all-reduce (Sum) of wire             16-bit values summed over ranks, stream-ordered like the above
+//       kernel wire -> flat (comm stream)    flat[i] = float(wire[i])
 //   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a parameter no rank
 //                      used), done[b].record(comm), compute waits for done[b]: the optimizer step, enqueued
 //                      next on the compute stream, sees averaged gradients. The host never waits here.
 // gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so neither copy
 // runs (only the memset for parameters without a gradient); the all-reduce works in place. Unverified on a GPU.
+// Hooks: the built-in allreduce, fp16 and bf16 only (comm_hooks.hpp's runs_on_cuda); every backend that reaches
+// device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi sums them on the host as for a CPU
+// model, so the results equal the CPU hook's on the same backend bit for bit). PowerSGD and
+// register_comm_hook (host code) are refused with a ValueError saying what is supported. The fp16/bf16 path
+// is unverified on a GPU.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
 // Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
 // and mpi made with CommOptions::cuda_device, which stage through pinned host memory: comm/staging/
-// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, the default
-// allreduce hook (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
+// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, a hook from the list
+// above (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
 // small device buffer (one host wait).
 // The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
 // device for the copies before it, and the copies after it wait for it; the host is never involved (staged
@@ -45,9 +55,11 @@
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
 #include "ddp/parallel/transport.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/copy.hpp"
@@ -152,11 +164,11 @@ class Transport<T, Cuda> {
  public:
   // `comm` and the parameters must outlive this object.
   Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), bcast_(comm), comm_(&comm), view_(o.gradient_as_bucket_view) {
-    if (o.comm_hook != CommHookKind::Allreduce) refuse_hook();
+      : params_(params), bcast_(comm), comm_(&comm), hook_(o.comm_hook), view_(o.gradient_as_bucket_view) {
+    if (!runs_on_cuda(hook_)) throw cuda_hook_refused(ddp::detail::str("--comm-hook ", comm_hook_name(hook_)));
   }
-  // Hooks run on host buffers (parallel/comm_hooks.hpp); CUDA buckets take the default all-reduce only.
-  void set_comm_hook(const CommHook<T>& /*hook*/) { refuse_hook(); }
+  // A CommHook<T> is host code on host buffers (parallel/comm_hooks.hpp): CUDA buckets take DdpOptions::comm_hook.
+  void set_comm_hook(const CommHook<T>& /*hook*/) { throw cuda_hook_refused("a hook passed to register_comm_hook"); }
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   // The parameters outlive us: with gradient_as_bucket_view their gradients move back into memory of their own
@@ -172,6 +184,8 @@ class Transport<T, Cuda> {
     std::vector<T*> flats;
     for (std::size_t b = 0; b < layouts.size(); ++b) {
       fresh[b].flat = Tensor<T, Cuda>(Shape{layouts[b].numel});
+      if (hook_ == CommHookKind::Fp16) fresh[b].wire_f16 = Tensor<half, Cuda>(Shape{layouts[b].numel});
+      if (hook_ == CommHookKind::Bf16) fresh[b].wire_bf16 = Tensor<bfloat16, Cuda>(Shape{layouts[b].numel});
       flats.push_back(fresh[b].flat.data());
     }
     if (view_) view_grads_in_buckets(params_, layouts, flats, compute_);  // on the compute stream, before the
@@ -200,7 +214,12 @@ class Transport<T, Cuda> {
       else if (!view_)  // gradient_as_bucket_view: the gradient is the slot
         DDP_CUDA_CHECK(cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
     }
-    bk.work = all_reduce_on(cs, std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)));
+    const std::span<T> flat(bk.flat.data(), static_cast<std::size_t>(l.numel));
+    switch (hook_) {
+      case CommHookKind::Fp16: bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_f16); break;
+      case CommHookKind::Bf16: bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_bf16); break;
+      default: bk.work = all_reduce_on(cs, flat);  // Allreduce (the constructor refused the rest)
+    }
   }
 
   // The copies back into grad() are enqueued here, after backward, because only now is it known which
@@ -243,15 +262,13 @@ class Transport<T, Cuda> {
  private:
   struct Bucket {
     Tensor<T, Cuda> flat;  // gradients back to back, bucket order (device)
+    // --comm-hook fp16 / bf16: flat / W in 16 bits, what is all-reduced (empty for the other hooks). Freed
+    // like flat (nccl declares it to the allocator; the kernels and staged copies run on the comm stream).
+    Tensor<half, Cuda> wire_f16;
+    Tensor<bfloat16, Cuda> wire_bf16;
     Event ready, done;
     comm::Work work;  // the all-reduce, retired at the next begin_step
   };
-
-  [[noreturn]] static void refuse_hook() {
-    throw ValueError(
-        "ddp: communication hooks other than allreduce (--comm-hook fp16/bf16, register_comm_hook) are not "
-        "supported for CUDA models in this version; use --comm-hook allreduce (NCCL reduces float32 buckets)");
-  }
 
   // Waits for the previous step's collectives (complete by now in a healthy job) and raises the first error.
   void retire() {
@@ -267,9 +284,27 @@ class Transport<T, Cuda> {
                              {.op = comm::ReduceOp::Avg, .stream = s});
   }
 
+  // torch's fp16/bf16_compress_hook on the device, all on exec's stream (the comm stream), no host wait:
+  // wire = H(flat * (1/W)), Sum over ranks of wire, flat = float(wire). The element functors are the CPU
+  // hook's (parallel/comm_hooks.hpp), so the rounding is the same bits.
+  template <class H>
+  comm::Work compressed_all_reduce(const Exec<Cuda>& exec, std::span<T> flat, Tensor<H, Cuda>& wire) {
+    const std::size_t n = flat.size();
+    kernels::cuda::for_each_index(
+        exec, n,
+        detail::CompressToWire<T, H>{
+            .bucket = flat.data(), .wire = wire.data(), .inv_world = detail::compress_scale(comm_->size())});
+    comm::Work w = comm_->all_reduce(TensorView<H, Cuda>(wire.data(), Shape{static_cast<std::int64_t>(n)}),
+                                     {.op = comm::ReduceOp::Sum, .stream = cuda_stream(exec)});
+    kernels::cuda::for_each_index(exec, n,
+                                  detail::DecompressFromWire<T, H>{.wire = wire.data(), .bucket = flat.data()});
+    return w;
+  }
+
   std::vector<nn::Parameter<T, Cuda>*> params_;
   Broadcaster<Cuda> bcast_;
   comm::Communicator* comm_;
+  CommHookKind hook_;  // Allreduce, Fp16 or Bf16 (runs_on_cuda)
   bool view_;  // gradient_as_bucket_view (parallel/grad_views.hpp)
   Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream
   Exec<Cuda> compute_{};

@@ -86,6 +86,10 @@
 // ---- kernels: CPU reference kernels (CUDA kernels: kernels/cuda/kernels.cuh, under nvcc) ----
 // defines: kernels::*Args, conv2d_output_shape, maxpool2d_output_shape
 #include "ddp/kernels/args.hpp"
+// defines: kernels::LayerNorm*Args, Embedding*Args, Dropout*Args (the transformer modules' kernels)
+#include "ddp/kernels/dropout_args.hpp"
+#include "ddp/kernels/embedding_args.hpp"
+#include "ddp/kernels/layer_norm_args.hpp"
 // defines: elementwise functors (ReluForward, Add, Axpy, SgdStep, ...)
 #include "ddp/kernels/elementwise.hpp"
 // defines: kernels::ConvGeometry, kernels::PoolGeometry (shared by the CPU and CUDA kernels)

@@ -21,6 +21,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/dropout_args.hpp"
 #include "ddp/kernels/elementwise.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/shape.hpp"

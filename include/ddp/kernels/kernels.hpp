@@ -17,8 +17,11 @@
 #include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/attention_args.hpp"
+#include "ddp/kernels/dropout_args.hpp"
 #include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/embedding_args.hpp"
 #include "ddp/kernels/fused_args.hpp"
+#include "ddp/kernels/layer_norm_args.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
 

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/embedding_args.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::kernels::cpu {

@@ -40,7 +40,6 @@ inline float normal_cdf_vectorizable(float x) {
   return neg * h + (1.0f - neg) * (1.0f - h);
 }
 
-
 // The loops over [0, n), inlined into the two variants below.
 [[gnu::always_inline]] inline void gelu_exact_forward_span(const float* x, float* y, std::int64_t n) {
   DDP_CPU_IVDEP

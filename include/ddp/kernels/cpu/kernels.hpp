@@ -29,8 +29,11 @@
 #include "ddp/kernels/cpu/pool.hpp"
 #include "ddp/kernels/cpu/sgd.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/dropout_args.hpp"
+#include "ddp/kernels/embedding_args.hpp"
 #include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/kernels.hpp"
+#include "ddp/kernels/layer_norm_args.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
 

@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/layer_norm_args.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::kernels::cpu {

@@ -22,8 +22,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "ddp/kernels/args.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/layer_norm_args.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"

@@ -141,6 +141,16 @@ double lm_loss(nn::CrossEntropyLoss<float, D>& ce, Exec<D>& exec, const Tensor<f
   return grad ? ce.forward(exec, l, y) : ce.value(exec, l, y);
 }
 
+// Batch `it` of `batch_size` samples: `text`'s samples split[order[k]] for k in [it batch_size, (it + 1) batch_size)
+// (the last batch shorter), where order is a sampler's indices into the split.
+inline data::TokenBatch batch_at(const data::CharDataset& text, const std::vector<std::int64_t>& split,
+                                 const std::vector<std::int64_t>& order, std::size_t it, std::size_t batch_size) {
+  std::vector<std::int64_t> idx;
+  for (std::size_t k = it * batch_size; k < std::min(order.size(), (it + 1) * batch_size); ++k)
+    idx.push_back(split[static_cast<std::size_t>(order[k])]);
+  return text.batch(idx);
+}
+
 // This rank's share of the test split through the unwrapped model in eval mode: [loss summed over batches x
 // positions, positions]. Batches of batch_size samples.
 template <Device D>
@@ -151,11 +161,8 @@ std::array<double, 2> eval_share(nn::GPT<float, D>& net, Exec<D>& exec, const da
   const auto mine = es.indices();
   nn::CrossEntropyLoss<float, D> ce;
   double sum = 0, positions = 0;
-  for (std::size_t b0 = 0; b0 < mine.size(); b0 += batch_size) {
-    std::vector<std::int64_t> idx;
-    for (std::size_t k = b0; k < std::min(mine.size(), b0 + batch_size); ++k)
-      idx.push_back(test[static_cast<std::size_t>(mine[k])]);
-    const data::TokenBatch b = text.batch(idx);
+  for (std::size_t it = 0; it * batch_size < mine.size(); ++it) {
+    const data::TokenBatch b = batch_at(text, test, mine, it, batch_size);
     const auto x = train::on_device<D>(b.x.cview(), exec);
     const auto y = train::on_device<D>(b.y.cview(), exec);
     const Tensor<float, D> logits = net.forward(exec, x.cview());
@@ -246,11 +253,7 @@ int train(const Setup& s, Exec<D>& exec) {
         uploads,
         [&]() -> std::optional<data::TokenBatch> {
           if (assembled == steps) return std::nullopt;
-          const std::size_t it = assembled++;
-          std::vector<std::int64_t> idx;
-          for (std::size_t k = it * c.batch_size; k < std::min(mine.size(), (it + 1) * c.batch_size); ++k)
-            idx.push_back(train_idx[static_cast<std::size_t>(mine[k])]);
-          return text.batch(idx);
+          return batch_at(text, train_idx, mine, assembled++, c.batch_size);
         },
         [](const data::TokenBatch& b) { return std::tuple(b.x.cview(), b.y.cview()); });
     for (std::size_t it = 0; it < steps; ++it) {

@@ -2,29 +2,23 @@
 // config asks for (fp32, or bf16/fp16 with --use_amp: gemm_precision), and the shared training loop of train.hpp
 // instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (D48).
 // SPDX-License-Identifier: MIT
-#include <ddp/core/log.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/prefetcher.hpp>
-#include <ddp/tensor/cuda/stream.hpp>
 
+#include "../common/gpu_run.cuh"
 #include "cuda_entry.hpp"
 
 namespace mingpt_example {
 
 int train_cuda(const Setup& s, int device) {
-  DDP_CUDA_CHECK(cudaSetDevice(device));
-  ddp::Stream stream;
-  ddp::Exec<ddp::Cuda> exec = stream.exec(gemm_precision(s.cfg));
-  DDP_LOG_INFO("training on cuda:", device, ", GEMMs in ", ddp::precision_name(exec.precision),
-               " (GPT's CUDA path is unverified: it has never run on a GPU)");
   Setup gpu = s;
   gpu.device_memory = &ddp::cuda_memory_stats;  // GPU memory in the metrics records
-  const int rc = train<ddp::Cuda>(gpu, exec);
-  stream.synchronize();
-  return rc;
+  return ddp_example::run_on_gpu(device, gemm_precision(s.cfg), false,
+                                 " (GPT's CUDA path is unverified: it has never run on a GPU)",
+                                 [&](ddp::Exec<ddp::Cuda>& exec) { return train<ddp::Cuda>(gpu, exec); });
 }
 
 }  // namespace mingpt_example

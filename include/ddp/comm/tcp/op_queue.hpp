@@ -116,7 +116,7 @@ class OpQueue {
   // (Work::wait's help); otherwise does nothing (it runs, or ran, on the progress thread).
   void run_if_next(const comm::detail::WorkState* s) {
     std::unique_lock lock(mu_);
-    if (busy_ || queue_.empty() || queue_.front().state.get() != s || queue_.front().fp.is_p2p()) return;
+    if (busy_ || queue_.empty() || queue_.front().state.get() != s) return;  // s is a collective's (submit)
     Task t = std::move(queue_.front());
     queue_.pop_front();
     run_here(t, lock);

@@ -1,5 +1,5 @@
 # Conan 2 recipe for ddp, a header-only C++20 distributed data-parallel training library.
-# Components mirror the CMake targets: ddp::ddp, ddp::cuda, ddp::nccl, ddp::mpi.
+# Components mirror the CMake targets: ddp::ddp, ddp::cuda, ddp::nccl, ddp::cudnn, ddp::mpi.
 import os
 import re
 
@@ -17,10 +17,11 @@ class DdpConan(ConanFile):
     topics = ("distributed", "training", "deep-learning", "header-only", "nccl", "mpi")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"with_cuda": [True, False], "with_nccl": [True, False], "with_mpi": [True, False]}
-    # CUDA, NCCL and MPI come from the system (CUDA toolkit, libopenmpi-dev); off by default so the
+    options = {"with_cuda": [True, False], "with_nccl": [True, False], "with_cudnn": [True, False],
+               "with_mpi": [True, False]}
+    # CUDA, NCCL, cuDNN and MPI come from the system (CUDA toolkit, libopenmpi-dev); off by default so the
     # package builds anywhere. Consumers turn them on with -o ddp/*:with_cuda=True.
-    default_options = {"with_cuda": False, "with_nccl": False, "with_mpi": False}
+    default_options = {"with_cuda": False, "with_nccl": False, "with_cudnn": False, "with_mpi": False}
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE"
     no_copy_source = True
 
@@ -41,6 +42,8 @@ class DdpConan(ConanFile):
             check_min_cppstd(self, 20)
         if self.options.with_nccl and not self.options.with_cuda:
             raise ConanInvalidConfiguration("ddp: with_nccl=True needs with_cuda=True (NCCL runs on CUDA devices)")
+        if self.options.with_cudnn and not self.options.with_cuda:
+            raise ConanInvalidConfiguration("ddp: with_cudnn=True needs with_cuda=True (cuDNN runs on CUDA devices)")
 
     def layout(self):
         cmake_layout(self)
@@ -51,6 +54,7 @@ class DdpConan(ConanFile):
             tc.cache_variables[f"DDP_BUILD_{flag}"] = False
         tc.cache_variables["DDP_WITH_CUDA"] = "ON" if self.options.with_cuda else "OFF"
         tc.cache_variables["DDP_WITH_NCCL"] = "ON" if self.options.with_nccl else "OFF"
+        tc.cache_variables["DDP_WITH_CUDNN"] = "ON" if self.options.with_cudnn else "OFF"
         tc.cache_variables["DDP_WITH_MPI"] = "ON" if self.options.with_mpi else "OFF"
         tc.cache_variables["DDP_WITH_BLAS"] = "OFF"  # the Conan package uses the portable GEMM
         tc.generate()
@@ -62,10 +66,13 @@ class DdpConan(ConanFile):
 
     def package(self):
         CMake(self).install()
-        # Conan consumers get CMakeDeps' config; ship ours only for the system-dependency module.
+        # Conan consumers get CMakeDeps' config; ship ours only for the system-dependency module and the find
+        # modules it uses for NCCL and cuDNN (beside it, on its CMAKE_MODULE_PATH).
         rmdir(self, os.path.join(self.package_folder, "share", "cmake"))
-        copy(self, "ddp-conan-system-deps.cmake", os.path.join(self.source_folder, "cmake"),
-             os.path.join(self.package_folder, "lib", "cmake", "ddp"))
+        for pattern in (
+            "ddp-conan-system-deps.cmake", "FindNCCL.cmake", "FindCUDNN.cmake", "DdpFindPrefixLibrary.cmake"):
+            copy(self, pattern, os.path.join(self.source_folder, "cmake"),
+                 os.path.join(self.package_folder, "lib", "cmake", "ddp"))
 
     def package_id(self):
         self.info.clear()
@@ -93,12 +100,12 @@ class DdpConan(ConanFile):
         core.bindirs = []
         core.libdirs = []
         for name, enabled in (("cuda", self.options.with_cuda), ("nccl", self.options.with_nccl),
-                              ("mpi", self.options.with_mpi)):
+                              ("cudnn", self.options.with_cudnn), ("mpi", self.options.with_mpi)):
             if not enabled:
                 continue
             comp = self.cpp_info.components[name]
             comp.set_property("cmake_target_name", f"ddp::{name}")
-            comp.requires = ["ddp"] if name != "nccl" else ["cuda"]
+            comp.requires = ["cuda"] if name in ("nccl", "cudnn") else ["ddp"]
             comp.defines = [f"DDP_WITH_{name.upper()}=1"]
             comp.bindirs = []
             comp.libdirs = []

@@ -1,5 +1,5 @@
-# Included by the Conan-generated ddp config: links the system parts (CUDA toolkit, NCCL, MPI) that
-# the Conan package does not carry into the ddp::cuda / ddp::nccl / ddp::mpi components.
+# Included by the Conan-generated ddp config: links the system parts (CUDA toolkit, NCCL, cuDNN, MPI) that
+# the Conan package does not carry into the ddp::cuda / ddp::nccl / ddp::cudnn / ddp::mpi components.
 list(PREPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
 # cxxopts and nlohmann_json provided by the platform rather than by Conan packages: find the system ones.
 foreach(dep cxxopts nlohmann_json)
@@ -15,6 +15,10 @@ endif()
 if(TARGET ddp::nccl)
   find_package(NCCL REQUIRED)
   set_property(TARGET ddp::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES NCCL::NCCL)
+endif()
+if(TARGET ddp::cudnn)
+  find_package(CUDNN REQUIRED)
+  set_property(TARGET ddp::cudnn APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDNN::cudnn)
 endif()
 if(TARGET ddp::mpi)
   find_package(MPI REQUIRED COMPONENTS CXX)

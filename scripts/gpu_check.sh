@@ -8,13 +8,18 @@
 # Steps: build | ctest -L gpu | compute-sanitizer memcheck + racecheck on the kernel tests, the nn tests (resnet18
 # and resnet50 GPU step against the CPU) and one DDP step | the tutorial commands on the GPU (resnet under ddprun and
 # torchrun, --backend gloo --device cuda with world 2 and 4, multinode --device cuda under torchrun and mpirun (nccl)
-# and ddprun (gloo, world 2 on one GPU), resnet18 under DDP_CUDA_SYNC_CHECK=1, a kill -9 of one rank mid-training)
-# | bench_resnet_gpu against the installed PyTorch.
+# and ddprun (gloo, world 2 on one GPU), resnet18 under DDP_CUDA_SYNC_CHECK=1, resnet18 on ddp's own convolution
+# kernels (--conv own; the rest use cuDNN where the build found it), a kill -9 of one rank mid-training)
+# | bench_resnet_gpu: issue 14's table (resnet50 bf16 at batch 256 and 32, tf32 at 128, resnet18/152 bf16 at 256;
+# ddp with own kernels, cuDNN and cuDNN-measured against PyTorch eager and torch.compile, TFLOP/s) in
+# OUT_DIR/bench_resnet_gpu.jsonl.
 # Dependencies it finds by itself: nvcc (PATH, CUDA_HOME, /usr/local/cuda), NCCL (NCCL_ROOT, else the
 # nvidia-nccl wheel beside python3's torch), torchrun and PyTorch (python3). The header-only packages ddp
 # builds with (doctest, cxxopts, nlohmann_json) are taken from the system, or from DDP_GPU_DEPS (default:
 # .gpu_deps in the repository, made by scripts/gpu_deps.sh on a Debian machine, for GPU machines without them).
-# Environment: DDP_GPU_BUILD (build dir, default build/gpu), DDP_GPU_JOBS (default nproc), PYTHON (default python3).
+# Environment: DDP_GPU_BUILD (build dir, default build/gpu), DDP_GPU_JOBS (default nproc), PYTHON (default python3),
+# DDP_GPU_BENCH_ROWS (the bench rows to run, default all four: r50_bf16_b256 r50_bf16_b32 r50_tf32_b128
+# r18_r152_bf16_b256).
 # SPDX-License-Identifier: MIT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -137,6 +142,9 @@ if want build; then
   command -v ninja >/dev/null && cfg+=(-G Ninja)
   [ -d "$deps" ] && cfg+=("-DCMAKE_PREFIX_PATH=$deps")
   [ -n "$nccl_root" ] && cfg+=("-DNCCL_ROOT=$nccl_root")
+  # cuDNN: the nvidia-cudnn wheel beside torch (include/cudnn.h, lib/libcudnn.so.9), else CMake's own search
+  # (CUDNN_ROOT, the CUDA toolkit); the convolutions then run on cuDNN by default (--conv, D52).
+  [ -n "$cudnn_dir" ] && [ -f "$cudnn_dir/include/cudnn.h" ] && cfg+=("-DCUDNN_ROOT=$cudnn_dir")
   step configure 300 cmake "${cfg[@]}"
   step build 900 cmake --build "$repo/$build" -j "$jobs"
 fi
@@ -146,6 +154,7 @@ if want test; then
   [ -x "$(bin tools/ddprun/ddprun)" ] || { echo "gpu_check: no build in $build: run --phase build first"; write_report 1 "no build"; exit 1; }
   export DDP_TIMEOUT_MS=${DDP_TIMEOUT_MS:-60000}
   [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   step ctest_gpu 600 ctest --test-dir "$repo/$build" -L gpu --output-on-failure --timeout 540
   sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$nvcc")"/compute-sanitizer 2>/dev/null)
   if [ -n "$sanitizer" ]; then
@@ -184,6 +193,9 @@ if want test; then
   # Debug mode: every kernel launch of a resnet18 step waits for its stream and names a faulting kernel.
   step sync_check_resnet18 300 env DDP_CUDA_SYNC_CHECK=1 "$resnet" --backend nccl --device cuda --use_syn \
     --steps_syn 2 --arch resnet18 --batch_size 16 --image_size 64 --model_dir "$work/sc"
+  # ddp's own convolution kernels in a whole training run (the other steps use cuDNN where the build found it).
+  step resnet18_conv_own 300 "$resnet" --backend nccl --device cuda --use_syn --steps_syn 3 --arch resnet18 \
+    --batch_size 16 --image_size 64 --conv own --model_dir "$work/own"
   # kill -9 of rank 1 mid-training: ddprun and the other rank must end within the timeout (10 s here) + 10 s.
   kill_one() {
     DDP_TIMEOUT_MS=10000 "$ddprun" --nproc-per-node 2 --standalone "$resnet" --backend gloo --device cuda \
@@ -212,10 +224,25 @@ fi
 if want bench; then
   [ -x "$(bin bench/resnet_gpu/bench_resnet_gpu)" ] || { echo "gpu_check: no bench_resnet_gpu in $build"; write_report 1 "no build"; exit 1; }
   [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   torch_flag=(--python "$(command -v "$python")")
   [ -z "$torch_version" ] && torch_flag=(--no-torch)
-  step bench_resnet_gpu 580 bash -c "'$(bin bench/resnet_gpu/bench_resnet_gpu)' --batch 64 --arch resnet50 \
-    --precision bf16 --precision tf32 --steps 10 --warmup 3 ${torch_flag[*]} | tee '$out/bench_resnet_gpu.jsonl'"
+  # Issue 14's table (docs/ARCHITECTURE.md D52): each row ours with own kernels, cuDNN (heuristics) and cuDNN
+  # (measured, like torch's cudnn.benchmark) beside PyTorch eager and, for resnet50 bf16, torch.compile. All rows
+  # go to bench_resnet_gpu.jsonl; DDP_GPU_BENCH_ROWS picks some (e.g. "r50_bf16_b256 r50_bf16_b32").
+  bench=$(bin bench/resnet_gpu/bench_resnet_gpu)
+  : > "$out/bench_resnet_gpu.jsonl"
+  bench_row() {  # NAME LIMIT_S ARGS...
+    local name=$1 limit=$2; shift 2
+    case " ${DDP_GPU_BENCH_ROWS:-r50_bf16_b256 r50_bf16_b32 r50_tf32_b128 r18_r152_bf16_b256} " in *" $name "*) ;; *) return 0 ;; esac
+    step "bench_$name" "$limit" bash -c "'$bench' $* --steps 10 --warmup 3 ${torch_flag[*]} | tee -a '$out/bench_resnet_gpu.jsonl'"
+  }
+  compile_flags=""
+  [ -n "$torch_version" ] && compile_flags="--torch-compile default --torch-compile max-autotune"
+  bench_row r50_bf16_b256 590 --arch resnet50 --precision bf16 --batch 256 $compile_flags
+  bench_row r50_bf16_b32 590 --arch resnet50 --precision bf16 --batch 32 $compile_flags
+  bench_row r50_tf32_b128 400 --arch resnet50 --precision tf32 --batch 128 --peak-tflops 494
+  bench_row r18_r152_bf16_b256 590 --arch resnet18 --arch resnet152 --precision bf16 --batch 256
 fi
 
 failed=$(awk -F'\t' '$2 == "FAIL"' "$results" | wc -l)

@@ -3,10 +3,20 @@
 // channels_last, measured in the same run, with the ratio.
 // SPDX-License-Identifier: MIT
 //
-// Usage: bench_resnet_gpu [--batch N] [--image-size S] [--arch A]... [--precision P]... [--steps N]
-//                         [--warmup N] [--python PATH] [--no-torch] [--device I]
-//   defaults: batch 64, 224x224, archs resnet18 resnet50 resnet152, precisions fp32 tf32 bf16, 20 timed
-//   steps after 5 warm-up steps, python "python3" (or $DDP_BENCH_PYTHON), device 0.
+// Usage: bench_resnet_gpu [--batch N] [--image-size S] [--arch A]... [--precision P]... [--conv C]... [--steps N]
+//                         [--warmup N] [--python PATH] [--no-torch] [--torch-compile M]... [--peak-tflops F]
+//                         [--device I]
+//   defaults: batch 64, 224x224, archs resnet18 resnet50 resnet152, precisions fp32 tf32 bf16, convolutions
+//   own plus cudnn and cudnn_find where built with cuDNN (tensor/conv_impl.hpp; torch_step.py sets
+//   cudnn.benchmark, so cudnn_find is the like-for-like row), 20 timed steps after 5 warm-up steps, python
+//   "python3" (or $DDP_BENCH_PYTHON), device 0. PyTorch runs once per arch and precision; each conv row
+//   carries its numbers. --torch-compile default|max-autotune adds torch.compile rows' numbers
+//   ("torch_compile_<mode>_images_per_s", ...; "..._error" where it does not compile, each child capped at
+//   600 s by timeout(1)).
+// TFLOP/s: torch_step.py counts one step's floating-point operations with torch's FlopCounterMode
+// ("step_flops", the same torchvision architecture as ours); each side's achieved TFLOP/s is that over its step
+// time, and "ddp_fraction_of_peak" divides ddp's by --peak-tflops (default 989: the H100/H200 SXM dense bf16
+// tensor-core peak; use the tf32 figure, 494, for tf32 rows).
 // One step = zero_grad, forward, cross-entropy (its value read on the host, like loss.item()), backward,
 // SGD (momentum 0.9) -- the same in torch_step.py. Timed with the host clock around `steps` steps after a
 // device synchronisation on both sides. Peak memory: ddp's stream-ordered pool high-water mark
@@ -15,7 +25,7 @@
 // activations stay float32 in memory); torch: fp32 = allow_tf32 off, tf32 = allow_tf32 on (matmul and
 // cudnn), bf16 = autocast(bfloat16) with float32 master weights (activations bf16 in memory).
 // Output: one JSON object per line, e.g. (the numbers only show the form: nothing has been measured yet)
-//   {"arch":"resnet50","batch":64,"image_size":224,"precision":"bf16","gpu":"NVIDIA H100 80GB HBM3",
+//   {"arch":"resnet50","batch":64,"image_size":224,"precision":"bf16","conv":"cudnn_find","gpu":"NVIDIA H100 80GB HBM3",
 //    "ddp_images_per_s":812.0,"ddp_peak_mem_bytes":1.2e10,"torch_images_per_s":2400.0,
 //    "torch_peak_mem_bytes":9.1e9,"ratio_ddp_over_torch":0.34,"mem_ratio_ddp_over_torch":1.3}
 // ratio > 1 means ddp is faster (images/s over images/s).
@@ -40,6 +50,7 @@
 #include <ddp/optim/sgd.hpp>
 #include <ddp/tensor/cuda/allocator.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
+#include <ddp/tensor/conv_impl.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 #include <ddp/tensor/precision.hpp>
 #include <ddp/tensor/random.hpp>
@@ -53,12 +64,13 @@ struct Config {
   std::string arch;
   std::int64_t batch, size;
   std::string precision;
+  ConvImpl conv;
   int steps, warmup;
 };
 
 nlohmann::json run_ddp(const Config& c) {
   Stream stream;
-  Exec<Cuda> exec = stream.exec(parse_precision(c.precision));
+  Exec<Cuda> exec = stream.exec(parse_precision(c.precision), false, c.conv);
   nlohmann::json out;
   {
     nn::ResNet<float, Cuda> model({.arch = c.arch, .num_classes = 1000});
@@ -93,19 +105,27 @@ nlohmann::json run_ddp(const Config& c) {
   return out;
 }
 
-// Runs torch_step.py in a child python; returns its JSON (or {"torch_error": ...}).
-nlohmann::json run_torch(const Config& c, const std::string& python, int device) {
-  const std::string cmd = python + " " + DDP_BENCH_TORCH_SCRIPT + " --arch " + c.arch + " --batch " +
+// Runs torch_step.py in a child python (eager, or torch.compile in `mode`); returns its JSON, or
+// {"torch_error": ...} / {"torch_compile_<mode>_error": ...}.
+nlohmann::json run_torch(const Config& c, const std::string& python, int device, const std::string& mode = "none") {
+  const std::string cmd = "timeout 600 " + python + " " + DDP_BENCH_TORCH_SCRIPT + " --arch " + c.arch + " --batch " +
                           std::to_string(c.batch) + " --image-size " + std::to_string(c.size) + " --precision " +
                           c.precision + " --steps " + std::to_string(c.steps) + " --warmup " +
-                          std::to_string(c.warmup) + " --device " + std::to_string(device);
-  return ddp_bench::run_child_json(cmd);
+                          std::to_string(c.warmup) + " --device " + std::to_string(device) + " --compile " + mode;
+  nlohmann::json j = ddp_bench::run_child_json(cmd);
+  if (mode != "none" && j.contains("torch_error")) {  // the child did not start or printed no JSON
+    std::string key = "torch_compile_" + mode + "_error";
+    std::replace(key.begin(), key.end(), '-', '_');
+    j = {{key, j["torch_error"]}};
+  }
+  return j;
 }
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--batch N] [--image-size S] [--arch A]... [--precision fp32|tf32|bf16]... [--steps N] "
-               "[--warmup N] [--python PATH] [--no-torch] [--device I]\n",
+               "usage: %s [--batch N] [--image-size S] [--arch A]... [--precision fp32|tf32|bf16]... "
+               "[--conv own|cudnn|cudnn_find]... [--steps N] [--warmup N] [--python PATH] [--no-torch] "
+               "[--torch-compile default|max-autotune]... [--peak-tflops F] [--device I]\n",
                argv0);
   return 2;
 }
@@ -114,7 +134,8 @@ int run(int argc, char** argv) {
   std::int64_t batch = 64, size = 224;
   int steps = 20, warmup = 5, device = 0;
   bool torch = true;
-  std::vector<std::string> archs, precisions;
+  std::vector<std::string> archs, precisions, convs, compile_modes;
+  double peak_tflops = 989.0;
   const char* env_python = std::getenv("DDP_BENCH_PYTHON");
   std::string python = env_python ? env_python : "python3";
   for (int i = 1; i < argc; ++i) {
@@ -130,6 +151,13 @@ int run(int argc, char** argv) {
       archs.push_back(argv[++i]);
     } else if (a == "--precision" && has_value) {
       precisions.push_back(argv[++i]);
+    } else if (a == "--torch-compile" && has_value && (std::strcmp(argv[i + 1], "default") == 0 ||
+                                                       std::strcmp(argv[i + 1], "max-autotune") == 0)) {
+      compile_modes.push_back(argv[++i]);
+    } else if (a == "--peak-tflops" && has_value) {
+      peak_tflops = std::atof(argv[++i]);
+    } else if (a == "--conv" && has_value) {
+      convs.push_back(argv[++i]);
     } else if (a == "--steps" && has_value) {
       steps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--warmup" && has_value) {
@@ -142,11 +170,14 @@ int run(int argc, char** argv) {
       return usage(argv[0]);
     }
   }
-  if (batch < 1 || size < 32) return usage(argv[0]);
+  if (batch < 1 || size < 32 || !(peak_tflops > 0)) return usage(argv[0]);
   if (archs.empty()) archs = {"resnet18", "resnet50", "resnet152"};
   if (precisions.empty()) precisions = {"fp32", "tf32", "bf16"};
+  if (convs.empty() && resolve_conv_impl(ConvImpl::Auto) == ConvImpl::Cudnn) convs = {"own", "cudnn", "cudnn_find"};
+  if (convs.empty()) convs = {"own"};
   try {
     for (const auto& p : precisions) (void)parse_precision(p);
+    for (const auto& v : convs) (void)resolve_conv_impl(parse_conv_impl(v));
     if (cuda_device_count() == 0) {
       std::fprintf(stderr, "bench_resnet_gpu: no CUDA device visible\n");
       return 77;
@@ -156,18 +187,40 @@ int run(int argc, char** argv) {
     DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     for (const auto& arch : archs)
       for (const auto& prec : precisions) {
-        const Config c{arch, batch, size, prec, steps, warmup};
-        nlohmann::json j = {{"arch", arch},     {"batch", batch}, {"image_size", size},   {"precision", prec},
-                            {"gpu", prop.name}, {"steps", steps}, {"channels_last", true}};
-        j.update(run_ddp(c));
-        if (torch) j.update(run_torch(c, python, device));
-        if (j.contains("torch_images_per_s")) {
-          j["ratio_ddp_over_torch"] = j["ddp_images_per_s"].get<double>() / j["torch_images_per_s"].get<double>();
-          j["mem_ratio_ddp_over_torch"] =
-              j["ddp_peak_mem_bytes"].get<double>() / std::max(1.0, j["torch_peak_mem_bytes"].get<double>());
+        nlohmann::json torch_result;
+        for (const auto& conv : convs) {
+          const Config c{arch, batch, size, prec, parse_conv_impl(conv), steps, warmup};
+          nlohmann::json j = {{"arch", arch},     {"batch", batch}, {"image_size", size},   {"precision", prec},
+                              {"conv", conv},     {"gpu", prop.name}, {"steps", steps}, {"channels_last", true}};
+          j.update(run_ddp(c));
+          if (torch && torch_result.is_null()) {
+            torch_result = run_torch(c, python, device);
+            for (const auto& mode : compile_modes) torch_result.update(run_torch(c, python, device, mode));
+          }
+          if (torch) j.update(torch_result);
+          if (j.contains("torch_images_per_s")) {
+            j["ratio_ddp_over_torch"] = j["ddp_images_per_s"].get<double>() / j["torch_images_per_s"].get<double>();
+            j["mem_ratio_ddp_over_torch"] =
+                j["ddp_peak_mem_bytes"].get<double>() / std::max(1.0, j["torch_peak_mem_bytes"].get<double>());
+          }
+          for (const char* mode : {"default", "max_autotune"}) {
+            const std::string key = std::string("torch_compile_") + mode + "_images_per_s";
+            if (j.contains(key))
+              j[std::string("ratio_ddp_over_torch_compile_") + mode] =
+                  j["ddp_images_per_s"].get<double>() / j[key].get<double>();
+          }
+          if (j.contains("step_flops")) {  // achieved TFLOP/s of each side, from torch's count of one step
+            const double flops = j["step_flops"].get<double>();
+            for (const char* side : {"ddp", "torch", "torch_compile_default", "torch_compile_max_autotune"}) {
+              const std::string key = std::string(side) + "_step_s";
+              if (j.contains(key)) j[std::string(side) + "_tflops"] = flops / j[key].get<double>() / 1e12;
+            }
+            j["peak_tflops"] = peak_tflops;
+            j["ddp_fraction_of_peak"] = j["ddp_tflops"].get<double>() / peak_tflops;
+          }
+          std::printf("%s\n", j.dump().c_str());
+          std::fflush(stdout);
         }
-        std::printf("%s\n", j.dump().c_str());
-        std::fflush(stdout);
       }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -11,7 +11,8 @@
 //   ./resnet --data_dir imagenet/train --val_dir imagenet/val --workers 4 --arch resnet50   (ImageFolder)
 // Flags (the tutorial's): --backend, --use_syn, --batch_size (per process), --arch, --num_epochs,
 // --learning_rate, --random_seed, --model_dir, --model_filename, --resume, --image_size, --steps_syn;
-// ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --deterministic, --threads,
+// ours: --device cpu|cuda, --precision fp32|tf32|bf16 (GPU; default tf32), --conv auto|own|cudnn|cudnn_find
+// (GPU convolutions, tensor/conv_impl.hpp), --deterministic, --threads,
 // --width (channel multiplier; 64 is torchvision's), --num_classes, --data_dir, --log_every, the
 // distributed flags of train/options.hpp (--bucket-cap-mb, --comm-hook, --metrics-file, --tensorboard-dir, --trace,
 // --trace-steps, ...)
@@ -45,6 +46,7 @@
 #include <ddp/data/loader.hpp>
 #include <ddp/data/synthetic.hpp>
 #include <ddp/env/flags.hpp>
+#include <ddp/tensor/conv_impl.hpp>
 #include <ddp/tensor/precision.hpp>
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/options.hpp>
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
         "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)",
         cxxopts::value<std::string>()->default_value(""))(
         "precision", "GPU arithmetic of convolutions and Linear: fp32, tf32 or bf16", cxxopts::value<std::string>()->default_value("tf32"))(
+        "conv", "GPU convolutions: auto (cuDNN when built with it, else own), own (ddp's kernels), cudnn, cudnn_find "
+        "(cuDNN's fastest measured algorithm per shape)", cxxopts::value<std::string>()->default_value("auto"))(
         "deterministic", "GPU: bitwise-reproducible kernels only")(
         "threads", "CPU threads per process (0: cores / local world size)", cxxopts::value<int>()->default_value("0"))(
         "width", "channels of the first layer (64 = torchvision; smaller is faster)", cxxopts::value<long>()->default_value("64"))(
@@ -99,7 +103,8 @@ int main(int argc, char** argv) {
     const train::OptimFlags optim = train::read_optim_flags(args);
     const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
     const std::string precision = args["precision"].as<std::string>();
-    (void)parse_precision(precision);  // a bad --precision fails before any rendezvous
+    (void)parse_precision(precision);  // a bad --precision or --conv fails before any rendezvous
+    const ConvImpl conv = parse_conv_impl(args["conv"].as<std::string>());
     const auto batch_size = static_cast<std::size_t>(args["batch_size"].as<long>());
     const auto seed = static_cast<std::uint64_t>(args["random_seed"].as<long>());
     const std::string data_dir = args["data_dir"].as<std::string>();
@@ -161,7 +166,7 @@ int main(int argc, char** argv) {
         .comm = job.comm.get(), .train_set = train_set.get(), .test_set = test_set.get(), .loader = &loader,
         .workers = workers};
     if constexpr (BuildConfig::with_cuda)
-      if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, args.count("deterministic") > 0);
+      if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, conv, args.count("deterministic") > 0);
     int threads = args["threads"].as<int>();
     if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / job.info.local_world_size);
     kernels::cpu::ThreadPool pool(threads);

@@ -6,12 +6,14 @@
 // Exec<Cpu> says how many threads CPU kernels may use (a non-owning handle to a ThreadPool, see
 // kernels/cpu/thread_pool.hpp; nullptr runs everything on the calling thread). Exec<Cuda> carries the
 // CUDA stream (a cudaStream_t stored as void* so that this header needs no CUDA headers), the precision
-// of the GEMM-shaped work (tensor/precision.hpp) and the deterministic-mode switch.
+// of the GEMM-shaped work (tensor/precision.hpp), the convolutions' implementation (tensor/conv_impl.hpp) and the
+// deterministic-mode switch.
 #pragma once
 
 #include <concepts>
 #include <string_view>
 
+#include "ddp/tensor/conv_impl.hpp"
 #include "ddp/tensor/precision.hpp"
 
 namespace ddp {
@@ -49,9 +51,11 @@ template <>
 struct Exec<Cuda> {
   void* stream = nullptr;                    // cudaStream_t; nullptr is the legacy default stream
   Precision precision = Precision::Tf32;     // convolutions and Linear (--precision); see precision.hpp
+  ConvImpl conv = ConvImpl::Auto;            // convolutions: cuDNN or ddp's own kernels (--conv); conv_impl.hpp
   // true: only kernels whose results are bitwise reproducible run to run (no atomics in reductions).
   // Every kernel of kernels/cuda/ is deterministic today (split-K and channel sums add partials in a
-  // fixed order, max-pool backward gathers); the flag keeps any later fast path with atomics off.
+  // fixed order, max-pool backward gathers); the flag keeps any later fast path with atomics off, and the
+  // cuDNN convolutions to algorithms cuDNN reports deterministic.
   bool deterministic = false;
 };
 

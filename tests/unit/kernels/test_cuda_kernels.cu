@@ -168,7 +168,9 @@ TEST_SUITE("kernels_cuda") {
     expect_close(Tensor<float, Cpu>::full(s, 2.5f), f.down(gx), 0.0, "fill");
   }
 
-  TEST_CASE("conv2d forward and backward match the CPU for assorted geometries") {
+  // Each implementation the build has (tensor/conv_impl.hpp): ddp's implicit-GEMM kernels always, cuDNN with its
+  // heuristics' algorithm and with the measured fastest where the program links ddp::cudnn (D52).
+  TEST_CASE("conv2d forward and backward match the CPU for assorted geometries, in every implementation") {
     if (ddp::test::skip_without_gpu()) return;
     struct Geo {
       std::int64_t n, h, w, c, k, r, s;
@@ -183,71 +185,83 @@ TEST_SUITE("kernels_cuda") {
         {1, 12, 13, 6, 9, 3, 3, {2, 1}, {2, 1}, {2, 1}, true},     // dilation and asymmetric stride
         {4, 29, 29, 32, 33, 3, 3, {1, 1}, {1, 1}, {1, 1}, false},  // long reduction: split-K wgrad
     };
-    for (const Geo& g : geos) {
-      Fixture f;
-      INFO("seed ", f.seed, " geometry n", g.n, " h", g.h, " w", g.w, " c", g.c, " k", g.k, " r", g.r, " s", g.s);
-      auto x = f.random({g.n, g.h, g.w, g.c});
-      auto w = f.random({g.k, g.r, g.s, g.c});
-      auto b = f.random({g.k});
-      const std::int64_t ho = ddp::kernels::conv_out_size(g.h, g.r, g.stride.h, g.pad.h, g.dil.h);
-      const std::int64_t wo = ddp::kernels::conv_out_size(g.w, g.s, g.stride.w, g.pad.w, g.dil.w);
-      const Shape ys{g.n, ho, wo, g.k};
-      auto dy = f.random(ys);
-      auto gx = f.up(x), gw = f.up(w), gb = f.up(b), gdy = f.up(dy);
-      Tensor<float, Cpu> y(ys), dx(x.shape()), dw(w.shape()), db(b.shape());
-      auto gy = f.poisoned(ys), gdx = f.poisoned(x.shape()), gdw = f.poisoned(w.shape()), gdb = f.poisoned(b.shape());
-      KH::conv2d_forward(f.cpu, ddp::kernels::Conv2dForwardArgs<float, Cpu>{
-                                    .x = x.cview(), .w = w.cview(), .bias = g.bias ? b.cview() : ddp::CpuView<const float>{},
-                                    .y = y.view(), .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-      KC::conv2d_forward(f.gpu, ddp::kernels::Conv2dForwardArgs<float, Cuda>{
+#if DDP_WITH_CUDNN
+    const ddp::ConvImpl impls[] = {ddp::ConvImpl::Own, ddp::ConvImpl::Cudnn, ddp::ConvImpl::CudnnFind};
+#else
+    const ddp::ConvImpl impls[] = {ddp::ConvImpl::Own};
+#endif
+    for (const ddp::ConvImpl impl : impls)
+      for (const Geo& g : geos) {
+        Fixture f;
+        f.gpu.conv = impl;
+        INFO("conv ", ddp::conv_impl_name(impl), " seed ", f.seed, " geometry n", g.n, " h", g.h, " w", g.w, " c", g.c,
+             " k", g.k, " r", g.r, " s", g.s);
+        auto x = f.random({g.n, g.h, g.w, g.c});
+        auto w = f.random({g.k, g.r, g.s, g.c});
+        auto b = f.random({g.k});
+        const std::int64_t ho = ddp::kernels::conv_out_size(g.h, g.r, g.stride.h, g.pad.h, g.dil.h);
+        const std::int64_t wo = ddp::kernels::conv_out_size(g.w, g.s, g.stride.w, g.pad.w, g.dil.w);
+        const Shape ys{g.n, ho, wo, g.k};
+        auto dy = f.random(ys);
+        auto gx = f.up(x), gw = f.up(w), gb = f.up(b), gdy = f.up(dy);
+        Tensor<float, Cpu> y(ys), dx(x.shape()), dw(w.shape()), db(b.shape());
+        KH::conv2d_forward(f.cpu, ddp::kernels::Conv2dForwardArgs<float, Cpu>{
+                                      .x = x.cview(), .w = w.cview(),
+                                      .bias = g.bias ? b.cview() : ddp::CpuView<const float>{}, .y = y.view(),
+                                      .stride = g.stride, .padding = g.pad, .dilation = g.dil});
+        KH::conv2d_backward(f.cpu, ddp::kernels::Conv2dBackwardArgs<float, Cpu>{
+                                       .x = x.cview(), .w = w.cview(), .dy = dy.cview(), .dx = dx.view(),
+                                       .dw = dw.view(), .dbias = db.view(), .stride = g.stride, .padding = g.pad,
+                                       .dilation = g.dil});
+        // fp32 (1e-5; cuDNN restricted to FMA-math algorithms), then tensor cores through the exec's precision:
+        // TF32 within 1e-3, BF16 within 1e-2 (ddp's wmma kernels, cuBLAS FAST_16BF for the pointwise case; cuDNN
+        // runs TF32 for bf16, which is within that too).
+        for (const auto& [prec, tol, name] : {std::tuple{ddp::Precision::Fp32, kFp32, "fp32"},
+                                             std::tuple{ddp::Precision::Tf32, kTf32, "tf32"},
+                                             std::tuple{ddp::Precision::Bf16, kBf16, "bf16"}}) {
+          INFO("precision ", name);
+          const Exec<Cuda> e = f.stream.exec(prec, false, impl);
+          auto gy = f.poisoned(ys), gdx = f.poisoned(x.shape()), gdw = f.poisoned(w.shape()), gdb = f.poisoned(b.shape());
+          KC::conv2d_forward(e, ddp::kernels::Conv2dForwardArgs<float, Cuda>{
                                     .x = gx.cview(), .w = gw.cview(),
                                     .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{}, .y = gy.view(),
                                     .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-      KH::conv2d_backward(f.cpu, ddp::kernels::Conv2dBackwardArgs<float, Cpu>{
-                                     .x = x.cview(), .w = w.cview(), .dy = dy.cview(), .dx = dx.view(), .dw = dw.view(),
-                                     .dbias = db.view(), .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-      KC::conv2d_backward(f.gpu, ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
+          KC::conv2d_backward(e, ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
                                      .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = gdx.view(),
                                      .dw = gdw.view(), .dbias = gdb.view(), .stride = g.stride, .padding = g.pad,
                                      .dilation = g.dil});
-      expect_close(y, f.down(gy), kFp32, "conv2d y");
-      expect_close(dx, f.down(gdx), kFp32, "conv2d dx");
-      expect_close(dw, f.down(gdw), kFp32, "conv2d dw");
-      expect_close(db, f.down(gdb), kFp32, "conv2d dbias");
-
-      // Tensor cores through the exec's precision: TF32 (wmma m16n16k8, cuBLAS FAST_TF32 for the
-      // pointwise case) within 1e-3, BF16 (wmma m16n16k16, cuBLAS FAST_16BF) within 1e-2.
-      for (const auto& [prec, tol, name] : {std::tuple{ddp::Precision::Tf32, kTf32, "tf32"},
-                                           std::tuple{ddp::Precision::Bf16, kBf16, "bf16"}}) {
-        INFO("precision ", name);
-        const Exec<Cuda> tc = f.stream.exec(prec);
-        auto ty = f.poisoned(ys), tdx = f.poisoned(x.shape()), tdw = f.poisoned(w.shape()), tdb = f.poisoned(b.shape());
-        KC::conv2d_forward(tc, ddp::kernels::Conv2dForwardArgs<float, Cuda>{
-                                   .x = gx.cview(), .w = gw.cview(),
-                                   .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{}, .y = ty.view(),
-                                   .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-        KC::conv2d_backward(tc, ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
-                                    .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = tdx.view(),
-                                    .dw = tdw.view(), .dbias = tdb.view(), .stride = g.stride, .padding = g.pad,
-                                    .dilation = g.dil});
-        expect_close(y, f.down(ty), tol, "conv2d y (tensor cores)");
-        expect_close(dx, f.down(tdx), tol, "conv2d dx (tensor cores)");
-        expect_close(dw, f.down(tdw), tol, "conv2d dw (tensor cores)");
-        expect_close(db, f.down(tdb), kFp32, "conv2d dbias (fp32 channel sums at any precision)");
+          expect_close(y, f.down(gy), tol, "conv2d y");
+          expect_close(dx, f.down(gdx), tol, "conv2d dx");
+          expect_close(dw, f.down(gdw), tol, "conv2d dw");
+          expect_close(db, f.down(gdb), kFp32, "conv2d dbias (fp32 channel sums at any precision)");
+        }
+        // Deterministic mode: the same bits twice (cuDNN keeps to algorithms it reports deterministic).
+        const Exec<Cuda> det = f.stream.exec(ddp::Precision::Tf32, true, impl);
+        Tensor<float, Cpu> first;
+        for (int run = 0; run < 2; ++run) {
+          auto rdx = f.poisoned(x.shape()), rdw = f.poisoned(w.shape());
+          KC::conv2d_backward(det, ddp::kernels::Conv2dBackwardArgs<float, Cuda>{
+                                       .x = gx.cview(), .w = gw.cview(), .dy = gdy.cview(), .dx = rdx.view(),
+                                       .dw = rdw.view(), .stride = g.stride, .padding = g.pad, .dilation = g.dil});
+          if (run == 0)
+            first = f.down(rdw);
+          else
+            expect_close(first, f.down(rdw), 0.0, "conv2d dw, deterministic, run 2 vs run 1");
+        }
+        // fp16 is for cuBLAS GEMMs only (precision.hpp): the convolutions refuse it instead of computing in fp32.
+        auto fy = f.poisoned(ys);
+        CHECK_THROWS_WITH_AS(KC::conv2d_forward(f.stream.exec(ddp::Precision::Fp16, false, impl),
+                                                ddp::kernels::Conv2dForwardArgs<float, Cuda>{
+                                                    .x = gx.cview(), .w = gw.cview(),
+                                                    .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{},
+                                                    .y = fy.view(), .stride = g.stride, .padding = g.pad,
+                                                    .dilation = g.dil}),
+                             "ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
+                             "(--precision)",
+                             ddp::ValueError);
       }
-      // fp16 is for cuBLAS GEMMs only (precision.hpp): the convolutions refuse it instead of computing in fp32.
-      auto fy = f.poisoned(ys);
-      CHECK_THROWS_WITH_AS(KC::conv2d_forward(f.stream.exec(ddp::Precision::Fp16),
-                                              ddp::kernels::Conv2dForwardArgs<float, Cuda>{
-                                                  .x = gx.cview(), .w = gw.cview(),
-                                                  .bias = g.bias ? gb.cview() : ddp::TensorView<const float, Cuda>{},
-                                                  .y = fy.view(), .stride = g.stride, .padding = g.pad,
-                                                  .dilation = g.dil}),
-                           "ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
-                           "(--precision)",
-                           ddp::ValueError);
-    }
   }
+
 
   TEST_CASE("batchnorm training and eval, forward and backward, running statistics") {
     if (ddp::test::skip_without_gpu()) return;

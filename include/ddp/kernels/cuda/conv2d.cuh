@@ -15,6 +15,9 @@
 // partial products that a second kernel adds in split order (deterministic, no atomics).
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
 // 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
+// With cuDNN (the program links ddp::cudnn, DDP_WITH_CUDNN) the other convs go to cuDNN unless the exec's
+// ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/ARCHITECTURE.md D52); these kernels stay the
+// reference and what runs without cuDNN.
 // Element type float only (a double instantiation is a compile error, D24); accumulation is always fp32. The
 // exec's Precision (tensor/precision.hpp) picks the arithmetic:
 //   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
@@ -41,6 +44,10 @@
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
+#if DDP_WITH_CUDNN
+#include "ddp/kernels/cuda/cudnn_conv.hpp"
+#endif
+#include "ddp/tensor/conv_impl.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
@@ -389,6 +396,22 @@ constexpr void require_float() {
                 "on the CPU (Cpu).");
 }
 
+// Whether conv g goes to cuDNN under e (D52): built with it, not asked for ddp's own kernels, and describable.
+inline bool use_cudnn(const Exec<Cuda>& e, [[maybe_unused]] const ConvGeometry& g) {
+  const bool dnn = resolve_conv_impl(e.conv) != ConvImpl::Own;  // throws for a cuDNN mode without cuDNN
+#if DDP_WITH_CUDNN
+  return dnn && cudnn::describable(g);
+#else
+  return dnn;  // false
+#endif
+}
+
+// e computing at `math` (the explicit-precision entry points below override the exec's).
+inline Exec<Cuda> at_precision(Exec<Cuda> e, Precision math) {
+  e.precision = math;
+  return e;
+}
+
 }  // namespace detail
 
 template <class T>
@@ -401,6 +424,12 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
     detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
                     a.y.data(), g.k, math);
     return;
+  }
+  if (detail::use_cudnn(e, g)) {  // never true without cuDNN
+#if DDP_WITH_CUDNN
+    cudnn::forward(detail::at_precision(e, math), g, a.x.data(), a.w.data(), a.bias.empty() ? nullptr : a.bias.data(), a.y.data());
+    return;
+#endif
   }
   detail::run_implicit_gemm<T>(e, detail::ConvFprop<T>{.x = a.x.data(), .w = a.w.data(),
                                                        .bias = a.bias.empty() ? nullptr : a.bias.data(),
@@ -415,6 +444,15 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const bool pw = detail::cublas_pointwise(g);
   const std::int64_t np = g.n * g.ho * g.wo;
+  if (!pw && detail::use_cudnn(e, g)) {  // never true without cuDNN
+#if DDP_WITH_CUDNN
+    const Exec<Cuda> em = detail::at_precision(e, math);
+    if (!a.dx.empty()) cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data());
+    if (!a.dw.empty()) cudnn::backward_filter(em, g, a.x.data(), a.dy.data(), a.dw.data());
+    if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), np, g.k, a.dbias.data());
+    return;
+#endif
+  }
   if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
                     g.c, math);

@@ -54,9 +54,10 @@ class Stream {
   ~Stream() { release(); }
 
   cudaStream_t get() const noexcept { return stream_; }
-  // An exec on this stream; precision and deterministic as in Exec<Cuda> (tensor/device.hpp).
-  Exec<Cuda> exec(Precision precision = Precision::Tf32, bool deterministic = false) const noexcept {
-    return Exec<Cuda>{.stream = stream_, .precision = precision, .deterministic = deterministic};
+  // An exec on this stream; precision, deterministic and conv as in Exec<Cuda> (tensor/device.hpp).
+  Exec<Cuda> exec(Precision precision = Precision::Tf32, bool deterministic = false,
+                  ConvImpl conv = ConvImpl::Auto) const noexcept {
+    return Exec<Cuda>{.stream = stream_, .precision = precision, .conv = conv, .deterministic = deterministic};
   }
   void synchronize() const { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 

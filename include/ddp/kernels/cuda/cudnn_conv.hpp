@@ -1,0 +1,351 @@
+// Convolutions through cuDNN (docs/ARCHITECTURE.md D52): forward, backward-data and backward-weight of
+// conv2d.cuh's problem, NHWC activations and KRSC weights as they are, fp32 in memory.
+// SPDX-License-Identifier: MIT
+//
+// Host code only (cuDNN is a host API): compiles without nvcc, so its host-side logic is tested on machines
+// without a GPU (tests/cudnn). Used by conv2d.cuh when the program links ddp::cudnn (DDP_WITH_CUDNN) and the
+// exec's ConvImpl (tensor/conv_impl.hpp) is not Own.
+//
+// Per convolution shape a Plan is made once per thread and kept: the cuDNN descriptors (x and y as NHWC 4-d
+// tensors, the weight as an NHWC filter, which is KRSC), the algorithm and its workspace size. The algorithm is
+// the first acceptable entry of cuDNN's list, which is ranked by its heuristics (ConvImpl::Cudnn, PyTorch's
+// default) or by measured time (ConvImpl::CudnnFind, PyTorch's cudnn.benchmark). Acceptable (accepts()):
+//   - status success and a workspace of at most kMaxWorkspaceBytes;
+//   - deterministic when Exec<Cuda>::deterministic is set;
+//   - its math type fits the exec's Precision: Fp32 takes CUDNN_FMA_MATH only (no TF32 anywhere: the CPU's
+//     results to rounding); Tf32 and Bf16 take any math type but CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (that one
+//     may convert fp32 operands to fp16, whose range fp32 data can exceed).
+// Bf16 runs TF32 tensor-core arithmetic here: cuDNN needs bf16 tensors in memory for bf16 products and ours stay
+// fp32 (issue 14's "bf16 for real" is not done), and TF32 is at least as accurate as the bf16 it stands for.
+// Handles, one per thread and device like cuBLAS's (blas.cuh), are bound to the exec's stream before each call
+// and never destroyed (destroying them after the CUDA context is gone crashes some drivers). The workspace comes
+// from ddp's caching allocator on the exec's stream, so it costs no cudaMalloc after the first steps.
+// Shapes cuDNN's int descriptors cannot hold (a dimension or a tensor of 2^31 elements or more) are not
+// describable(); conv2d.cuh runs them on ddp's own kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddp/core/cuda_check.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
+#include "ddp/kernels/geometry.hpp"
+#include "ddp/tensor/conv_impl.hpp"
+#include "ddp/tensor/cuda/allocator.hpp"
+#include "ddp/tensor/cuda/stream.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/precision.hpp"
+#include "ddp/tensor/tensor.hpp"
+
+namespace ddp::kernels::cuda::cudnn {
+
+// "ddp: expr failed: CUDNN_STATUS_X (cuDNN's description) at file:line[: hint]"
+inline std::string error_text(const char* expr, cudnnStatus_t s, const char* file, int line,
+                              std::string_view hint = {}) {
+  return ddp::detail::str("ddp: ", expr, " failed: ", cudnnGetErrorString(s), " at ", file, ':', line,
+                          hint.empty() ? "" : ": ", hint);
+}
+
+}  // namespace ddp::kernels::cuda::cudnn
+
+#define DDP_CUDNN_CHECK(expr)                                                                               \
+  do {                                                                                                      \
+    if (const cudnnStatus_t ddp_s_ = (expr); ddp_s_ != CUDNN_STATUS_SUCCESS)                                \
+      throw ::ddp::CudaError(::ddp::kernels::cuda::cudnn::error_text(#expr, ddp_s_, __FILE__, __LINE__)); \
+  } while (0)
+
+namespace ddp::kernels::cuda::cudnn {
+
+enum class Op : std::uint8_t { Forward, BackwardData, BackwardFilter };
+
+inline constexpr std::string_view op_name(Op op) noexcept {
+  switch (op) {
+    case Op::Forward:
+      return "forward";
+    case Op::BackwardData:
+      return "backward-data";
+    case Op::BackwardFilter:
+      return "backward-filter";
+  }
+  return "?";
+}
+
+// The largest workspace an algorithm may ask for. PyTorch lets cuDNN take what it asks and retries smaller
+// algorithms on out-of-memory; a fixed cap keeps a plan the same from run to run. 1 GiB is above what ResNet-50's
+// fastest algorithms ask for at batch 256 by cuDNN's own figures, and small beside an H100's 80 GB.
+inline constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
+
+// One entry of cuDNN's algorithm list, whichever of the three perf structs it came from.
+struct AlgoChoice {
+  int algo = -1;
+  cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED;
+  float time_ms = -1.f;           // measured (Find) or -1 (heuristics)
+  std::size_t workspace = 0;      // bytes
+  bool deterministic = false;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+};
+
+template <class Perf>
+AlgoChoice to_choice(const Perf& p) {
+  return {.algo = static_cast<int>(p.algo), .status = p.status, .time_ms = p.time, .workspace = p.memory,
+          .deterministic = p.determinism == CUDNN_DETERMINISTIC, .math = p.mathType};
+}
+
+// The math type the descriptor asks for at precision p: Fp32 forbids tensor cores; the others allow TF32.
+inline cudnnMathType_t requested_math(Precision p) {
+  switch (p) {
+    case Precision::Fp32:
+      return CUDNN_FMA_MATH;
+    case Precision::Tf32:
+    case Precision::Bf16:
+      return CUDNN_TENSOR_OP_MATH;
+    case Precision::Fp16:
+      break;
+  }
+  throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 (--precision)");
+}
+
+// Whether an algorithm's math type computes at precision p (see the header comment).
+inline bool math_fits(cudnnMathType_t m, Precision p) {
+  if (p == Precision::Fp32) return m == CUDNN_FMA_MATH;
+  return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+inline bool accepts(const AlgoChoice& a, Precision p, bool deterministic, std::size_t max_workspace) {
+  return a.status == CUDNN_STATUS_SUCCESS && a.workspace <= max_workspace && (!deterministic || a.deterministic) &&
+         math_fits(a.math, p);
+}
+
+// The first acceptable entry in cuDNN's order, or algo -1 when there is none.
+inline AlgoChoice choose(std::span<const AlgoChoice> ranked, Precision p, bool deterministic,
+                         std::size_t max_workspace = kMaxWorkspaceBytes) {
+  for (const AlgoChoice& a : ranked)
+    if (accepts(a, p, deterministic, max_workspace)) return a;
+  return {};
+}
+
+// Whether cuDNN's int-sized 4-d descriptors can hold g: every dimension and every tensor's element count
+// below 2^31.
+inline bool describable(const ConvGeometry& g) {
+  const std::int64_t limit = INT_MAX;
+  for (std::int64_t v : {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w, g.pad.h, g.pad.w,
+                         g.dil.h, g.dil.w})
+    if (v < 0 || v > limit) return false;
+  return g.n * g.h * g.w * g.c <= limit && g.n * g.ho * g.wo * g.k <= limit && g.k * g.r * g.s * g.c <= limit;
+}
+
+// RAII for one cuDNN descriptor type.
+template <class H, cudnnStatus_t (*Create)(H*), cudnnStatus_t (*Destroy)(H)>
+class Descriptor {
+ public:
+  Descriptor() { DDP_CUDNN_CHECK(Create(&h_)); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (h_) (void)Destroy(h_);
+  }
+  H get() const noexcept { return h_; }
+
+ private:
+  H h_ = nullptr;
+};
+using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc =
+    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
+
+inline int to_int(std::int64_t v) { return static_cast<int>(v); }  // callers check describable() first
+
+// The descriptors of geometry g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in NHWC
+// order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC; the bias as (1, k, 1, 1).
+struct Descriptors {
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+  Descriptors(const ConvGeometry& g, Precision p) {
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, to_int(g.n), to_int(g.c),
+                                               to_int(g.h), to_int(g.w)));
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, to_int(g.n), to_int(g.k),
+                                               to_int(g.ho), to_int(g.wo)));
+    DDP_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(bias.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, to_int(g.k), 1, 1));
+    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, to_int(g.k), to_int(g.c),
+                                               to_int(g.r), to_int(g.s)));
+    // Cross-correlation is what deep-learning frameworks call convolution (no kernel flip), as our CPU kernel.
+    DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.get(), to_int(g.pad.h), to_int(g.pad.w), to_int(g.stride.h),
+                                                    to_int(g.stride.w), to_int(g.dil.h), to_int(g.dil.w),
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), requested_math(p)));
+  }
+};
+
+// This thread's cuDNN handle for the current device, bound to e's stream.
+inline cudnnHandle_t handle(const Exec<Cuda>& e) {
+  thread_local std::map<int, cudnnHandle_t> handles;
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  cudnnHandle_t& h = handles[device];
+  if (!h) {
+    if (const cudnnStatus_t s = cudnnCreate(&h); s != CUDNN_STATUS_SUCCESS) {
+      h = nullptr;
+      throw CudaError(error_text("cudnnCreate(&handle)", s, __FILE__, __LINE__,
+                                 ddp::detail::str("cuDNN ", cudnnGetVersion(), " could not start on CUDA device ",
+                                                  device, " (no usable GPU or driver?); --conv own runs ddp's "
+                                                  "own convolution kernels instead")));
+    }
+  }
+  DDP_CUDNN_CHECK(cudnnSetStream(h, cuda_stream(e)));
+  return h;
+}
+
+// What a plan is keyed by: the op, the geometry, how the algorithm is chosen and the device.
+using PlanKey = std::array<std::int64_t, 20>;
+inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic, int device) {
+  return {static_cast<std::int64_t>(op), g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w,
+          g.pad.h, g.pad.w, g.dil.h, g.dil.w, static_cast<std::int64_t>(p), find ? 1 : 0, deterministic ? 1 : 0,
+          device};
+}
+
+struct Plan {
+  Descriptors d;
+  AlgoChoice algo;
+  Plan(const ConvGeometry& g, Precision p) : d(g, p) {}
+};
+
+namespace detail {
+
+inline std::string geometry_text(const ConvGeometry& g) {
+  return ddp::detail::str("x (", g.n, ", ", g.h, ", ", g.w, ", ", g.c, ") NHWC, weight (", g.k, ", ", g.r, ", ", g.s,
+                          ", ", g.c, ") KRSC, stride ", g.stride.h, "x", g.stride.w, ", padding ", g.pad.h, "x",
+                          g.pad.w, ", dilation ", g.dil.h, "x", g.dil.w);
+}
+
+// cuDNN's list for one op in its Perf struct: max_count(h, &n) sizes it, query(n, &got, perf) fills it.
+template <class Perf, class MaxCount, class Query>
+std::vector<AlgoChoice> list_of(cudnnHandle_t h, MaxCount max_count, Query query) {
+  int count = 0, got = 0;
+  DDP_CUDNN_CHECK(max_count(h, &count));
+  std::vector<Perf> perf(static_cast<std::size_t>(std::max(count, 1)));
+  DDP_CUDNN_CHECK(query(count, &got, perf.data()));
+  std::vector<AlgoChoice> out;
+  for (int i = 0; i < got; ++i) out.push_back(to_choice(perf[static_cast<std::size_t>(i)]));
+  return out;
+}
+
+// cuDNN's ranked list for op: heuristics (find false) or timed runs (find true; cuDNN allocates and frees its own
+// scratch buffers for the timing).
+inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors& d, bool find) {
+  const auto x = d.x.get(), y = d.y.get();
+  const auto w = d.w.get();
+  const auto c = d.conv.get();
+  switch (op) {
+    case Op::Forward:
+      return list_of<cudnnConvolutionFwdAlgoPerf_t>(
+          h, cudnnGetConvolutionForwardAlgorithmMaxCount, [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p) {
+            return find ? cudnnFindConvolutionForwardAlgorithm(h, x, w, c, y, n, got, p)
+                        : cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, n, got, p);
+          });
+    case Op::BackwardData:
+      return list_of<cudnnConvolutionBwdDataAlgoPerf_t>(
+          h, cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+          [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* p) {
+            return find ? cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, c, x, n, got, p)
+                        : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, c, x, n, got, p);
+          });
+    case Op::BackwardFilter:
+      return list_of<cudnnConvolutionBwdFilterAlgoPerf_t>(
+          h, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+          [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
+            return find ? cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, c, w, n, got, p)
+                        : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, c, w, n, got, p);
+          });
+  }
+  return {};
+}
+
+}  // namespace detail
+
+// This thread's plan for (op, g) under e, made on first use.
+inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g) {
+  thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  const bool find = e.conv == ConvImpl::CudnnFind;
+  std::unique_ptr<Plan>& slot = plans[plan_key(op, g, e.precision, find, e.deterministic, device)];
+  if (slot) return *slot;
+  auto p = std::make_unique<Plan>(g, e.precision);
+  const std::vector<AlgoChoice> list = detail::ranked(h, op, p->d, find);
+  p->algo = choose(list, e.precision, e.deterministic);
+  if (p->algo.algo < 0)
+    throw CudaError(ddp::detail::str(
+        "ddp: cuDNN ", cudnnGetVersion(), " offers no ", op_name(op), " algorithm for conv2d with ",
+        detail::geometry_text(g), " at precision ", precision_name(e.precision),
+        e.deterministic ? ", deterministic" : "", " and a workspace of at most ", kMaxWorkspaceBytes >> 20, " MiB (",
+        list.size(), " candidates); --conv own runs ddp's own kernels"));
+  // Run with the math type the chosen algorithm was ranked under (cuDNN's advice for the _v7 and Find lists).
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
+  slot = std::move(p);
+  return *slot;
+}
+
+// A workspace of `bytes` from ddp's caching allocator, reused in the order of e's stream.
+inline Tensor<float, Cuda> workspace(const Exec<Cuda>& e, std::size_t bytes) {
+  if (bytes == 0) return {};
+  const CudaAllocStream on_stream(e);
+  return Tensor<float, Cuda>(Shape{static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
+}
+
+// Runs one op of conv g under e: call(handle, plan, workspace) issues the cuDNN call with the plan's algorithm.
+template <class Call>
+void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, Call&& call) {
+  const cudnnHandle_t h = handle(e);
+  const Plan& p = plan(e, h, op, g);
+  Tensor<float, Cuda> ws = workspace(e, p.algo.workspace);
+  call(h, p, static_cast<void*>(ws.data()));
+}
+
+inline constexpr float kOne = 1.f, kZero = 0.f;  // cuDNN's alpha and beta (y = alpha op(...) + beta y)
+
+// y = conv(x, w) (+ bias when bias != nullptr).
+inline void forward(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, const float* w, const float* bias,
+                    float* y) {
+  run(e, Op::Forward, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+    DDP_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.d.x.get(), x, p.d.w.get(), w, p.d.conv.get(),
+                                            static_cast<cudnnConvolutionFwdAlgo_t>(p.algo.algo), ws,
+                                            p.algo.workspace, &kZero, p.d.y.get(), y));
+    if (bias) DDP_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.d.bias.get(), bias, &kOne, p.d.y.get(), y));
+  });
+}
+
+// dx = conv's gradient with respect to x, from dy and w.
+inline void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const float* dy, const float* w, float* dx) {
+  run(e, Op::BackwardData, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+    DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.d.w.get(), w, p.d.y.get(), dy, p.d.conv.get(),
+                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo.algo), ws,
+                                                 p.algo.workspace, &kZero, p.d.x.get(), dx));
+  });
+}
+
+// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated).
+inline void backward_filter(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, const float* dy, float* dw) {
+  run(e, Op::BackwardFilter, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+    DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.d.x.get(), x, p.d.y.get(), dy, p.d.conv.get(),
+                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo.algo), ws,
+                                                   p.algo.workspace, &kZero, p.d.w.get(), dw));
+  });
+}
+
+}  // namespace ddp::kernels::cuda::cudnn

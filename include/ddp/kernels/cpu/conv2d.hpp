@@ -11,7 +11,11 @@
 // A 1x1 stride-1 unpadded conv needs no col: x itself is (N*P x C), so each product is one GEMM
 // over the whole batch. Example: ResNet's layer1 3x3 conv, x (16, 56, 56, 64), w (64, 3, 3, 64):
 // P = 3136, RSC = 576, per image a 3136x64x576 GEMM (231 MFLOP), 16 of them.
-// col is built a block of rows at a time (col_block_rows) so it stays in cache between im2col and GEMM.
+// col is built a block of rows at a time (col_block_rows) so it stays in cache between im2col and GEMM. A
+// block is rows of the whole batch's col (N*P x RSC), row n * P + p, so it spans images where P is small:
+// ResNet-18's layer4 at 32 px input has P = 1, and a GEMM per image there was a 1 x 4608 x 512 product
+// reading the 9 MiB weight once per image (64 times per conv at batch 64); one 64-row block reads it once.
+// y and dy are (N*P x K) row-major, so a block's rows of them are contiguous too.
 // Threads: with N >= threads each thread takes a contiguous block of images with its own col buffer
 // and its own partial dw (summed in block order afterwards, so results do not depend on timing);
 // with fewer images than threads the images run in turn and each GEMM is split across threads.
@@ -32,13 +36,15 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-// Rows [p0, p1) of col_n (P x RSC) from one image x_n (H, W, C), stored from col's row 0.
+// Rows [r0, r1) of the batch's col (N*P x RSC) from x (N, H, W, C), stored from col's row 0: row r is image
+// r / P's output pixel r % P.
 template <class T>
-void im2col(const ConvGeometry& g, const T* xn, T* col, std::int64_t p0, std::int64_t p1) {
-  const std::int64_t rsc = g.rsc();
-  for (std::int64_t p = p0; p < p1; ++p) {
-    const std::int64_t ho = p / g.wo, wo = p % g.wo;
-    T* row = col + (p - p0) * rsc;
+void im2col(const ConvGeometry& g, const T* x, T* col, std::int64_t r0, std::int64_t r1) {
+  const std::int64_t rsc = g.rsc(), pp = g.p(), in_img = g.h * g.w * g.c;
+  for (std::int64_t row_i = r0; row_i < r1; ++row_i) {
+    const std::int64_t p = row_i % pp, ho = p / g.wo, wo = p % g.wo;
+    const T* xn = x + (row_i / pp) * in_img;
+    T* row = col + (row_i - r0) * rsc;
     for (std::int64_t r = 0; r < g.r; ++r) {
       const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h;
       for (std::int64_t s = 0; s < g.s; ++s) {
@@ -55,13 +61,15 @@ void im2col(const ConvGeometry& g, const T* xn, T* col, std::int64_t p0, std::in
   }
 }
 
-// dx_n (H, W, C) += dcol's rows [p0, p1) (stored from row 0), each entry added at the pixel it was read from.
+// dx (N, H, W, C) += dcol's rows [r0, r1) of the batch (stored from row 0), each entry added at the pixel it
+// was read from.
 template <class T>
-void col2im_add(const ConvGeometry& g, const T* dcol, T* dxn, std::int64_t p0, std::int64_t p1) {
-  const std::int64_t rsc = g.rsc();
-  for (std::int64_t p = p0; p < p1; ++p) {
-    const std::int64_t ho = p / g.wo, wo = p % g.wo;
-    const T* row = dcol + (p - p0) * rsc;
+void col2im_add(const ConvGeometry& g, const T* dcol, T* dx, std::int64_t r0, std::int64_t r1) {
+  const std::int64_t rsc = g.rsc(), pp = g.p(), in_img = g.h * g.w * g.c;
+  for (std::int64_t row_i = r0; row_i < r1; ++row_i) {
+    const std::int64_t p = row_i % pp, ho = p / g.wo, wo = p % g.wo;
+    T* dxn = dx + (row_i / pp) * in_img;
+    const T* row = dcol + (row_i - r0) * rsc;
     for (std::int64_t r = 0; r < g.r; ++r) {
       const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h;
       if (hi < 0 || hi >= g.h) continue;
@@ -76,15 +84,15 @@ void col2im_add(const ConvGeometry& g, const T* dcol, T* dxn, std::int64_t p0, s
   }
 }
 
-// Rows of col per block: col is built and consumed a block at a time so that it stays in cache (one
-// image's whole col is 7 MiB for ResNet's 56x56 3x3 layers); blocks keep >= 64 rows for the GEMM.
-// Measured (1 thread, CPU time, ResNet-18 conv shapes at batch 16): 128 KiB to 2 MiB blocks were within
-// noise of each other and 5-20 % faster than whole-image col (stem and layer1 gain most); 1 MiB it is.
+// Rows of col per block, out of `rows` (an image block's N*P): col is built and consumed a block at a time so
+// that it stays in cache (one image's whole col is 7 MiB for ResNet's 56x56 3x3 layers); blocks keep >= 64
+// rows for the GEMM. Measured (1 thread, CPU time, ResNet-18 conv shapes at batch 16): 128 KiB to 2 MiB blocks
+// were within noise of each other and 5-20 % faster than whole-image col (stem and layer1 gain most); 1 MiB it is.
 template <class T>
-std::int64_t col_block_rows(const ConvGeometry& g) {
+std::int64_t col_block_rows(const ConvGeometry& g, std::int64_t rows) {
   constexpr std::int64_t kColBlockBytes = std::int64_t{1} << 20;
-  const std::int64_t rows = kColBlockBytes / (g.rsc() * static_cast<std::int64_t>(sizeof(T)));
-  return std::min(g.p(), std::max<std::int64_t>(rows, 64));
+  const std::int64_t fit = kColBlockBytes / (g.rsc() * static_cast<std::int64_t>(sizeof(T)));
+  return std::min(rows, std::max<std::int64_t>(fit, 64));
 }
 
 // Calls f(n_begin, n_end, chunk, parallel_gemm) over the images: blocks of images per thread when
@@ -117,21 +125,20 @@ template <class T>
 void conv2d_forward(const Exec<Cpu>& exec, const Conv2dForwardArgs<T, Cpu>& a) {
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
-  const std::int64_t p = g.p(), rsc = g.rsc(), in_img = g.h * g.w * g.c;
+  const std::int64_t p = g.p(), rsc = g.rsc();
   const T* w = a.w.data();
   if (g.pointwise()) {  // y (N*P x K) = x (N*P x C) * w^T: one GEMM for the batch
     gemm(exec, Trans::No, Trans::Yes, g.n * p, g.k, g.c, T(1), a.x.data(), g.c, w, g.c, T(0), a.y.data(), g.k);
   } else {
     detail::for_image_blocks(exec, g.n, [&](std::int64_t n0, std::int64_t n1, int, bool par) {
-      const std::int64_t pb = detail::col_block_rows<T>(g);
+      const std::int64_t end = n1 * p, pb = detail::col_block_rows<T>(g, end - n0 * p);
       std::vector<T> col(static_cast<std::size_t>(pb * rsc));
-      for (std::int64_t n = n0; n < n1; ++n)
-        for (std::int64_t p0 = 0; p0 < p; p0 += pb) {  // y_b (rows x K) = col_b (rows x RSC) * w^T
-          const std::int64_t p1 = std::min(p, p0 + pb);
-          detail::im2col(g, a.x.data() + n * in_img, col.data(), p0, p1);
-          detail::gemm_on(par, exec, Trans::No, Trans::Yes, p1 - p0, g.k, rsc, col.data(), rsc, w, rsc, T(0),
-                          a.y.data() + (n * p + p0) * g.k, g.k);
-        }
+      for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {  // y_b (rows x K) = col_b (rows x RSC) * w^T
+        const std::int64_t r1 = std::min(end, r0 + pb);
+        detail::im2col(g, a.x.data(), col.data(), r0, r1);
+        detail::gemm_on(par, exec, Trans::No, Trans::Yes, r1 - r0, g.k, rsc, col.data(), rsc, w, rsc, T(0),
+                        a.y.data() + r0 * g.k, g.k);
+      }
     });
   }
   if (!a.bias.empty()) {
@@ -161,7 +168,7 @@ void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a)
     // Partial weight gradients of image blocks 1.. (block 0 writes a.dw directly), summed in block order.
     std::vector<std::vector<T>> partial(static_cast<std::size_t>(std::max(num_threads(exec) - 1, 0)));
     const int blocks = detail::for_image_blocks(exec, g.n, [&](std::int64_t n0, std::int64_t n1, int chunk, bool par) {
-      const std::int64_t pb = detail::col_block_rows<T>(g);
+      const std::int64_t end = n1 * p, pb = detail::col_block_rows<T>(g, end - n0 * p);
       std::vector<T> col(static_cast<std::size_t>(pb * rsc));
       T* dw = nullptr;
       if (want_dw) {
@@ -173,22 +180,18 @@ void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a)
           dw = part.data();
         }
       }
-      for (std::int64_t n = n0; n < n1; ++n) {
-        const T* xn = a.x.data() + n * in_img;
-        T* dxn = want_dx ? a.dx.data() + n * in_img : nullptr;
-        if (want_dx) std::fill(dxn, dxn + in_img, T(0));
-        for (std::int64_t p0 = 0; p0 < p; p0 += pb) {
-          const std::int64_t p1 = std::min(p, p0 + pb), rows = p1 - p0;
-          const T* dyb = dy + (n * p + p0) * g.k;
-          if (want_dw) {  // dw (K x RSC) += dy_b^T (K x rows) * col_b (rows x RSC)
-            detail::im2col(g, xn, col.data(), p0, p1);
-            const T beta = n == n0 && p0 == 0 ? T(0) : T(1);
-            detail::gemm_on(par, exec, Trans::Yes, Trans::No, g.k, rsc, rows, dyb, g.k, col.data(), rsc, beta, dw, rsc);
-          }
-          if (want_dx) {  // col is free again: dcol_b (rows x RSC) = dy_b (rows x K) * w (K x RSC)
-            detail::gemm_on(par, exec, Trans::No, Trans::No, rows, rsc, g.k, dyb, g.k, w, rsc, T(0), col.data(), rsc);
-            detail::col2im_add(g, col.data(), dxn, p0, p1);
-          }
+      if (want_dx) std::fill(a.dx.data() + n0 * in_img, a.dx.data() + n1 * in_img, T(0));
+      for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {
+        const std::int64_t r1 = std::min(end, r0 + pb), rows = r1 - r0;
+        const T* dyb = dy + r0 * g.k;
+        if (want_dw) {  // dw (K x RSC) += dy_b^T (K x rows) * col_b (rows x RSC)
+          detail::im2col(g, a.x.data(), col.data(), r0, r1);
+          const T beta = r0 == n0 * p ? T(0) : T(1);
+          detail::gemm_on(par, exec, Trans::Yes, Trans::No, g.k, rsc, rows, dyb, g.k, col.data(), rsc, beta, dw, rsc);
+        }
+        if (want_dx) {  // col is free again: dcol_b (rows x RSC) = dy_b (rows x K) * w (K x RSC)
+          detail::gemm_on(par, exec, Trans::No, Trans::No, rows, rsc, g.k, dyb, g.k, w, rsc, T(0), col.data(), rsc);
+          detail::col2im_add(g, col.data(), a.dx.data(), r0, r1);
         }
       }
     });

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 //
 // The DDP_WITH_* macros come only from the INTERFACE definitions of the CMake targets
-// (ddp::cuda, ddp::nccl, ddp::mpi), so every translation unit of one program agrees on them.
+// (ddp::cuda, ddp::nccl, ddp::cudnn, ddp::mpi), so every translation unit of one program agrees on them.
 // They only add classes; they never change the layout of a class that exists without them.
 #pragma once
 
@@ -19,6 +19,9 @@
 #endif
 #ifndef DDP_WITH_NCCL
 #  define DDP_WITH_NCCL 0
+#endif
+#ifndef DDP_WITH_CUDNN
+#  define DDP_WITH_CUDNN 0   // 1: the program links ddp::cudnn; conv2d.cuh runs convolutions on cuDNN (D52)
 #endif
 #ifndef DDP_WITH_MPI
 #  define DDP_WITH_MPI 0
@@ -49,6 +52,7 @@ struct BuildConfig {
   static constexpr bool cuda_compiler = DDP_CUDA_COMPILER != 0;
   static constexpr bool with_cuda = DDP_WITH_CUDA != 0;
   static constexpr bool with_nccl = DDP_WITH_NCCL != 0;
+  static constexpr bool with_cudnn = DDP_WITH_CUDNN != 0;
   static constexpr bool with_mpi = DDP_WITH_MPI != 0;
   static constexpr bool with_blas = DDP_WITH_BLAS != 0;
   static constexpr bool cpu_caching = DDP_CPU_CACHING != 0;

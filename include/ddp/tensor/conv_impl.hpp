@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 
@@ -49,16 +50,13 @@ inline ConvImpl parse_conv_impl(std::string_view s) {
 // What `impl` means in this program: Auto becomes Cudnn or Own; a cuDNN mode in a program built without cuDNN is
 // a ConfigError naming --conv.
 inline ConvImpl resolve_conv_impl(ConvImpl impl) {
-#if DDP_WITH_CUDNN
-  return impl == ConvImpl::Auto ? ConvImpl::Cudnn : impl;
-#else
+  if constexpr (BuildConfig::with_cudnn) return impl == ConvImpl::Auto ? ConvImpl::Cudnn : impl;
   if (impl == ConvImpl::Cudnn || impl == ConvImpl::CudnnFind)
     throw ConfigError(ddp::detail::str(
         "ddp: --conv ", conv_impl_name(impl), " needs cuDNN, but this program was built without it (it must link "
         "ddp::cudnn, which CMake defines where it finds cuDNN: -DDDP_WITH_CUDNN=ON -DCUDNN_ROOT=<prefix>); use --conv "
         "own or auto"));
   return ConvImpl::Own;
-#endif
 }
 
 }  // namespace ddp

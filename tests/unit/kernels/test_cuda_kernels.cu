@@ -72,58 +72,6 @@ TEST_SUITE("kernels_cuda") {
         "ddp: linear_forward: input has 3 features but the weight (4, 5) expects 5", ddp::ValueError);
   }
 
-  // The implicit-GEMM operand maps of conv2d.cuh, evaluated on the host as a plain triple loop, must
-  // reproduce the CPU conv's y, dx and dw: this checks every index formula without a GPU (the tiled
-  // kernel that runs them on the device is checked by the GPU case below).
-  TEST_CASE("conv2d implicit-GEMM operand maps reproduce the CPU conv (host, no GPU needed)") {
-    namespace cd = ddp::kernels::cuda::detail;
-    struct Geo {
-      std::int64_t n, h, w, c, k, r, s;
-      Size2 stride, pad, dil;
-    };
-    const Geo geos[] = {{2, 7, 6, 3, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}},
-                        {1, 11, 9, 2, 4, 7, 7, {2, 2}, {3, 3}, {1, 1}},
-                        {2, 5, 6, 4, 3, 1, 1, {2, 2}, {0, 0}, {1, 1}},
-                        {1, 9, 10, 3, 2, 3, 3, {2, 1}, {2, 1}, {2, 1}}};
-    for (const Geo& g : geos) {
-      INFO("geometry h", g.h, " w", g.w, " r", g.r, " stride ", g.stride.h, "x", g.stride.w);
-      ddp::Generator gen(g.n * 1000 + g.r);
-      Tensor<float, Cpu> x({g.n, g.h, g.w, g.c}), w({g.k, g.r, g.s, g.c});
-      gen.fill_uniform(x.view(), -1.0, 1.0);
-      gen.fill_uniform(w.view(), -1.0, 1.0);
-      const std::int64_t ho = ddp::kernels::conv_out_size(g.h, g.r, g.stride.h, g.pad.h, g.dil.h);
-      const std::int64_t wo = ddp::kernels::conv_out_size(g.w, g.s, g.stride.w, g.pad.w, g.dil.w);
-      Tensor<float, Cpu> dy({g.n, ho, wo, g.k});
-      gen.fill_uniform(dy.view(), -1.0, 1.0);
-      Tensor<float, Cpu> y(dy.shape()), dx(x.shape()), dw(w.shape()), y2(dy.shape()), dx2(x.shape()), dw2(w.shape());
-      const Exec<Cpu> cpu{};
-      KH::conv2d_forward(cpu, ddp::kernels::Conv2dForwardArgs<float, Cpu>{.x = x.cview(), .w = w.cview(), .y = y.view(),
-                                                                         .stride = g.stride, .padding = g.pad,
-                                                                         .dilation = g.dil});
-      KH::conv2d_backward(cpu, ddp::kernels::Conv2dBackwardArgs<float, Cpu>{
-                                   .x = x.cview(), .w = w.cview(), .dy = dy.cview(), .dx = dx.view(), .dw = dw.view(),
-                                   .stride = g.stride, .padding = g.pad, .dilation = g.dil});
-      const ddp::kernels::ConvGeometry cs =
-          ddp::kernels::conv_geometry(x.cview(), w.cview(), g.stride, g.pad, g.dil);  // the CPU kernels' too
-      REQUIRE(cs.ho == ho);
-      REQUIRE(cs.wo == wo);
-      auto run = [](const auto& p) {  // C = A B, double accumulation
-        for (std::int64_t m = 0; m < p.m_size(); ++m)
-          for (std::int64_t n = 0; n < p.n_size(); ++n) {
-            double acc = 0.0;
-            for (std::int64_t k = 0; k < p.k_size(); ++k) acc += double(p.a(m, k)) * double(p.b(k, n));
-            p.store(m, n, static_cast<float>(acc));
-          }
-      };
-      run(cd::ConvFprop<float>{.x = x.data(), .w = w.data(), .bias = nullptr, .y = y2.data(), .g = cs});
-      run(cd::ConvDgrad<float>{.dy = dy.data(), .w = w.data(), .dx = dx2.data(), .g = cs});
-      run(cd::ConvWgrad<float>{.x = x.data(), .dy = dy.data(), .dw = dw2.data(), .g = cs});
-      expect_close(y, y2, kFp32, "fprop map");
-      expect_close(dx, dx2, kFp32, "dgrad map");
-      expect_close(dw, dw2, kFp32, "wgrad map");
-    }
-  }
-
   TEST_CASE("adaptive pool: cells_covering finds exactly the cells that contain an index (host)") {
     namespace cd = ddp::kernels::cuda::detail;
     for (std::int64_t in = 1; in <= 13; ++in)

@@ -1,13 +1,10 @@
 // CUDA conv2d in NHWC/KRSC: forward, backward-data and backward-weight as implicit GEMMs (SIMT fp32 tiles).
 // SPDX-License-Identifier: MIT
 //
-// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising col:
-//   fprop  y  (N*P x K)   = col (N*P x RSC) * w^T (RSC x K)      col(m, (r,s,c)) = x at the window, or 0
-//   dgrad  dx (N*HW x C)  = dyc (N*HW x RSK) * wt (RSK x C)      dyc(m, (r,s,k)) = dy[(h+ph-r dh)/sh, ...]
-//                                                                   when that divides and is in range, else 0
-//   wgrad  dw (K x RSC)   = dy^T (K x N*P) * col (N*P x RSC)
-// Each is an ImplicitGemm problem: a(m, k) and b(k, n) compute the operand element from the tensors,
-// store(m, n, v) writes the result (host-callable too, so the index maps are tested without a GPU). implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep
+// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising col, as the
+// operand-map problems of kernels/conv_gemm_maps.hpp (fprop, wgrad, and dgrad one problem per stride phase, so
+// no product by a tap that cannot reach the pixel); the maps are host-callable too, and tests/unit/kernels
+// checks them against the CPU conv without a GPU. implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep
 // slices of A and B in shared memory, and gives each of its 256 threads a 4x4 register tile (rows
 // ty + 16i, columns tx + 16j, so a warp's shared reads hit distinct banks). Edges are predicated, so no
 // size needs to divide the tile. wgrad's reduction dimension (N*P, 50,176 for ResNet's layer1 at batch
@@ -37,9 +34,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/config.hpp"
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/conv_gemm_maps.hpp"
 #include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
@@ -62,72 +62,6 @@ using ConvMath = Precision;
 namespace detail {
 
 inline constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kGemmThreads = 256;
-
-template <class T>
-struct ConvFprop {
-  const T* x;
-  const T* w;
-  const T* bias;
-  T* y;
-  ConvGeometry g;
-  __host__ __device__ std::int64_t m_size() const { return g.n * g.ho * g.wo; }
-  __host__ __device__ std::int64_t n_size() const { return g.k; }
-  __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.c; }
-  __host__ __device__ T a(std::int64_t m, std::int64_t kk) const {
-    const std::int64_t p = g.ho * g.wo, img = m / p, pi = m % p, ho = pi / g.wo, wo = pi % g.wo;
-    const std::int64_t r = kk / (g.s * g.c), rem = kk % (g.s * g.c), s = rem / g.c, c = rem % g.c;
-    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
-    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
-    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
-  }
-  __host__ __device__ T b(std::int64_t kk, std::int64_t n) const { return w[n * k_size() + kk]; }
-  __host__ __device__ void store(std::int64_t m, std::int64_t n, T v) const { y[m * g.k + n] = bias ? v + bias[n] : v; }
-};
-
-template <class T>
-struct ConvDgrad {
-  const T* dy;
-  const T* w;
-  T* dx;
-  ConvGeometry g;
-  __host__ __device__ std::int64_t m_size() const { return g.n * g.h * g.w; }
-  __host__ __device__ std::int64_t n_size() const { return g.c; }
-  __host__ __device__ std::int64_t k_size() const { return g.r * g.s * g.k; }
-  __host__ __device__ T a(std::int64_t m, std::int64_t kk) const {
-    const std::int64_t hw = g.h * g.w, img = m / hw, pi = m % hw, h = pi / g.w, wc = pi % g.w;
-    const std::int64_t r = kk / (g.s * g.k), rem = kk % (g.s * g.k), s = rem / g.k, ko = rem % g.k;
-    const std::int64_t th = h + g.pad.h - r * g.dil.h, tw = wc + g.pad.w - s * g.dil.w;
-    if (th < 0 || tw < 0 || th % g.stride.h != 0 || tw % g.stride.w != 0) return T(0);
-    const std::int64_t ho = th / g.stride.h, wo = tw / g.stride.w;
-    if (ho >= g.ho || wo >= g.wo) return T(0);
-    return dy[((img * g.ho + ho) * g.wo + wo) * g.k + ko];
-  }
-  __host__ __device__ T b(std::int64_t kk, std::int64_t c) const {
-    const std::int64_t r = kk / (g.s * g.k), rem = kk % (g.s * g.k), s = rem / g.k, ko = rem % g.k;
-    return w[((ko * g.r + r) * g.s + s) * g.c + c];
-  }
-  __host__ __device__ void store(std::int64_t m, std::int64_t c, T v) const { dx[m * g.c + c] = v; }
-};
-
-template <class T>
-struct ConvWgrad {
-  const T* x;
-  const T* dy;
-  T* dw;
-  ConvGeometry g;
-  __host__ __device__ std::int64_t m_size() const { return g.k; }
-  __host__ __device__ std::int64_t n_size() const { return g.r * g.s * g.c; }
-  __host__ __device__ std::int64_t k_size() const { return g.n * g.ho * g.wo; }
-  __host__ __device__ T a(std::int64_t ko, std::int64_t np) const { return dy[np * g.k + ko]; }
-  __host__ __device__ T b(std::int64_t np, std::int64_t j) const {
-    const std::int64_t p = g.ho * g.wo, img = np / p, pi = np % p, ho = pi / g.wo, wo = pi % g.wo;
-    const std::int64_t r = j / (g.s * g.c), rem = j % (g.s * g.c), s = rem / g.c, c = rem % g.c;
-    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
-    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
-    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
-  }
-  __host__ __device__ void store(std::int64_t ko, std::int64_t j, T v) const { dw[ko * n_size() + j] = v; }
-};
 
 // C = A * B for problem P over the k-range [z * k_per_split, (z + 1) * k_per_split) of split z = blockIdx.z.
 // partial == nullptr: store through P; else write partial[z][m][n] for implicit_gemm_reduce_kernel.
@@ -346,6 +280,22 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   check_launch("implicit_gemm_reduce_kernel", s);
 }
 
+// dx of conv g, one implicit GEMM per stride phase (conv_gemm_maps.hpp). A phase no tap reaches (a 1x1 stride-2
+// conv's odd rows and columns) has no problem to run: dx is cleared first for it.
+template <class T>
+void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx, ConvMath math) {
+  const std::vector<DgradPhase> phases = dgrad_phases(g);
+  for (const DgradPhase& q : phases)
+    if (q.taps() == 0) {
+      DDP_CUDA_CHECK(cudaMemsetAsync(dx, 0, static_cast<std::size_t>(g.n * g.h * g.w * g.c) * sizeof(T),
+                                     cuda_stream(e)));
+      break;
+    }
+  for (const DgradPhase& q : phases)
+    if (q.taps() > 0 && q.nh > 0 && q.nw > 0)
+      run_implicit_gemm<T>(e, ConvDgradPhaseMap<T>{.dy = dy, .w = w, .dx = dx, .g = g, .q = q}, math);
+}
+
 // out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
 template <class T>
 __global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
@@ -431,9 +381,9 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
     return;
 #endif
   }
-  detail::run_implicit_gemm<T>(e, detail::ConvFprop<T>{.x = a.x.data(), .w = a.w.data(),
-                                                       .bias = a.bias.empty() ? nullptr : a.bias.data(),
-                                                       .y = a.y.data(), .g = g}, math);
+  detail::run_implicit_gemm<T>(e, ConvFpropMap<T>{.x = a.x.data(), .w = a.w.data(),
+                                                   .bias = a.bias.empty() ? nullptr : a.bias.data(),
+                                                   .y = a.y.data(), .g = g}, math);
 }
 
 template <class T>
@@ -457,14 +407,13 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
                     g.c, math);
   else if (!a.dx.empty())
-    detail::run_implicit_gemm<T>(
-        e, detail::ConvDgrad<T>{.dy = a.dy.data(), .w = a.w.data(), .dx = a.dx.data(), .g = g}, math);
+    detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math);
   if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
     detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
                     g.c, math);
   else if (!a.dw.empty())
     detail::run_implicit_gemm<T>(
-        e, detail::ConvWgrad<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
+        e, ConvWgradMap<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
   if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), g.n * g.ho * g.wo, g.k, a.dbias.data());
 }
 

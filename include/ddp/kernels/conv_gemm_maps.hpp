@@ -28,6 +28,17 @@
 
 namespace ddp::kernels {
 
+// col(m, j) of the batch: x under output pixel m = (img, ho, wo) at window position j = (r, s, c), 0 outside the
+// image. fprop's A and wgrad's B.
+template <class T>
+DDP_HOST_DEVICE T col_value(const T* x, const ConvGeometry& g, std::int64_t m, std::int64_t j) {
+  const std::int64_t p = g.ho * g.wo, img = m / p, pi = m % p, ho = pi / g.wo, wo = pi % g.wo;
+  const std::int64_t r = j / (g.s * g.c), rem = j % (g.s * g.c), s = rem / g.c, c = rem % g.c;
+  const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
+  if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
+  return x[((img * g.h + hi) * g.w + wi) * g.c + c];
+}
+
 template <class T>
 struct ConvFpropMap {
   const T* x;
@@ -38,13 +49,7 @@ struct ConvFpropMap {
   DDP_HOST_DEVICE std::int64_t m_size() const { return g.n * g.ho * g.wo; }
   DDP_HOST_DEVICE std::int64_t n_size() const { return g.k; }
   DDP_HOST_DEVICE std::int64_t k_size() const { return g.r * g.s * g.c; }
-  DDP_HOST_DEVICE T a(std::int64_t m, std::int64_t kk) const {
-    const std::int64_t p = g.ho * g.wo, img = m / p, pi = m % p, ho = pi / g.wo, wo = pi % g.wo;
-    const std::int64_t r = kk / (g.s * g.c), rem = kk % (g.s * g.c), s = rem / g.c, c = rem % g.c;
-    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
-    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
-    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
-  }
+  DDP_HOST_DEVICE T a(std::int64_t m, std::int64_t kk) const { return col_value(x, g, m, kk); }
   DDP_HOST_DEVICE T b(std::int64_t kk, std::int64_t n) const { return w[n * k_size() + kk]; }
   DDP_HOST_DEVICE void store(std::int64_t m, std::int64_t n, T v) const {
     y[m * g.k + n] = bias ? v + bias[n] : v;
@@ -101,26 +106,37 @@ struct ConvDgradPhaseMap {
   DDP_HOST_DEVICE std::int64_t m_size() const { return g.n * q.nh * q.nw; }
   DDP_HOST_DEVICE std::int64_t n_size() const { return g.c; }
   DDP_HOST_DEVICE std::int64_t k_size() const { return q.th.count * q.tw.count * g.k; }
+  // Row m's dx pixel (image, h, w) and reduction index kk's tap (r, s) and output channel.
+  struct Pixel {
+    std::int64_t img, h, w;
+  };
+  struct Tap {
+    std::int64_t r, s, ko;
+  };
+  DDP_HOST_DEVICE Pixel pixel(std::int64_t m) const {
+    const std::int64_t per = q.nh * q.nw, pi = m % per;
+    return {m / per, q.qh + (pi / q.nw) * g.stride.h, q.qw + (pi % q.nw) * g.stride.w};
+  }
+  DDP_HOST_DEVICE Tap tap(std::int64_t kk) const {
+    const std::int64_t sk = q.tw.count * g.k, rem = kk % sk;
+    return {q.th.r0 + (kk / sk) * q.th.step, q.tw.r0 + (rem / g.k) * q.tw.step, rem % g.k};
+  }
   DDP_HOST_DEVICE T a(std::int64_t m, std::int64_t kk) const {
-    const std::int64_t per = q.nh * q.nw, img = m / per, pi = m % per;
-    const std::int64_t h = q.qh + (pi / q.nw) * g.stride.h, wc = q.qw + (pi % q.nw) * g.stride.w;
-    const std::int64_t sk = q.tw.count * g.k, ri = kk / sk, rem = kk % sk, si = rem / g.k, ko = rem % g.k;
-    const std::int64_t th = h + g.pad.h - (q.th.r0 + ri * q.th.step) * g.dil.h;
-    const std::int64_t tw = wc + g.pad.w - (q.tw.r0 + si * q.tw.step) * g.dil.w;
+    const Pixel x = pixel(m);
+    const Tap t = tap(kk);
+    const std::int64_t th = x.h + g.pad.h - t.r * g.dil.h, tw = x.w + g.pad.w - t.s * g.dil.w;
     if (th < 0 || tw < 0) return T(0);
     const std::int64_t ho = th / g.stride.h, wo = tw / g.stride.w;
     if (ho >= g.ho || wo >= g.wo) return T(0);
-    return dy[((img * g.ho + ho) * g.wo + wo) * g.k + ko];
+    return dy[((x.img * g.ho + ho) * g.wo + wo) * g.k + t.ko];
   }
   DDP_HOST_DEVICE T b(std::int64_t kk, std::int64_t c) const {
-    const std::int64_t sk = q.tw.count * g.k, ri = kk / sk, rem = kk % sk, si = rem / g.k, ko = rem % g.k;
-    const std::int64_t r = q.th.r0 + ri * q.th.step, s = q.tw.r0 + si * q.tw.step;
-    return w[((ko * g.r + r) * g.s + s) * g.c + c];
+    const Tap t = tap(kk);
+    return w[((t.ko * g.r + t.r) * g.s + t.s) * g.c + c];
   }
   DDP_HOST_DEVICE void store(std::int64_t m, std::int64_t c, T v) const {
-    const std::int64_t per = q.nh * q.nw, img = m / per, pi = m % per;
-    const std::int64_t h = q.qh + (pi / q.nw) * g.stride.h, wc = q.qw + (pi % q.nw) * g.stride.w;
-    dx[((img * g.h + h) * g.w + wc) * g.c + c] = v;
+    const Pixel x = pixel(m);
+    dx[((x.img * g.h + x.h) * g.w + x.w) * g.c + c] = v;
   }
 };
 
@@ -134,13 +150,7 @@ struct ConvWgradMap {
   DDP_HOST_DEVICE std::int64_t n_size() const { return g.r * g.s * g.c; }
   DDP_HOST_DEVICE std::int64_t k_size() const { return g.n * g.ho * g.wo; }
   DDP_HOST_DEVICE T a(std::int64_t ko, std::int64_t np) const { return dy[np * g.k + ko]; }
-  DDP_HOST_DEVICE T b(std::int64_t np, std::int64_t j) const {
-    const std::int64_t p = g.ho * g.wo, img = np / p, pi = np % p, ho = pi / g.wo, wo = pi % g.wo;
-    const std::int64_t r = j / (g.s * g.c), rem = j % (g.s * g.c), s = rem / g.c, c = rem % g.c;
-    const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
-    if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
-    return x[((img * g.h + hi) * g.w + wi) * g.c + c];
-  }
+  DDP_HOST_DEVICE T b(std::int64_t np, std::int64_t j) const { return col_value(x, g, np, j); }
   DDP_HOST_DEVICE void store(std::int64_t ko, std::int64_t j, T v) const { dw[ko * n_size() + j] = v; }
 };
 

@@ -6,6 +6,7 @@
 //                  "ddp[rank 0/4] INFO: joined; 4 ranks present" ... "sum of ranks = 6 (expected 6)"
 #include <cxxopts.hpp>
 #include <ddp/ddp.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -14,7 +15,7 @@ int main(int argc, char** argv) {
   cxxopts::Options options("hello_store", "Ranks as threads rendezvous through an in-process store");
   options.add_options()("ranks", "number of ranks", cxxopts::value<int>()->default_value("4"))("h,help", "help");
   try {
-    auto args = options.parse(argc, argv);
+    auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << '\n';
       return 0;

@@ -20,6 +20,7 @@
 #include <ddp/env/flags.hpp>
 #include <ddp/store/hash_store.hpp>
 #include <ddp/store/rendezvous.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))(
         "store-port", "port of the store when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
         cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))("h,help", "this help");
-    const auto args = options.parse(argc, argv);
+    const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << '\n';
       return 0;

@@ -35,6 +35,7 @@
 #include <ddp/core/log.hpp>
 #include <ddp/env/flags.hpp>
 #include <ddp/train/options.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -234,7 +235,7 @@ int main(int argc, char** argv) {
         "attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))("h,help", "this help");
     train::add_dist_options(options, env);
     options.parse_positional({"mode"});
-    const auto args = options.parse(argc, argv);
+    const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << '\n';
       return 0;

@@ -34,6 +34,7 @@
 #include <ddp/env/flags.hpp>
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/options.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <iostream>
 
 #include "../common/placement.hpp"
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
     train::add_dist_options(options, env);
     train::add_optim_options(options);  // the tutorial's SGD: momentum 0, weight decay 0
     options.parse_positional({"total_epochs", "save_every"});
-    const auto args = options.parse(argc, argv);
+    const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help") || !args.count("save_every")) {
       std::cout << options.help() << '\n';
       return args.count("help") ? 0 : 1;

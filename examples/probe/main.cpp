@@ -21,6 +21,7 @@
 #include <ddp/env/detect.hpp>
 #include <ddp/env/flags.hpp>
 #include <ddp/store/rendezvous.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
     cxxopts::Options options("probe", "Print this process's launch info as JSON and rendezvous with its peers");
     options.add_options()("no-store", "only print the launch info")(
         "timeout-ms", "store timeout in milliseconds", cxxopts::value<int>()->default_value("10000"))("h,help", "help");
-    const auto args = options.parse(argc, argv);
+    const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << "Launch flags (override the launcher): --rank --world-size --local-rank "
                                      "--local-world-size --master-addr --master-port\n";

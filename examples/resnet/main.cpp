@@ -50,6 +50,7 @@
 #include <ddp/tensor/precision.hpp>
 #include <ddp/train/optim_flags.hpp>
 #include <ddp/train/options.hpp>
+#include <ddp/train/parse_args.hpp>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
         "log_every", "print progress every this many steps", cxxopts::value<long>()->default_value("1"))("h,help", "this help");
     train::add_dist_options(options, env);
     train::add_optim_options(options, {.momentum = 0.9, .weight_decay = 1e-5});
-    const auto args = options.parse(argc, argv);
+    const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
       std::cout << options.help() << '\n';
       return 0;

@@ -193,6 +193,8 @@
 #endif
 // defines: train::DistFlags, train::add_dist_options, train::read_dist_flags
 #include "ddp/train/options.hpp"
+// defines: train::parse_args (cxxopts parsing whose errors name the flag)
+#include "ddp/train/parse_args.hpp"
 // defines: train::choose_device, train::DeviceRequest, train::DeviceChoice, train::cuda_device_for
 #include "ddp/train/device_choice.hpp"
 // defines: train::TensorBoardWriter, train::Scalar, train::tfevents (TensorBoard event files, no protobuf)

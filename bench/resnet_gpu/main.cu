@@ -12,7 +12,7 @@
 //   "python3" (or $DDP_BENCH_PYTHON), device 0. PyTorch runs once per arch and precision; each conv row
 //   carries its numbers. --torch-compile default|max-autotune adds torch.compile rows' numbers
 //   ("torch_compile_<mode>_images_per_s", ...; "..._error" where it does not compile, each child capped at
-//   600 s by timeout(1)).
+//   240 s by timeout(1), so that a row fits one device call).
 // TFLOP/s: torch_step.py counts one step's floating-point operations with torch's FlopCounterMode
 // ("step_flops", the same torchvision architecture as ours); each side's achieved TFLOP/s is that over its step
 // time, and "ddp_fraction_of_peak" divides ddp's by --peak-tflops (default 989: the H100/H200 SXM dense bf16
@@ -108,7 +108,7 @@ nlohmann::json run_ddp(const Config& c) {
 // Runs torch_step.py in a child python (eager, or torch.compile in `mode`); returns its JSON, or
 // {"torch_error": ...} / {"torch_compile_<mode>_error": ...}.
 nlohmann::json run_torch(const Config& c, const std::string& python, int device, const std::string& mode = "none") {
-  const std::string cmd = "timeout 600 " + python + " " + DDP_BENCH_TORCH_SCRIPT + " --arch " + c.arch + " --batch " +
+  const std::string cmd = "timeout 240 " + python + " " + DDP_BENCH_TORCH_SCRIPT + " --arch " + c.arch + " --batch " +
                           std::to_string(c.batch) + " --image-size " + std::to_string(c.size) + " --precision " +
                           c.precision + " --steps " + std::to_string(c.steps) + " --warmup " +
                           std::to_string(c.warmup) + " --device " + std::to_string(device) + " --compile " + mode;

@@ -105,6 +105,15 @@ nlohmann::json run_ddp(const Config& c) {
   return out;
 }
 
+// The prefix of torch_step.py's keys for a run: "torch_" for eager ("none"), "torch_compile_<mode>_" with '-' as
+// '_' for torch.compile ("max-autotune" -> "torch_compile_max_autotune_").
+std::string torch_prefix(const std::string& mode) {
+  if (mode == "none") return "torch_";
+  std::string p = "torch_compile_" + mode + "_";
+  std::replace(p.begin(), p.end(), '-', '_');
+  return p;
+}
+
 // Runs torch_step.py in a child python (eager, or torch.compile in `mode`); returns its JSON, or
 // {"torch_error": ...} / {"torch_compile_<mode>_error": ...}.
 nlohmann::json run_torch(const Config& c, const std::string& python, int device, const std::string& mode = "none") {
@@ -113,11 +122,8 @@ nlohmann::json run_torch(const Config& c, const std::string& python, int device,
                           c.precision + " --steps " + std::to_string(c.steps) + " --warmup " +
                           std::to_string(c.warmup) + " --device " + std::to_string(device) + " --compile " + mode;
   nlohmann::json j = ddp_bench::run_child_json(cmd);
-  if (mode != "none" && j.contains("torch_error")) {  // the child did not start or printed no JSON
-    std::string key = "torch_compile_" + mode + "_error";
-    std::replace(key.begin(), key.end(), '-', '_');
-    j = {{key, j["torch_error"]}};
-  }
+  if (mode != "none" && j.contains("torch_error"))  // the child did not start or printed no JSON
+    j = {{torch_prefix(mode) + "error", j["torch_error"]}};
   return j;
 }
 
@@ -203,18 +209,18 @@ int run(int argc, char** argv) {
             j["mem_ratio_ddp_over_torch"] =
                 j["ddp_peak_mem_bytes"].get<double>() / std::max(1.0, j["torch_peak_mem_bytes"].get<double>());
           }
-          for (const char* mode : {"default", "max_autotune"}) {
-            const std::string key = std::string("torch_compile_") + mode + "_images_per_s";
-            if (j.contains(key))
-              j[std::string("ratio_ddp_over_torch_compile_") + mode] =
-                  j["ddp_images_per_s"].get<double>() / j[key].get<double>();
+          std::vector<std::string> sides = {"ddp_", torch_prefix("none")};  // key prefixes of each run
+          for (const auto& mode : compile_modes) {
+            const std::string p = torch_prefix(mode);
+            sides.push_back(p);
+            if (j.contains(p + "images_per_s"))  // "ratio_ddp_over_torch_compile_<mode>"
+              j["ratio_ddp_over_" + p.substr(0, p.size() - 1)] =
+                  j["ddp_images_per_s"].get<double>() / j[p + "images_per_s"].get<double>();
           }
           if (j.contains("step_flops")) {  // achieved TFLOP/s of each side, from torch's count of one step
             const double flops = j["step_flops"].get<double>();
-            for (const char* side : {"ddp", "torch", "torch_compile_default", "torch_compile_max_autotune"}) {
-              const std::string key = std::string(side) + "_step_s";
-              if (j.contains(key)) j[std::string(side) + "_tflops"] = flops / j[key].get<double>() / 1e12;
-            }
+            for (const auto& side : sides)
+              if (j.contains(side + "step_s")) j[side + "tflops"] = flops / j[side + "step_s"].get<double>() / 1e12;
             j["peak_tflops"] = peak_tflops;
             j["ddp_fraction_of_peak"] = j["ddp_tflops"].get<double>() / peak_tflops;
           }

@@ -85,6 +85,14 @@ Shape conv2d_output_shape(const TensorView<const T, D>& x, const TensorView<cons
   return Shape{x.dim(0), ho, wo, w.dim(0)};
 }
 
+// The GPU convolutions (ddp's implicit GEMM and cuDNN) have fp32, tf32 and bf16 paths; fp16 (precision.hpp) is for
+// cuBLAS GEMMs only, and a 1x1 conv through cuBLAS would take it silently while its neighbours could not.
+inline void require_conv_precision(Precision math) {
+  if (math == Precision::Fp16)
+    throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
+                     "(--precision)");
+}
+
 template <class T, Device D>
 void validate(const Conv2dForwardArgs<T, D>& a) {
   const Shape ys = conv2d_output_shape(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_forward");

@@ -141,7 +141,6 @@ TEST_SUITE("kernels_cuda") {
     for (const ddp::ConvImpl impl : impls)
       for (const Geo& g : geos) {
         Fixture f;
-        f.gpu.conv = impl;
         INFO("conv ", ddp::conv_impl_name(impl), " seed ", f.seed, " geometry n", g.n, " h", g.h, " w", g.w, " c", g.c,
              " k", g.k, " r", g.r, " s", g.s);
         auto x = f.random({g.n, g.h, g.w, g.c});

@@ -320,14 +320,6 @@ void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64
   check_launch("channel_sum_finalize_kernel", s);
 }
 
-// The implicit GEMM has fp32, tf32 and bf16 paths; fp16 (precision.hpp) is for cuBLAS GEMMs only, and a 1x1 conv
-// through cuBLAS would take it silently while its neighbours could not.
-inline void require_conv_precision(Precision math) {
-  if (math == Precision::Fp16)
-    throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
-                     "(--precision)");
-}
-
 // A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
 // (N*P x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
 inline bool cublas_pointwise(const ConvGeometry& g) {
@@ -348,11 +340,11 @@ constexpr void require_float() {
 
 // Whether conv g goes to cuDNN under e (D52): built with it, not asked for ddp's own kernels, and describable.
 inline bool use_cudnn(const Exec<Cuda>& e, [[maybe_unused]] const ConvGeometry& g) {
-  const bool dnn = resolve_conv_impl(e.conv) != ConvImpl::Own;  // throws for a cuDNN mode without cuDNN
+  if (resolve_conv_impl(e.conv) == ConvImpl::Own) return false;  // throws for a cuDNN mode without cuDNN
 #if DDP_WITH_CUDNN
-  return dnn && cudnn::describable(g);
+  return cudnn::describable(g);
 #else
-  return dnn;  // false
+  return false;  // not reached: without cuDNN every mode resolves to Own or throws
 #endif
 }
 
@@ -367,7 +359,7 @@ inline Exec<Cuda> at_precision(Exec<Cuda> e, Precision math) {
 template <class T>
 void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Precision math) {
   detail::require_float<T>();
-  detail::require_conv_precision(math);
+  require_conv_precision(math);
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
@@ -389,7 +381,7 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
 template <class T>
 void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, Precision math) {
   detail::require_float<T>();
-  detail::require_conv_precision(math);
+  require_conv_precision(math);
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const bool pw = detail::cublas_pointwise(g);
@@ -399,22 +391,21 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
     const Exec<Cuda> em = detail::at_precision(e, math);
     if (!a.dx.empty()) cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data());
     if (!a.dw.empty()) cudnn::backward_filter(em, g, a.x.data(), a.dy.data(), a.dw.data());
-    if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), np, g.k, a.dbias.data());
-    return;
 #endif
+  } else {
+    if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
+      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
+                      g.c, math);
+    else if (!a.dx.empty())
+      detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math);
+    if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
+      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
+                      g.c, math);
+    else if (!a.dw.empty())
+      detail::run_implicit_gemm<T>(
+          e, ConvWgradMap<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
   }
-  if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
-                    g.c, math);
-  else if (!a.dx.empty())
-    detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math);
-  if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
-                    g.c, math);
-  else if (!a.dw.empty())
-    detail::run_implicit_gemm<T>(
-        e, ConvWgradMap<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
-  if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), g.n * g.ho * g.wo, g.k, a.dbias.data());
+  if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), np, g.k, a.dbias.data());
 }
 
 }  // namespace ddp::kernels::cuda

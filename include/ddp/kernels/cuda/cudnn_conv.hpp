@@ -42,6 +42,7 @@
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/args.hpp"
 #include "ddp/kernels/geometry.hpp"
 #include "ddp/tensor/conv_impl.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
@@ -106,16 +107,8 @@ AlgoChoice to_choice(const Perf& p) {
 
 // The math type the descriptor asks for at precision p: Fp32 forbids tensor cores; the others allow TF32.
 inline cudnnMathType_t requested_math(Precision p) {
-  switch (p) {
-    case Precision::Fp32:
-      return CUDNN_FMA_MATH;
-    case Precision::Tf32:
-    case Precision::Bf16:
-      return CUDNN_TENSOR_OP_MATH;
-    case Precision::Fp16:
-      break;
-  }
-  throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 (--precision)");
+  require_conv_precision(p);  // fp16: refused as by ddp's kernels
+  return p == Precision::Fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
 }
 
 // Whether an algorithm's math type computes at precision p (see the header comment).
@@ -192,11 +185,16 @@ struct Descriptors {
   }
 };
 
-// This thread's cuDNN handle for the current device, bound to e's stream.
-inline cudnnHandle_t handle(const Exec<Cuda>& e) {
-  thread_local std::map<int, cudnnHandle_t> handles;
+// The current CUDA device (what handles and plans are kept per).
+inline int current_device() {
   int device = 0;
   DDP_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// This thread's cuDNN handle for `device` (the current one), bound to e's stream.
+inline cudnnHandle_t handle(const Exec<Cuda>& e, int device = current_device()) {
+  thread_local std::map<int, cudnnHandle_t> handles;
   cudnnHandle_t& h = handles[device];
   if (!h) {
     if (const cudnnStatus_t s = cudnnCreate(&h); s != CUDNN_STATUS_SUCCESS) {
@@ -278,11 +276,9 @@ inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors&
 
 }  // namespace detail
 
-// This thread's plan for (op, g) under e, made on first use.
-inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g) {
+// This thread's plan for (op, g) under e on `device` (h's), made on first use.
+inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device) {
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
-  int device = 0;
-  DDP_CUDA_CHECK(cudaGetDevice(&device));
   const bool find = e.conv == ConvImpl::CudnnFind;
   std::unique_ptr<Plan>& slot = plans[plan_key(op, g, e.precision, find, e.deterministic, device)];
   if (slot) return *slot;
@@ -311,8 +307,9 @@ inline Tensor<float, Cuda> workspace(const Exec<Cuda>& e, std::size_t bytes) {
 // Runs one op of conv g under e: call(handle, plan, workspace) issues the cuDNN call with the plan's algorithm.
 template <class Call>
 void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, Call&& call) {
-  const cudnnHandle_t h = handle(e);
-  const Plan& p = plan(e, h, op, g);
+  const int device = current_device();
+  const cudnnHandle_t h = handle(e, device);
+  const Plan& p = plan(e, h, op, g, device);
   Tensor<float, Cuda> ws = workspace(e, p.algo.workspace);
   call(h, p, static_cast<void*>(ws.data()));
 }

@@ -10,7 +10,11 @@
 // Communication hooks on the device (--comm-hook fp16|bf16): world 1 over NCCL gives the plain model's
 // gradients rounded through 16 bits (the CPU conversion's bits); world 2 over staged gloo on one GPU gives
 // the CPU hook's gradients (tcp, host buffers) bit for bit, the 16-bit sum being the same host code on both;
-// PowerSGD and register_comm_hook are refused with the supported list.
+// register_comm_hook is refused with the supported list. PowerSGD (--comm-hook powersgd, rank 1: Gram-Schmidt,
+// rank 4: Householder) on a Linear whose weight gradient is compressed follows the CPU hook on the same inputs
+// and initial Q, step by step through start_iter, error feedback and warm start, to a tolerance (cuBLAS's fp32
+// products and the kernel's block sums round differently from the CPU's double loops): world 1 over NCCL and
+// two ranks on one GPU over staged gloo. Compiled only here (PTX); it has not run on a GPU yet.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -143,6 +147,78 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// ---- PowerSGD: a Linear(kPsIn, kPsOut) in one bucket {weight (kPsOut x kPsIn): compressed, bias: not}; x and dy
+// differ per rank and step, so the gradients (dy^T x, sum of dy) do too; no optimizer step (they do not depend
+// on the weights) ----
+constexpr std::int64_t kPsIn = 64, kPsOut = 96, kPsBatch = 8;
+constexpr int kPsSteps = 5;  // start_iter 2: steps 0-1 plain averages, 2-4 compressed (error feedback, warm start)
+
+// x (kPsBatch x kPsIn) and dy (kPsBatch x kPsOut) of a rank and step.
+void powersgd_inputs(int rank, int step, Tensor<float, Cpu>& x, Tensor<float, Cpu>& dy) {
+  const auto seed = static_cast<std::uint64_t>(10 * step + rank);
+  ddp::Generator(500 + seed).fill_normal(x.view(), 0.0, 1.0);
+  ddp::Generator(700 + seed).fill_normal(dy.view(), 0.0, 1.0);
+}
+
+// The local weight gradient dy^T x (kPsOut x kPsIn) of a rank and step, in double.
+std::vector<double> powersgd_local_weight_grad(int rank, int step) {
+  Tensor<float, Cpu> x(ddp::Shape{kPsBatch, kPsIn}), dy(ddp::Shape{kPsBatch, kPsOut});
+  powersgd_inputs(rank, step, x, dy);
+  std::vector<double> g(static_cast<std::size_t>(kPsOut * kPsIn), 0.0);
+  for (std::int64_t b = 0; b < kPsBatch; ++b)
+    for (std::int64_t o = 0; o < kPsOut; ++o)
+      for (std::int64_t i = 0; i < kPsIn; ++i)
+        g[static_cast<std::size_t>(o * kPsIn + i)] += double(dy.data()[b * kPsOut + o]) * double(x.data()[b * kPsIn + i]);
+  return g;
+}
+
+// Each step's gradients after DDP's backward with --comm-hook powersgd at rank `r`, back to back on the host.
+template <ddp::Device D>
+std::vector<std::vector<float>> powersgd_grads(ddp::comm::Communicator& comm, int r, Exec<D>& e) {
+  ddp::nn::Linear<float, D> net({.in_features = kPsIn, .out_features = kPsOut});
+  ddp::parallel::DistributedDataParallel<float, D> model(
+      net, comm,
+      {.comm_hook = ddp::parallel::CommHookKind::PowerSgd,
+       .powersgd = {.matrix_approximation_rank = r, .start_iter = 2}});
+  std::vector<std::vector<float>> steps;
+  for (int step = 0; step < kPsSteps; ++step) {
+    Tensor<float, Cpu> x(ddp::Shape{kPsBatch, kPsIn}), dy(ddp::Shape{kPsBatch, kPsOut});
+    powersgd_inputs(comm.rank(), step, x, dy);
+    const Tensor<float, D> xd = ddp::to<D>(x.cview(), e), dyd = ddp::to<D>(dy.cview(), e);
+    net.zero_grad();
+    model.forward(e, xd.cview());
+    model.backward(e, dyd.cview());
+    std::vector<float> out;
+    for (auto* p : net.parameters()) {
+      const auto g = ddp::to<Cpu>(p->grad().cview(), e);
+      out.insert(out.end(), g.data(), g.data() + g.numel());
+    }
+    steps.push_back(std::move(out));
+  }
+  return steps;
+}
+
+// |gpu - cpu| <= atol + rtol |cpu| with atol relative to the step's largest value (orthonormalising P turns the
+// two devices' rounding differences into small direction changes, D29).
+bool powersgd_close(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  if (gpu.size() != cpu.size()) return false;
+  double scale = 0;
+  for (float v : cpu) scale = std::max(scale, std::fabs(double(v)));
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    if (std::fabs(double(gpu[i]) - double(cpu[i])) > 1e-4 * scale + 1e-3 * std::fabs(double(cpu[i]))) return false;
+  return true;
+}
+
+// Every step of the GPU run within tolerance of the CPU run.
+void check_powersgd_runs(const std::vector<std::vector<float>>& gpu, const std::vector<std::vector<float>>& cpu) {
+  REQUIRE(gpu.size() == static_cast<std::size_t>(kPsSteps));
+  REQUIRE(cpu.size() == static_cast<std::size_t>(kPsSteps));
+  for (int step = 0; step < kPsSteps; ++step) {
+    INFO("step ", step);
+    CHECK(powersgd_close(gpu[static_cast<std::size_t>(step)], cpu[static_cast<std::size_t>(step)]));
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("gpu_ddp") {
@@ -239,14 +315,69 @@ TEST_SUITE("gpu_ddp") {
 
     using CudaDdp = ddp::parallel::DistributedDataParallel<float, Cuda>;
     Net net(kNet);
-    CHECK_THROWS_WITH_AS(CudaDdp(net, *comm, {.comm_hook = CommHookKind::PowerSgd}),
-                         doctest::Contains("ddp: --comm-hook powersgd is not supported for CUDA models: they run the "
-                                           "built-in hooks allreduce, fp16 and bf16 on the device"),
-                         ddp::ValueError);
     CudaDdp model(net, *comm);
     CHECK_THROWS_WITH_AS(model.register_comm_hook(ddp::parallel::fp16_compress_hook<float>()),
-                         doctest::Contains("a hook passed to register_comm_hook is not supported for CUDA models"),
+                         doctest::Contains("a hook passed to register_comm_hook is not supported for CUDA models: "
+                                           "they run the built-in hooks allreduce, fp16, bf16 and powersgd"),
                          ddp::ValueError);
+  }
+
+  TEST_CASE("PowerSGD on the device follows the CPU hook: world 1 (NCCL) and two ranks on one GPU (staged gloo)") {
+    if (ddp::test::skip_without_gpu()) return;
+    for (int r : {1, 4}) {  // Gram-Schmidt, Householder
+      INFO("matrix_approximation_rank ", r);
+      // World 1: the CPU hook over a one-rank tcp communicator, the device over NCCL.
+      std::vector<std::vector<float>> cpu1;
+      auto errors = ddp::test::run_ranks(1, [&](ddp::comm::TcpCommunicator& c) {
+        Exec<Cpu> e;
+        cpu1 = powersgd_grads<Cpu>(c, r, e);
+      });
+      for (const auto& ep : errors) REQUIRE_MESSAGE(!ep, ddp::test::message(ep));
+      {
+        ddp::store::HashStore store(std::chrono::seconds(30));
+        auto comm = make_nccl(0, 1, store);
+        ddp::Stream stream;
+        Exec<Cuda> e = stream.exec(ddp::Precision::Fp32);
+        check_powersgd_runs(powersgd_grads<Cuda>(*comm, r, e), cpu1);
+      }
+      // Compression happened from start_iter on: at world 1 the plain average is the local weight gradient
+      // (steps 0-1), which a rank-r (r < 8) approximation of the rank-8 dy^T x (plus error) does not reproduce.
+      for (int step = 0; step < kPsSteps; ++step) {
+        INFO("step ", step);
+        const std::vector<double> local = powersgd_local_weight_grad(0, step);
+        double scale = 0, diff = 0;
+        for (std::size_t i = 0; i < local.size(); ++i) {
+          scale = std::max(scale, std::fabs(local[i]));
+          diff = std::max(diff, std::fabs(double(cpu1[static_cast<std::size_t>(step)][i]) - local[i]));
+        }
+        if (step < 2)
+          CHECK(diff <= 1e-5 * scale);
+        else
+          CHECK(diff > 1e-2 * scale);
+      }
+
+      // World 2: tcp ranks on the host, staged gloo ranks on one GPU.
+      std::vector<std::vector<std::vector<float>>> cpu(2), gpu(2);
+      errors = ddp::test::run_ranks(2, [&](ddp::comm::TcpCommunicator& c) {
+        Exec<Cpu> e;
+        cpu[static_cast<std::size_t>(c.rank())] = powersgd_grads<Cpu>(c, r, e);
+      });
+      for (const auto& ep : errors) REQUIRE_MESSAGE(!ep, ddp::test::message(ep));
+      errors = ddp::test::run_threads(2, [&](int rank, ddp::store::Store& store) {
+        if (cudaSetDevice(0) != cudaSuccess) throw ddp::CudaError("cudaSetDevice(0) failed");
+        auto comm = ddp::comm::make_communicator("gloo", ddp::test::local_rank_info(rank, 2), store,
+                                                 {.timeout = std::chrono::seconds(60), .cuda_device = 0});
+        ddp::Stream stream;
+        Exec<Cuda> e = stream.exec(ddp::Precision::Fp32);
+        gpu[static_cast<std::size_t>(rank)] = powersgd_grads<Cuda>(*comm, r, e);
+      });
+      for (const auto& ep : errors) REQUIRE_MESSAGE(!ep, ddp::test::message(ep));
+      for (std::size_t rank = 0; rank < 2; ++rank) {
+        INFO("rank ", rank);
+        check_powersgd_runs(gpu[rank], cpu[rank]);
+        CHECK(same_bits(gpu[rank].back(), gpu[0].back()));  // every rank applies the same gradient
+      }
+    }
   }
 
   TEST_CASE("two ranks on one GPU (staged gloo): fp16/bf16 hooks equal the CPU hook bit for bit") {

@@ -13,11 +13,12 @@
 // over 2 ranks is 40000, where summing first would overflow fp16's 65504 into inf). bf16 keeps fp32's
 // exponent range with 8 bits of mantissa; fp16 10 bits within +-65504.
 // Where hooks run: a CPU model (parallel/transport.hpp) calls any CommHook<T> on the bucket's host buffer. A
-// CUDA model (parallel/cuda/transport.cuh) runs the three built-ins on the device instead, selected by
-// CommHookKind (--comm-hook allreduce|fp16|bf16): fp16/bf16 convert the device bucket with the element
+// CUDA model (parallel/cuda/transport.cuh) runs the four built-ins on the device instead, selected by
+// CommHookKind (--comm-hook allreduce|fp16|bf16|powersgd): fp16/bf16 convert the device bucket with the element
 // functors below (the same code and rounding as the CPU hook), all-reduce the 16-bit buffer and convert
-// back, all on its communication stream. PowerSGD and hooks passed to register_comm_hook are host code:
-// a CUDA model refuses them (runs_on_cuda, cuda_hook_refused). The CUDA path is unverified on a GPU.
+// back, all on its communication stream; PowerSGD runs the CPU hook's plan (parallel/powersgd.hpp) with
+// cuBLAS products and an orthogonalisation kernel on that stream. Hooks passed to register_comm_hook are host
+// code: a CUDA model refuses them (cuda_hook_refused). The CUDA path is unverified on a GPU.
 // A hook keeps its own state (compression buffers, error feedback) in its closure, or in a state object it
 // shares with the caller (PowerSgdState: the counters of bytes put on the wire); hooks are called from the
 // thread that drives DDP only, one bucket at a time.
@@ -134,21 +135,24 @@ inline std::string_view comm_hook_name(CommHookKind k) noexcept {
   return "?";
 }
 
-// Whether a CUDA model runs built-in hook k (parallel/cuda/transport.cuh): allreduce, fp16 and bf16 run on
-// the device, on every backend that reaches device memory (nccl reduces F16/BF16 itself; tcp/gloo and mpi
-// made with CommOptions::cuda_device stage the 16-bit buffer and sum it on the host as for a CPU model).
-// PowerSGD works on host matrices: CPU models only.
+// Whether a CUDA model runs built-in hook k (parallel/cuda/transport.cuh): all four run on the device, on
+// every backend that reaches device memory (nccl reduces F16/BF16 itself; tcp/gloo and mpi made with
+// CommOptions::cuda_device stage the 16-bit buffer and sum it on the host as for a CPU model). PowerSGD
+// shares its planning, initial Q, counters and element steps with the CPU hook (parallel/powersgd.hpp) and
+// does its products (cuBLAS) and orthogonalisation (a kernel) on the device; unverified on a GPU.
 inline constexpr bool runs_on_cuda(CommHookKind k) noexcept {
-  return k == CommHookKind::Allreduce || k == CommHookKind::Fp16 || k == CommHookKind::Bf16;
+  return k == CommHookKind::Allreduce || k == CommHookKind::Fp16 || k == CommHookKind::Bf16 ||
+         k == CommHookKind::PowerSgd;
 }
 
-// The ValueError of a CUDA model given a hook it does not run; `what` names it ("--comm-hook powersgd",
-// "a hook passed to register_comm_hook").
+// The ValueError of a CUDA model given a hook it does not run; `what` names it ("a hook passed to
+// register_comm_hook").
 inline ValueError cuda_hook_refused(std::string_view what) {
   return ValueError(ddp::detail::str(
-      "ddp: ", what, " is not supported for CUDA models: they run the built-in hooks allreduce, fp16 and bf16 "
-      "on the device (--comm-hook allreduce|fp16|bf16, DdpOptions::comm_hook); PowerSGD and hooks passed to "
-      "register_comm_hook run on host buffers, for CPU models only"));
+      "ddp: ", what, " is not supported for CUDA models: they run the built-in hooks allreduce, fp16, bf16 and "
+      "powersgd on the device (--comm-hook allreduce|fp16|bf16|powersgd, DdpOptions::comm_hook; PowerSGD's "
+      "options in DdpOptions::powersgd); a hook passed to register_comm_hook runs on host buffers, for CPU "
+      "models only"));
 }
 
 // `powersgd`: the options of CommHookKind::PowerSgd (--powersgd-rank, --powersgd-start-iter); ValueError when

@@ -32,7 +32,8 @@
 // - A parameter without a gradient in a synchronised step is an Error naming it, unless find_unused_parameters
 //   (then torch >= 2.0's rules, bucket_schedule.hpp, docs/ARCHITECTURE.md D25).
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
-//   CUDA models take the built-in allreduce, fp16 or bf16 through DdpOptions::comm_hook (run on the device).
+//   CUDA models take the built-in allreduce, fp16, bf16 or powersgd through DdpOptions::comm_hook (run on the
+//   device; register_comm_hook is refused there).
 // - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp); static_graph: the
 //   first step's unused parameters are reused without the flag all-reduce (docs/ARCHITECTURE.md D33).
 // - Uneven inputs (torch's `with model.join():`, docs/ARCHITECTURE.md D30): ranks may run different numbers of
@@ -82,7 +83,7 @@ struct DdpOptions {
   bool broadcast_buffers = true;        // rank 0's buffers before a forward that follows a synchronised one
   bool find_unused_parameters = false;  // true: parameters without a gradient are allowed (bucket_schedule.hpp)
   bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
-  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16|powersgd (CUDA: not powersgd)
+  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16|powersgd (CPU and CUDA)
   PowerSgdOptions powersgd;  // comm_hook == PowerSgd: --powersgd-rank, --powersgd-start-iter (parallel/powersgd.hpp)
   // Every step uses the same parameters (torch's static_graph): unused ones are found in the first synchronised
   // step, then reused without the flag all-reduce (bucket_schedule.hpp). --static-graph

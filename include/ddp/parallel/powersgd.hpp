@@ -29,6 +29,11 @@
 // The column order of a matrix is ours (conv weights are KRSC: columns (kH, kW, C_in), torch's (C_in, kH, kW)):
 // the algorithm is equivariant under a column permutation (P = M Q is unchanged when Q's rows are permuted
 // alike), so only a test that feeds torch's initial Q has to permute its rows.
+// Both devices: the host-side planning below (plan_powersgd_bucket: which tensors are compressed, each matrix's
+// rows / cols / r and its offsets in the wire buffers; PowerSgdState's start_iter rule, initial Q and byte
+// counters; the element functors) is what the CPU hook here and the CUDA transport (parallel/cuda/
+// transport.cuh, --comm-hook powersgd on a CUDA model) both call; only the matrix products and the
+// orthogonalisation are written per device (docs/ARCHITECTURE.md D29).
 #pragma once
 
 #include <algorithm>
@@ -42,8 +47,10 @@
 #include <vector>
 
 #include "ddp/comm/types.hpp"
+#include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/grad_bucket.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/tensor/shape.hpp"
@@ -89,7 +96,91 @@ inline bool should_compress(std::int64_t rows, std::int64_t cols, std::int64_t r
   return static_cast<double>((rows + cols) * rank) * min_rate < static_cast<double>(rows * cols);
 }
 
+// One gradient matrix of a bucket that is compressed: M is the (rows x cols) row-major view of the bucket buffer
+// at `offset`; its P (rows x r) sits at p_offset in the P part of the launched all-reduce, its Q (cols x r) at
+// q_offset in the Q all-reduce (every Q of the bucket, back to back).
+struct PowerSgdMatrix {
+  std::size_t param = 0;      // index into the module's parameters()
+  std::int64_t offset = 0;    // element offset in the bucket buffer
+  std::int64_t rows = 0, cols = 0, rank = 0;
+  std::int64_t p_offset = 0;  // into the P part of the send buffer (after the n_unc uncompressed values)
+  std::int64_t q_offset = 0;  // into the Q buffer
+};
+
+// What one bucket sends once compression started, the same on both devices. Wire buffers (elements):
+//   send = [uncompressed tensors, bucket order (n_unc) | every P, bucket order (n_p)]   all-reduced at launch
+//   q    = [every Q, bucket order (n_q)]                                                 all-reduced at finish
+// Example (the file head's bucket {fc.weight 10 x 64, fc.bias 10}, r = 1, fc.bias first in the bucket):
+// uncompressed = {(0, 10)}, matrices = {offset 10, 10 x 64, p_offset 0, q_offset 0}; n_unc 10, n_p 10, n_q 64.
+struct PowerSgdPlan {
+  std::vector<PowerSgdMatrix> matrices;
+  std::vector<std::pair<std::int64_t, std::int64_t>> uncompressed;  // (offset, numel) in the bucket buffer
+  std::int64_t n_unc = 0, n_p = 0, n_q = 0;
+  std::int64_t numel = 0;             // the bucket's elements (torch's numel before compression)
+  std::int64_t compressed_numel = 0;  // n_unc + n_p + n_q (torch's numel after compression)
+  std::int64_t send_numel() const noexcept { return n_unc + n_p; }
+};
+
+// The plan of a bucket of `layout`, shapes[k] being the torch shape of layout.params[k] (GradBucket::shapes):
+// each gradient viewed as (shape[0], rest), compressed when should_compress with r = min(rows, cols, rank).
+// ValueError when the shapes do not match the layout (a transport that does not provide them).
+inline PowerSgdPlan plan_powersgd_bucket(const BucketLayout& layout, std::span<const Shape> shapes,
+                                         const PowerSgdOptions& o) {
+  const std::size_t np = layout.params.size();
+  if (shapes.size() != np)
+    throw ValueError(ddp::detail::str("ddp: the PowerSGD hook needs each parameter's shape (GradBucket::shapes), got ",
+                                      shapes.size(), " for a bucket of ", np,
+                                      " parameters; this transport does not provide them"));
+  PowerSgdPlan plan;
+  for (std::size_t k = 0; k < np; ++k) {
+    const Shape& sh = shapes[k];
+    const std::int64_t numel = sh.numel();
+    const std::int64_t rows = sh.rank() == 0 ? 1 : sh[0];
+    const std::int64_t cols = rows > 0 ? numel / rows : 0;
+    const std::int64_t r = std::min<std::int64_t>({rows, cols, o.matrix_approximation_rank});
+    const std::int64_t offset = layout.offsets[k];
+    plan.numel += numel;
+    if (r > 0 && should_compress(rows, cols, r, o.min_compression_rate)) {
+      plan.matrices.push_back({.param = layout.params[k], .offset = offset, .rows = rows, .cols = cols, .rank = r,
+                               .p_offset = plan.n_p, .q_offset = plan.n_q});
+      plan.n_p += rows * r;
+      plan.n_q += cols * r;
+    } else {
+      plan.uncompressed.emplace_back(offset, numel);
+      plan.n_unc += numel;
+    }
+  }
+  plan.compressed_numel = plan.n_unc + plan.n_p + plan.n_q;
+  return plan;
+}
+
 namespace detail {
+// The element steps of PowerSGD, written once for both devices (the CPU hook's loops, the CUDA transport's
+// for_each_index kernels), so both round alike.
+// Error feedback in: buffer[i] += error[i].
+template <class T>
+struct PowerSgdAddError {
+  T* buffer;
+  const T* error;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { buffer[i] += error[i]; }
+};
+// Error feedback out: error[i] = input[i] - buffer[i] (input: the buffer after PowerSgdAddError).
+template <class T>
+struct PowerSgdNewError {
+  const T* input;
+  const T* buffer;
+  T* error;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { error[i] = input[i] - buffer[i]; }
+};
+// The sum over ranks to the average: dst[i] = T(double(src[i]) / world) (src == dst allowed).
+template <class T>
+struct PowerSgdDivide {
+  const T* src;
+  T* dst;
+  double world;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { dst[i] = static_cast<T>(static_cast<double>(src[i]) / world); }
+};
+
 // Modified Gram-Schmidt on the columns of a (rows x cols) row-major matrix, in place, as torch's
 // _orthogonalize_gram_schmidt: column i /= (its norm + eps), then its projection leaves the later columns.
 // With eps = 0 a zero column stays zero (torch 1.13 divides by zero there and gets NaN; its try/except
@@ -200,21 +291,14 @@ struct PowerSgdState {
   std::int64_t numel_before_compression = 0;
   std::int64_t numel_after_compression = 0;
 
-  // One gradient matrix of a bucket that is compressed.
-  struct Matrix {
-    std::size_t param = 0;      // index into the module's parameters()
-    std::int64_t offset = 0;    // element offset in the bucket buffer
-    std::int64_t rows = 0, cols = 0, rank = 0;
-    std::int64_t p_offset = 0;  // into the P part of `send`
-    std::int64_t q_offset = 0;  // into `q`
-  };
+  using Matrix = PowerSgdMatrix;
+  // What the CPU hook remembers per bucket (the CUDA transport keeps the same in device memory, per bucket).
   struct Bucket {
     std::vector<T> error;  // e, one per buffer element (error feedback)
     std::vector<T> input;  // the buffer after error feedback, for the new e
     std::vector<T> q;      // every compressed matrix's Q (cols x r), back to back; kept for warm start
     std::vector<T> send;   // [uncompressed values | every P (rows x r)]: the launched all-reduce
-    std::vector<Matrix> matrices;
-    std::vector<std::pair<std::int64_t, std::int64_t>> uncompressed;  // (offset, numel) in the buffer
+    PowerSgdPlan plan;     // this step's plan (plan_powersgd_bucket)
   };
   std::vector<Bucket> buckets;  // by bucket index
   Generator rng;                // the initial Q's values when options.initial_q is empty
@@ -228,82 +312,88 @@ struct PowerSgdState {
     bytes_total += b;
     if (is_last) bytes_last_step = std::exchange(bytes_this_step, 0);
   }
+
+  // The per-bucket rules both devices follow, in call order for one bucket:
+  // begin_bucket at launch: false while iter < start_iter, the bucket then being a plain average (Avg all-reduce
+  // of all `numel` elements, counted here, as is the step when is_last); true: compress it.
+  bool begin_bucket(std::size_t numel, bool is_last) {
+    if (iter >= options.start_iter) return true;
+    count_bytes(numel, is_last);
+    if (is_last) ++iter;
+    return false;
+  }
+  // Compressing: counts the plan's elements (compression_stats) and its wire payload (send + q).
+  void count_compressed(const PowerSgdPlan& p, bool is_last) {
+    numel_before_compression += p.numel;
+    numel_after_compression += p.compressed_numel;
+    count_bytes(static_cast<std::size_t>(p.compressed_numel), is_last);
+  }
+  // Whether Q must be (re)initialised, given how many Q elements the bucket holds from its last step.
+  bool needs_new_q(std::size_t q_held, const PowerSgdPlan& p) const {
+    return !options.warm_start || q_held != static_cast<std::size_t>(p.n_q);
+  }
+  // The initial Q of every matrix of bucket `bucket` into q (p.n_q elements, host memory): options.initial_q
+  // or N(0, 1) values of rng, matrix after matrix (the same values on every rank and on either device).
+  void initial_q(std::size_t bucket, const PowerSgdPlan& p, std::span<T> q) {
+    std::vector<double> init;
+    for (const auto& m : p.matrices) {
+      init.assign(static_cast<std::size_t>(m.cols * m.rank), 0.0);
+      if (options.initial_q)
+        options.initial_q(bucket, m.param, std::span<double>(init));
+      else
+        rng.fill_normal(TensorView<double, Cpu>(init.data(), Shape{m.cols * m.rank}), 0.0, 1.0);
+      std::transform(init.begin(), init.end(), q.begin() + m.q_offset, [](double v) { return static_cast<T>(v); });
+    }
+  }
+  // At finish of a compressed bucket (after its Q all-reduce): the last bucket of a step ends the step.
+  void end_compressed_bucket(bool is_last) {
+    if (is_last) ++iter;
+  }
 };
 
 namespace detail {
 template <class T>
 HookResult powersgd_compress(PowerSgdState<T>& s, GradBucket<T>& b) {
   const PowerSgdOptions& o = s.options;
-  const std::size_t np = b.layout->params.size();
-  if (b.shapes.size() != np)
-    throw ValueError(ddp::detail::str("ddp: the PowerSGD hook needs each parameter's shape (GradBucket::shapes), got ",
-                                      b.shapes.size(), " for a bucket of ", np,
-                                      " parameters; this transport does not provide them (CPU models only)"));
   if (s.buckets.size() <= b.index) s.buckets.resize(b.index + 1);
   auto& bk = s.buckets[b.index];
   const std::span<T> buf = b.buffer;
 
   // 1. Error feedback (a bucket of a new size, e.g. rebuilt, starts from zero error: torch would fail there).
   if (o.use_error_feedback) {
-    if (bk.error.size() == buf.size())
-      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] += bk.error[i];
-    else
+    if (bk.error.size() == buf.size()) {
+      const PowerSgdAddError<T> add{.buffer = buf.data(), .error = bk.error.data()};
+      for (std::size_t i = 0; i < buf.size(); ++i) add(i);
+    } else {
       bk.error.assign(buf.size(), T(0));
+    }
     bk.input.assign(buf.begin(), buf.end());
   }
 
   // 2. Which gradients are compressed.
-  bk.matrices.clear();
-  bk.uncompressed.clear();
-  std::int64_t n_unc = 0, n_p = 0, n_q = 0;
-  for (std::size_t k = 0; k < np; ++k) {
-    const Shape& sh = b.shapes[k];
-    const std::int64_t numel = sh.numel();
-    const std::int64_t rows = sh.rank() == 0 ? 1 : sh[0];
-    const std::int64_t cols = rows > 0 ? numel / rows : 0;
-    const std::int64_t r = std::min<std::int64_t>({rows, cols, o.matrix_approximation_rank});
-    const std::int64_t offset = b.layout->offsets[k];
-    s.numel_before_compression += numel;
-    if (r > 0 && should_compress(rows, cols, r, o.min_compression_rate)) {
-      bk.matrices.push_back({.param = b.layout->params[k], .offset = offset, .rows = rows, .cols = cols, .rank = r,
-                             .p_offset = n_p, .q_offset = n_q});
-      n_p += rows * r;
-      n_q += cols * r;
-      s.numel_after_compression += (rows + cols) * r;
-    } else {
-      bk.uncompressed.emplace_back(offset, numel);
-      n_unc += numel;
-      s.numel_after_compression += numel;
-    }
-  }
+  bk.plan = plan_powersgd_bucket(*b.layout, b.shapes, o);
+  const PowerSgdPlan& plan = bk.plan;
+  const std::int64_t n_unc = plan.n_unc;
 
   // 3. Q: kept from the last step (warm start) or new; orthogonalised either way, as torch. P = M Q.
-  if (!o.warm_start || bk.q.size() != static_cast<std::size_t>(n_q)) {
-    bk.q.assign(static_cast<std::size_t>(n_q), T(0));
-    std::vector<double> init;
-    for (const auto& m : bk.matrices) {
-      init.assign(static_cast<std::size_t>(m.cols * m.rank), 0.0);
-      if (o.initial_q)
-        o.initial_q(b.index, m.param, std::span<double>(init));
-      else
-        s.rng.fill_normal(TensorView<double, Cpu>(init.data(), Shape{m.cols * m.rank}), 0.0, 1.0);
-      std::transform(init.begin(), init.end(), bk.q.begin() + m.q_offset, [](double v) { return static_cast<T>(v); });
-    }
+  if (s.needs_new_q(bk.q.size(), plan)) {
+    bk.q.assign(static_cast<std::size_t>(plan.n_q), T(0));
+    s.initial_q(b.index, plan, std::span<T>(bk.q));
   }
-  bk.send.assign(static_cast<std::size_t>(n_unc + n_p), T(0));
+  bk.send.assign(static_cast<std::size_t>(plan.send_numel()), T(0));
   std::int64_t at = 0;
-  for (const auto& [off, n] : bk.uncompressed) {
+  for (const auto& [off, n] : plan.uncompressed) {
     std::copy_n(buf.data() + off, n, bk.send.data() + at);
     at += n;
   }
-  for (const auto& m : bk.matrices) {
+  for (const auto& m : plan.matrices) {
     T* q = bk.q.data() + m.q_offset;
     orthogonalize(q, m.cols, m.rank, o.orthogonalization_epsilon);
     matmul(buf.data() + m.offset, q, bk.send.data() + n_unc + m.p_offset, m.rows, m.cols, m.rank, false);
   }
 
   // 4. One all-reduce for the uncompressed values and every P (torch: two independent ones).
-  s.count_bytes(static_cast<std::size_t>(n_unc + n_p + n_q), b.is_last);
+  s.count_compressed(plan, b.is_last);
   comm::Work work = b.comm->all_reduce(std::span<T>(bk.send), {.op = comm::ReduceOp::Sum});
 
   // 5./6. At finish. `s` outlives the hook call (the hook holds the shared state); bk is looked up again
@@ -313,19 +403,21 @@ HookResult powersgd_compress(PowerSgdState<T>& s, GradBucket<T>& b) {
     auto& bk = s.buckets[index];
     const double world = comm->size();
     std::int64_t at = 0;
-    for (const auto& [off, n] : bk.uncompressed) {
-      for (std::int64_t i = 0; i < n; ++i) buf[static_cast<std::size_t>(off + i)] = static_cast<T>(double(bk.send[static_cast<std::size_t>(at + i)]) / world);
+    for (const auto& [off, n] : bk.plan.uncompressed) {
+      const PowerSgdDivide<T> avg{.src = bk.send.data() + at, .dst = buf.data() + off, .world = world};
+      for (std::int64_t i = 0; i < n; ++i) avg(static_cast<std::size_t>(i));
       at += n;
     }
-    for (const auto& m : bk.matrices) {
+    for (const auto& m : bk.plan.matrices) {
       T* p = bk.send.data() + n_unc + m.p_offset;  // summed over ranks; orthogonalisation removes the scale
       orthogonalize(p, m.rows, m.rank, o.orthogonalization_epsilon);
       matmul(buf.data() + m.offset, p, bk.q.data() + m.q_offset, m.rows, m.cols, m.rank, true);
     }
     if (!bk.q.empty()) comm->all_reduce(std::span<T>(bk.q), {.op = comm::ReduceOp::Sum}).wait();
-    for (T& v : bk.q) v = static_cast<T>(double(v) / world);
+    const PowerSgdDivide<T> q_avg{.src = bk.q.data(), .dst = bk.q.data(), .world = world};
+    for (std::size_t i = 0; i < bk.q.size(); ++i) q_avg(i);
     std::vector<T> qt;
-    for (const auto& m : bk.matrices) {
+    for (const auto& m : bk.plan.matrices) {
       // M = P Q^T: (rows x r) x (r x cols); Q^T made explicit so matmul's row-major form applies.
       qt.resize(static_cast<std::size_t>(m.rank * m.cols));
       const T* q = bk.q.data() + m.q_offset;
@@ -333,10 +425,12 @@ HookResult powersgd_compress(PowerSgdState<T>& s, GradBucket<T>& b) {
         for (std::int64_t c = 0; c < m.rank; ++c) qt[static_cast<std::size_t>(c * m.cols + j)] = q[j * m.rank + c];
       matmul(bk.send.data() + n_unc + m.p_offset, qt.data(), buf.data() + m.offset, m.rows, m.rank, m.cols, false);
     }
-    if (o.use_error_feedback)
-      for (std::size_t i = 0; i < buf.size(); ++i) bk.error[i] = bk.input[i] - buf[i];
+    if (o.use_error_feedback) {
+      const PowerSgdNewError<T> err{.input = bk.input.data(), .buffer = buf.data(), .error = bk.error.data()};
+      for (std::size_t i = 0; i < buf.size(); ++i) err(i);
+    }
     if (!o.warm_start) bk.q.clear();
-    if (is_last) ++s.iter;
+    s.end_compressed_bucket(is_last);
   };
   return HookResult{.work = std::move(work), .then = std::move(then)};
 }
@@ -348,11 +442,8 @@ CommHook<T> powersgd_hook(std::shared_ptr<PowerSgdState<T>> state) {
   if (!state) throw ValueError("ddp: powersgd_hook got no state; pass std::make_shared<PowerSgdState<T>>(options)");
   return [state](GradBucket<T>& b) -> HookResult {
     PowerSgdState<T>& s = *state;
-    if (s.iter < s.options.start_iter) {  // plain average (torch's _allreduce_fut)
-      s.count_bytes(b.buffer.size(), b.is_last);
-      if (b.is_last) ++s.iter;
+    if (!s.begin_bucket(b.buffer.size(), b.is_last))  // plain average (torch's _allreduce_fut)
       return HookResult{.work = b.comm->all_reduce(b.buffer, {.op = comm::ReduceOp::Avg}), .then = {}};
-    }
     HookResult r = detail::powersgd_compress(s, b);
     // Keep the state alive for `then` even if the hook is replaced before finish.
     r.then = [state, f = std::move(r.then)] { f(); };

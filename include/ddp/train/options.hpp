@@ -68,7 +68,7 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
       ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
       ("comm-hook", "what gradient buckets go through: allreduce (average), fp16 or bf16 (divide by the world "
        "size, round to 16 bits, sum: half the bytes; torch's fp16/bf16_compress_hook), powersgd (low-rank "
-       "factors of each large gradient matrix with error feedback; torch's powerSGD_hook; CPU models)",
+       "factors of each large gradient matrix with error feedback; torch's powerSGD_hook; CPU and CUDA models)",
        cxxopts::value<std::string>()->default_value("allreduce"))
       ("powersgd-rank", "--comm-hook powersgd: the rank of each gradient matrix's approximation (1-4 typical; "
        "higher is more accurate and sends more)", cxxopts::value<int>()->default_value("1"))

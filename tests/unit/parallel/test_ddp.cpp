@@ -429,11 +429,12 @@ TEST_SUITE("parallel") {
     CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Allreduce));
     CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Fp16));
     CHECK(parallel::runs_on_cuda(parallel::CommHookKind::Bf16));
-    CHECK_FALSE(parallel::runs_on_cuda(parallel::CommHookKind::PowerSgd));
-    CHECK(std::string(parallel::cuda_hook_refused("--comm-hook powersgd").what()) ==
-          "ddp: --comm-hook powersgd is not supported for CUDA models: they run the built-in hooks allreduce, fp16 "
-          "and bf16 on the device (--comm-hook allreduce|fp16|bf16, DdpOptions::comm_hook); PowerSGD and hooks "
-          "passed to register_comm_hook run on host buffers, for CPU models only");
+    CHECK(parallel::runs_on_cuda(parallel::CommHookKind::PowerSgd));
+    CHECK(std::string(parallel::cuda_hook_refused("a hook passed to register_comm_hook").what()) ==
+          "ddp: a hook passed to register_comm_hook is not supported for CUDA models: they run the built-in hooks "
+          "allreduce, fp16, bf16 and powersgd on the device (--comm-hook allreduce|fp16|bf16|powersgd, "
+          "DdpOptions::comm_hook; PowerSGD's options in DdpOptions::powersgd); a hook passed to register_comm_hook "
+          "runs on host buffers, for CPU models only");
   }
 
   TEST_CASE("gradient_as_bucket_view: gradients live in the buckets, results are bitwise those of copying") {

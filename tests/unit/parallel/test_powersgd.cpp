@@ -1,6 +1,7 @@
 // The PowerSGD communication hook (parallel/powersgd.hpp): orthogonalisation, torch's compression rule,
 // option validation, plain all-reduce before start_iter, the error-feedback identity, exact recovery of a
-// rank-1 gradient, the byte counters, and DDP with --comm-hook powersgd. Ranks are threads (tcp over loopback).
+// rank-1 gradient, the byte counters, the bucket plan and state rules the CUDA transport shares, and DDP with
+// --comm-hook powersgd. Ranks are threads (tcp over loopback).
 // The comparison with torch's own powerSGD_hook is tests/torch_powersgd.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
@@ -107,6 +108,87 @@ TEST_CASE("PowerSGD: torch's _should_compress rule") {
   CHECK(should_compress(4, 27, 2, 1));    // 62 < 108
   CHECK(!should_compress(4, 4, 2, 1));    // 16 == 16: not strictly smaller
   CHECK(should_compress(512, 4608, 4, 2));
+}
+
+TEST_CASE("PowerSGD: the bucket plan both devices use (offsets of the uncompressed part, each P and each Q)") {
+  // A bucket {fc.bias (10), fc.weight (10 x 64), conv (4, 3, 3, 3), conv2 (16, 8, 3, 3)} at rank 2: fc.weight
+  // (74 * 2 * 2 < 640) and conv2 (88 * 2 * 2 < 1152) are compressed, the bias and conv (31 * 2 * 2 >= 108) not.
+  TestBucket b({Shape{10}, Shape{10, 64}, Shape{4, 3, 3, 3}, Shape{16, 8, 3, 3}});
+  const PowerSgdPlan plan = plan_powersgd_bucket(b.layout, b.shapes, {.matrix_approximation_rank = 2});
+  REQUIRE(plan.uncompressed.size() == 2);
+  CHECK(plan.uncompressed[0] == std::pair<std::int64_t, std::int64_t>(0, 10));
+  CHECK(plan.uncompressed[1] == std::pair<std::int64_t, std::int64_t>(650, 108));
+  REQUIRE(plan.matrices.size() == 2);
+  const PowerSgdMatrix& fc = plan.matrices[0];
+  const PowerSgdMatrix& conv2 = plan.matrices[1];
+  CHECK(fc.param == 1);
+  CHECK(fc.offset == 10);
+  CHECK(fc.rows == 10);
+  CHECK(fc.cols == 64);
+  CHECK(fc.rank == 2);
+  CHECK(fc.p_offset == 0);
+  CHECK(fc.q_offset == 0);
+  CHECK(conv2.param == 3);
+  CHECK(conv2.offset == 758);
+  CHECK(conv2.rows == 16);
+  CHECK(conv2.cols == 72);
+  CHECK(conv2.p_offset == 20);   // after fc's P (10 x 2)
+  CHECK(conv2.q_offset == 128);  // after fc's Q (64 x 2)
+  CHECK(plan.n_unc == 118);
+  CHECK(plan.n_p == 20 + 32);
+  CHECK(plan.n_q == 128 + 144);
+  CHECK(plan.send_numel() == 118 + 52);
+  CHECK(plan.numel == b.layout.numel);
+  CHECK(plan.compressed_numel == 118 + 52 + 272);
+  // r = min(rows, cols, rank): a 3 x 200 matrix at rank 4 is compressed at rank 3 (203 * 3 * 0.5 < 600).
+  TestBucket thin({Shape{3, 200}});
+  const PowerSgdPlan p3 =
+      plan_powersgd_bucket(thin.layout, thin.shapes, {.matrix_approximation_rank = 4, .min_compression_rate = 0.5});
+  REQUIRE(p3.matrices.size() == 1);
+  CHECK(p3.matrices[0].rank == 3);
+  // Shapes that do not match the layout (a transport without them) are refused.
+  CHECK_THROWS_WITH_AS(plan_powersgd_bucket(b.layout, {}, {}), doctest::Contains("GradBucket::shapes"), ValueError);
+}
+
+TEST_CASE("PowerSGD: the state's per-bucket rules (start_iter, counters, initial Q) that both devices call") {
+  PowerSgdState<float> st(PowerSgdOptions{.start_iter = 2});
+  TestBucket b({Shape{8}, Shape{8, 16}});
+  const PowerSgdPlan plan = plan_powersgd_bucket(b.layout, b.shapes, st.options);
+  // Steps 0 and 1: plain buckets, counted at launch; the last bucket of a step ends it.
+  CHECK_FALSE(st.begin_bucket(136, false));
+  CHECK(st.iter == 0);
+  CHECK_FALSE(st.begin_bucket(136, true));
+  CHECK(st.iter == 1);
+  CHECK(st.bytes_last_step == 2 * 136 * sizeof(float));
+  CHECK_FALSE(st.begin_bucket(136, true));
+  CHECK(st.iter == 2);
+  // Step 2: compressed; counted by the plan, the step ended at finish.
+  CHECK(st.begin_bucket(136, true));
+  st.count_compressed(plan, true);
+  CHECK(st.iter == 2);
+  st.end_compressed_bucket(true);
+  CHECK(st.iter == 3);
+  CHECK(st.bytes_last_step == (8 + 8 + 16) * sizeof(float));
+  CHECK(st.numel_before_compression == 136);
+  CHECK(st.numel_after_compression == 32);
+  // Q: new when none is held (or the plan changed size), kept with warm_start.
+  CHECK(st.needs_new_q(0, plan));
+  CHECK_FALSE(st.needs_new_q(16, plan));
+  CHECK(PowerSgdState<float>(PowerSgdOptions{.start_iter = 0, .use_error_feedback = false, .warm_start = false})
+            .needs_new_q(16, plan));
+  // The initial Q is the seeded generator's (or options.initial_q's), the same for every state with the seed.
+  PowerSgdState<float> other(PowerSgdOptions{.start_iter = 2});
+  std::vector<float> q1(16), q2(16);
+  st.initial_q(0, plan, std::span<float>(q1));
+  other.initial_q(0, plan, std::span<float>(q2));
+  CHECK(q1 == q2);
+  PowerSgdState<float> fed(PowerSgdOptions{
+      .start_iter = 2, .initial_q = [](std::size_t bucket, std::size_t param, std::span<double> q) {
+        for (std::size_t i = 0; i < q.size(); ++i) q[i] = double(bucket * 100 + param * 10 + i);
+      }});
+  fed.initial_q(3, plan, std::span<float>(q2));
+  CHECK(q2[0] == 310.0f);
+  CHECK(q2[15] == 325.0f);
 }
 
 TEST_CASE("PowerSGD: option validation names the option; parse_comm_hook knows powersgd") {

@@ -13,7 +13,8 @@
 #                           2 and 4 ranks
 #   resnet_cpu.jsonl        one ResNet training step vs torchvision on PyTorch + oneDNN, 1 and 2 threads
 #   gpt_cpu.jsonl           one training step of the DDP tutorial's minGPT vs the same model in PyTorch, 2 threads
-#   ddp_overlap.jsonl       DDP step vs the bare step and one flat all-reduce of the same gradients
+#   ddp_overlap.jsonl       DDP step vs the bare step and one flat all-reduce of the same gradients; again with
+#                           the training threads on CPU 0 and the communication threads on CPU 1
 #   ddp_toy.jsonl           the multinode tutorial job vs PyTorch DDP (gloo) under torchrun
 #   data.jsonl              ImageFolder DataLoader (224 px training transform) vs torchvision's DataLoader on the
 #                           same generated JPEGs, 1 and 2 workers (skipped when ddp was built without ddp::image)
@@ -67,10 +68,11 @@ mkdir -p "$out"
 allreduce="$build/bench/allreduce/bench_allreduce"
 ddprun="$build/tools/ddprun"
 if [[ $quick == 1 ]]; then
-  sizes=(--max-bytes $((16 << 20))); reps=1; resnet=(--quick --repeats 1); gpt=(--quick); toy_epochs=2; overlap_steps=3
+  sizes=(--max-bytes $((16 << 20))); reps=1; ar_reps=1; resnet=(--quick --repeats 1); gpt=(--quick); toy_epochs=2; overlap_steps=3
   data_epochs=1
 else
-  sizes=(--max-bytes $((256 << 20))); reps=3; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 3); toy_epochs=5
+  # 5 all-reduce repetitions: this VM's speed swings 2x between runs seconds apart (the median of 3 flipped ratios)
+  sizes=(--max-bytes $((256 << 20))); reps=3; ar_reps=5; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 3); toy_epochs=5
   overlap_steps=30; data_epochs=3
 fi
 
@@ -87,15 +89,21 @@ for line in sys.stdin:  # a JSON line, possibly behind ddprun'"'"'s "[rank0]: " 
 }
 
 rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,gpt_cpu,ddp_overlap,ddp_toy,data}.jsonl
-run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$reps" "${sizes[@]}"
+run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$ar_reps" "${sizes[@]}"
 for np in 2 4; do
-  run allreduce_tcp "$py" bench/allreduce/compare_mpi.py "$allreduce" --ours tcp --np "$np" --reps "$reps" "${sizes[@]}"
+  run allreduce_tcp "$py" bench/allreduce/compare_mpi.py "$allreduce" --ours tcp --np "$np" --reps "$ar_reps" "${sizes[@]}"
   run allreduce_tcp "$py" bench/allreduce/compare_gloo.py "$allreduce" --nproc "$np" --min-bytes 1024 "${sizes[@]}"
 done
 run resnet_cpu "$build/bench/resnet_cpu/bench_resnet_cpu" "${resnet[@]}"
 run gpt_cpu "$build/bench/gpt_cpu/bench_gpt_cpu" "${gpt[@]}"
 run ddp_overlap "$ddprun" --nproc-per-node 2 --standalone "$build/bench/ddp_overlap/bench_ddp_overlap" \
   --steps "$overlap_steps" --threads 1
+# The same with a core of its own for communication: both ranks' training threads on CPU 0, their progress
+# threads on CPU 1 (--comm-cpus), so the all-reduces can hide behind backward.
+if [[ $(nproc) -ge 2 ]]; then
+  run ddp_overlap taskset -c 0 "$ddprun" --nproc-per-node 2 --standalone "$build/bench/ddp_overlap/bench_ddp_overlap" \
+    --steps "$overlap_steps" --threads 1 --comm-cpus 1
+fi
 run ddp_toy "$py" bench/ddp_toy/compare.py "$ddprun" "$build/examples/multinode/multinode" --epochs "$toy_epochs"
 if [[ $have_data == 1 ]]; then
   run data "$py" bench/data/compare.py "$build/bench/data/bench_data" --workers 1,2 --epochs "$data_epochs" \

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ddp/comm/factory.hpp"
+#include "ddp/core/host_memory.hpp"
 #include "ddp/store/hash_store.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
@@ -38,12 +39,17 @@ struct Flags {
 
 void run(ddp::comm::Communicator& comm, const Flags& f) {
   for (std::size_t bytes = f.min_bytes; bytes <= f.max_bytes; bytes *= 4) {
-    std::vector<float> v(bytes / sizeof(float), 1.0f);
+    // Allocated as ddp allocates tensors and buckets (core/host_memory.hpp: huge-page advised from 4 MiB), which
+    // is also numpy's policy, so the mpi4py reference (np.ones) and ours run on the same kind of pages.
+    ddp::HostVector<float> v(bytes / sizeof(float), 1.0f);
     const int iters = std::max(1, static_cast<int>(f.iters_scale * (bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 20 : 5)));
-    for (int i = 0; i < 3; ++i) comm.all_reduce(std::span(v)).wait();  // warm-up: connections, scratch, pages
+    // Blocking, as the references' MPI_Allreduce and torch's dist.all_reduce (async_op=False) are: the op may run
+    // on this thread at any size (AllreduceOptions::blocking).
+    const ddp::comm::AllreduceOptions o{.blocking = true};
+    for (int i = 0; i < 3; ++i) comm.all_reduce(std::span(v), o).wait();  // warm-up: connections, scratch, pages
     comm.barrier().wait();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) comm.all_reduce(std::span(v)).wait();
+    for (int i = 0; i < iters; ++i) comm.all_reduce(std::span(v), o).wait();
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
     const int n = comm.size();
     const double algbw = static_cast<double>(bytes) / us / 1e3;

@@ -2,24 +2,31 @@
 // SPDX-License-Identifier: MIT
 //
 // Usage: ddprun --nproc-per-node 2 --standalone bench_ddp_overlap [--arch resnet18] [--width 64] [--image_size 64]
-//        [--batch_size 8] [--steps 10] [--threads 1] [--bucket-cap-mb 25]
-// Measures in one run, medians over --steps rounds. Each round times every variant once, one after the other
-// (local, comm, then a fresh DDP wrapper with copies and one with views, each after an untimed warm-up step), so a
-// drift of the machine's speed during the run (this VM's step time moves by +-25% over tens of seconds, which a
-// variant-after-variant run mistook for DDP overhead or gain) reaches every variant alike:
+//        [--batch_size 8] [--steps 10] [--threads 1] [--bucket-cap-mb 25] [--comm-cpus 1]
+// With a core left to communication: taskset -c 0 ddprun ... --comm-cpus 1 (training threads on CPU 0, the
+// progress threads on CPU 1).
+// Measures in one run, over --steps rounds. Each round times every variant once, one after the other (local,
+// comm, then a fresh DDP wrapper per variant, each after an untimed warm-up step), so a drift of the machine's
+// speed during the run (this VM's step time moves by +-25% over tens of seconds, which a variant-after-variant
+// run mistook for DDP overhead or gain) reaches every variant alike; overheads are medians of per-round
+// differences against that round's bare step.
 //   local_ms  forward + backward + SGD step of the bare model (no communication)
 //   comm_ms   all-reduce (Avg) of every gradient as one flat buffer, alone (the communication to hide)
 //   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward)
-//   ddp_no_sync_ms  the DDP step inside no_sync() (wrapper and buffer broadcast, no gradient all-reduce)
-//   ddp_view_ms, ddp_view_no_sync_ms  the same two with gradient_as_bucket_view (gradients live in the buckets:
-//             no copy into them before the all-reduce, none back after it), in the same run
-//   hidden = (local_ms + comm_ms - ddp_ms) / comm_ms, clamped to [0, 1]: 1 = communication fully hidden
-//   (hidden_fraction with copies, hidden_fraction_view without).
+//   ddp_view_ms  the same with gradient_as_bucket_view (gradients live in the buckets: no copy into them before
+//             the all-reduce, none back after it)
+//   *_no_sync_ms  each variant inside no_sync() (wrapper and buffer broadcast, no gradient all-reduce)
+//   overhead*_ms  median over rounds of (variant step - bare step); hidden_fraction* = (comm - overhead) / comm,
+//             clamped to [0, 1]: 1 = communication fully hidden
+//   *_in_flight_ms, *_exposed_ms  from the DDP step's trace: time some bucket's all-reduce was in flight, and
+//             time finish() waited after backward
 // Prints one JSON line on rank 0.
 #include <algorithm>
 #include <chrono>
 #include <cxxopts.hpp>
 #include <ddp/comm/factory.hpp>
+#include <ddp/core/cpu_affinity.hpp>
+#include <ddp/core/host_memory.hpp>
 #include <ddp/data/synthetic.hpp>
 #include <ddp/env/detect.hpp>
 #include <ddp/env/flags.hpp>
@@ -80,56 +87,77 @@ int main(int argc, char** argv) {
       model.backward(exec, ce.backward(exec).cview());
       opt.step(exec);
     };
-    // One timed call of fn, every rank starting together.
+    // One timed call of fn, every rank starting together; the slowest rank's time (a step ends for the job when
+    // its last rank ends: a DDP step's time includes waiting for the slower rank, so the bare step's must too).
     auto once = [&](auto&& fn) {
       comm->barrier().wait();
       const auto t = Clock::now();
       fn();
-      return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      comm->all_reduce(std::span<double>(&ms, 1), {.op = comm::ReduceOp::Max}).wait();
+      return ms;
     };
-    std::vector<float> flat(static_cast<std::size_t>(net.num_parameters()), 1.0f);
-    std::vector<double> local, flat_comm, ddp_step, ddp_no_sync, view_step, view_no_sync;
-    std::size_t buckets = 0, launched_during_backward = 0;
-    // A fresh wrapper per round and mode (two wrappers cannot share a module: each installs its hooks, and a view
-    // wrapper moves the gradients into its buckets); its first step, which rebuilds the buckets, is not timed.
-    auto round_ddp = [&](bool view, std::vector<double>& with_comm, std::vector<double>& without) {
+    // The flat buffer is allocated like the buckets (core/host_memory.hpp: huge-page advised), so the two
+    // all-reduces run on the same kind of memory.
+    HostVector<float> flat(static_cast<std::size_t>(net.num_parameters()), 1.0f);
+    // One DDP variant: a fresh wrapper per round (two wrappers cannot share a module: each installs its hooks,
+    // and a view wrapper moves the gradients into its buckets); its first step, which rebuilds the buckets, is
+    // not timed. Per round: the step, the step inside no_sync() (wrapper and buffer broadcast, no gradient
+    // all-reduce), and from the step's own trace (StepTrace) the time some bucket's all-reduce was in flight
+    // and the time finish() waited after backward.
+    struct Variant {
+      const char* key;  // JSON prefix
+      bool view;
+      std::vector<double> step, no_sync, overhead, in_flight, exposed;
+      std::size_t launched_during_backward = 0;
+    };
+    std::vector<Variant> variants{{"ddp", false, {}, {}, {}, {}, {}}, {"ddp_view", true, {}, {}, {}, {}, {}}};
+    std::vector<double> local, flat_comm;
+    std::size_t buckets = 0;
+    auto round_ddp = [&](Variant& v) {
       parallel::DdpOptions o = dist.ddp;
-      o.gradient_as_bucket_view = view;
+      o.gradient_as_bucket_view = v.view;
       parallel::DistributedDataParallel<float, Cpu> model(net, *comm, o);
       once([&] { step(model); });
-      with_comm.push_back(once([&] { step(model); }));
-      without.push_back(once([&] {  // the wrapper without gradient communication (buffers still broadcast)
+      v.step.push_back(once([&] { step(model); }));
+      v.overhead.push_back(v.step.back() - local.back());  // paired with this round's bare step
+      v.in_flight.push_back(model.last_trace().comm_seconds() * 1e3);
+      v.exposed.push_back(model.last_trace().exposed_comm_seconds() * 1e3);
+      v.launched_during_backward = model.last_trace().launched_during_backward();
+      v.no_sync.push_back(once([&] {
         auto guard = model.no_sync();
         step(model);
       }));
       buckets = model.buckets().size();
-      if (!view) launched_during_backward = model.last_trace().launched_during_backward();
     };
     once([&] { step(net); });  // warm-up: first-touch of every buffer, the caching allocator
     for (int s = 0; s < steps; ++s) {
       local.push_back(once([&] { step(net); }));
       flat_comm.push_back(once([&] { comm->all_reduce(std::span<float>(flat), {.op = comm::ReduceOp::Avg}).wait(); }));
-      round_ddp(false, ddp_step, ddp_no_sync);
-      round_ddp(true, view_step, view_no_sync);
+      for (Variant& v : variants) round_ddp(v);
     }
     const double local_ms = median(local), comm_ms = median(flat_comm);
-    const double ddp_ms = median(ddp_step), nosync_ms = median(ddp_no_sync);
-    const double view_ms = median(view_step), view_no_sync_ms = median(view_no_sync);
-    const double hidden = std::clamp((local_ms + comm_ms - ddp_ms) / comm_ms, 0.0, 1.0);
-    const double hidden_view = std::clamp((local_ms + comm_ms - view_ms) / comm_ms, 0.0, 1.0);
-    if (comm->rank() == 0)
-      std::cout << nlohmann::json{{"bench", "ddp_overlap"}, {"arch", args["arch"].as<std::string>()},
-                                  {"width", args["width"].as<long>()}, {"image_size", hw}, {"batch_size", b},
-                                  {"world_size", comm->size()}, {"threads", args["threads"].as<int>()},
-                                  {"parameters", net.num_parameters()}, {"buckets", buckets},
-                                  {"local_ms", local_ms}, {"comm_ms", comm_ms}, {"ddp_ms", ddp_ms}, {"ddp_no_sync_ms", nosync_ms},
-                                  {"overhead_ms", ddp_ms - local_ms}, {"hidden_fraction", hidden},
-                                  {"buckets_launched_during_backward", launched_during_backward},
-                                  {"ddp_view_ms", view_ms}, {"ddp_view_no_sync_ms", view_no_sync_ms},
-                                  {"overhead_view_ms", view_ms - local_ms}, {"hidden_fraction_view", hidden_view},
-                                  {"view_speedup", ddp_ms / view_ms}}
-                       .dump()
-                << std::endl;
+    nlohmann::json out{{"bench", "ddp_overlap"}, {"arch", args["arch"].as<std::string>()},
+                       {"width", args["width"].as<long>()}, {"image_size", hw}, {"batch_size", b},
+                       {"world_size", comm->size()}, {"threads", args["threads"].as<int>()},
+                       {"parameters", net.num_parameters()}, {"buckets", buckets}, {"rounds", steps},
+                       // where the training threads may run (taskset) and where the progress thread runs
+                       {"compute_cpus", allowed_cpus_text()}, {"comm_cpus", ddp::detail::join(dist.comm_cpus, ",")},
+                       {"local_ms", local_ms}, {"comm_ms", comm_ms}};
+    // overhead: the median of each round's (DDP step - bare step), so a drift of the machine between rounds
+    // cancels; hidden = (comm - overhead) / comm, clamped to [0, 1].
+    auto name = [](const Variant& v, const char* what) { return std::string(v.key) + what; };
+    for (const Variant& v : variants) {
+      const double overhead = median(v.overhead);
+      out[name(v, "_ms")] = median(v.step);
+      out[name(v, "_no_sync_ms")] = median(v.no_sync);
+      out[std::string("overhead") + (v.key + 3) + "_ms"] = overhead;
+      out[std::string("hidden_fraction") + (v.key + 3)] = std::clamp((comm_ms - overhead) / comm_ms, 0.0, 1.0);
+      out[name(v, "_in_flight_ms")] = median(v.in_flight);
+      out[name(v, "_exposed_ms")] = median(v.exposed);
+      out[name(v, "_buckets_launched_during_backward")] = v.launched_during_backward;
+    }
+    if (comm->rank() == 0) std::cout << out.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << e.what() << '\n';

@@ -28,6 +28,24 @@ int main() {
   try {
     comm::MpiCommunicator world({.timeout = std::chrono::seconds(60)});
     const int n = world.size();
+    {  // AllreduceOptions::blocking: 4 MiB, far above inline_max_bytes, runs on this thread when nothing is queued,
+       // so it has completed when all_reduce returns; so has the next (the first left nothing to the progress thread)
+      std::vector<float> v(1u << 20, static_cast<float>(world.rank() + 1));
+      for (int i = 0; i < 2; ++i) {
+        const comm::Work w = world.all_reduce(std::span(v), {.op = comm::ReduceOp::Sum, .blocking = true});
+        if (!w.is_completed()) {
+          std::fprintf(stderr, "FAIL world rank %d: blocking all_reduce %d returned incomplete\n", world.rank(), i);
+          ++failed;
+        }
+        w.wait();
+      }
+      const float expect = static_cast<float>(n * n * (n + 1) / 2);  // n ranks' sum, then n times that
+      if (v.front() != expect || v.back() != expect) {
+        std::fprintf(stderr, "FAIL world rank %d: blocking all_reduce gave %g, expected %g\n", world.rank(),
+                     static_cast<double>(v.front()), static_cast<double>(expect));
+        ++failed;
+      }
+    }
     for (int k = 1; k <= n; ++k) {  // groups {0..k-1}: world sizes 1..n
       std::vector<int> ranks(static_cast<std::size_t>(k));
       std::iota(ranks.begin(), ranks.end(), 0);

@@ -73,7 +73,9 @@ class CallChecks {
   }
   OpCall all_reduce(Buffer b, const AllreduceOptions& o) const {
     reaches("all_reduce", b, o.stream);
-    return in_place({.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count}, b, o);
+    OpCall c = in_place({.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count}, b, o);
+    c.blocking = o.blocking;
+    return c;
   }
   OpCall reduce(Buffer b, const ReduceOptions& o) const {
     root("reduce", o.root);

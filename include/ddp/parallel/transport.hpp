@@ -30,6 +30,7 @@
 #include "ddp/config.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/host_memory.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
@@ -189,7 +190,7 @@ class Transport<T, Cpu> {
 
  private:
   struct Bucket {
-    std::vector<T> flat;  // gradients back to back, bucket order
+    HostVector<T> flat;  // gradients back to back, bucket order (tensor memory's page policy: core/host_memory.hpp)
     HookResult pending;   // the hook's reduction in flight (an empty Work when none)
     std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
     std::optional<Clock::time_point> completed;  // the last finished reduction's completion (traces)

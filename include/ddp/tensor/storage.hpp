@@ -6,14 +6,14 @@
 // in programs that include it. Sizes are bytes (std::size_t); a zero-byte storage owns no memory.
 //
 // Host memory comes from a CachingPool (tensor/caching_pool.hpp), the same pool the GPU uses, over
-// aligned_alloc. Why: a training step frees and re-allocates the same ~1,000 temporaries every step, many
-// above glibc's mmap threshold (a 16x64x112x112 float activation is 49 MiB). glibc returns those to the
+// host_alloc (core/host_memory.hpp: 64-byte aligned, huge-page advised from 4 MiB). Why the pool: a training
+// step frees and re-allocates the same ~1,000 temporaries every step, many above glibc's mmap threshold (a 16x64x112x112 float activation is 49 MiB). glibc returns those to the
 // kernel at free and trims its heap between steps, so every step page-faulted its activations in again:
 // ~48K page faults per resnet18 step at 224 px and batch 16, about 6% of the step (bench_resnet_cpu). From
 // the cache, the second step allocates nothing (cpu_memory_stats().device_mallocs stays constant) and touches
 // pages that are already mapped. Host code runs in program order, so the pool has one stream and a freed
 // block is reusable at once. DDP_CPU_CACHING=0 (config.hpp; the default under AddressSanitizer) calls
-// aligned_alloc/free per tensor instead.
+// host_alloc/host_free per tensor instead.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +23,7 @@
 
 #include "ddp/config.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/host_memory.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/tensor/caching_pool.hpp"
 #include "ddp/tensor/device.hpp"
@@ -34,16 +35,12 @@ struct Allocator;  // static void* allocate(std::size_t bytes); static void deal
 
 namespace detail {
 
-// 64 bytes: one cache line and the widest SIMD register (AVX-512), so rows never straddle one needlessly.
-inline constexpr std::size_t kHostAlignment = 64;
-
 // CachingPool's backend for host memory: one stream (0) and events that are complete when recorded.
-// Sizes it asks for are size classes, multiples of 512 B, so aligned_alloc's size rule holds.
 struct HostPoolBackend {
   using Stream = int;
   using Event = int;
-  void* malloc(std::size_t bytes) noexcept { return std::aligned_alloc(kHostAlignment, bytes); }
-  void free(void* p) noexcept { std::free(p); }
+  void* malloc(std::size_t bytes) noexcept { return host_alloc(bytes); }
+  void free(void* p) noexcept { host_free(p); }
   Event create_event() noexcept { return 0; }
   void destroy_event(Event) noexcept {}
   void record(Event, Stream) noexcept {}
@@ -64,7 +61,7 @@ inline HostPool& host_pool() {
 
 template <>
 struct Allocator<Cpu> {
-  static constexpr std::size_t kAlignment = detail::kHostAlignment;
+  static constexpr std::size_t kAlignment = kHostAlignment;
 
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
@@ -72,8 +69,7 @@ struct Allocator<Cpu> {
     if constexpr (BuildConfig::cpu_caching) {
       p = detail::host_pool().allocate(bytes, 0);  // on failure it returned its cache to malloc and retried
     } else {
-      const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;  // aligned_alloc's rule
-      p = std::aligned_alloc(kAlignment, rounded);
+      p = host_alloc(bytes);
     }
     if (!p)
       throw ValueError(detail::str("ddp: out of host memory allocating ", bytes, " bytes (",
@@ -84,7 +80,7 @@ struct Allocator<Cpu> {
     if constexpr (BuildConfig::cpu_caching)
       detail::host_pool().deallocate(p);
     else
-      std::free(p);
+      host_free(p);
   }
 };
 

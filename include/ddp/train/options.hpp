@@ -7,17 +7,19 @@
 //   auto args = options.parse(argc, argv);
 //   ddp::train::DistFlags dist = ddp::train::read_dist_flags(args);
 // Every flag that has an environment variable takes its default from it (DDP_TIMEOUT_MS, DDP_SOCKET_IFNAME,
-// DDP_SHM, DDP_STORE_PORT), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
+// DDP_SHM, DDP_STORE_PORT, DDP_COMM_CPUS), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <cxxopts.hpp>
 
 #include "ddp/comm/types.hpp"
+#include "ddp/core/cpu_affinity.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/env/env.hpp"
@@ -32,6 +34,7 @@ struct DistFlags {
   std::string socket_ifname;
   bool shm = true;                          // tcp: shared memory between ranks on one host (DDP_SHM=0: off)
   std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
+  std::vector<int> comm_cpus;               // --comm-cpus / DDP_COMM_CPUS: the progress thread's CPUs (tcp, mpi)
   parallel::DdpOptions ddp;                 // bucket caps, communication hook, unused parameters
   std::string metrics_file;                 // JSON lines; empty: none
   std::string tensorboard_dir;              // rank 0's TensorBoard event file goes here; empty: none
@@ -40,7 +43,8 @@ struct DistFlags {
   // cuda_device: the GPU this rank trains on (train::cuda_device_for), -1 on the CPU. With it, tcp/gloo (and
   // mpi) stage device tensors through pinned memory and nccl uses that GPU (comm::CommOptions::cuda_device).
   comm::CommOptions comm_options(int cuda_device = -1) const {
-    return {.timeout = timeout, .socket_ifname = socket_ifname, .shm = shm, .cuda_device = cuda_device};
+    return {.timeout = timeout, .socket_ifname = socket_ifname, .progress_cpus = comm_cpus, .shm = shm,
+            .cuda_device = cuda_device};
   }
   bool needs_store() const { return backend != "mpi"; }
 };
@@ -63,6 +67,9 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))
       ("shm", "tcp: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))
+      ("comm-cpus", "tcp, mpi: CPUs for the communication thread, e.g. 1 or 2-3 (DDP_COMM_CPUS): a core the "
+       "training threads leave free lets DDP's all-reduces overlap with backward instead of taking turns with it; "
+       "empty: wherever the OS puts it", cxxopts::value<std::string>()->default_value(env.get("DDP_COMM_CPUS").value_or("")))
       ("store-port", "store port when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
        cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))
       ("bucket-cap-mb", "DDP gradient bucket size in MiB (first bucket 1 MiB)", cxxopts::value<double>()->default_value("25"))
@@ -100,6 +107,7 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   f.timeout = std::chrono::milliseconds(t);
   f.socket_ifname = args["socket-ifname"].as<std::string>();
   f.shm = args["shm"].as<std::string>() != "0";
+  f.comm_cpus = parse_cpu_list(args["comm-cpus"].as<std::string>(), "--comm-cpus (DDP_COMM_CPUS)");
   const int p = args["store-port"].as<int>();
   if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p, " (DDP_STORE_PORT)"));
   if (p > 0) f.store_port = static_cast<std::uint16_t>(p);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <latch>
 #include <mutex>
 #include <vector>
 
@@ -104,6 +105,33 @@ TEST_SUITE("comm") {
       for (auto& w : works) {
         if (!w.is_completed() || w.exception()) throw std::runtime_error("completed work reports otherwise");
       }
+    });
+    for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
+  }
+
+  TEST_CASE("tcp: a blocking all-reduce runs on the calling thread at any size, an async one is queued") {
+    // AllreduceOptions::blocking: 4 MiB is far above inline_max_bytes (64 KiB). On a communicator with nothing
+    // queued the blocking op has completed when all_reduce returns; so has the next (it ran inline too, so the
+    // progress thread never ran anything). Then an async op of the same size is queued: rank 1 issues its part
+    // only after rank 0's call returned, so rank 0's cannot have completed by then.
+    std::latch rank0_returned(1);
+    auto errors = test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      std::vector<float> v(1u << 20, static_cast<float>(c.rank() + 1));
+      for (int i = 0; i < 2; ++i) {
+        const comm::Work w = c.all_reduce(std::span(v), {.op = comm::ReduceOp::Sum, .blocking = true});
+        if (!w.is_completed()) throw std::runtime_error(ddp::detail::str("blocking op ", i, " returned incomplete"));
+        w.wait();
+      }
+      if (v.front() != 6.0f || v.back() != 6.0f)  // 1 + 2 = 3, then 3 + 3
+        throw std::runtime_error(ddp::detail::str("blocking all-reduces gave ", v.front(), ", expected 6"));
+      if (c.rank() == 1) rank0_returned.wait();
+      const comm::Work w = c.all_reduce(std::span(v));
+      if (c.rank() == 0) {
+        if (w.is_completed()) throw std::runtime_error("an async 4 MiB all-reduce completed before rank 1 joined");
+        rank0_returned.count_down();
+      }
+      w.wait(std::chrono::seconds(5));
+      if (v.front() != 12.0f) throw std::runtime_error(ddp::detail::str("async all-reduce gave ", v.front()));
     });
     for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
   }

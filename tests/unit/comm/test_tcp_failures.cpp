@@ -97,6 +97,22 @@ TEST_SUITE("comm") {
     for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
   }
 
+  TEST_CASE("tcp: progress_cpus pins the progress thread; a CPU the kernel refuses fails every rank's setup") {
+    auto ok = test::run_ranks(2, [](comm::TcpCommunicator& c) {
+      std::vector<float> v(100'000, 1.0f);  // above inline_max_bytes: runs on the pinned progress thread
+      c.all_reduce(std::span(v)).wait();
+      if (v[0] != 2.0f) throw std::runtime_error("all-reduce on a pinned progress thread gave a wrong sum");
+    }, {.timeout = 2000ms, .progress_cpus = {0}, .shutdown_timeout = 2000ms});
+    for (const auto& e : ok) CHECK_MESSAGE(!e, test::message(e));
+    auto refused = test::run_ranks(2, [](comm::TcpCommunicator&) {},
+                                   {.timeout = 2000ms, .progress_cpus = {CPU_SETSIZE - 1}, .shutdown_timeout = 2000ms});
+    for (const auto& e : refused) {
+      REQUIRE(e);
+      CHECK_MESSAGE(test::message(e).find("--comm-cpus (DDP_COMM_CPUS) 1023: the kernel refused to pin") !=
+                        std::string::npos, test::message(e));
+    }
+  }
+
   TEST_CASE("make_communicator: backends by name") {
     store::HashStore store(1s);
     env::LaunchInfo one{.rank = 0, .world_size = 1};

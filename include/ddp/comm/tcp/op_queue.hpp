@@ -3,9 +3,9 @@
 // SPDX-License-Identifier: MIT
 //
 // How an op is issued (submit): under the queue's lock the op gets its sequence number and label
-// (OpSequence) and becomes a Task. A collective of at most inline_max_bytes issued while nothing is queued
-// or running runs on the calling thread instead, which saves the thread hand-off (tens of microseconds).
-// Everything else is queued. The progress thread hands each collective to run_collective, and a send or
+// (OpSequence) and becomes a Task. A collective of at most inline_max_bytes (or a blocking all-reduce, any
+// size: AllreduceOptions::blocking) issued while nothing is queued or running runs on the calling thread
+// instead, which saves the thread hand-off (tens of microseconds). Everything else is queued. The progress thread hands each collective to run_collective, and a send or
 // recv to run_p2p, which also takes the send/recv ops queued behind it (take_p2p) until the next
 // collective: the batch of p2p.hpp. A send or recv queued while a batch runs wakes it through wake_fd().
 // Example: all_reduce(1 KiB) on an idle queue runs inline and its Work is complete on return;
@@ -30,11 +30,13 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/tcp/mesh.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
+#include "ddp/core/cpu_affinity.hpp"
 #include "ddp/core/fd.hpp"
 
 namespace ddp::comm::tcp {
@@ -61,12 +63,20 @@ class OpQueue {
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
 
-  // Starts the progress thread. Until then (while the mesh is built) nothing may be submitted.
-  void start(std::function<void(Task&)> run_collective, std::function<void(Task)> run_p2p) {
+  // Starts the progress thread, on `cpus` when not empty (CommOptions::progress_cpus; a ConfigError, with the
+  // thread stopped, when the kernel refuses them). Until then (while the mesh is built) nothing may be submitted.
+  void start(std::function<void(Task&)> run_collective, std::function<void(Task)> run_p2p,
+             const std::vector<int>& cpus = {}) {
     run_collective_ = std::move(run_collective);
     run_p2p_ = std::move(run_p2p);
     wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     thread_ = std::thread([this] { loop(); });
+    try {
+      pin_thread(thread_, cpus, "--comm-cpus (DDP_COMM_CPUS)");
+    } catch (...) {
+      stop();
+      throw;
+    }
   }
 
   // Runs what is queued, then joins the thread. Idempotent.
@@ -98,7 +108,8 @@ class OpQueue {
     };
     Work work(t.state);
     // Never inline send/recv: an irecv must return before the matching send is issued.
-    if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || bytes <= inline_max_bytes_)) {
+    const bool small = bytes <= inline_max_bytes_ || (call.blocking && inline_max_bytes_ > 0);
+    if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || small)) {
       run_here(t, lock);
       return work;
     }

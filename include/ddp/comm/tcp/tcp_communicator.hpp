@@ -152,7 +152,8 @@ class TcpCommunicator final : public Communicator {
       throw store_failed(rank, size, e);
     }
     queue_.start([this](tcp::Task& t) { run_collective(t); },
-                 [this](tcp::Task t) { tcp::run_p2p_batch(std::move(t), queue_, mesh_, failure_, position_); });
+                 [this](tcp::Task t) { tcp::run_p2p_batch(std::move(t), queue_, mesh_, failure_, position_); },
+                 opts_.progress_cpus);
     DDP_LOG_DEBUG(who(rank_, size_), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_,
                   "; shared memory ", shm_ ? "on" : "off", ")");
   }

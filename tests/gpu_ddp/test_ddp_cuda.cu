@@ -117,6 +117,17 @@ float hook_dy(int rank, std::int64_t k) {
   return ((k / 48 + rank) % 3 == 0 ? -1.0f : 1.0f) * std::ldexp(m, e);
 }
 
+// Every parameter's gradient, back to back, copied to the host.
+template <ddp::Device D>
+std::vector<float> host_grads(ddp::nn::Module<float, D>& net, Exec<D>& e) {
+  std::vector<float> out;
+  for (auto* p : net.parameters()) {
+    const auto g = ddp::to<Cpu>(p->grad().cview(), e);
+    out.insert(out.end(), g.data(), g.data() + g.numel());
+  }
+  return out;
+}
+
 // One DDP backward of the Linear on device D with `hook` (and gradient_as_bucket_view `view`); the gradients
 // every parameter ends with, back to back on the host. Small buckets: weight and bias in buckets of their own.
 template <ddp::Device D>
@@ -135,12 +146,7 @@ std::vector<float> hooked_grads(ddp::comm::Communicator& comm, ddp::parallel::Co
   net.zero_grad();
   model.forward(e, xd.cview());
   model.backward(e, dyd.cview());
-  std::vector<float> out;
-  for (auto* p : net.parameters()) {
-    const auto g = ddp::to<Cpu>(p->grad().cview(), e);
-    out.insert(out.end(), g.data(), g.data() + g.numel());
-  }
-  return out;
+  return host_grads(net, e);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -188,12 +194,7 @@ std::vector<std::vector<float>> powersgd_grads(ddp::comm::Communicator& comm, in
     net.zero_grad();
     model.forward(e, xd.cview());
     model.backward(e, dyd.cview());
-    std::vector<float> out;
-    for (auto* p : net.parameters()) {
-      const auto g = ddp::to<Cpu>(p->grad().cview(), e);
-      out.insert(out.end(), g.data(), g.data() + g.numel());
-    }
-    steps.push_back(std::move(out));
+    steps.push_back(host_grads(net, e));
   }
   return steps;
 }

@@ -11,7 +11,8 @@
 // "madvise", grants huge pages only to advised memory. We follow numpy: blocks of at least kHugePageAdviceBytes
 // are advised from their first page boundary to their last, and the kernel backs every whole 2 MiB-aligned
 // stretch inside with a huge page at first touch. No rounding: the block uses the memory it asked for. Where
-// the mode is "never", or not on Linux, the advice is a no-op.
+// the mode is "never", or not on Linux, the advice is a no-op; DDP_HUGE_PAGES=0 turns it off (to compare, or
+// where compaction stalls at first touch matter more than TLB misses).
 #pragma once
 
 #include <cstddef>
@@ -44,12 +45,21 @@ inline void advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #endif
 }
 
+// False when DDP_HUGE_PAGES=0 (read once).
+inline bool huge_page_advice_enabled() noexcept {
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_HUGE_PAGES");
+    return !(v && v[0] == '0' && v[1] == '\0');
+  }();
+  return on;
+}
+
 // `bytes` (> 0) of host memory, kHostAlignment-aligned, huge-page advised from kHugePageAdviceBytes up;
 // nullptr when out of memory. Freed with host_free.
 inline void* host_alloc(std::size_t bytes) noexcept {
   const std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;  // aligned_alloc's rule
   void* p = std::aligned_alloc(kHostAlignment, rounded);
-  if (p && rounded >= kHugePageAdviceBytes) advise_huge_pages(p, rounded);
+  if (p && rounded >= kHugePageAdviceBytes && huge_page_advice_enabled()) advise_huge_pages(p, rounded);
   return p;
 }
 inline void host_free(void* p) noexcept { std::free(p); }

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -30,7 +31,17 @@ TEST_SUITE("core") {
   }
 
   TEST_CASE("pin_thread: the thread runs only where asked; a CPU the kernel refuses names the flag") {
-    std::thread t([] {});
+    // Alive until checked (an exited thread's affinity cannot be set); released and joined however the case ends.
+    std::latch done(1);
+    std::thread t([&] { done.wait(); });
+    struct Release {
+      std::latch& done;
+      std::thread& t;
+      ~Release() {
+        done.count_down();
+        t.join();
+      }
+    } release{done, t};
     pin_thread(t, {0}, "--comm-cpus");
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -43,6 +54,5 @@ TEST_SUITE("core") {
     CHECK_THROWS_WITH_AS(pin_thread(t, {CPU_SETSIZE - 1}, "--comm-cpus"),
                          doctest::Contains("ddp: --comm-cpus 1023: the kernel refused to pin the communication "
                                            "thread there"), ConfigError);
-    t.join();
   }
 }

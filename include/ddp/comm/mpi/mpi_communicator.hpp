@@ -56,6 +56,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/comm/mpi/fingerprint_words.hpp"
 #include "ddp/comm/mpi/mpi_check.hpp"
+#include "ddp/comm/mpi/reduce_ops.hpp"
 #include "ddp/comm/mpi/ring_allreduce.hpp"
 #include "ddp/comm/mpi/runtime.hpp"
 #include "ddp/comm/reduce.hpp"
@@ -64,15 +65,6 @@
 #include "ddp/core/log.hpp"
 
 namespace ddp::comm {
-
-namespace mpi {
-
-template <DType D, ReduceOp O>
-void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  reduce_into(inout, in, static_cast<std::size_t>(*len), D, O);
-}
-
-}  // namespace mpi
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -138,7 +130,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Request req;
       const bool me = rank_ == root;
       DDP_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : b.data, me ? b.data : nullptr, count_of(b),
-                                mpi::datatype_of(b.dtype), op_of(b.dtype, op), root, comm_, &req));
+                                mpi::datatype_of(b.dtype), ops_.of(b.dtype, op), root, comm_, &req));
       return Pending{req, [this, b, op, me] {
                        if (me && op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
                      }};
@@ -156,7 +148,7 @@ class MpiCommunicator final : public Communicator {
     return submit(c, [this, in = c.in, out = c.out, op = c.fp.op] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi::datatype_of(in.dtype),
-                                              op_of(in.dtype, op), comm_, &req));
+                                              ops_.of(in.dtype, op), comm_, &req));
       return Pending{req, [this, out, op] {
                        if (op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
                      }};
@@ -219,7 +211,6 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> fp_reqs;       // receives from every peer, then sends to every peer
     std::vector<std::byte> fp_out;          // my fingerprint, then the carried data
     std::unique_ptr<std::byte[]> fp_in;     // kMsgCap bytes per rank (this rank's slot unused)
-    std::vector<std::uint64_t> fps;         // kFpWords per rank: mine first, then everyone's (compare)
     bool fp_pending() const {
       return std::any_of(fp_reqs.begin(), fp_reqs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
     }
@@ -240,7 +231,6 @@ class MpiCommunicator final : public Communicator {
     sequence_.emplace(rank_, size_);
     DDP_MPI_CHECK(MPI_Comm_dup(comm_, &proto_comm_));
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(proto_comm_, MPI_ERRORS_RETURN));
-    create_ops();
     thread_ = std::thread([this] { progress_loop(); });
     try {
       pin_thread(thread_, opts_.progress_cpus, "--comm-cpus (DDP_COMM_CPUS)");
@@ -262,34 +252,6 @@ class MpiCommunicator final : public Communicator {
 
   static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
   static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
-
-  void create_ops() {
-    auto make = [](MPI_User_function* f) {
-      MPI_Op op;
-      DDP_MPI_CHECK(MPI_Op_create(f, 1, &op));
-      return op;
-    };
-    bf16_ops_[0] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Sum>);
-    bf16_ops_[1] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Min>);
-    bf16_ops_[2] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Max>);
-    bf16_ops_[3] = make(&mpi::user_reduce<DType::BF16, ReduceOp::Product>);
-    f16_ops_[0] = make(&mpi::user_reduce<DType::F16, ReduceOp::Sum>);
-    f16_ops_[1] = make(&mpi::user_reduce<DType::F16, ReduceOp::Min>);
-    f16_ops_[2] = make(&mpi::user_reduce<DType::F16, ReduceOp::Max>);
-    f16_ops_[3] = make(&mpi::user_reduce<DType::F16, ReduceOp::Product>);
-    u8_ops_[0] = make(&mpi::user_reduce<DType::U8, ReduceOp::Sum>);
-    u8_ops_[1] = make(&mpi::user_reduce<DType::U8, ReduceOp::Min>);
-    u8_ops_[2] = make(&mpi::user_reduce<DType::U8, ReduceOp::Max>);
-    u8_ops_[3] = make(&mpi::user_reduce<DType::U8, ReduceOp::Product>);
-  }
-  MPI_Op op_of(DType d, ReduceOp op) const {
-    const int i = op == ReduceOp::Min ? 1 : op == ReduceOp::Max ? 2 : op == ReduceOp::Product ? 3 : 0;
-    if (d == DType::BF16) return bf16_ops_[i];
-    if (d == DType::F16) return f16_ops_[i];
-    if (d == DType::U8) return u8_ops_[i];  // Open MPI's vectorised uint8 sum does not wrap modulo 256
-    constexpr MPI_Op kBuiltin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
-    return kBuiltin[i];
-  }
 
   // The rings' scratch (two segments each): reused, not allocated per op.
   // Touched only by the thread that runs ops (see submit), like failed_.
@@ -485,30 +447,12 @@ class MpiCommunicator final : public Communicator {
     if (t.fp.op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
   }
 
-  // 32 bytes that every rank must agree on. seq is included so that a rank that skipped an op is seen.
-  // The exchanged fingerprints: empty when all agree, else the message every rank raises. It names the
-  // first rank whose op differs from this rank's, and when this rank is the odd one out, says so.
-  std::string compare_fingerprints(Task& t) const {
-    t.fps.assign(kFpWords * (static_cast<std::size_t>(size_) + 1), 0);
-    std::memcpy(t.fps.data(), t.fp_out.data(), kFpBytes);
-    for (int r = 0; r < size_; ++r)
-      std::memcpy(t.fps.data() + kFpWords * (static_cast<std::size_t>(r) + 1),
-                  r == rank_ ? t.fp_out.data() : t.fp_in.get() + kMsgCap * static_cast<std::size_t>(r), kFpBytes);
-    const std::uint64_t* mine = t.fps.data();
-    const std::uint64_t* all = t.fps.data() + kFpWords;
-    std::vector<int> differ;
-    for (int r = 0; r < size_; ++r)
-      if (!std::equal(mine, mine + kFpWords, all + kFpWords * static_cast<std::size_t>(r))) differ.push_back(r);
-    if (differ.empty()) return {};
-    const int j = differ.front();
-    std::string msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ", j, ", which ran ",
-                                       mpi::unpack_fingerprint(all + kFpWords * static_cast<std::size_t>(j)).full_label(),
-                                       " at this point");
-    if (differ.size() > 1)
-      msg += ddp::detail::str(" (", differ.size(), " of ", size_, " ranks differ from this one: ",
-                              ddp::detail::join(differ, ", "), ")");
-    return msg + ". Every rank must call the same collectives in the same order with the same dtype, count, root "
-                 "and op.";
+  // The exchanged fingerprints (seq included, so a rank that skipped an op is seen): empty when all agree, else
+  // the message every rank raises (mpi::mismatch_message).
+  std::string compare_fingerprints(const Task& t) const {
+    return mpi::mismatch_message(rank_, size_, t.fp, [&](int r) {
+      return r == rank_ ? t.fp_out.data() : t.fp_in.get() + kMsgCap * static_cast<std::size_t>(r);
+    });
   }
 
   // True when the task is finished (completed, failed or timed out).
@@ -602,7 +546,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   CommOptions opts_;
   int rank_ = 0, size_ = 1;
-  MPI_Op bf16_ops_[4] = {}, f16_ops_[4] = {}, u8_ops_[4] = {};
+  mpi::ReduceOps ops_;  // MPI's reductions (reduce, reduce_scatter) per dtype and op
   MPI_Comm proto_comm_ = MPI_COMM_NULL;  // fingerprints and rings (see the file comment)
   // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
   // progress thread has nothing; the hand-over goes through mu_).

@@ -106,12 +106,12 @@ int main(int argc, char** argv) {
     // all-reduce), and from the step's own trace (StepTrace) the time some bucket's all-reduce was in flight
     // and the time finish() waited after backward.
     struct Variant {
-      const char* key;  // JSON prefix
+      std::string suffix;  // of its JSON keys: "" (copies), "_view" (gradient_as_bucket_view)
       bool view;
       std::vector<double> step, no_sync, overhead, in_flight, exposed;
       std::size_t launched_during_backward = 0;
     };
-    std::vector<Variant> variants{{"ddp", false, {}, {}, {}, {}, {}}, {"ddp_view", true, {}, {}, {}, {}, {}}};
+    std::vector<Variant> variants{{"", false, {}, {}, {}, {}, {}}, {"_view", true, {}, {}, {}, {}, {}}};
     std::vector<double> local, flat_comm;
     std::size_t buckets = 0;
     auto round_ddp = [&](Variant& v) {
@@ -146,16 +146,15 @@ int main(int argc, char** argv) {
                        {"local_ms", local_ms}, {"comm_ms", comm_ms}};
     // overhead: the median of each round's (DDP step - bare step), so a drift of the machine between rounds
     // cancels; hidden = (comm - overhead) / comm, clamped to [0, 1].
-    auto name = [](const Variant& v, const char* what) { return std::string(v.key) + what; };
     for (const Variant& v : variants) {
       const double overhead = median(v.overhead);
-      out[name(v, "_ms")] = median(v.step);
-      out[name(v, "_no_sync_ms")] = median(v.no_sync);
-      out[std::string("overhead") + (v.key + 3) + "_ms"] = overhead;
-      out[std::string("hidden_fraction") + (v.key + 3)] = std::clamp((comm_ms - overhead) / comm_ms, 0.0, 1.0);
-      out[name(v, "_in_flight_ms")] = median(v.in_flight);
-      out[name(v, "_exposed_ms")] = median(v.exposed);
-      out[name(v, "_buckets_launched_during_backward")] = v.launched_during_backward;
+      out["ddp" + v.suffix + "_ms"] = median(v.step);
+      out["ddp" + v.suffix + "_no_sync_ms"] = median(v.no_sync);
+      out["overhead" + v.suffix + "_ms"] = overhead;
+      out["hidden_fraction" + v.suffix] = std::clamp((comm_ms - overhead) / comm_ms, 0.0, 1.0);
+      out["ddp" + v.suffix + "_in_flight_ms"] = median(v.in_flight);
+      out["ddp" + v.suffix + "_exposed_ms"] = median(v.exposed);
+      out["ddp" + v.suffix + "_buckets_launched_during_backward"] = v.launched_during_backward;
     }
     if (comm->rank() == 0) std::cout << out.dump() << std::endl;
     return 0;

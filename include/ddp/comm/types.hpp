@@ -18,9 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/str.hpp"
@@ -216,6 +216,13 @@ struct OpCall {
   void* stream = nullptr;                // cudaStream_t (device-memory backends); null: the legacy default stream
   bool blocking = false;                 // all_reduce: AllreduceOptions::blocking
 };
+
+// Whether an op that moves `bytes` may run on the calling thread when nothing else is queued (tcp and mpi):
+// up to inline_max_bytes (CommOptions), or at any size when the caller waits at once (AllreduceOptions::
+// blocking) and inline execution is not disabled (inline_max_bytes 0).
+inline bool runs_inline(std::size_t bytes, bool blocking, std::size_t inline_max_bytes) noexcept {
+  return bytes <= inline_max_bytes || (blocking && inline_max_bytes > 0);
+}
 
 // Element types the collectives accept: float, double, bfloat16, half, int32, int64, uint8.
 template <class T>

@@ -270,9 +270,10 @@ class MpiCommunicator final : public Communicator {
     p.ring.reset();
   }
 
-  // Numbers the call, then runs it here when it is a collective of at most inline_max_bytes (or a blocking
-  // one, any size) and nothing else is queued or in flight (no hand-off to the progress thread and back:
-  // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit MPI's int.
+  // Numbers the call, then runs it here when comm::runs_inline allows it (at most inline_max_bytes, or a
+  // blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress thread and back:
+  // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit
+  // MPI's int.
   Work submit(OpCall call, Body body, bool carried = false) {
     for (const Buffer* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
@@ -288,7 +289,7 @@ class MpiCommunicator final : public Communicator {
            .carried = carried};
     Work work(t.state);
     const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 && !running_here_ &&
-                      (call.blocking || std::max(call.in.bytes(), call.out.bytes()) <= opts_.inline_max_bytes);
+                      runs_inline(std::max(call.in.bytes(), call.out.bytes()), call.blocking, opts_.inline_max_bytes);
     if (here) {
       run_here(std::move(t), lock);
       return work;

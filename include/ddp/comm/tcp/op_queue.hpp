@@ -3,9 +3,10 @@
 // SPDX-License-Identifier: MIT
 //
 // How an op is issued (submit): under the queue's lock the op gets its sequence number and label
-// (OpSequence) and becomes a Task. A collective of at most inline_max_bytes (or a blocking all-reduce, any
-// size: AllreduceOptions::blocking) issued while nothing is queued or running runs on the calling thread
-// instead, which saves the thread hand-off (tens of microseconds). Everything else is queued. The progress thread hands each collective to run_collective, and a send or
+// (OpSequence) and becomes a Task. A collective that comm::runs_inline allows (at most inline_max_bytes, or
+// a blocking all-reduce of any size: AllreduceOptions::blocking) issued while nothing is queued or running
+// runs on the calling thread instead, which saves the thread hand-off (tens of microseconds). Everything else
+// is queued. The progress thread hands each collective to run_collective, and a send or
 // recv to run_p2p, which also takes the send/recv ops queued behind it (take_p2p) until the next
 // collective: the batch of p2p.hpp. A send or recv queued while a batch runs wakes it through wake_fd().
 // Example: all_reduce(1 KiB) on an idle queue runs inline and its Work is complete on return;
@@ -108,8 +109,7 @@ class OpQueue {
     };
     Work work(t.state);
     // Never inline send/recv: an irecv must return before the matching send is issued.
-    const bool small = bytes <= inline_max_bytes_ || (call.blocking && inline_max_bytes_ > 0);
-    if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || small)) {
+    if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || runs_inline(bytes, call.blocking, inline_max_bytes_))) {
       run_here(t, lock);
       return work;
     }

@@ -212,8 +212,8 @@ class PowerSgdDevice {
   }
 
   // torch's powerSGD_hook up to the first all-reduce, on exec's stream (the comm stream, after the bucket's
-  // copies); the host never waits. Before start_iter: nullopt, and the caller runs the plain Avg all-reduce. The steps and their order are
-  // the CPU hook's (parallel/powersgd.hpp, steps 1-4); row-major M (rows x cols) is cuBLAS's column-major
+  // copies); the host never waits. Before start_iter: nullopt, and the caller runs the plain Avg all-reduce.
+  // The steps and their order are the CPU hook's (parallel/powersgd.hpp, steps 1-4); row-major M (rows x cols) is cuBLAS's column-major
   // M^T, so P = M Q is computed as P^T = Q^T M^T (gemm N, N).
   std::optional<comm::Work> launch(std::size_t b, const Exec<Cuda>& exec, std::span<T> flat, comm::Communicator& comm) {
     PowerSgdState<T>& s = state_;

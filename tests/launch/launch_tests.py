@@ -98,11 +98,19 @@ def case_signal_exit(a):
 
 
 def case_restart(a):
-    # Rank 1 fails on the first attempt only; with --max-restarts 2 the job succeeds on the second.
+    # Rank 1 fails on the first attempt only; with --max-restarts 2 the job succeeds on the second. Rank 1 fails
+    # only once rank 0 has printed (the marker file): otherwise the stop could reach rank 0 before its echo.
+    marker = os.path.join(tempfile.mkdtemp(prefix="ddp_restart_"), "rank0_printed")
     script = ('echo "count=$TORCHELASTIC_RESTART_COUNT max=$TORCHELASTIC_MAX_RESTARTS"; '
-              'if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 5; fi; '
-              'if [ "$RANK" = 0 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 30; fi')
-    rc, out, err = run([a.ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "sh", "-c", script])
+              'if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
+              f'while [ ! -e {marker} ]; do sleep 0.01; done; exit 5; fi; '
+              'if [ "$RANK" = 0 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
+              f'touch {marker}; exec sleep 30; fi')
+    try:
+        rc, out, err = run([a.ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "sh", "-c",
+                            script])
+    finally:
+        shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
     print(f"restart: rc={rc}\n{out}")
     expect(rc == 0, f"rc={rc}, expected 0 after one restart", out, err)
     lines = sorted(out.splitlines())

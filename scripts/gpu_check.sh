@@ -17,9 +17,15 @@
 # nvidia-nccl wheel beside python3's torch), torchrun and PyTorch (python3). The header-only packages ddp
 # builds with (doctest, cxxopts, nlohmann_json) are taken from the system, or from DDP_GPU_DEPS (default:
 # .gpu_deps in the repository, made by scripts/gpu_deps.sh on a Debian machine, for GPU machines without them).
-# Environment: DDP_GPU_BUILD (build dir, default build/gpu), DDP_GPU_JOBS (default nproc), PYTHON (default python3),
+# Environment: DDP_GPU_BUILD (build dir, default build/gpu), DDP_GPU_JOBS (default nproc), DDP_GPU_CTEST_JOBS (gpu
+# tests at once, default 1), DDP_GPU_TEST_TIMEOUT (seconds per gpu test, default 540), PYTHON (default python3),
 # DDP_GPU_BENCH_ROWS (the bench rows to run; default r50_bf16_b256 r50_bf16_b32; also r50_tf32_b128 and
-# r18_r152_bf16_b256), DDP_GPU_BENCH_COMPILE=1 (add torch.compile to the resnet50 bf16 rows).
+# r18_r152_bf16_b256), DDP_GPU_BENCH_COMPILE=1 (add torch.compile to the resnet50 bf16 rows), DDP_GPU_BUDGET_S (the
+# seconds the whole check may take, for a short device lease: each step's limit is cut to what is left, and a step
+# that would start with under 20 s left is recorded as skipped "budget spent"; the steps run most telling first:
+# the gpu tests, the tutorial runs, the kill -9, the sanitizers, the bench). A prebuilt build directory (built
+# elsewhere for this GPU's architecture and carried here) is used as it is with --phase test or --phase bench.
+# DDP_GPU_SKIP: a bash regex of step names to leave out (recorded as skipped), e.g. steps a run already passed.
 # SPDX-License-Identifier: MIT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,9 +118,24 @@ fi
 
 # step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in logs/NAME.log; exit 77 means skipped (the
 # last line of the log says why).
+deadline=$(( ${DDP_GPU_BUDGET_S:+$(date +%s) + DDP_GPU_BUDGET_S} ))  # 0: no budget
 step() {
   local name=$1 limit=$2; shift 2
   local log="$out/logs/$name.log" t0 rc status note
+  if [ -n "${DDP_GPU_SKIP:-}" ] && [[ $name =~ $DDP_GPU_SKIP ]]; then
+    printf '%s\tskip\t0\tleft out by DDP_GPU_SKIP\n' "$name" >> "$results"
+    printf 'gpu_check: %-40s skip  left out by DDP_GPU_SKIP\n' "$name"
+    return 0
+  fi
+  if [ "$deadline" -gt 0 ]; then
+    local left=$(( deadline - $(date +%s) ))
+    if [ "$left" -lt 20 ]; then
+      printf '%s\tskip\t0\tbudget spent (DDP_GPU_BUDGET_S=%s)\n' "$name" "$DDP_GPU_BUDGET_S" >> "$results"
+      printf 'gpu_check: %-40s skip  budget spent\n' "$name"
+      return 0
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   t0=$(date +%s%N)
   timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
   rc=$?
@@ -151,27 +172,22 @@ fi
 
 # ---- phase test ----
 if want test; then
-  [ -x "$(bin tools/ddprun/ddprun)" ] || { echo "gpu_check: no build in $build: run --phase build first"; write_report 1 "no build"; exit 1; }
+  [ -x "$(bin tools/ddprun)" ] || { echo "gpu_check: no build in $build: run --phase build first"; write_report 1 "no build"; exit 1; }
   export DDP_TIMEOUT_MS=${DDP_TIMEOUT_MS:-60000}
   [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  step ctest_gpu 600 ctest --test-dir "$repo/$build" -L gpu --output-on-failure --timeout 540
-  sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$nvcc")"/compute-sanitizer 2>/dev/null)
-  if [ -n "$sanitizer" ]; then
-    for t in unit_kernels_cuda unit_nn_cuda gpu_ddp; do
-      step "memcheck_$t" 600 "$sanitizer" --tool memcheck --error-exitcode 3 "$(bin tests/$t)"
-    done
-    step racecheck_unit_kernels_cuda 600 "$sanitizer" --tool racecheck --error-exitcode 3 "$(bin tests/unit_kernels_cuda)"
-  else
-    printf 'sanitizers\tskip\t0\tno compute-sanitizer next to nvcc or on PATH\n' >> "$results"
-  fi
-  ddprun=$(bin tools/ddprun/ddprun) resnet=$(bin examples/resnet/resnet) multinode=$(bin examples/multinode/multinode)
+  # gpu_resnet_tutorial is left to the tutorial step below (same script), so that it runs once.
+  step ctest_gpu 600 ctest --test-dir "$repo/$build" -L gpu -E '^gpu_resnet_tutorial$' --output-on-failure --timeout "${DDP_GPU_TEST_TIMEOUT:-540}" -j "${DDP_GPU_CTEST_JOBS:-1}"
+  ddprun=$(bin tools/ddprun) resnet=$(bin examples/resnet/resnet) multinode=$(bin examples/multinode/multinode)
   work=$(mktemp -d /tmp/ddp_gpu_check.XXXXXX)
   syn=(--use_syn --steps_syn 5 --arch resnet18 --batch_size 16 --image_size 64 --model_dir "$work/m")
   step tutorial_ddprun_torchrun 600 env TORCHRUN="$(command -v torchrun || true)" bash tests/gpu_resnet/tutorial.sh "$ddprun" "$resnet"
   for n in 2 4; do
     step "gloo_cuda_world$n" 300 "$ddprun" --nproc-per-node "$n" --standalone "$resnet" --backend gloo --device cuda "${syn[@]}"
   done
+  # The staged holds as stream memory waits (opt-in until this step has passed: comm/staging, D23).
+  step gloo_cuda_world2_memory_wait 300 env DDP_STAGING_MEMORY_WAIT=1 "$ddprun" --nproc-per-node 2 --standalone \
+    "$resnet" --backend gloo --device cuda "${syn[@]}"
   free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
   # multinode (the tutorial's multinode_gpu_ddp.py and its MPI variant): nccl, one GPU per rank, world 1 here;
   # then gloo with 2 ranks sharing the GPU (the tcp backend stages CUDA tensors through pinned host memory).
@@ -217,6 +233,19 @@ if want test; then
     [ "$rc" -ne 0 ] && ! pgrep -f -- "--model_dir $work/k" >/dev/null
   }
   step kill9_rank1 90 bash -c "$(declare -f kill_one); work='$work' ddprun='$ddprun' resnet='$resnet'; kill_one"
+  # The sanitizers last: they are the slowest steps (a budget may leave them out).
+  sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$nvcc")"/compute-sanitizer 2>/dev/null)
+  if [ -n "$sanitizer" ]; then
+    for t in unit_kernels_cuda unit_nn_cuda gpu_ddp/gpu_ddp; do
+      step "memcheck_${t##*/}" 600 "$sanitizer" --tool memcheck --error-exitcode 3 "$(bin tests/$t)"
+    done
+    # racecheck on ddp's own kernels: cuDNN's (names containing "cudnn") are not ours to fix, and the first GPU
+    # run (2026-11-27) saw racecheck flag shared-memory hazards inside cuDNN's sm90 dgrad kernel.
+    step racecheck_unit_kernels_cuda 600 "$sanitizer" --tool racecheck --kernel-name-exclude kns=cudnn \
+      --error-exitcode 3 "$(bin tests/unit_kernels_cuda)"
+  else
+    printf 'sanitizers\tskip\t0\tno compute-sanitizer next to nvcc or on PATH\n' >> "$results"
+  fi
   rm -rf "$work"
 fi
 

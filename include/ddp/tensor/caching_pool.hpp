@@ -149,6 +149,24 @@ class CachingPool {
       blk->uses.push_back(stream);
   }
 
+  // `stream` is about to be destroyed (a communicator's own stream): every block in use that it used
+  // (record_stream) takes an event recorded on it now instead, so that the block's deallocate, later, never
+  // records on the destroyed stream. The stream must touch those blocks no more. (The first GPU run,
+  // 2026-11-27, crashed in cudaEventRecord freeing a tensor that an nccl all-reduce had used after the
+  // communicator, and its stream, were gone.)
+  void retire_stream(Stream stream) {
+    std::lock_guard lk(mu_);
+    for (auto& [addr, blk] : blocks_) {
+      if (!blk.in_use) continue;
+      auto it = std::find_if(blk.uses.begin(), blk.uses.end(), [&](Stream s) { return key(s) == key(stream); });
+      if (it == blk.uses.end()) continue;
+      Event e = take_event_locked();
+      b_.record(e, stream);
+      blk.retired.push_back(e);
+      blk.uses.erase(it);
+    }
+  }
+
   // Returns the block starting at `p` to the cache (at once, or after the events of the other streams that
   // used it). Never throws; a pointer the pool does not know, or a double free, is logged and ignored.
   void deallocate(void* p) noexcept {
@@ -165,11 +183,11 @@ class CachingPool {
       Block& blk = it->second;
       blk.in_use = false;
       stats_.current_bytes -= blk.size;
-      if (blk.uses.empty()) {
+      if (blk.uses.empty() && blk.retired.empty()) {
         free_[{key(blk.stream), blk.size}].push_back(&blk);
         return;
       }
-      Pending pend{.block = &blk, .events = {}};
+      Pending pend{.block = &blk, .events = std::exchange(blk.retired, {})};
       for (Stream s : blk.uses) {
         Event e = take_event_locked();
         b_.record(e, s);
@@ -207,6 +225,7 @@ class CachingPool {
     std::size_t size = 0;       // rounded size class
     Stream stream{};            // the stream it was allocated on: its cache
     std::vector<Stream> uses;   // other streams that used it since it was handed out
+    std::vector<Event> retired; // events recorded on used streams that were destroyed since (retire_stream)
     bool in_use = false;
   };
   struct Pending {

@@ -29,6 +29,7 @@ struct FakeDevice {
     std::map<int, std::int64_t> enqueued, completed;     // per stream
     std::vector<std::pair<int, std::int64_t>> events;    // (stream, position) per event id
     std::int64_t mallocs = 0, failed_mallocs = 0, synchronizes = 0;
+    std::map<int, std::int64_t> records;                 // events recorded, per stream
     // Blocks a test still holds when its pool is gone (the pool never frees blocks in use) end with the device.
     ~State() {
       for (auto& [p, n] : live) ::operator delete(p);
@@ -59,7 +60,10 @@ struct FakeDevice {
     return static_cast<int>(st->events.size() - 1);
   }
   void destroy_event(Event) noexcept {}
-  void record(Event e, Stream s) { st->events.at(static_cast<std::size_t>(e)) = {s, st->enqueued[s]}; }
+  void record(Event e, Stream s) {
+    ++st->records[s];
+    st->events.at(static_cast<std::size_t>(e)) = {s, st->enqueued[s]};
+  }
   bool query(Event e) {
     auto [s, pos] = st->events.at(static_cast<std::size_t>(e));
     return st->completed[s] >= pos;
@@ -145,6 +149,28 @@ TEST_SUITE("caching_pool") {
     CHECK(dev.st->synchronizes == 0);  // found complete by query, never waited for
     pool.deallocate(b);
     pool.deallocate(c);
+  }
+
+  TEST_CASE("retire_stream: the block waits for what the retired stream held, and its free records nothing there") {
+    FakeDevice dev;
+    Pool pool(dev);
+    void* a = pool.allocate(std::size_t{1} << 20, 1);
+    void* other = pool.allocate(std::size_t{1} << 20, 1);  // not used on stream 2: retire leaves it alone
+    pool.record_stream(a, 2);
+    dev.launch(2);  // an nccl op reading a on the communicator's stream 2
+    pool.retire_stream(2);  // the communicator is destroyed, and stream 2 with it
+    const auto records = dev.st->records[2];
+    CHECK(records == 1);
+    pool.deallocate(a);
+    pool.deallocate(other);
+    CHECK(dev.st->records[2] == records);  // nothing recorded on the destroyed stream
+    CHECK(pool.stats().pending_blocks == 1);
+    CHECK(pool.allocate(std::size_t{1} << 20, 1) == other);  // a still waits for stream 2's op
+    void* b = pool.allocate(std::size_t{1} << 20, 1);
+    CHECK(b != a);
+    dev.complete(2);
+    CHECK(pool.allocate(std::size_t{1} << 20, 1) == a);
+    CHECK(pool.stats().pending_blocks == 0);
   }
 
   TEST_CASE("record_stream on the owning stream or on an unknown address changes nothing") {

@@ -118,7 +118,10 @@ class NcclCommunicator final : public Communicator {
       if (comm_ && !aborted_) destroy_comm();
       if (barrier_buf_) DDP_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
       if (ready_) DDP_CUDA_CHECK_NOTHROW(cudaEventDestroy(ready_));
-      if (stream_) DDP_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+      if (stream_) {
+        cuda_retire_stream(stream_);  // tensors that ops here used may be freed after this stream is gone
+        DDP_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+      }
     } catch (const std::exception& e) {
       DDP_LOG_WARN("tearing down the nccl communicator: ", e.what());
     }

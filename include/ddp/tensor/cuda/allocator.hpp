@@ -135,6 +135,11 @@ inline void cuda_record_stream(const void* p, void* stream) {
   if (p) detail::cuda_pool().record_stream(p, detail::normalised(stream));
 }
 
+// `stream`, which cuda_record_stream named, is about to be destroyed: the blocks it used wait for the work it
+// holds now instead of for a record on it at their free (CachingPool::retire_stream). Call it just before
+// cudaStreamDestroy.
+inline void cuda_retire_stream(void* stream) { detail::cuda_pool().retire_stream(detail::normalised(stream)); }
+
 template <>
 struct Allocator<Cuda> {
   // Throws CudaError (out of memory names the size and the current usage).

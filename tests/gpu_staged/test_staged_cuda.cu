@@ -1,23 +1,16 @@
-// tcp ("gloo") with CUDA tensors, two ranks on one GPU: the collectives on a non-default stream (ranks as
-// threads, one op in flight each), stream-ordered (a device copy enqueued after the op sees its result),
-// pinned blocks reused; and a DDP step (ranks as processes) whose gradients equal the mean of the ranks' CPU
-// gradients. The factory's device check needs no GPU.
+// tcp ("gloo") with CUDA tensors, two ranks on one GPU (as processes): the collectives on a non-default stream,
+// stream-ordered (a device copy enqueued after the op sees its result), pinned blocks reused; and a DDP step
+// whose gradients equal the mean of the ranks' CPU gradients. The factory's device check needs no GPU.
 // SPDX-License-Identifier: MIT
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <ddp/comm/cuda/staging_device.hpp>
@@ -28,12 +21,12 @@
 #include <ddp/parallel/cuda/transport.cuh>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/store/hash_store.hpp>
-#include <ddp/store/tcp_store.hpp>
-#include <ddp/store/tcp_store_server.hpp>
+#include <ddp/store/file_store.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/random.hpp>
 
 #include "support/gpu.hpp"
+#include "support/rank_processes.hpp"
 
 namespace {
 
@@ -42,30 +35,16 @@ using ddp::Cuda;
 using ddp::Exec;
 using ddp::Tensor;
 
-constexpr const char* kChildCase = "gpu_staged child: one rank of the two-process DDP step";
+// The cases with two ranks on the GPU run them as processes (support/rank_processes.hpp says why not threads).
+constexpr const char* kCollectives =
+    "gloo, world 2 on one GPU: all_reduce and broadcast on a stream, stream-ordered; pinned blocks reused";
+constexpr const char* kDdpStep = "gloo, world 2 on one GPU: a DDP step's gradients equal the mean of the ranks' CPU "
+                                 "gradients";
 const ddp::nn::ResNetOptions kNet{.arch = "resnet18", .num_classes = 10, .seed = 3, .width = 16};
 
 std::unique_ptr<ddp::comm::Communicator> make_gloo(int rank, int n, ddp::store::Store& store) {
   return ddp::comm::make_communicator("gloo", {.rank = rank, .world_size = n, .master_addr = "127.0.0.1"}, store,
                                       {.timeout = std::chrono::seconds(60), .cuda_device = 0});
-}
-
-// body(rank) on two threads, both on device 0; rethrows the first rank's failure.
-void two_ranks(const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        if (cudaSetDevice(0) != cudaSuccess) throw ddp::CudaError("cudaSetDevice(0) failed");
-        body(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 Tensor<float, Cuda> device_of(const std::vector<float>& v, const Exec<Cuda>& e) {
@@ -124,10 +103,17 @@ TEST_SUITE("gpu_staged") {
                          ddp::ConfigError);
   }
 
-  TEST_CASE("gloo, world 2 on one GPU: all_reduce and broadcast on a stream, stream-ordered; pinned blocks reused") {
+  TEST_CASE(kCollectives) {
     if (ddp::test::skip_without_gpu()) return;
-    ddp::store::HashStore store(std::chrono::seconds(60));
-    two_ranks([&](int r) {
+    const auto me = ddp::test::rank_process();
+    if (!me) {  // the parent: two rank processes run this case
+      ddp::test::run_rank_processes(kCollectives, 2);
+      return;
+    }
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    ddp::store::FileStore store(me->store_path, std::chrono::seconds(60));
+    const int r = me->rank;
+    {
       auto comm = make_gloo(r, 2, store);
       CHECK(comm->memory() == ddp::comm::MemoryKind::Cuda);
       CHECK(comm->backend() == "tcp");
@@ -158,49 +144,23 @@ TEST_SUITE("gpu_staged") {
       comm->broadcast(b.view(), {.root = 1, .stream = s});
       CHECK(host_of(b, e) == std::vector<float>(33, 7.0f));
       comm->barrier({.stream = s}).wait();
-    });
+    }
   }
 
-  // Two processes, as `ddprun --nproc-per-node 2 ... --backend gloo --device cuda` runs them: the CUDA runtime
-  // may run the host functions of all streams of one process on one thread, and DDP keeps several staged ops
-  // in flight per rank, so ranks that are threads of one process could hold each other's streams
-  // (comm/staging/staged_communicator.hpp, "Known limit"). The parent spawns this executable twice, running
-  // only the case below, and serves the store.
-  TEST_CASE("gloo, world 2 on one GPU: a DDP step's gradients equal the mean of the ranks' CPU gradients") {
+  // Two processes, as `ddprun --nproc-per-node 2 ... --backend gloo --device cuda` runs them, DDP with several
+  // staged ops in flight per rank.
+  TEST_CASE(kDdpStep) {
     if (ddp::test::skip_without_gpu()) return;
-    ddp::store::TcpStoreServer server("127.0.0.1", 0);
-    std::vector<pid_t> pids;
-    for (int r = 0; r < 2; ++r) {
-      const std::string exe = "/proc/self/exe", filter = std::string("-tc=") + kChildCase;
-      const std::string rank_env = "DDP_TEST_STAGED_RANK=" + std::to_string(r);
-      const std::string port_env = "DDP_TEST_STAGED_PORT=" + std::to_string(server.port());
-      std::vector<char*> argv{const_cast<char*>(exe.c_str()), const_cast<char*>(filter.c_str()), nullptr};
-      std::vector<char*> envp;
-      for (char** e = environ; *e; ++e) envp.push_back(*e);
-      envp.push_back(const_cast<char*>(rank_env.c_str()));
-      envp.push_back(const_cast<char*>(port_env.c_str()));
-      envp.push_back(nullptr);
-      pid_t pid = 0;
-      REQUIRE(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
-      pids.push_back(pid);
+    const auto me = ddp::test::rank_process();
+    if (!me) {  // the parent: two rank processes run this case
+      ddp::test::run_rank_processes(kDdpStep, 2);
+      return;
     }
-    for (pid_t pid : pids) {
-      int status = 0;
-      REQUIRE(waitpid(pid, &status, 0) == pid);
-      CHECK(WIFEXITED(status));
-      CHECK(WEXITSTATUS(status) == 0);  // the child's own checks failed otherwise (its output is above)
-    }
-  }
-
-  // One rank of the case above; does nothing unless that case started this process.
-  TEST_CASE(kChildCase) {
-    const char* rank_var = std::getenv("DDP_TEST_STAGED_RANK");
-    const char* port_var = std::getenv("DDP_TEST_STAGED_PORT");
-    if (!rank_var || !port_var) return;
-    const int r = std::atoi(rank_var);
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    const int r = me->rank;
     std::vector<std::vector<Tensor<float, Cpu>>> cpu(2);
     for (int k = 0; k < 2; ++k) cpu[static_cast<std::size_t>(k)] = cpu_grads(k);
-    ddp::store::TcpStore store("127.0.0.1", static_cast<std::uint16_t>(std::atoi(port_var)));
+    ddp::store::FileStore store(me->store_path, std::chrono::seconds(60));
     auto comm = make_gloo(r, 2, store);
     ddp::Stream stream;
     Exec<Cuda> e = stream.exec(ddp::Precision::Fp32);  // exact fp32 kernels: the CPU's 1e-3 bound holds

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "comm_harness.hpp"
+#include "support/rank_processes.hpp"
 #include "ddp/comm/staging/staged_communicator.hpp"
+#include "ddp/store/file_store.hpp"
 
 using namespace ddp;
 using namespace std::chrono_literals;
@@ -43,6 +45,8 @@ class FakeDevice {
   struct Counters {
     std::int64_t d2h = 0, h2d = 0, holds = 0, pinned_allocs = 0, events = 0, bound_threads = 0;
   };
+
+  explicit FakeDevice(bool memory_wait = true) { st_->memory_wait = memory_wait; }
 
   Pinned alloc_pinned(std::size_t n) {
     std::lock_guard l(st_->mu);
@@ -80,9 +84,23 @@ class FakeDevice {
     std::lock_guard l(st_->mu);
     return st_->reached[static_cast<std::size_t>(e)] >= st_->recorded[static_cast<std::size_t>(e)];
   }
+  // As the CUDA device: a memory wait on the gate's word (cuStreamWaitValue32 with CU_STREAM_WAIT_VALUE_GEQ:
+  // until (int32_t)(*word - generation) >= 0), or, with memory_wait false, a "host function" that waits.
   void hold(void* s, comm::staging::Gate& g) {
     count(&Counters::holds);
-    launch(s, [&g] { comm::staging::Gate::wait_fn(&g); });
+    if (!st_->memory_wait) {
+      launch(s, [&g] { comm::staging::Gate::wait_fn(&g); });
+      return;
+    }
+    if (!g.word()) {
+      std::lock_guard l(st_->mu);
+      g.attach(&st_->words.emplace_back(0xdeadbeefu));  // attach sets the word itself
+    }
+    launch(s, [word = g.word(), want = g.generation()] {
+      while (static_cast<std::int32_t>(std::atomic_ref<std::uint32_t>(*word).load(std::memory_order_acquire) -
+                                       want) < 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+    });
   }
   void bind_thread() { count(&Counters::bound_threads); }
 
@@ -144,6 +162,8 @@ class FakeDevice {
     Counters counters;
     std::vector<std::int64_t> recorded, reached;
     std::map<void*, std::unique_ptr<Runner>> streams;
+    bool memory_wait = true;
+    std::deque<std::uint32_t> words;  // the gates' words (a deque: stable addresses)
   };
   Runner& runner(void* s) {
     std::lock_guard l(st_->mu);
@@ -175,9 +195,9 @@ constexpr comm::CommOptions kOpts{.timeout = 5000ms, .shutdown_timeout = 2000ms}
 // body(comm, device) on ranks 0..n-1 (threads), each with its own fake device and a StagedCommunicator over
 // its own TcpCommunicator. Returns each rank's exception.
 std::vector<std::exception_ptr> run_staged(int n, const std::function<void(Staged&, FakeDevice&)>& body,
-                                           comm::CommOptions opts = kOpts) {
+                                           comm::CommOptions opts = kOpts, bool memory_wait = true) {
   return test::run_threads(n, [&](int r, store::Store& store) {
-    FakeDevice device;
+    FakeDevice device(memory_wait);
     Staged c(std::make_unique<comm::TcpCommunicator>(test::local_rank_info(r, n), store, opts), device, opts);
     body(c, device);
   });
@@ -190,6 +210,29 @@ void check_no_errors(const std::vector<std::exception_ptr>& errors) {
 }  // namespace
 
 TEST_SUITE("comm") {
+  // The GPU tests whose ranks share a GPU run them as processes (support/rank_processes.hpp); this case runs the
+  // same helper on the CPU so that CI checks it: each process a rank with its own fake device and tcp over a
+  // FileStore, several ops in flight on one stream.
+  TEST_CASE("staged: ranks as processes (run_rank_processes), several ops in flight") {
+    if (const auto me = test::rank_process()) {
+      store::FileStore store(me->store_path, 20000ms);
+      FakeDevice d;
+      Staged c(std::make_unique<comm::TcpCommunicator>(test::local_rank_info(me->rank, me->world), store, kOpts), d,
+               kOpts);
+      void* s = stream(3);
+      std::vector<float> a(5000, static_cast<float>(me->rank + 1)), b(77, static_cast<float>(me->rank));
+      std::vector<comm::Work> w;
+      for (int i = 0; i < 4; ++i)
+        w.push_back(c.all_reduce(dev(i % 2 ? b : a), {.op = comm::ReduceOp::Sum, .stream = s}));
+      for (auto& x : w) x.wait();
+      const float n = static_cast<float>(me->world), ranks = n * (n + 1) / 2;
+      CHECK(a[4999] == ranks * n);           // two sums of (rank + 1): the second sums n copies of the first
+      CHECK(b[0] == (n * (n - 1) / 2) * n);  // likewise for rank
+      return;
+    }
+    test::run_rank_processes("staged: ranks as processes (run_rank_processes), several ops in flight", 3);
+  }
+
   TEST_CASE("staged: every op's result reaches device memory, world sizes 1-3") {
     for (int n = 1; n <= 3; ++n) {
       CAPTURE(n);
@@ -314,34 +357,38 @@ TEST_SUITE("comm") {
   }
 
   TEST_CASE("staged: pinned blocks are reused; the steady state allocates none") {
-    check_no_errors(run_staged(2, [](Staged& c, FakeDevice& d) {
-      void* s = stream(5);
-      std::vector<float> b1(300), b2(70000), b3(5);
-      auto step = [&](std::latch* busy) {
-        std::vector<comm::Work> w;
-        w.push_back(c.all_reduce(dev(b1), {.op = comm::ReduceOp::Avg, .stream = s}));
-        w.push_back(c.all_reduce(dev(b2), {.op = comm::ReduceOp::Avg, .stream = s}));
-        w.push_back(c.broadcast(dev(b3), {.stream = s}));
-        if (busy) busy->count_down();
-        for (auto& x : w) x.wait();
-      };
-      // Warm-up with the stream busy until all three ops are issued, so that their blocks are in use together:
-      // the most a step can need, whatever the timing (otherwise the warm step may reuse b1's block for b3 and a
-      // later, less lucky step allocate a third).
-      std::latch busy(1);
-      d.launch(s, [&] { busy.wait(); });
-      step(&busy);
-      const auto warm = c.stats();
-      const auto events = d.counters().events;
-      CHECK(warm.pinned_allocs >= 1);
-      for (int i = 0; i < 5; ++i) step(nullptr);
-      const auto after = c.stats();
-      CHECK(after.pinned_allocs == warm.pinned_allocs);
-      CHECK(after.pinned_bytes == warm.pinned_bytes);
-      CHECK(after.reuses >= warm.reuses + 15);
-      CHECK(d.counters().pinned_allocs == warm.pinned_allocs);
-      CHECK(d.counters().events == events);  // events travel with their block
-    }));
+    // Both holds: the memory wait (a reused block's gate waits for its next generation) and the host function.
+    for (const bool memory_wait : {true, false}) {
+      CAPTURE(memory_wait);
+      check_no_errors(run_staged(2, [](Staged& c, FakeDevice& d) {
+        void* s = stream(5);
+        std::vector<float> b1(300), b2(70000), b3(5);
+        auto step = [&](std::latch* busy) {
+          std::vector<comm::Work> w;
+          w.push_back(c.all_reduce(dev(b1), {.op = comm::ReduceOp::Avg, .stream = s}));
+          w.push_back(c.all_reduce(dev(b2), {.op = comm::ReduceOp::Avg, .stream = s}));
+          w.push_back(c.broadcast(dev(b3), {.stream = s}));
+          if (busy) busy->count_down();
+          for (auto& x : w) x.wait();
+        };
+        // Warm-up with the stream busy until all three ops are issued, so that their blocks are in use together:
+        // the most a step can need, whatever the timing (otherwise the warm step may reuse b1's block for b3 and a
+        // later, less lucky step allocate a third).
+        std::latch busy(1);
+        d.launch(s, [&] { busy.wait(); });
+        step(&busy);
+        const auto warm = c.stats();
+        const auto events = d.counters().events;
+        CHECK(warm.pinned_allocs >= 1);
+        for (int i = 0; i < 5; ++i) step(nullptr);
+        const auto after = c.stats();
+        CHECK(after.pinned_allocs == warm.pinned_allocs);
+        CHECK(after.pinned_bytes == warm.pinned_bytes);
+        CHECK(after.reuses >= warm.reuses + 15);
+        CHECK(d.counters().pinned_allocs == warm.pinned_allocs);
+        CHECK(d.counters().events == events);  // events travel with their block
+      }, kOpts, memory_wait));
+    }
   }
 
   TEST_CASE("staged: a failed inner op fails the Work with its error, releases the stream, and breaks the communicator") {

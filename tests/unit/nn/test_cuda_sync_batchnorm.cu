@@ -1,14 +1,16 @@
-// SyncBatchNorm on the GPU: two ranks as threads on device 0 over tcp ("gloo") staged through pinned memory
-// (docs/ARCHITECTURE.md D23), a resnet18 at width 4 with convert_sync_batchnorm, each rank on half the
-// batch, against the CPU model (ordinary BatchNorm) on the whole batch: logits, input gradient, DDP-averaged
-// parameter gradients, running statistics. The fused BatchNorm + ReLU kernels run synchronised here. Skips
-// (exit 77) without a GPU; the check that a host-memory communicator is refused for CUDA needs none.
+// SyncBatchNorm on the GPU: two ranks as processes (support/rank_processes.hpp says why not threads) on device
+// 0 over tcp ("gloo") staged through pinned memory (docs/ARCHITECTURE.md D23), a resnet18 at width 4 with
+// convert_sync_batchnorm, each rank on half the batch, against the CPU model (ordinary BatchNorm) on the whole
+// batch: logits, input gradient, DDP-averaged parameter gradients, running statistics. The fused BatchNorm +
+// ReLU kernels run synchronised here. Skips (exit 77) without a GPU; the check that a host-memory communicator
+// is refused for CUDA needs none.
 // SPDX-License-Identifier: MIT
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -23,12 +25,14 @@
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/nn/sync_batchnorm.hpp>
+#include <ddp/store/file_store.hpp>
 #include <ddp/store/hash_store.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 #include <ddp/tensor/random.hpp>
 
 #include "support/gpu.hpp"
+#include "support/rank_processes.hpp"
 #include "unit/comm/comm_harness.hpp"
 
 namespace {
@@ -97,6 +101,32 @@ Result step(ddp::nn::ResNet<float, D>& m, Exec<D>& exec, const Tensor<float, Cpu
   return r;
 }
 
+// A Result as one vector (logits, dx, the gradients in name order, the statistics), and back, shaped like `like`.
+Vec flat(const Result& r) {
+  Vec v(r.logits);
+  v.insert(v.end(), r.dx.begin(), r.dx.end());
+  for (const auto& [name, gr] : r.grad) v.insert(v.end(), gr.begin(), gr.end());
+  for (const Vec& s : r.stats) v.insert(v.end(), s.begin(), s.end());
+  return v;
+}
+Result unflat(const Vec& v, const Result& like) {
+  REQUIRE(v.size() == flat(like).size());
+  Result r = like;
+  auto it = v.begin();
+  auto take = [&](Vec& dst) {
+    std::copy_n(it, dst.size(), dst.begin());
+    it += static_cast<std::ptrdiff_t>(dst.size());
+  };
+  take(r.logits);
+  take(r.dx);
+  for (auto& [name, gr] : r.grad) take(gr);
+  for (Vec& s : r.stats) take(s);
+  return r;
+}
+
+constexpr const char* kTwoRanks =
+    "SyncBatchNorm on CUDA: two rank processes on one GPU equal the CPU model on the whole batch";
+
 Tensor<float, Cpu> half_of(const Tensor<float, Cpu>& t, int r) {
   const std::int64_t per = t.numel() / t.shape()[0], n = t.shape()[0] / 2;
   Tensor<float, Cpu> out(t.shape().rank() == 2 ? Shape{n, t.shape()[1]} : Shape{n, t.shape()[1], t.shape()[2], t.shape()[3]});
@@ -116,17 +146,24 @@ TEST_SUITE("nn") {
     for (const auto& e : errors) REQUIRE_MESSAGE(!e, ddp::test::message(e));
   }
 
-  TEST_CASE("SyncBatchNorm on CUDA: two ranks on one GPU equal the CPU model on the whole batch") {
+  TEST_CASE(kTwoRanks) {
     if (ddp::test::skip_without_gpu()) return;
+    const auto me = ddp::test::rank_process();
+    if (!me) {  // the parent: two rank processes run this case
+      ddp::test::run_rank_processes(kTwoRanks, 2);
+      return;
+    }
+    const int r = me->rank;
     const auto x = randn({kN, 16, 16, 3}, 100, 0.5, 2.0);
     const auto g = randn({kN, kClasses}, 200, 0.0, 1.0);
     ddp::nn::ResNet<float, Cpu> single(kNet);
     Exec<Cpu> cpu{};
     const Result ref = step(single, cpu, x, g, 1.0f / kN);
 
+    ddp::store::FileStore store(me->store_path, std::chrono::seconds(120));
     std::vector<Result> per_rank(2);
-    const auto errors = ddp::test::run_threads(2, [&](int r, ddp::store::Store& store) {
-      if (cudaSetDevice(0) != cudaSuccess) throw ddp::CudaError("cudaSetDevice(0) failed");
+    {
+      REQUIRE(cudaSetDevice(0) == cudaSuccess);
       auto comm = ddp::comm::make_communicator("gloo", {.rank = r, .world_size = 2, .master_addr = "127.0.0.1"},
                                                store, {.timeout = std::chrono::seconds(60), .cuda_device = 0});
       ddp::nn::ResNet<float, Cuda> m(kNet);
@@ -134,8 +171,11 @@ TEST_SUITE("nn") {
       ddp::Stream stream;
       Exec<Cuda> exec = stream.exec(ddp::Precision::Fp32);
       per_rank[static_cast<std::size_t>(r)] = step(m, exec, half_of(x, r), half_of(g, r), 2.0f / kN);
-    });
-    for (const auto& e : errors) REQUIRE_MESSAGE(!e, ddp::test::message(e));
+    }
+    // Each rank hands its result to the other through the store; rank 0 compares.
+    ddp::test::share(store, "result" + std::to_string(r), flat(per_rank[static_cast<std::size_t>(r)]));
+    if (r != 0) return;
+    per_rank[1] = unflat(ddp::test::fetch<double>(store, "result1"), per_rank[0]);
 
     // Float GPU vs float CPU through 20 BatchNorms: the bound of test_cuda_resnet.cu's whole networks.
     constexpr double kTol = 1e-3;

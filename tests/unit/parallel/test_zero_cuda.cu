@@ -1,7 +1,8 @@
-// ZeroRedundancyOptimizer on CUDA: two ranks as threads on device 0 over tcp ("gloo") staged through pinned memory
-// (docs/ARCHITECTURE.md D23, D31), a resnet18 at width 4, SGD (momentum) and AdamW: the parameters equal a plain
-// optimizer on the same device and gradients bit for bit after every step, and the state consolidated to rank 0
-// equals the plain optimizer's. Skips (exit 77) without a GPU.
+// ZeroRedundancyOptimizer on CUDA: two ranks as processes (support/rank_processes.hpp says why not threads) on
+// device 0 over tcp ("gloo") staged through pinned memory (docs/ARCHITECTURE.md D23, D31), a resnet18 at width
+// 4, SGD (momentum) and AdamW: the parameters equal a plain optimizer on the same device and gradients bit for
+// bit after every step, and the state consolidated to rank 0 equals the plain optimizer's. Skips (exit 77)
+// without a GPU.
 // SPDX-License-Identifier: MIT
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -18,12 +19,13 @@
 #include <ddp/optim/adamw.hpp>
 #include <ddp/optim/sgd.hpp>
 #include <ddp/parallel/zero.hpp>
-#include <ddp/store/hash_store.hpp>
+#include <ddp/store/file_store.hpp>
+#include <ddp/store/prefix_store.hpp>
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/cuda/stream.hpp>
 
 #include "support/gpu.hpp"
-#include "unit/comm/comm_harness.hpp"
+#include "support/rank_processes.hpp"
 
 namespace {
 
@@ -56,9 +58,10 @@ bool same(const Tensor<float, Cuda>& a, const Tensor<float, Cuda>& b, Exec<Cuda>
   return std::memcmp(ha.data(), hb.data(), ha.bytes()) == 0;
 }
 
+// Rank r of 2 (a process: support/rank_processes.hpp) against the plain optimizer, over `store`.
 template <template <class, ddp::Device> class Opt, class Options>
-void check_on_gpu(const Options& o) {
-  const auto errors = ddp::test::run_threads(2, [&](int r, ddp::store::Store& store) {
+void check_on_gpu(const Options& o, int r, ddp::store::Store& store) {
+  {
     if (cudaSetDevice(0) != cudaSuccess) throw ddp::CudaError("cudaSetDevice(0) failed");
     auto comm = ddp::comm::make_communicator("gloo", {.rank = r, .world_size = 2, .master_addr = "127.0.0.1"}, store,
                                              {.timeout = std::chrono::seconds(60), .cuda_device = 0});
@@ -88,14 +91,24 @@ void check_on_gpu(const Options& o) {
         REQUIRE((a == nullptr) == (b == nullptr));
         if (a) CHECK(same(*a, *b, exec));
       }
-  });
-  for (const auto& e : errors) REQUIRE_MESSAGE(!e, ddp::test::message(e));
+  }
 }
+
+constexpr const char* kTwoRanks =
+    "ZeroRedundancyOptimizer on CUDA (staged gloo, 2 rank processes on one GPU) equals plain SGD and AdamW";
 
 }  // namespace
 
-TEST_CASE("ZeroRedundancyOptimizer on CUDA (staged gloo, 2 ranks on one GPU) equals plain SGD and AdamW") {
+TEST_CASE(kTwoRanks) {
   if (ddp::test::skip_without_gpu()) return;
-  check_on_gpu<ddp::optim::SGD>(ddp::optim::SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
-  check_on_gpu<ddp::optim::AdamW>(ddp::optim::AdamwOptions{.lr = 1e-2, .weight_decay = 0.05});
+  const auto me = ddp::test::rank_process();
+  if (!me) {  // the parent: two rank processes run this case
+    ddp::test::run_rank_processes(kTwoRanks, 2);
+    return;
+  }
+  ddp::store::FileStore store(me->store_path, std::chrono::seconds(120));
+  ddp::store::PrefixStore sgd("sgd/", store), adamw("adamw/", store);  // one rendezvous each
+  check_on_gpu<ddp::optim::SGD>(ddp::optim::SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3}, me->rank,
+                                sgd);
+  check_on_gpu<ddp::optim::AdamW>(ddp::optim::AdamwOptions{.lr = 1e-2, .weight_decay = 0.05}, me->rank, adamw);
 }

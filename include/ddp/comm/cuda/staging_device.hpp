@@ -9,10 +9,17 @@
 // make_communicator (comm/factory.hpp) does this for tcp/gloo and mpi when CommOptions::cuda_device >= 0.
 #pragma once
 
+#include <cuda.h>  // CUresult and the cuStreamWaitValue32 flags only: the function comes through cudart
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <string_view>
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
@@ -21,10 +28,71 @@
 #include "ddp/comm/types.hpp"
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/tensor/cuda/pinned.hpp"
 
 namespace ddp::comm {
+
+namespace detail {
+
+// The gates' words: 32-bit slots in pinned pages (a stream waits on one with cuStreamWaitValue32), handed out
+// once and freed with the device ops (after every gate that uses them), and the driver's cuStreamWaitValue32,
+// found through cudaGetDriverEntryPointByVersion (no link against libcuda); null where there is none or where
+// DDP_STAGING_MEMORY_WAIT=1 is not set.
+class StagingWords {
+ public:
+  using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+  StagingWords() {
+    if (!requested()) return;  // host functions, the verified hold (see staged_communicator.hpp)
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t r =
+        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t r = cudaGetDriverEntryPoint("cuStreamWaitValue32", &fn, cudaEnableDefault, &found);
+#endif
+    if (r == cudaSuccess && found == cudaDriverEntryPointSuccess && fn) {
+      wait_value32_.store(reinterpret_cast<WaitValue32>(fn));
+      DDP_LOG_INFO("staging: DDP_STAGING_MEMORY_WAIT=1: streams wait for staged ops with cuStreamWaitValue32");
+    } else {
+      (void)cudaGetLastError();
+      DDP_LOG_WARN("staging: DDP_STAGING_MEMORY_WAIT=1, but the driver offers no cuStreamWaitValue32; host "
+                   "functions hold the streams");
+    }
+  }
+  // DDP_STAGING_MEMORY_WAIT=1 asks for memory waits (read once).
+  static bool requested() {
+    static const bool on = [] {
+      const char* v = std::getenv("DDP_STAGING_MEMORY_WAIT");
+      return v && std::string_view(v) == "1";
+    }();
+    return on;
+  }
+  WaitValue32 wait_value32() const noexcept { return wait_value32_.load(); }
+  void disable() noexcept { wait_value32_.store(nullptr); }
+
+  std::uint32_t* take(int device) {
+    std::lock_guard lock(mu_);
+    if (pages_.empty() || used_ == kPerPage) {
+      CudaDeviceGuard g(device);
+      pages_.emplace_back(kPerPage);
+      used_ = 0;
+    }
+    return pages_.back().data() + used_++;
+  }
+
+ private:
+  static constexpr std::size_t kPerPage = 4096 / sizeof(std::uint32_t);
+  std::atomic<WaitValue32> wait_value32_{nullptr};
+  std::mutex mu_;
+  std::deque<PinnedBuffer<std::uint32_t>> pages_;  // deque: growing it moves no page
+  std::size_t used_ = 0;
+};
+
+}  // namespace detail
 
 // The device ops StagedCommunicator needs, on CUDA device `device` (see that file for the contract).
 class CudaStagingDevice {
@@ -32,7 +100,7 @@ class CudaStagingDevice {
   using Event = cudaEvent_t;
   using Pinned = PinnedBuffer<std::byte>;  // cudaMallocHost'd, freed with cudaFreeHost
 
-  explicit CudaStagingDevice(int device) : device_(device) {}
+  explicit CudaStagingDevice(int device) : device_(device), words_(std::make_shared<detail::StagingWords>()) {}
   int device() const noexcept { return device_; }
 
   Pinned alloc_pinned(std::size_t bytes) {
@@ -62,9 +130,24 @@ class CudaStagingDevice {
     DDP_CUDA_CHECK(r);
     return true;
   }
-  // The stream's later work waits until the gate opens: a host function that waits, calling no CUDA API.
+  // The stream's later work waits until the gate opens: a host function that waits, calling no CUDA API, or
+  // with DDP_STAGING_MEMORY_WAIT=1 a stream memory wait on the gate's word, which the gate's open() writes
+  // (staged_communicator.hpp says why both exist).
   void hold(void* stream, staging::Gate& gate) {
-    DDP_CUDA_CHECK(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), &staging::Gate::wait_fn, &gate));
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (const auto wait_value = words_->wait_value32()) {
+      if (!gate.word()) gate.attach(words_->take(device_));
+      void* dev_word = nullptr;
+      DDP_CUDA_CHECK(cudaHostGetDevicePointer(&dev_word, gate.word(), 0));
+      const CUresult r = wait_value(s, reinterpret_cast<CUdeviceptr>(dev_word), gate.generation(),
+                                    CU_STREAM_WAIT_VALUE_GEQ);
+      if (r == CUDA_SUCCESS) return;
+      if (r != CUDA_ERROR_NOT_SUPPORTED)
+        throw CudaError(ddp::detail::str("ddp: cuStreamWaitValue32 on the staging gate failed with CUresult ",
+                                         static_cast<int>(r), " (stream ", stream, ")"));
+      words_->disable();  // this device takes no memory waits: host functions from now on
+    }
+    DDP_CUDA_CHECK(cudaLaunchHostFunc(s, &staging::Gate::wait_fn, &gate));
   }
   void bind_thread() { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
 
@@ -84,6 +167,7 @@ class CudaStagingDevice {
 
  private:
   int device_;
+  std::shared_ptr<detail::StagingWords> words_;  // shared by the copies of these device ops (sub-communicators)
 };
 
 static_assert(staging::DeviceOps<CudaStagingDevice>);

@@ -13,9 +13,10 @@
 //                   block through the inner communicator, waits for it, opens the hold's gate
 //   then:           the Work completes once `done` has passed; the pinned block is reused after that
 // So the op sees everything enqueued on s before the call, and everything enqueued on s after the call sees
-// the result, as with nccl. The hold is a host function (cudaLaunchHostFunc) that waits for the gate; it
-// calls no CUDA API. PyTorch's ProcessGroupGloo stages the same way but copies on a side stream and makes
-// the caller's stream wait only in Work::wait(); holding the stream instead keeps DDP's contract (the
+// the result, as with nccl. The hold is a host function (cudaLaunchHostFunc) that waits for the gate and calls
+// no CUDA API, or, with DDP_STAGING_MEMORY_WAIT=1, a stream memory wait (cuStreamWaitValue32 on a pinned word
+// that the gate's open() writes). PyTorch's ProcessGroupGloo stages the same way but copies on a side stream
+// and makes the caller's stream wait only in Work::wait(); holding the stream instead keeps DDP's contract (the
 // optimizer, enqueued next on the stream, sees the averages without a host wait).
 // Copies made: only what the op reads and writes (send: D2H only; recv: H2D only; broadcast: D2H on the
 // root, H2D elsewhere; reduce: H2D on the root only; barrier: none). Every device access is on s, in
@@ -30,12 +31,16 @@
 // quotes the first failure.
 // Ops run one at a time in issue order (collectives must match across ranks). As with nccl outside a group,
 // a send and a recv that depend on each other must be issued in matching order on the two ranks.
-// Known limit: the CUDA runtime may run the host functions of all streams of a process on one thread, and a
-// host function must not wait for work not ordered before it. A hold waits for the host op, which waits for
-// the peers' `ready`; so within one process, a hold can delay the hold another stream needs first: ops on
-// several streams issued out of their dependency order, or ranks that are threads of one process with more
-// than one op in flight. Such an op ends in a TimeoutError, not a hang. Jobs run one process per rank and
-// DDP issues its ops on one stream, which is safe.
+// Ranks must be processes, one CUDA context each (as launchers start them), when they share a GPU: in one
+// process a held stream delays work elsewhere in the context. The first GPU run (2026-11-27, H200) saw every
+// test whose two ranks were threads of one process time out, with host-function holds and again in a run
+// where memory waits were the default (whether its driver offered them was not logged): most likely one rank's
+// work on the legacy default stream (or a device-wide synchronisation) waits for the other rank's held stream,
+// whose hold waits for this rank. Processes ran (ddprun --backend gloo --device cuda, world 2 and
+// 4). Host functions are also run one at a time per process, so a host-function hold can delay another
+// stream's hold: ops on several streams must be issued in dependency order. The memory wait blocks only its
+// own stream and lifts that; it is opt-in until a GPU run has shown it (scripts/gpu_check.sh runs a step
+// with it). Either way an op that cannot proceed ends in a TimeoutError, not a hang.
 //
 // The device side is a template parameter D (the "device ops") so that all of the above is tested on the
 // CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the CUDA one is
@@ -49,14 +54,17 @@
 //   void record(Event, void* stream);                   // completes when stream gets there
 //   bool query(Event);                                  // completed? never blocks
 //   void hold(void* stream, staging::Gate& gate);       // stream's later work waits until gate.open()
+//                                                       // (it may attach a word to the gate: Gate::attach)
 //   void bind_thread();                                 // on the worker thread, before its first query
 // Streams are the options' void* (a cudaStream_t; null: the legacy default stream).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <map>
@@ -88,6 +96,7 @@ class Gate {
     {
       std::lock_guard lock(mu_);
       open_ = true;
+      if (word_) std::atomic_ref<std::uint32_t>(*word_).store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -102,6 +111,23 @@ class Gate {
   void reset() {
     std::lock_guard lock(mu_);
     open_ = false;
+    ++generation_;
+  }
+  // For a device whose streams wait on memory (D::hold): `word` (host memory the device reads, owned by D, alive
+  // as long as the gate) receives the gate's generation on every open(); a hold made while the gate is closed
+  // waits until *word reaches generation(), which reset() advances. Zeroes the word (generations start at 1).
+  void attach(std::uint32_t* word) {
+    std::lock_guard lock(mu_);
+    word_ = word;
+    std::atomic_ref<std::uint32_t>(*word_).store(open_ ? generation_ : generation_ - 1, std::memory_order_release);
+  }
+  std::uint32_t* word() {
+    std::lock_guard lock(mu_);
+    return word_;
+  }
+  std::uint32_t generation() {
+    std::lock_guard lock(mu_);
+    return generation_;
   }
   // The host function of a hold (cudaHostFn_t): waits for the gate, calls no CUDA API.
   static void wait_fn(void* gate) noexcept { static_cast<Gate*>(gate)->wait(); }
@@ -110,6 +136,8 @@ class Gate {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;
+  std::uint32_t generation_ = 1;
+  std::uint32_t* word_ = nullptr;
 };
 
 template <class D>

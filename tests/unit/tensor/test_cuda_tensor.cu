@@ -151,8 +151,10 @@ TEST_SUITE("tensor_cuda") {
 
     // A feed over 12 batches (the last partial) whose steps never wait on the host: the host runs ahead while
     // every step scales its batch on the compute stream, so uploads and steps overlap as much as they can.
-    const auto allocations = uploads.allocations();
+    // The first epoch may grow the slot that held the 17-row batch; the second allocates nothing.
+    std::size_t allocations = 0;
     for (int epoch = 0; epoch < 2; ++epoch) {
+      if (epoch == 1) allocations = uploads.allocations();
       int next_id = 0;
       std::vector<Tensor<float, Cuda>> results;
       auto feed = ddp::prefetch_feed(
@@ -176,6 +178,6 @@ TEST_SUITE("tensor_cuda") {
         CHECK(same(ddp::to<Cpu>(results[static_cast<std::size_t>(id)].cview(), ex), batch(id, id == 11 ? 5 : 64).first,
                    2.0f));
     }
-    CHECK(uploads.allocations() == allocations);  // 64-row slots hold every later batch
+    CHECK(uploads.allocations() == allocations);  // the steady state: every slot holds 64 rows
   }
 }

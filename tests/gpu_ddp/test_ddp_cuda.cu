@@ -377,11 +377,8 @@ TEST_SUITE("gpu_ddp") {
 
   TEST_CASE(kPowerSgdTwoRanks) {
     if (ddp::test::skip_without_gpu()) return;
-    const auto me = ddp::test::rank_process();
-    if (!me) {  // the parent: two rank processes run this case
-      ddp::test::run_rank_processes(kPowerSgdTwoRanks, 2);
-      return;
-    }
+    const auto me = ddp::test::as_rank_processes(kPowerSgdTwoRanks, 2);  // the parent runs the ranks
+    if (!me) return;
     const int rank = me->rank;
     ddp::store::FileStore store(me->store_path, std::chrono::seconds(120));
     REQUIRE(cudaSetDevice(0) == cudaSuccess);
@@ -413,11 +410,8 @@ TEST_SUITE("gpu_ddp") {
 
   TEST_CASE(kHooksTwoRanks) {
     if (ddp::test::skip_without_gpu()) return;
-    const auto me = ddp::test::rank_process();
-    if (!me) {  // the parent: two rank processes run this case
-      ddp::test::run_rank_processes(kHooksTwoRanks, 2);
-      return;
-    }
+    const auto me = ddp::test::as_rank_processes(kHooksTwoRanks, 2);  // the parent runs the ranks
+    if (!me) return;
     const int r = me->rank;
     ddp::store::FileStore store(me->store_path, std::chrono::seconds(120));
     REQUIRE(cudaSetDevice(0) == cudaSuccess);

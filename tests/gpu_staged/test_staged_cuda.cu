@@ -105,11 +105,8 @@ TEST_SUITE("gpu_staged") {
 
   TEST_CASE(kCollectives) {
     if (ddp::test::skip_without_gpu()) return;
-    const auto me = ddp::test::rank_process();
-    if (!me) {  // the parent: two rank processes run this case
-      ddp::test::run_rank_processes(kCollectives, 2);
-      return;
-    }
+    const auto me = ddp::test::as_rank_processes(kCollectives, 2);  // the parent runs the ranks
+    if (!me) return;
     REQUIRE(cudaSetDevice(0) == cudaSuccess);
     ddp::store::FileStore store(me->store_path, std::chrono::seconds(60));
     const int r = me->rank;
@@ -151,11 +148,8 @@ TEST_SUITE("gpu_staged") {
   // staged ops in flight per rank.
   TEST_CASE(kDdpStep) {
     if (ddp::test::skip_without_gpu()) return;
-    const auto me = ddp::test::rank_process();
-    if (!me) {  // the parent: two rank processes run this case
-      ddp::test::run_rank_processes(kDdpStep, 2);
-      return;
-    }
+    const auto me = ddp::test::as_rank_processes(kDdpStep, 2);  // the parent runs the ranks
+    if (!me) return;
     REQUIRE(cudaSetDevice(0) == cudaSuccess);
     const int r = me->rank;
     std::vector<std::vector<Tensor<float, Cpu>>> cpu(2);

@@ -8,13 +8,11 @@
 // whose hold waits for this rank: the first GPU run (2026-11-27, H200) timed out that way in every test whose
 // ranks were threads. Launchers start one process per rank, so this is also what users run.
 //
-//   TEST_CASE("two ranks on one GPU ...") {
-//     if (const auto me = ddp::test::rank_process()) {      // in a rank's process: its part, checks included
-//       ddp::store::FileStore store(me->store_path);
-//       ... rank me->rank of me->world ...
-//       return;
-//     }
-//     ddp::test::run_rank_processes("two ranks on one GPU ...", 2);   // the parent: CHECKs every rank passed
+//   TEST_CASE(kName) {
+//     const auto me = ddp::test::as_rank_processes(kName, 2);  // the parent runs 2 ranks, CHECKs each passed
+//     if (!me) return;
+//     ddp::store::FileStore store(me->store_path);             // a rank's process: its part, checks included
+//     ... rank me->rank of me->world ...
 //   }
 // A rank's doctest failures make its process exit non-zero; the parent reports each failed rank with the end
 // of its output. Every process is reaped by the deadline (stragglers are killed).
@@ -118,6 +116,14 @@ inline void run_rank_processes(std::string test_name, int world,
                                                   : "exit status " + std::to_string(WEXITSTATUS(c.status));
     CHECK_MESSAGE(passed, how);
   }
+}
+
+// The usual shape of such a case: in the parent, runs it as `world` rank processes and returns nullopt (the
+// parent's part is done); in a rank's process, returns its rank.
+inline std::optional<RankProcess> as_rank_processes(const std::string& test_name, int world) {
+  if (auto me = rank_process()) return me;
+  run_rank_processes(test_name, world);
+  return std::nullopt;
 }
 
 // What one rank hands the others for a comparison: `v` under `key` in the store (share), read back by any

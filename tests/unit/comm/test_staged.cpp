@@ -203,6 +203,8 @@ std::vector<std::exception_ptr> run_staged(int n, const std::function<void(Stage
   });
 }
 
+constexpr const char* kRankProcesses = "staged: ranks as processes (run_rank_processes), several ops in flight";
+
 void check_no_errors(const std::vector<std::exception_ptr>& errors) {
   for (const auto& e : errors) CHECK_MESSAGE(!e, test::message(e));
 }
@@ -213,8 +215,8 @@ TEST_SUITE("comm") {
   // The GPU tests whose ranks share a GPU run them as processes (support/rank_processes.hpp); this case runs the
   // same helper on the CPU so that CI checks it: each process a rank with its own fake device and tcp over a
   // FileStore, several ops in flight on one stream.
-  TEST_CASE("staged: ranks as processes (run_rank_processes), several ops in flight") {
-    if (const auto me = test::rank_process()) {
+  TEST_CASE(kRankProcesses) {
+    if (const auto me = test::as_rank_processes(kRankProcesses, 3)) {
       store::FileStore store(me->store_path, 20000ms);
       FakeDevice d;
       Staged c(std::make_unique<comm::TcpCommunicator>(test::local_rank_info(me->rank, me->world), store, kOpts), d,
@@ -228,9 +230,7 @@ TEST_SUITE("comm") {
       const float n = static_cast<float>(me->world), ranks = n * (n + 1) / 2;
       CHECK(a[4999] == ranks * n);           // two sums of (rank + 1): the second sums n copies of the first
       CHECK(b[0] == (n * (n - 1) / 2) * n);  // likewise for rank
-      return;
     }
-    test::run_rank_processes("staged: ranks as processes (run_rank_processes), several ops in flight", 3);
   }
 
   TEST_CASE("staged: every op's result reaches device memory, world sizes 1-3") {

@@ -148,11 +148,8 @@ TEST_SUITE("nn") {
 
   TEST_CASE(kTwoRanks) {
     if (ddp::test::skip_without_gpu()) return;
-    const auto me = ddp::test::rank_process();
-    if (!me) {  // the parent: two rank processes run this case
-      ddp::test::run_rank_processes(kTwoRanks, 2);
-      return;
-    }
+    const auto me = ddp::test::as_rank_processes(kTwoRanks, 2);  // the parent runs the ranks
+    if (!me) return;
     const int r = me->rank;
     const auto x = randn({kN, 16, 16, 3}, 100, 0.5, 2.0);
     const auto g = randn({kN, kClasses}, 200, 0.0, 1.0);

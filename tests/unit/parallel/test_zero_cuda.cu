@@ -101,11 +101,8 @@ constexpr const char* kTwoRanks =
 
 TEST_CASE(kTwoRanks) {
   if (ddp::test::skip_without_gpu()) return;
-  const auto me = ddp::test::rank_process();
-  if (!me) {  // the parent: two rank processes run this case
-    ddp::test::run_rank_processes(kTwoRanks, 2);
-    return;
-  }
+  const auto me = ddp::test::as_rank_processes(kTwoRanks, 2);  // the parent runs the ranks
+  if (!me) return;
   ddp::store::FileStore store(me->store_path, std::chrono::seconds(120));
   ddp::store::PrefixStore sgd("sgd/", store), adamw("adamw/", store);  // one rendezvous each
   check_on_gpu<ddp::optim::SGD>(ddp::optim::SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3}, me->rank,

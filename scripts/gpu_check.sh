@@ -26,6 +26,7 @@
 # the gpu tests, the tutorial runs, the kill -9, the sanitizers, the bench). A prebuilt build directory (built
 # elsewhere for this GPU's architecture and carried here) is used as it is with --phase test or --phase bench.
 # DDP_GPU_SKIP: a bash regex of step names to leave out (recorded as skipped), e.g. steps a run already passed.
+# scripts/gpu_carry.sh builds the GPU binaries on a machine without a GPU and runs this script on the GPU one.
 # SPDX-License-Identifier: MIT
 set -uo pipefail
 cd "$(dirname "$0")/.."

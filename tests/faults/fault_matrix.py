@@ -239,22 +239,42 @@ PHASE_ARGS = {
 }
 
 
+def reach(job, pattern, timeout=60):
+    """Waits for a line matching pattern (where arm injects the fault). Retry when every process of the job ended
+    first: no fault was injected (once in CI, 4 ranks on 2 loaded cores timed out their first broadcast), so the
+    row has shown nothing yet and runs once more."""
+    rx = re.compile(pattern)
+
+    def find():
+        for p in job.procs:
+            for _, line in p.lines:
+                m = rx.search(line)
+                if m:
+                    return m
+        return "ended" if job.procs and all(p.exit_t is not None for p in job.procs) else None
+    r = job.wait_for(find, timeout, repr(pattern))
+    if r == "ended":
+        last = next((ln.strip() for p in job.procs for _, ln in reversed(p.lines) if "ddp[" in ln), "(no message)")
+        raise Retry(f"the job ended before {pattern!r}, before any fault was injected: {shorten(last)}")
+    return r
+
+
 def arm(job, phase, n, k):
     """Waits until rank k is inside `phase`; returns a note for the observed column."""
     if phase == "rendezvous":
-        job.line(rf"fw rank {k}: phase rendezvous hold")
+        reach(job, rf"fw rank {k}: phase rendezvous hold")
         for r in range(n):
             if r != k:
-                job.line(rf"fw rank {r}: phase rendezvous store-joined")
+                reach(job, rf"fw rank {r}: phase rendezvous store-joined")
         return ""
     if phase in ("allreduce", "stop"):
-        job.line(rf"fw rank {k}: phase allreduce iter 2\b")
+        reach(job, rf"fw rank {k}: phase allreduce iter 2\b")
         return ""
     if phase == "backward":
-        job.line(rf"fw rank {k}: phase backward step 1 start")
+        reach(job, rf"fw rank {k}: phase backward step 1 start")
         return ""
     if phase == "snapshot":
-        job.line(r"fw rank 0: phase snapshot-write epoch 2 start")
+        reach(job, r"fw rank 0: phase snapshot-write epoch 2 start")
         tmp = os.path.join(job.tag, "snap.safetensors.tmp")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the write of epoch 2 is under way once .tmp has bytes

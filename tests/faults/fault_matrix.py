@@ -120,8 +120,9 @@ class Job:
                     raise RowFailed(f"timed out after {timeout} s waiting for {what}")
                 self.cv.wait(min(left, 0.2))
 
-    def line(self, pattern, timeout=60):
-        """Waits for a line matching pattern in any process; returns the match."""
+    def line(self, pattern, timeout=60, or_ended=False):
+        """Waits for a line matching pattern in any process; returns the match (or, with or_ended, "ended" once
+        every process of the job has exited without one)."""
         rx = re.compile(pattern)
 
         def find():
@@ -130,7 +131,8 @@ class Job:
                     m = rx.search(line)
                     if m:
                         return m
-            return None
+            ended = or_ended and self.procs and all(p.exit_t is not None for p in self.procs)
+            return "ended" if ended else None
         return self.wait_for(find, timeout, repr(pattern))
 
     def pid_of(self, rank, attempt=0, timeout=60):
@@ -243,16 +245,7 @@ def reach(job, pattern, timeout=60):
     """Waits for a line matching pattern (where arm injects the fault). Retry when every process of the job ended
     first: no fault was injected (once in CI, 4 ranks on 2 loaded cores timed out their first broadcast), so the
     row has shown nothing yet and runs once more."""
-    rx = re.compile(pattern)
-
-    def find():
-        for p in job.procs:
-            for _, line in p.lines:
-                m = rx.search(line)
-                if m:
-                    return m
-        return "ended" if job.procs and all(p.exit_t is not None for p in job.procs) else None
-    r = job.wait_for(find, timeout, repr(pattern))
+    r = job.line(pattern, timeout, or_ended=True)
     if r == "ended":
         last = next((ln.strip() for p in job.procs for _, ln in reversed(p.lines) if "ddp[" in ln), "(no message)")
         raise Retry(f"the job ended before {pattern!r}, before any fault was injected: {shorten(last)}")

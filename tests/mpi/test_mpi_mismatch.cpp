@@ -1,6 +1,6 @@
 // Mismatched collectives on the mpi backend (docs/ARCHITECTURE.md D9), under mpirun -n N:
 // rank 0 runs all_reduce while the others broadcast; then all ranks all_reduce but rank 0 with one more
-// element. Every rank must fail with a CommError that names a rank whose op differs and quotes that op,
+// element; both again with payloads that travel as several messages. Every rank must fail with a CommError that names a rank whose op differs and quotes that op,
 // well inside the op timeout (nothing may wait for it), and the program must still exit normally.
 // SPDX-License-Identifier: MIT
 //
@@ -90,6 +90,26 @@ int main() {
                                              "which ran all_reduce #2 (F32 x 4, sum)"}
                   : std::vector<std::string>{"all_reduce #2 (F32 x 4, sum) does not match rank 0",
                                              "which ran all_reduce #2 (F32 x 5, sum)"});
+    // The same with all-reduces large enough to travel as several messages each (MpiCommunicator::kCarryBytes):
+    // the receives of chunks the peer never sends must be cancelled, or the exit below would hang.
+    std::vector<float> big(5000, 1.0f), other(rank == 0 ? 5000 : 1000, 1.0f);
+    failed += expect_mismatch(
+        "chunked all_reduce vs broadcast",
+        [&](comm::Communicator& c) {
+          if (c.rank() == 0) c.all_reduce(std::span(big)).wait();
+          else c.broadcast(std::span(big), {.root = 0}).wait();
+        },
+        rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
+                                             "which ran broadcast #1 (F32 x 5000, root 0)"}
+                  : std::vector<std::string>{"broadcast #1 (F32 x 5000, root 0) does not match rank 0",
+                                             "which ran all_reduce #1 (F32 x 5000, sum)"});
+    failed += expect_mismatch(
+        "chunked different counts",
+        [&](comm::Communicator& c) { c.all_reduce(std::span(other)).wait(); },
+        rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
+                                             "which ran all_reduce #1 (F32 x 1000, sum)"}
+                  : std::vector<std::string>{"all_reduce #1 (F32 x 1000, sum) does not match rank 0",
+                                             "which ran all_reduce #1 (F32 x 5000, sum)"});
     // The backend still works afterwards, and the ranks agree on the verdict.
     comm::MpiCommunicator world({.timeout = kTimeout});
     std::vector<std::int32_t> total{failed};

@@ -12,9 +12,10 @@
 // differences against that round's bare step.
 //   local_ms  forward + backward + SGD step of the bare model (no communication)
 //   comm_ms   all-reduce (Avg) of every gradient as one flat buffer, alone (the communication to hide)
-//   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward)
+//   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward),
+//             gradients copied into the buckets and back (gradient_as_bucket_view = false, torch's default)
 //   ddp_view_ms  the same with gradient_as_bucket_view (gradients live in the buckets: no copy into them before
-//             the all-reduce, none back after it)
+//             the all-reduce, none back after it; ddp's default on CPU, docs/ARCHITECTURE.md D54)
 //   *_no_sync_ms  each variant inside no_sync() (wrapper and buffer broadcast, no gradient all-reduce)
 //   overhead*_ms  median over rounds of (variant step - bare step); hidden_fraction* = (comm - overhead) / comm,
 //             clamped to [0, 1]: 1 = communication fully hidden

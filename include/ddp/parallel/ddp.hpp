@@ -34,8 +34,9 @@
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
 //   CUDA models take the built-in allreduce, fp16, bf16 or powersgd through DdpOptions::comm_hook (run on the
 //   device; register_comm_hook is refused there).
-// - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp); static_graph: the
-//   first step's unused parameters are reused without the flag all-reduce (docs/ARCHITECTURE.md D33).
+// - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp), by default on CPU
+//   (docs/ARCHITECTURE.md D54); static_graph: the first step's unused parameters are reused without the flag
+//   all-reduce (D33).
 // - Uneven inputs (torch's `with model.join():`, docs/ARCHITECTURE.md D30): ranks may run different numbers of
 //   steps inside a join context; a rank out of data calls join(), which takes part in the others' collectives
 //   with zero gradients until every rank has joined, then gives every rank the model of the last rank to join:
@@ -57,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <span>
 #include <utility>
@@ -90,8 +92,15 @@ struct DdpOptions {
   bool static_graph = false;
   // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the parameter's slot, so
   // no copy into the bucket before the all-reduce nor back after it (parallel/grad_views.hpp).
-  // --gradient-as-bucket-view
-  bool gradient_as_bucket_view = false;
+  // --gradient-as-bucket-view[=true|false]. Unset: on for CPU models, off for CUDA ones until a GPU run has
+  // verified it there (docs/ARCHITECTURE.md D54; torch's default is off because its users may replace or
+  // detach .grad, which ddp's grad() does not allow).
+  std::optional<bool> gradient_as_bucket_view;
+
+  template <Device D>
+  bool grads_in_buckets() const {
+    return gradient_as_bucket_view.value_or(std::same_as<D, Cpu>);
+  }
 };
 
 // Bytes from a --bucket-cap-mb value (fractions allowed: 0.25 = 256 KiB).
@@ -149,7 +158,7 @@ class DistributedDataParallel {
                                 .find_unused_parameters = o.find_unused_parameters,
                                 .rebuild_buckets = o.rebuild_buckets,
                                 .static_graph = o.static_graph,
-                                .gradient_as_bucket_view = o.gradient_as_bucket_view},
+                                .gradient_as_bucket_view = o.grads_in_buckets<D>()},
                  comm) {
     verify_shapes_across_ranks();
     broadcast_parameters();

@@ -10,10 +10,12 @@
 // DDP_SHM, DDP_STORE_PORT, DDP_COMM_CPUS), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cxxopts.hpp>
@@ -86,7 +88,8 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
       ("static-graph", "every step uses the same parameters (torch's static_graph): unused ones are found in "
        "the first step and their all-reduce flag is skipped afterwards")
       ("gradient-as-bucket-view", "gradients live in DDP's buckets (torch's gradient_as_bucket_view): no copy "
-       "into the bucket before the all-reduce nor back after it")
+       "into the bucket before the all-reduce nor back after it. Default: on for CPU models, off on CUDA "
+       "(=false: copy, as torch's default)", cxxopts::value<std::string>()->implicit_value("true"))
       ("metrics-file", "append one JSON object per step to this file", cxxopts::value<std::string>()->default_value(""))
       ("tensorboard-dir", "rank 0 writes the per-step metrics as TensorBoard scalars to a new event file in this "
        "directory (created if missing; view with `tensorboard --logdir DIR`)",
@@ -99,6 +102,15 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
 }
 
 // Reads the flags added by add_dist_options; ConfigError/ValueError on bad values.
+// A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ValueError naming `flag`.
+inline bool parse_flag_bool(std::string_view flag, std::string_view value) {
+  std::string v(value);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "off" || v == "no") return false;
+  throw ConfigError(ddp::detail::str("ddp: ", flag, " takes true or false (also 1/0, on/off, yes/no), got '", value, "'"));
+}
+
 inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   DistFlags f;
   f.backend = args["backend"].as<std::string>();
@@ -118,7 +130,9 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   parallel::validate_powersgd_options(f.ddp.powersgd);
   f.ddp.find_unused_parameters = args.count("find-unused-parameters") > 0;
   f.ddp.static_graph = args.count("static-graph") > 0;
-  f.ddp.gradient_as_bucket_view = args.count("gradient-as-bucket-view") > 0;
+  if (args.count("gradient-as-bucket-view"))
+    f.ddp.gradient_as_bucket_view = parse_flag_bool("--gradient-as-bucket-view",
+                                                    args["gradient-as-bucket-view"].as<std::string>());
   f.metrics_file = args["metrics-file"].as<std::string>();
   f.tensorboard_dir = args["tensorboard-dir"].as<std::string>();
   f.trace.path = args["trace"].as<std::string>();

@@ -450,6 +450,8 @@ TEST_SUITE("train") {
          "ddp: --store-port must be in [0, 65535], got 70000 (DDP_STORE_PORT)"},
         {"--store-port negative", env::Env{}, {"--store-port=-1"},
          "ddp: --store-port must be in [0, 65535], got -1 (DDP_STORE_PORT)"},
+        {"--gradient-as-bucket-view not a switch value", env::Env{}, {"--gradient-as-bucket-view=maybe"},
+         "ddp: --gradient-as-bucket-view takes true or false (also 1/0, on/off, yes/no), got 'maybe'"},
     };
     for (const auto& r : rows) {
       const std::string row = r.name;
@@ -465,6 +467,34 @@ TEST_SUITE("train") {
         (void)train::read_dist_flags(parsed);
       };
       CHECK_THROWS_WITH_AS(run(), r.message.c_str(), ConfigError);
+    }
+  }
+
+  TEST_CASE("--gradient-as-bucket-view: unset leaves the device's default (views on CPU, copies on CUDA)") {
+    auto flags = [](std::vector<std::string> args) {
+      cxxopts::Options options("prog");
+      train::add_dist_options(options, env::Env{});
+      args.insert(args.begin(), "prog");
+      std::vector<const char*> cargv;
+      for (const auto& a : args) cargv.push_back(a.c_str());
+      auto parsed = options.parse(static_cast<int>(cargv.size()), cargv.data());
+      return train::read_dist_flags(parsed).ddp;
+    };
+    const parallel::DdpOptions unset = flags({});
+    CHECK_FALSE(unset.gradient_as_bucket_view.has_value());
+    CHECK(unset.grads_in_buckets<Cpu>());
+    CHECK_FALSE(unset.grads_in_buckets<Cuda>());
+    for (const char* on : {"--gradient-as-bucket-view", "--gradient-as-bucket-view=true", "--gradient-as-bucket-view=ON"}) {
+      CAPTURE(on);
+      const parallel::DdpOptions o = flags({on});
+      CHECK(o.grads_in_buckets<Cpu>());
+      CHECK(o.grads_in_buckets<Cuda>());
+    }
+    for (const char* off : {"--gradient-as-bucket-view=false", "--gradient-as-bucket-view=0"}) {
+      CAPTURE(off);
+      const parallel::DdpOptions o = flags({off});
+      CHECK_FALSE(o.grads_in_buckets<Cpu>());
+      CHECK_FALSE(o.grads_in_buckets<Cuda>());
     }
   }
 }

@@ -218,6 +218,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> fp_reqs;
     std::vector<std::byte> fp_out;          // my fingerprint, then the first chunk of carried data
     std::unique_ptr<std::byte[]> fp_in;     // chunks slots of kMsgCap bytes per rank (this rank's unused)
+    std::size_t fp_in_bytes = 0;            // its capacity (it may come from fp_in_pool_, larger)
     bool fp_pending() const {
       return std::any_of(fp_reqs.begin(), fp_reqs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
     }
@@ -283,6 +284,29 @@ class MpiCommunicator final : public Communicator {
   }
   std::size_t send_index(const Task& t, int r, std::size_t k) const {
     return static_cast<std::size_t>(size_ - 1) * t.chunks + peer_index(r) * t.chunks + k;
+  }
+  // t.fp_in: a pooled buffer of at least `bytes` (the smallest that fits), else a new one. Touched only by the
+  // thread that runs ops, like scratch_pool_.
+  void take_fp_in(Task& t, std::size_t bytes) {
+    auto best = fp_in_pool_.end();
+    for (auto it = fp_in_pool_.begin(); it != fp_in_pool_.end(); ++it)
+      if (it->first >= bytes && (best == fp_in_pool_.end() || it->first < best->first)) best = it;
+    if (best == fp_in_pool_.end()) {
+      t.fp_in.reset(new std::byte[bytes]);
+      t.fp_in_bytes = bytes;
+      return;
+    }
+    t.fp_in_bytes = best->first;
+    t.fp_in = std::move(best->second);
+    fp_in_pool_.erase(best);
+  }
+  // Once nothing can write into t.fp_in any more (its exchange completed); a full pool drops its smallest buffer.
+  void give_back_fp_in(Task& t) {
+    if (!t.fp_in) return;
+    fp_in_pool_.emplace_back(t.fp_in_bytes, std::move(t.fp_in));
+    if (fp_in_pool_.size() > kFpInPoolSize)
+      fp_in_pool_.erase(std::min_element(fp_in_pool_.begin(), fp_in_pool_.end(),
+                                         [](const auto& a, const auto& b) { return a.first < b.first; }));
   }
   static std::size_t chunk_bytes(const Task& t, std::size_t k) {
     return std::min(kCarryBytes, t.carry.bytes() - k * kCarryBytes);
@@ -446,7 +470,7 @@ class MpiCommunicator final : public Communicator {
     if (first) std::memcpy(t.fp_out.data() + kFpBytes, t.carry.data, first);
     if (size_ == 1) return;  // nothing to exchange; test() finds the (empty) exchange complete
     const auto peers = static_cast<std::size_t>(size_ - 1);
-    t.fp_in.reset(new std::byte[kMsgCap * t.chunks * static_cast<std::size_t>(size_)]);
+    take_fp_in(t, kMsgCap * t.chunks * static_cast<std::size_t>(size_));
     t.fp_reqs.assign(2 * peers * t.chunks, MPI_REQUEST_NULL);
     // Every receive is kMsgCap bytes, so a peer running another op (other chunk sizes) never truncates. All
     // go out on tag 0 in this order, which MPI keeps between two ranks, so message k lands in slot k.
@@ -584,10 +608,12 @@ class MpiCommunicator final : public Communicator {
       if (t.fp_compared && !testall(t.fp_reqs.size(), done)) return true;
       if (t.fp_compared && done) {
         if (!t.carried) {
+          give_back_fp_in(t);
           t.stage = Stage::Ready;
           return false;
         }
         finish_carried(t);
+        give_back_fp_in(t);
         t.state->complete();
         return true;
       }
@@ -662,6 +688,10 @@ class MpiCommunicator final : public Communicator {
   bool broken_ = false;      // a request was left pending (see fail)
   std::string first_error_;
   std::vector<std::vector<std::byte>> scratch_pool_;
+  // Receive buffers of finished fingerprint exchanges, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which
+  // glibc would map and unmap (page faults included) on every op. At most kFpInPoolSize are kept.
+  static constexpr std::size_t kFpInPoolSize = 4;
+  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> fp_in_pool_;
   std::uint64_t posting_seq_ = 0;  // the seq of the op whose body post() is running
   std::vector<std::unique_ptr<mpi::RingAllreduce>> graveyard_;  // rings a failure left with requests pending
   // Buffers of fingerprint exchanges that drain_exchange left with requests pending (a failure's, kept alive).

@@ -528,7 +528,6 @@ class MpiCommunicator final : public Communicator {
   // receives are received and dropped; every peer does the same, so the sends complete too. Bounded by the
   // op's deadline: what is still pending then is left to fail(), and its buffers are kept alive.
   void drain_exchange(Task& t) {
-    std::vector<MPI_Request> extra;
     std::size_t sink_slots = 0;
     std::vector<std::pair<int, std::size_t>> to_receive;  // (peer, messages beyond this op's receives)
     for (int r = 0; r < size_; ++r) {

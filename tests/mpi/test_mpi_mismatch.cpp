@@ -90,7 +90,7 @@ int main() {
                                              "which ran all_reduce #2 (F32 x 4, sum)"}
                   : std::vector<std::string>{"all_reduce #2 (F32 x 4, sum) does not match rank 0",
                                              "which ran all_reduce #2 (F32 x 5, sum)"});
-    // The same with all-reduces large enough to travel as several messages each (MpiCommunicator::kCarryBytes):
+    // The same with all-reduces large enough to travel as several messages each (mpi::kCarryBytes):
     // the receives of chunks the peer never sends must be cancelled, or the exit below would hang.
     std::vector<float> big(5000, 1.0f), other(rank == 0 ? 5000 : 1000, 1.0f);
     failed += expect_mismatch(

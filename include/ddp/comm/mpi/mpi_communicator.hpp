@@ -9,10 +9,10 @@
 // caller or the progress thread, handed over under the queue's lock).
 // All-reduce is ours, on MPI point-to-point calls (docs/ARCHITECTURE.md D38): Open MPI's MPI_Iallreduce
 // (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which ran at
-// 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload that every rank receives (size - 1)
-// copies of within kCarryMaxBytes rides with the fingerprint (one exchange of eager messages of at most
-// kCarryBytes each; each rank reduces every rank's copy in rank order); a larger one runs
-// mpi/ring_allreduce.hpp's ring through a reused scratch.
+// 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies fit in
+// mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange of eager
+// messages; each rank reduces every rank's copy in rank order); a larger one runs mpi/ring_allreduce.hpp's
+// ring through a reused scratch.
 // Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
 // block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
 // and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
@@ -43,7 +43,6 @@
 #include <cstdint>
 #include <climits>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -55,7 +54,7 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/mpi/fingerprint_words.hpp"
+#include "ddp/comm/mpi/fingerprint_exchange.hpp"
 #include "ddp/comm/mpi/mpi_check.hpp"
 #include "ddp/comm/mpi/reduce_ops.hpp"
 #include "ddp/comm/mpi/ring_allreduce.hpp"
@@ -84,14 +83,6 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
 
-  // An all-reduce of at most kCarryMaxBytes travels with its fingerprint (one exchange, no ring): the
-  // fingerprint message carries its first kCarryBytes, and the rest follows as further messages of at most
-  // kCarryBytes, all posted at once. With the 32-byte fingerprint and MPI's header each message stays under
-  // Open MPI's shared-memory eager limit (4 KiB), above which a message takes a rendezvous (one 4 KiB
-  // message: 5.2 us, as a ring: 1.3 us), so the whole exchange costs about one eager latency.
-  static constexpr std::size_t kCarryBytes = 4096 - 128;
-  static constexpr std::size_t kCarryMaxBytes = 64 << 10;
-
  protected:
   Work send_impl(const OpCall& c) override {
     return submit(c, [this, b = c.in, dst = c.peer, tag = c.fp.root] {
@@ -114,9 +105,9 @@ class MpiCommunicator final : public Communicator {
       return Pending{req, {}};
     });
   }
-  // Small: carried in the fingerprint exchange (finish_carried); large: RingAllreduce on proto_comm_.
+  // Small: carried in the fingerprint exchange (FingerprintExchange::reduce); large: RingAllreduce on proto_comm_.
   Work all_reduce_impl(const OpCall& c) override {
-    if (carries(c.in.bytes())) return submit(c, {}, true);
+    if (mpi::carries(c.in.bytes(), size_)) return submit(c, {}, true);
     return submit(c, [this, b = c.in, op = c.fp.op] {
       // Tag by the op's number (set by submit, so read at posting time): rings in flight together never meet.
       Pending p;
@@ -199,29 +190,18 @@ class MpiCommunicator final : public Communicator {
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
   // posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
-  static constexpr std::size_t kFpWords = mpi::kFingerprintWords;
-  static constexpr std::size_t kFpBytes = kFpWords * sizeof(std::uint64_t);
-  static constexpr std::size_t kMsgCap = kFpBytes + kCarryBytes;            // the largest fingerprint message
   struct Task {
     std::shared_ptr<detail::WorkState> state;
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
-    Buffer carry;        // an all-reduce's data, carried in the fingerprint messages (count 0: none)
+    Buffer carry;        // an all-reduce's data, carried in the fingerprint exchange (count 0: none)
     bool carried = false;
-    std::size_t chunks = 1;     // fingerprint messages per peer: 1, or one per kCarryBytes of carried data
-    bool fp_compared = false;   // the first messages (the fingerprints) arrived and were compared
+    bool fp_compared = false;  // every peer's fingerprint arrived and was compared
     Pending pending;
     Clock::time_point deadline;
     Stage stage = Stage::Posted;
-    // Receives of every peer's first message (its fingerprint), then of its further chunks, then sends.
-    std::vector<MPI_Request> fp_reqs;
-    std::vector<std::byte> fp_out;          // my fingerprint, then the first chunk of carried data
-    std::unique_ptr<std::byte[]> fp_in;     // chunks slots of kMsgCap bytes per rank (this rank's unused)
-    std::size_t fp_in_bytes = 0;            // its capacity (it may come from fp_in_pool_, larger)
-    bool fp_pending() const {
-      return std::any_of(fp_reqs.begin(), fp_reqs.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
-    }
+    mpi::FingerprintExchange exchange;
   };
 
   static MPI_Comm dup_world() {
@@ -259,58 +239,6 @@ class MpiCommunicator final : public Communicator {
   }
 
   static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
-
-  // Whether an all-reduce of `bytes` travels with its fingerprint: what a rank receives, (size - 1) copies,
-  // stays within kCarryMaxBytes (a single-message payload always does).
-  bool carries(std::size_t bytes) const {
-    return bytes <= kCarryBytes || bytes * static_cast<std::size_t>(std::max(1, size_ - 1)) <= kCarryMaxBytes;
-  }
-  // How many messages a rank whose op is `fp` sends every peer in its fingerprint exchange (start): one, or
-  // for a carried all-reduce one per kCarryBytes of data.
-  std::size_t messages_of(const Fingerprint& fp) const {
-    const std::size_t bytes = fp.kind == OpKind::AllReduce ? fp.count * dtype_size(fp.dtype) : 0;
-    return bytes > kCarryBytes && carries(bytes) ? (bytes + kCarryBytes - 1) / kCarryBytes : 1;
-  }
-  // Rank r's message k of task t: where it is received (r != rank_), and the index of its receive and of
-  // this rank's send of message k to r in t.fp_reqs (first messages' receives first, so that they can be
-  // tested alone; then the other receives; then the sends).
-  static std::byte* slot_of(const Task& t, int r, std::size_t k) {
-    return t.fp_in.get() + kMsgCap * (static_cast<std::size_t>(r) * t.chunks + k);
-  }
-  std::size_t peer_index(int r) const { return static_cast<std::size_t>(r < rank_ ? r : r - 1); }
-  std::size_t recv_index(const Task& t, int r, std::size_t k) const {
-    const auto peers = static_cast<std::size_t>(size_ - 1);
-    return k == 0 ? peer_index(r) : peers + peer_index(r) * (t.chunks - 1) + (k - 1);
-  }
-  std::size_t send_index(const Task& t, int r, std::size_t k) const {
-    return static_cast<std::size_t>(size_ - 1) * t.chunks + peer_index(r) * t.chunks + k;
-  }
-  // t.fp_in: a pooled buffer of at least `bytes` (the smallest that fits), else a new one. Touched only by the
-  // thread that runs ops, like scratch_pool_.
-  void take_fp_in(Task& t, std::size_t bytes) {
-    auto best = fp_in_pool_.end();
-    for (auto it = fp_in_pool_.begin(); it != fp_in_pool_.end(); ++it)
-      if (it->first >= bytes && (best == fp_in_pool_.end() || it->first < best->first)) best = it;
-    if (best == fp_in_pool_.end()) {
-      t.fp_in.reset(new std::byte[bytes]);
-      t.fp_in_bytes = bytes;
-      return;
-    }
-    t.fp_in_bytes = best->first;
-    t.fp_in = std::move(best->second);
-    fp_in_pool_.erase(best);
-  }
-  // Once nothing can write into t.fp_in any more (its exchange completed); a full pool drops its smallest buffer.
-  void give_back_fp_in(Task& t) {
-    if (!t.fp_in) return;
-    fp_in_pool_.emplace_back(t.fp_in_bytes, std::move(t.fp_in));
-    if (fp_in_pool_.size() > kFpInPoolSize)
-      fp_in_pool_.erase(std::min_element(fp_in_pool_.begin(), fp_in_pool_.end(),
-                                         [](const auto& a, const auto& b) { return a.first < b.first; }));
-  }
-  static std::size_t chunk_bytes(const Task& t, std::size_t k) {
-    return std::min(kCarryBytes, t.carry.bytes() - k * kCarryBytes);
-  }
   static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
 
   // The rings' scratch (two segments each): reused, not allocated per op.
@@ -458,34 +386,10 @@ class MpiCommunicator final : public Communicator {
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
                                                 first_error_)), in_flight);
     if (t.fp.is_p2p() || (!opts_.check_fingerprints && !t.carried)) return post(t, in_flight);
-    // The exchange: my fingerprint (and carried data) to every peer, theirs into kMsgCap-byte slots.
+    // The exchange: my fingerprint (and carried data) to every peer, theirs back (mpi/fingerprint_exchange.hpp).
     t.stage = Stage::Fingerprint;
-    std::uint64_t words[kFpWords];
-    mpi::pack_fingerprint(t.fp, words);
-    // Chunks after the first are sent from the caller's buffer, which nothing writes until every send is done.
-    t.chunks = t.carried ? messages_of(t.fp) : 1;
-    const std::size_t first = t.carry.count ? chunk_bytes(t, 0) : 0;
-    t.fp_out.resize(kFpBytes + first);
-    std::memcpy(t.fp_out.data(), words, kFpBytes);
-    if (first) std::memcpy(t.fp_out.data() + kFpBytes, t.carry.data, first);
-    if (size_ == 1) return;  // nothing to exchange; test() finds the (empty) exchange complete
-    const auto peers = static_cast<std::size_t>(size_ - 1);
-    take_fp_in(t, kMsgCap * t.chunks * static_cast<std::size_t>(size_));
-    t.fp_reqs.assign(2 * peers * t.chunks, MPI_REQUEST_NULL);
-    // Every receive is kMsgCap bytes, so a peer running another op (other chunk sizes) never truncates. All
-    // go out on tag 0 in this order, which MPI keeps between two ranks, so message k lands in slot k.
-    int rc = MPI_SUCCESS;
-    for (int r = 0; r < size_ && rc == MPI_SUCCESS; ++r)
-      for (std::size_t k = 0; r != rank_ && k < t.chunks && rc == MPI_SUCCESS; ++k)
-        rc = MPI_Irecv(slot_of(t, r, k), static_cast<int>(kMsgCap), MPI_BYTE, r, 0, proto_comm_,
-                       &t.fp_reqs[recv_index(t, r, k)]);
-    for (int r = 0; r < size_ && rc == MPI_SUCCESS; ++r)
-      for (std::size_t k = 0; r != rank_ && k < t.chunks && rc == MPI_SUCCESS; ++k)
-        rc = k == 0 ? MPI_Isend(t.fp_out.data(), static_cast<int>(t.fp_out.size()), MPI_BYTE, r, 0, proto_comm_,
-                                &t.fp_reqs[send_index(t, r, k)])
-                    : MPI_Isend(t.carry.bytes_ptr() + k * kCarryBytes, static_cast<int>(chunk_bytes(t, k)), MPI_BYTE, r,
-                                0, proto_comm_, &t.fp_reqs[send_index(t, r, k)]);
-    if (rc != MPI_SUCCESS) fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+    if (const int rc = t.exchange.start(t.fp, t.carry, proto_comm_, rank_, size_, exchange_pool_); rc != MPI_SUCCESS)
+      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
   }
 
   void post(Task& t, const std::deque<Task>& in_flight) {
@@ -501,118 +405,36 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // A carried all-reduce once every rank's data arrived: every rank reduces all copies in rank order, chunk
-  // by chunk (the same chain everywhere, so the results are bit-identical), then divides for Avg.
-  void finish_carried(Task& t) {
-    const Buffer& b = t.carry;
-    const std::size_t elem = dtype_size(b.dtype);  // kCarryBytes is a multiple of every dtype's size
-    alignas(64) std::byte mine[kCarryBytes];       // this rank's chunk k >= 1, before its place is overwritten
-    for (std::size_t k = 0; size_ > 1 && k < t.chunks; ++k) {
-      const std::size_t n = chunk_bytes(t, k);
-      std::byte* dst = b.bytes_ptr() + k * kCarryBytes;
-      if (k > 0 && rank_ != 0) std::memcpy(mine, dst, n);
-      auto data_of = [&](int r) -> const std::byte* {
-        if (r != rank_) return slot_of(t, r, k) + (k == 0 ? kFpBytes : 0);
-        return k == 0 ? t.fp_out.data() + kFpBytes : rank_ == 0 ? dst : mine;
-      };
-      if (rank_ != 0) std::memcpy(dst, data_of(0), n);
-      for (int r = 1; r < size_; ++r) reduce_into(dst, data_of(r), n / elem, b.dtype, t.fp.op);
-    }
-    if (t.fp.op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
-  }
-
-  // After a fingerprint mismatch every message of the exchange must still be matched: a leftover would meet
-  // a later communicator's receive (MPICH reuses a freed communicator's context id), and a pending request
-  // makes the process end with MPI_Abort (see fail). Each peer's fingerprint says how many messages it sent
-  // (messages_of), so per peer the receives beyond those are cancelled and the messages beyond this op's
-  // receives are received and dropped; every peer does the same, so the sends complete too. Bounded by the
-  // op's deadline: what is still pending then is left to fail(), and its buffers are kept alive.
-  void drain_exchange(Task& t) {
-    std::size_t sink_slots = 0;
-    std::vector<std::pair<int, std::size_t>> to_receive;  // (peer, messages beyond this op's receives)
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      std::uint64_t w[kFpWords];
-      std::memcpy(w, slot_of(t, r, 0), sizeof w);
-      const std::size_t theirs = messages_of(mpi::unpack_fingerprint(w));
-      for (std::size_t k = theirs; k < t.chunks; ++k)
-        if (MPI_Request& q = t.fp_reqs[recv_index(t, r, k)]; q != MPI_REQUEST_NULL) {
-          MPI_Cancel(&q);
-          MPI_Wait(&q, MPI_STATUS_IGNORE);
-        }
-      if (theirs > t.chunks) {
-        to_receive.emplace_back(r, theirs - t.chunks);
-        sink_slots += theirs - t.chunks;
-      }
-    }
-    std::unique_ptr<std::byte[]> sink(sink_slots ? new std::byte[kMsgCap * sink_slots] : nullptr);
-    std::size_t used = 0;
-    for (const auto& [r, n] : to_receive)
-      for (std::size_t i = 0; i < n; ++i, ++used) {
-        t.fp_reqs.push_back(MPI_REQUEST_NULL);
-        if (MPI_Irecv(sink.get() + kMsgCap * used, static_cast<int>(kMsgCap), MPI_BYTE, r, 0, proto_comm_,
-                      &t.fp_reqs.back()) != MPI_SUCCESS)
-          break;
-      }
-    for (int done = 0; !done && Clock::now() < t.deadline;) {
-      if (MPI_Testall(static_cast<int>(t.fp_reqs.size()), t.fp_reqs.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-        break;
-      if (!done) std::this_thread::yield();
-    }
-    if (t.fp_pending()) {  // MPI may still write into these or read from them
-      orphans_.push_back(std::move(sink));
-      orphans_.push_back(std::move(t.fp_in));
-      orphaned_out_.push_back(std::move(t.fp_out));
-    }
-  }
-
-  // The exchanged fingerprints (seq included, so a rank that skipped an op is seen): empty when all agree, else
-  // the message every rank raises (mpi::mismatch_message).
-  std::string compare_fingerprints(const Task& t) const {
-    return mpi::mismatch_message(rank_, size_, t.fp, [&](int r) {
-      return r == rank_ ? t.fp_out.data() : slot_of(t, r, 0);
-    });
-  }
-
   // True when the task is finished (completed, failed or timed out).
   bool test(Task& t, const std::deque<Task>& in_flight) {
     if (t.state->is_done()) return true;
     if (t.stage == Stage::Ready) return false;
     if (t.stage == Stage::Fingerprint) {
-      // First every peer's fingerprint (its first message), so that a mismatch is reported even when the
-      // peer's op sends fewer messages than this one waits for; then the rest of the carried data.
-      const auto testall = [&](std::size_t n, int& done) {
-        done = 1;
-        if (n == 0) return true;
-        if (const int rc = MPI_Testall(static_cast<int>(n), t.fp_reqs.data(), &done, MPI_STATUSES_IGNORE);
-            rc != MPI_SUCCESS) {
-          fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
-          return false;
-        }
-        return true;
-      };
+      // First every peer's fingerprint, then the rest of the exchange (FingerprintExchange::test_fingerprints).
       int done = 1;
-      if (!t.fp_compared) {
-        if (!testall(t.fp_reqs.empty() ? 0 : static_cast<std::size_t>(size_ - 1), done)) return true;
-        if (done) {
-          t.fp_compared = true;
-          if (opts_.check_fingerprints)
-            if (std::string msg = compare_fingerprints(t); !msg.empty()) {
-              if (!t.fp_reqs.empty()) drain_exchange(t);
-              fail(t, CommError(msg), in_flight);
-              return true;
-            }
-        }
+      int rc = MPI_SUCCESS;
+      if (!t.fp_compared && (rc = t.exchange.test_fingerprints(done)) == MPI_SUCCESS && done) {
+        t.fp_compared = true;
+        if (opts_.check_fingerprints)
+          if (std::string msg = t.exchange.mismatch(t.fp); !msg.empty()) {
+            t.exchange.drain(t.deadline);
+            fail(t, CommError(msg), in_flight);
+            if (t.exchange.pending()) orphans_.push_back(std::move(t.exchange));  // MPI may still use its buffers
+            return true;
+          }
       }
-      if (t.fp_compared && !testall(t.fp_reqs.size(), done)) return true;
+      if (rc == MPI_SUCCESS && t.fp_compared) rc = t.exchange.test_all(done);
+      if (rc != MPI_SUCCESS) {
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+        return true;
+      }
       if (t.fp_compared && done) {
+        if (t.carried) t.exchange.reduce(t.fp.op);
+        t.exchange.release(exchange_pool_);
         if (!t.carried) {
-          give_back_fp_in(t);
           t.stage = Stage::Ready;
           return false;
         }
-        finish_carried(t);
-        give_back_fp_in(t);
         t.state->complete();
         return true;
       }
@@ -663,7 +485,7 @@ class MpiCommunicator final : public Communicator {
       first_error_ = e.what();
     }
     auto pending = [](const Task& x) {
-      return !x.state->is_done() && (x.fp_pending() || x.pending.req != MPI_REQUEST_NULL ||
+      return !x.state->is_done() && (x.exchange.pending() || x.pending.req != MPI_REQUEST_NULL ||
                                      (x.pending.ring && x.pending.ring->in_flight()));
     };
     bool any = false;
@@ -687,15 +509,10 @@ class MpiCommunicator final : public Communicator {
   bool broken_ = false;      // a request was left pending (see fail)
   std::string first_error_;
   std::vector<std::vector<std::byte>> scratch_pool_;
-  // Receive buffers of finished fingerprint exchanges, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which
-  // glibc would map and unmap (page faults included) on every op. At most kFpInPoolSize are kept.
-  static constexpr std::size_t kFpInPoolSize = 4;
-  std::vector<std::pair<std::size_t, std::unique_ptr<std::byte[]>>> fp_in_pool_;
+  mpi::ExchangePool exchange_pool_;  // receive buffers of finished fingerprint exchanges
   std::uint64_t posting_seq_ = 0;  // the seq of the op whose body post() is running
   std::vector<std::unique_ptr<mpi::RingAllreduce>> graveyard_;  // rings a failure left with requests pending
-  // Buffers of fingerprint exchanges that drain_exchange left with requests pending (a failure's, kept alive).
-  std::vector<std::unique_ptr<std::byte[]>> orphans_;
-  std::vector<std::vector<std::byte>> orphaned_out_;
+  std::vector<mpi::FingerprintExchange> orphans_;  // exchanges a mismatch left with requests pending (drain)
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

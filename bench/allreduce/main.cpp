@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
       "max-bytes", "largest size", cxxopts::value<std::size_t>()->default_value("268435456"))(
       "iters-scale", "multiplies the iteration counts", cxxopts::value<double>()->default_value("1"))(
       "inline-max-bytes", "tcp: CommOptions::inline_max_bytes", cxxopts::value<std::size_t>()->default_value("65536"))(
-      "shm", "tcp: shared memory between local ranks, 1 or 0 (DDP_SHM)",
+      "shm", "tcp and mpi: shared memory between local ranks, 1 or 0 (DDP_SHM)",
       cxxopts::value<int>()->default_value(std::getenv("DDP_SHM") ? std::getenv("DDP_SHM") : "1"))(
       "check-fingerprints", "mpi: all-gather each op's fingerprint first, 1 or 0 (CommOptions::check_fingerprints)",
       cxxopts::value<int>()->default_value("1"))(

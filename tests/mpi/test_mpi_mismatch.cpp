@@ -1,8 +1,9 @@
 // Mismatched collectives on the mpi backend (docs/ARCHITECTURE.md D9), under mpirun -n N:
 // rank 0 runs all_reduce while the others broadcast; then all ranks all_reduce but rank 0 with one more
-// element; both again with payloads that travel as several messages. Every rank must fail with a CommError that names a rank whose op differs and quotes that op,
-// well inside the op timeout (nothing may wait for it), and the program must still exit normally.
-// SPDX-License-Identifier: MIT
+// element; both again with payloads that travel as several messages; all of it once with all-reduce through
+// shared memory (every rank on this host) and once through MPI messages (CommOptions::shm off). Every rank must fail
+// with a CommError that names a rank whose op differs and quotes that op, well inside the op timeout (nothing may wait
+// for it), and the program must still exit normally. SPDX-License-Identifier: MIT
 //
 // Run: mpirun --allow-run-as-root --oversubscribe -n 2 ./mpi_mismatch_test   (exit 0 = pass)
 #include <chrono>
@@ -24,9 +25,11 @@ constexpr auto kPromptly = std::chrono::seconds(3);  // far below kTimeout: the 
 
 // Runs `op` on a fresh communicator and checks that it fails promptly with a message holding every
 // string in `want`. Returns the number of failed checks on this rank.
-int expect_mismatch(const char* scenario, const std::function<void(comm::Communicator&)>& op,
+int expect_mismatch(bool shm, const std::string& name, const std::function<void(comm::Communicator&)>& op,
                     const std::vector<std::string>& want) {
-  comm::MpiCommunicator c({.timeout = kTimeout});
+  comm::MpiCommunicator c({.timeout = kTimeout, .shm = shm});
+  const std::string full = name + (shm ? " (shm)" : " (messages)");
+  const char* scenario = full.c_str();
   const auto t0 = Clock::now();
   std::string msg;
   try {
@@ -69,47 +72,52 @@ int main() {
       return 1;
     }
     std::vector<float> v(4, 1.0f);
-    failed += expect_mismatch(
-        "all_reduce vs broadcast",
-        [&](comm::Communicator& c) {
-          if (c.rank() == 0) c.all_reduce(std::span(v)).wait();
-          else c.broadcast(std::span(v), {.root = 0}).wait();
-        },
-        rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 4, sum) does not match rank 1",
-                                             "which ran broadcast #1 (F32 x 4, root 0)"}
-                  : std::vector<std::string>{"broadcast #1 (F32 x 4, root 0) does not match rank 0",
-                                             "which ran all_reduce #1 (F32 x 4, sum)"});
     std::vector<float> w(rank == 0 ? 5 : 4, 1.0f);
-    failed += expect_mismatch(
-        "different counts",
-        [&](comm::Communicator& c) {
-          c.all_reduce(std::span(v)).wait();  // op #1 matches
-          c.all_reduce(std::span(w)).wait();  // op #2 does not
-        },
-        rank == 0 ? std::vector<std::string>{"all_reduce #2 (F32 x 5, sum) does not match rank 1",
-                                             "which ran all_reduce #2 (F32 x 4, sum)"}
-                  : std::vector<std::string>{"all_reduce #2 (F32 x 4, sum) does not match rank 0",
-                                             "which ran all_reduce #2 (F32 x 5, sum)"});
-    // The same with all-reduces large enough to travel as several messages each (mpi::kCarryBytes):
-    // the receives of chunks the peer never sends must be cancelled, or the exit below would hang.
     std::vector<float> big(5000, 1.0f), other(rank == 0 ? 5000 : 1000, 1.0f);
-    failed += expect_mismatch(
-        "chunked all_reduce vs broadcast",
-        [&](comm::Communicator& c) {
-          if (c.rank() == 0) c.all_reduce(std::span(big)).wait();
-          else c.broadcast(std::span(big), {.root = 0}).wait();
-        },
-        rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
-                                             "which ran broadcast #1 (F32 x 5000, root 0)"}
-                  : std::vector<std::string>{"broadcast #1 (F32 x 5000, root 0) does not match rank 0",
-                                             "which ran all_reduce #1 (F32 x 5000, sum)"});
-    failed += expect_mismatch(
-        "chunked different counts",
-        [&](comm::Communicator& c) { c.all_reduce(std::span(other)).wait(); },
-        rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
-                                             "which ran all_reduce #1 (F32 x 1000, sum)"}
-                  : std::vector<std::string>{"all_reduce #1 (F32 x 1000, sum) does not match rank 0",
-                                             "which ran all_reduce #1 (F32 x 5000, sum)"});
+    for (bool shm : {true, false}) {  // all-reduce through shared memory, or as carried messages
+      failed += expect_mismatch(
+          shm, "all_reduce vs broadcast",
+          [&](comm::Communicator& c) {
+            if (c.rank() == 0)
+              c.all_reduce(std::span(v)).wait();
+            else
+              c.broadcast(std::span(v), {.root = 0}).wait();
+          },
+          rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 4, sum) does not match rank 1",
+                                               "which ran broadcast #1 (F32 x 4, root 0)"}
+                    : std::vector<std::string>{"broadcast #1 (F32 x 4, root 0) does not match rank 0",
+                                               "which ran all_reduce #1 (F32 x 4, sum)"});
+      failed += expect_mismatch(
+          shm, "different counts",
+          [&](comm::Communicator& c) {
+            c.all_reduce(std::span(v)).wait();  // op #1 matches
+            c.all_reduce(std::span(w)).wait();  // op #2 does not
+          },
+          rank == 0 ? std::vector<std::string>{"all_reduce #2 (F32 x 5, sum) does not match rank 1",
+                                               "which ran all_reduce #2 (F32 x 4, sum)"}
+                    : std::vector<std::string>{"all_reduce #2 (F32 x 4, sum) does not match rank 0",
+                                               "which ran all_reduce #2 (F32 x 5, sum)"});
+      // The same with all-reduces large enough to travel as several messages each (mpi::kCarryBytes):
+      // the receives of chunks the peer never sends must be cancelled, or the exit below would hang.
+      failed += expect_mismatch(
+          shm, "chunked all_reduce vs broadcast",
+          [&](comm::Communicator& c) {
+            if (c.rank() == 0)
+              c.all_reduce(std::span(big)).wait();
+            else
+              c.broadcast(std::span(big), {.root = 0}).wait();
+          },
+          rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
+                                               "which ran broadcast #1 (F32 x 5000, root 0)"}
+                    : std::vector<std::string>{"broadcast #1 (F32 x 5000, root 0) does not match rank 0",
+                                               "which ran all_reduce #1 (F32 x 5000, sum)"});
+      failed += expect_mismatch(
+          shm, "chunked different counts", [&](comm::Communicator& c) { c.all_reduce(std::span(other)).wait(); },
+          rank == 0 ? std::vector<std::string>{"all_reduce #1 (F32 x 5000, sum) does not match rank 1",
+                                               "which ran all_reduce #1 (F32 x 1000, sum)"}
+                    : std::vector<std::string>{"all_reduce #1 (F32 x 1000, sum) does not match rank 0",
+                                               "which ran all_reduce #1 (F32 x 5000, sum)"});
+    }
     // The backend still works afterwards, and the ranks agree on the verdict.
     comm::MpiCommunicator world({.timeout = kTimeout});
     std::vector<std::int32_t> total{failed};

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "ddp/comm/types.hpp"
 #include "ddp/core/dtype.hpp"
@@ -94,6 +96,22 @@ inline void divide_by(void* data, std::size_t count, DType dtype, int by) {
     using T = std::remove_pointer_t<decltype(d)>;
     detail::divide_typed<T>(d, count, by);
   });
+}
+
+// memcpy that accepts n == 0 with null pointers: an empty buffer's data (and an empty Scratch) may be
+// null, and memcpy's pointers must be valid even for 0 bytes (UBSan reports it).
+inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
+// Element offsets of n segments covering count elements: segment i is [offs[i], offs[i+1]); the first
+// count % n segments are one element longer. Example: count 10, n 4 -> 0 3 6 8 10.
+inline std::vector<std::size_t> even_segments(std::size_t count, int n) {
+  std::vector<std::size_t> offs(static_cast<std::size_t>(n) + 1, 0);
+  const std::size_t base = count / static_cast<std::size_t>(n), extra = count % static_cast<std::size_t>(n);
+  for (int i = 0; i < n; ++i)
+    offs[i + 1] = offs[i] + base + (static_cast<std::size_t>(i) < extra ? 1 : 0);
+  return offs;
 }
 
 }  // namespace ddp::comm

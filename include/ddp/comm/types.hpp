@@ -162,9 +162,11 @@ struct CommOptions {
   std::vector<int> progress_cpus;
   // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
   std::chrono::milliseconds shutdown_timeout{10'000};
-  // tcp: when every rank runs on one host, all-reduce, broadcast, all-gather and barrier go through a
-  // shared-memory segment instead of loopback sockets (the sockets stay open to detect dead peers).
-  // Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the same value.
+  // tcp and mpi: when every rank runs on one host, collectives go through a shared-memory segment
+  // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of loopback
+  // sockets (the sockets stay open to detect dead peers); on mpi all-reduce instead of MPI messages
+  // (docs/ARCHITECTURE.md D55). Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the
+  // same value.
   bool shm = true;
   // mpi: exchange each collective's fingerprint before running it, so that mismatched collectives
   // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each peer

@@ -34,7 +34,7 @@ struct DistFlags {
   std::string backend = "gloo";
   std::chrono::milliseconds timeout = comm::kDefaultCommTimeout;
   std::string socket_ifname;
-  bool shm = true;                          // tcp: shared memory between ranks on one host (DDP_SHM=0: off)
+  bool shm = true;                          // tcp, mpi: shared memory between ranks on one host (DDP_SHM=0: off)
   std::optional<std::uint16_t> store_port;  // when the launcher already holds MASTER_PORT
   std::vector<int> comm_cpus;               // --comm-cpus / DDP_COMM_CPUS: the progress thread's CPUs (tcp, mpi)
   parallel::DdpOptions ddp;                 // bucket caps, communication hook, unused parameters
@@ -67,7 +67,7 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))
       ("socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))
-      ("shm", "tcp: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
+      ("shm", "tcp and mpi: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))
       ("comm-cpus", "tcp, mpi: CPUs for the communication thread, e.g. 1 or 2-3 (DDP_COMM_CPUS): a core the "
        "training threads leave free lets DDP's all-reduces overlap with backward instead of taking turns with it; "

@@ -2,6 +2,7 @@
 // with shm on and off, mismatches and timeouts reported as on the socket path, nothing left in /dev/shm.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -13,19 +14,22 @@
 
 #include "collective_checks.hpp"
 #include "comm_harness.hpp"
-#include "ddp/comm/tcp/shm_collectives.hpp"
-#include "ddp/comm/tcp/shm_segment.hpp"
+#include "ddp/comm/shm/collectives.hpp"
+#include "ddp/comm/shm/segment.hpp"
 
 using namespace ddp;
 using namespace std::chrono_literals;
 
 namespace {
 
+// The segments this process created ("/ddp-<pid>-<nonce>", shm/segment.hpp): other tests running beside this
+// one (mpirun jobs) create and unlink their own.
 std::set<std::string> shm_entries() {
+  const std::string mine = ddp::detail::str("ddp-", ::getpid(), '-');
   std::set<std::string> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (e.path().filename().string().rfind("ddp-", 0) == 0) out.insert(e.path().filename().string());
+    if (e.path().filename().string().rfind(mine, 0) == 0) out.insert(e.path().filename().string());
   return out;
 }
 
@@ -60,7 +64,7 @@ TEST_SUITE("comm") {
   }
 
   TEST_CASE("tcp shm: ops above kShmStreamBytes (streaming copy-out) at an unaligned address are exact") {
-    const std::size_t n = comm::tcp::kShmStreamBytes / sizeof(float) + 1001;  // several slots and a tail
+    const std::size_t n = comm::shm::kStreamBytes / sizeof(float) + 1001;  // several slots and a tail
     auto errors = test::run_ranks(3, [&](comm::TcpCommunicator& c) {
       REQUIRE(c.uses_shm());
       std::vector<std::vector<float>> all;
@@ -82,7 +86,7 @@ TEST_SUITE("comm") {
   }
 
   TEST_CASE("tcp shm: the host identity is hostname/boot id") {
-    const std::string id = comm::tcp::ShmSegment::host_identity();
+    const std::string id = comm::shm::Segment::host_identity();
     CHECK(id.find('/') != std::string::npos);
     CHECK(id.size() > 30);  // a boot id is 36 characters
   }

@@ -153,8 +153,10 @@ class FingerprintExchange {
   // request makes the process end with MPI_Abort. Each peer's fingerprint says how many messages it sent
   // (messages_of), so per peer the receives beyond those are cancelled and the messages beyond this op's
   // receives are received and dropped; every peer does the same, so the sends complete too. Waits until
-  // `deadline` at most: whatever is still pending() then must be kept alive by the caller.
-  void drain(std::chrono::steady_clock::time_point deadline) {
+  // `deadline` at most: whatever is still pending() then must be kept alive by the caller. `carrying`: whether
+  // this communicator's all-reduces are carried at all (not when they run in shared memory, where every
+  // rank's exchange is its fingerprint alone).
+  void drain(std::chrono::steady_clock::time_point deadline, bool carrying) {
     if (reqs_.empty()) return;
     std::vector<std::pair<int, std::size_t>> surplus;  // (peer, messages beyond this op's receives)
     std::size_t sink_slots = 0;
@@ -162,7 +164,7 @@ class FingerprintExchange {
       if (r == rank_) continue;
       std::uint64_t w[kFingerprintWords];
       std::memcpy(w, slot(r, 0), sizeof w);
-      const std::size_t theirs = messages_of(unpack_fingerprint(w), size_);
+      const std::size_t theirs = carrying ? messages_of(unpack_fingerprint(w), size_) : 1;
       for (std::size_t k = theirs; k < chunks_; ++k)
         if (MPI_Request& q = reqs_[recv_index(r, k)]; q != MPI_REQUEST_NULL) {
           MPI_Cancel(&q);

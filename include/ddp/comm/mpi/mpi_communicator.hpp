@@ -12,7 +12,11 @@
 // 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies fit in
 // mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange of eager
 // messages; each rank reduces every rank's copy in rank order); a larger one runs mpi/ring_allreduce.hpp's
-// ring through a reused scratch.
+// ring through a reused scratch. When every rank runs on one host (and CommOptions::shm), every all-reduce
+// goes through shared memory instead (comm/shm/collectives.hpp, D55): the tcp backend's shm all-reduce,
+// which is 1.1-3x Open MPI's own on one host; it runs alone (after every earlier op completed), and each
+// collective announces itself in the segment, so that a peer waiting there sees a mismatch at once
+// (mpi/shm_watch.hpp) and reports it through the fingerprint exchange like any other.
 // Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
 // block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
 // and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
@@ -59,7 +63,10 @@
 #include "ddp/comm/mpi/reduce_ops.hpp"
 #include "ddp/comm/mpi/ring_allreduce.hpp"
 #include "ddp/comm/mpi/runtime.hpp"
+#include "ddp/comm/mpi/shm_watch.hpp"
 #include "ddp/comm/reduce.hpp"
+#include "ddp/comm/shm/collectives.hpp"
+#include "ddp/comm/shm/segment.hpp"
 #include "ddp/core/cpu_affinity.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
@@ -82,6 +89,8 @@ class MpiCommunicator final : public Communicator {
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
+  // True when all-reduces go through shared memory (every rank on this host, CommOptions::shm).
+  bool uses_shm() const noexcept { return shm_ != nullptr; }
 
  protected:
   Work send_impl(const OpCall& c) override {
@@ -105,9 +114,11 @@ class MpiCommunicator final : public Communicator {
       return Pending{req, {}};
     });
   }
-  // Small: carried in the fingerprint exchange (FingerprintExchange::reduce); large: RingAllreduce on proto_comm_.
+  // One host: shared memory (run_shm). Else small: carried in the fingerprint exchange
+  // (FingerprintExchange::reduce); large: RingAllreduce on proto_comm_.
   Work all_reduce_impl(const OpCall& c) override {
-    if (mpi::carries(c.in.bytes(), size_)) return submit(c, {}, true);
+    if (shm_) return submit(c, {}, Route::Shm);
+    if (mpi::carries(c.in.bytes(), size_)) return submit(c, {}, Route::Carried);
     return submit(c, [this, b = c.in, op = c.fp.op] {
       // Tag by the op's number (set by submit, so read at posting time): rings in flight together never meet.
       Pending p;
@@ -187,6 +198,9 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<mpi::RingAllreduce> ring;
   };
   using Body = std::function<Pending()>;  // posts the non-blocking call
+  // How a task runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange; an
+  // all-reduce through shared memory (run_shm).
+  enum class Route : std::uint8_t { Body, Carried, Shm };
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
   // posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
@@ -195,8 +209,8 @@ class MpiCommunicator final : public Communicator {
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
-    Buffer carry;        // an all-reduce's data, carried in the fingerprint exchange (count 0: none)
-    bool carried = false;
+    Buffer data;         // a Carried or Shm all-reduce's buffer (count 0: none)
+    Route route = Route::Body;
     bool fp_compared = false;  // every peer's fingerprint arrived and was compared
     Pending pending;
     Clock::time_point deadline;
@@ -219,6 +233,11 @@ class MpiCommunicator final : public Communicator {
     sequence_.emplace(rank_, size_);
     DDP_MPI_CHECK(MPI_Comm_dup(comm_, &proto_comm_));
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(proto_comm_, MPI_ERRORS_RETURN));
+    if (size_ > 1 && size_ <= shm::kMaxRanks) {  // collective: every rank takes part, even with shm off
+      auto seg = shm::Segment::create(all_gather_strings(), rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_),
+                                      "MPI point-to-point");
+      if (seg) shm_ = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+    }
     thread_ = std::thread([this] { progress_loop(); });
     try {
       pin_thread(thread_, opts_.progress_cpus, "--comm-cpus (DDP_COMM_CPUS)");
@@ -236,6 +255,21 @@ class MpiCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+  }
+
+  // shm::Segment's setup exchange over MPI (blocking: it runs in the constructor, before any op).
+  shm::AllGather all_gather_strings() const {
+    return [c = comm_, n = size_](const std::string&, const std::string& mine) {
+      int len = static_cast<int>(mine.size());
+      std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n) + 1, 0);
+      DDP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, c));
+      for (int r = 0; r < n; ++r) offs[r + 1] = offs[r] + lens[r];
+      std::string all(static_cast<std::size_t>(offs.back()), '\0');
+      DDP_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, c));
+      std::vector<std::string> out;
+      for (int r = 0; r < n; ++r) out.push_back(all.substr(static_cast<std::size_t>(offs[r]), static_cast<std::size_t>(lens[r])));
+      return out;
+    };
   }
 
   static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
@@ -262,7 +296,7 @@ class MpiCommunicator final : public Communicator {
   // blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress thread and back:
   // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit
   // MPI's int.
-  Work submit(OpCall call, Body body, bool carried = false) {
+  Work submit(OpCall call, Body body, Route route = Route::Body) {
     for (const Buffer* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
         throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ", INT_MAX,
@@ -273,8 +307,8 @@ class MpiCommunicator final : public Communicator {
            .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout,
            .body = std::move(body),
            .fp = call.fp,
-           .carry = carried ? call.in : Buffer{},
-           .carried = carried};
+           .data = route != Route::Body ? call.in : Buffer{},
+           .route = route};
     Work work(t.state);
     const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 && !running_here_ &&
                       runs_inline(std::max(call.in.bytes(), call.out.bytes()), call.blocking, opts_.inline_max_bytes);
@@ -337,6 +371,7 @@ class MpiCommunicator final : public Communicator {
   // and naps 20 us per round only after 1 ms without progress; idle, it sleeps on the condition variable.
   void progress_loop() {
     std::deque<Task> in_flight;
+    std::optional<Task> alone;  // a shared-memory all-reduce, run right here (run_shm)
     auto last_progress = Clock::now();
     for (;;) {
       {
@@ -344,11 +379,26 @@ class MpiCommunicator final : public Communicator {
         if (in_flight.empty()) cv_.wait(lock, [&] { return (!queue_.empty() && !running_here_) || stop_; });
         if (stop_ && queue_.empty() && in_flight.empty()) return;
         while (!queue_.empty() && !running_here_) {
+          if (queue_.front().route == Route::Shm) {  // runs alone, once everything before it completed
+            if (in_flight.empty()) {
+              alone.emplace(std::move(queue_.front()));
+              queue_.pop_front();
+            }
+            break;
+          }
           in_flight.push_back(std::move(queue_.front()));
           queue_.pop_front();
           start(in_flight.back(), in_flight);
           last_progress = Clock::now();
         }
+      }
+      if (alone) {  // outside the lock: callers keep submitting meanwhile
+        start(*alone, in_flight);
+        alone.reset();
+        std::lock_guard lock(mu_);
+        --outstanding_;
+        last_progress = Clock::now();
+        continue;
       }
       bool progressed = false;
       std::size_t finished = 0;
@@ -385,11 +435,67 @@ class MpiCommunicator final : public Communicator {
     if (failed_)
       return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
                                                 first_error_)), in_flight);
-    if (t.fp.is_p2p() || (!opts_.check_fingerprints && !t.carried)) return post(t, in_flight);
+    if (shm_ && !t.fp.is_p2p()) shm_->announce(t.fp);  // every collective: a peer in a shm op compares
+    if (t.route == Route::Shm) return run_shm(t, in_flight);
+    if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route == Route::Body)) return post(t, in_flight);
     // The exchange: my fingerprint (and carried data) to every peer, theirs back (mpi/fingerprint_exchange.hpp).
     t.stage = Stage::Fingerprint;
-    if (const int rc = t.exchange.start(t.fp, t.carry, proto_comm_, rank_, size_, exchange_pool_); rc != MPI_SUCCESS)
+    if (const int rc = t.exchange.start(t.fp, t.data, proto_comm_, rank_, size_, exchange_pool_); rc != MPI_SUCCESS)
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
+  }
+
+  // A shared-memory all-reduce, run to completion on this thread. It starts only when nothing else is in
+  // flight (run_here, or the progress loop's `alone`), so no MPI request of this rank waits for progress
+  // meanwhile. Failures: a mismatch is reported through the fingerprint exchange (report_shm_mismatch); a
+  // timeout or a dead peer ends the process with MPI_Abort at exit, as an MPI op's timeout does, since the
+  // peers may be stuck where only mpirun can end them.
+  void run_shm(Task& t, const std::deque<Task>& in_flight) {
+    try {
+      shm_->all_reduce(mpi::ShmWatch(t.fp, t.deadline, *shm_), t.data.bytes_ptr(), t.data.count);
+      t.state->complete();
+    } catch (const mpi::ShmMismatch& m) {
+      report_shm_mismatch(t, m, in_flight);
+    } catch (const TimeoutError& e) {
+      abort_at_exit();
+      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms ", e.what(),
+                                            "; this process ends with MPI_Abort at exit, so that mpirun stops every "
+                                            "rank. Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
+           in_flight);
+    } catch (const std::exception& e) {
+      abort_at_exit();
+      fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
+    }
+  }
+
+  // The peer runs another collective than this shm all-reduce. So that every rank raises the same message as
+  // for any other mismatch, this rank joins the fingerprint exchange: a peer whose op is not a shm one is
+  // already in it, and a peer in a shm op finds the mismatch too and joins it as well.
+  void report_shm_mismatch(Task& t, const mpi::ShmMismatch& m, const std::deque<Task>& in_flight) {
+    std::string msg;
+    if (opts_.check_fingerprints) {  // (else the peer's op exchanges nothing: report what it announced)
+      int done = 0;
+      int rc = t.exchange.start(t.fp, {}, proto_comm_, rank_, size_, exchange_pool_);
+      while (rc == MPI_SUCCESS && !done && Clock::now() <= t.deadline) rc = t.exchange.test_fingerprints(done);
+      if (rc == MPI_SUCCESS && done) {
+        msg = t.exchange.mismatch(t.fp);
+        t.exchange.drain(t.deadline, shm_ == nullptr);
+      }
+      if (t.exchange.pending()) {
+        orphans_.push_back(std::move(t.exchange));  // MPI may still use its buffers
+        abort_at_exit();
+      }
+    }
+    if (msg.empty())
+      msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ", m.peer,
+                             ", which announced ", m.theirs.full_label(), " in shared memory");
+    fail(t, CommError(msg), in_flight);
+  }
+
+  // The process will end with MPI_Abort instead of MPI_Finalize (mpi/runtime.hpp).
+  void abort_at_exit() {
+    if (broken_) return;
+    broken_ = true;
+    mpi::Runtime::instance().mark_broken();
   }
 
   void post(Task& t, const std::deque<Task>& in_flight) {
@@ -417,7 +523,7 @@ class MpiCommunicator final : public Communicator {
         t.fp_compared = true;
         if (opts_.check_fingerprints)
           if (std::string msg = t.exchange.mismatch(t.fp); !msg.empty()) {
-            t.exchange.drain(t.deadline);
+            t.exchange.drain(t.deadline, shm_ == nullptr);
             fail(t, CommError(msg), in_flight);
             if (t.exchange.pending()) orphans_.push_back(std::move(t.exchange));  // MPI may still use its buffers
             return true;
@@ -429,9 +535,9 @@ class MpiCommunicator final : public Communicator {
         return true;
       }
       if (t.fp_compared && done) {
-        if (t.carried) t.exchange.reduce(t.fp.op);
+        if (t.route == Route::Carried) t.exchange.reduce(t.fp.op);
         t.exchange.release(exchange_pool_);
-        if (!t.carried) {
+        if (t.route != Route::Carried) {
           t.stage = Stage::Ready;
           return false;
         }
@@ -490,10 +596,7 @@ class MpiCommunicator final : public Communicator {
     };
     bool any = false;
     for (const Task& x : in_flight) any = any || pending(x);
-    if (any && !broken_) {
-      broken_ = true;
-      mpi::Runtime::instance().mark_broken();
-    }
+    if (any) abort_at_exit();
     bury(t.pending);
     t.state->complete(std::make_exception_ptr(e));
   }
@@ -503,6 +606,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   mpi::ReduceOps ops_;  // MPI's reductions (reduce, reduce_scatter) per dtype and op
   MPI_Comm proto_comm_ = MPI_COMM_NULL;  // fingerprints and rings (see the file comment)
+  std::unique_ptr<shm::Collectives> shm_;  // every rank on this host (CommOptions::shm): all-reduce goes here
   // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
   // progress thread has nothing; the hand-over goes through mu_).
   bool failed_ = false;

@@ -4,9 +4,9 @@
 // This file holds the API and each op's algorithm; the rest lives beside it:
 //   mesh.hpp              the sockets to every peer and the framed transfers (fingerprint in every header)
 //   algorithms.hpp        ring, recursive doubling, binomial trees, pairwise all-to-all over the mesh
-//   shm_collectives.hpp   all-reduce, broadcast, all-gather and barrier through shared memory when every
-//                         rank runs on one host (CommOptions::shm); the sockets stay open and keep
-//                         detecting dead peers, and the other ops keep using them
+//   ../shm/*.hpp          all-reduce, broadcast, all-gather and barrier through shared memory when every
+//                         rank runs on one host (CommOptions::shm); shm_watch.hpp: the sockets stay open
+//                         and keep detecting dead peers, and the other ops keep using them
 //   op_queue.hpp          numbering, the progress thread, small ops inline on the caller's thread
 //   p2p.hpp               send/recv batched in one poll loop (irecv before the own send completes)
 //   failure_protocol.hpp  how a failure spreads through the store and the sockets, and the messages
@@ -28,7 +28,7 @@
 #include "ddp/comm/tcp/mesh.hpp"
 #include "ddp/comm/tcp/op_queue.hpp"
 #include "ddp/comm/tcp/p2p.hpp"
-#include "ddp/comm/tcp/shm_collectives.hpp"
+#include "ddp/comm/tcp/shm_watch.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/env/launch_info.hpp"
@@ -74,14 +74,14 @@ class TcpCommunicator final : public Communicator {
   Work recv_impl(const OpCall& c) override { return queue_.submit(c, c.in.bytes(), {}); }
   Work broadcast_impl(const OpCall& c) override {
     return queue_.submit(c, c.in.bytes(), [this, b = c.in, root = c.fp.root](const tcp::OpContext& ctx) {
-      if (shm_) return shm_->broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), static_cast<int>(root));
+      if (shm_) return shm_->broadcast(watch(ctx), b.bytes_ptr(), b.bytes(), static_cast<int>(root));
       tcp::binomial_broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), static_cast<int>(root));
     });
   }
   Work all_reduce_impl(const OpCall& c) override {
     return queue_.submit(c, c.in.bytes(), [this, b = c.in](const tcp::OpContext& ctx) {
       if (size_ == 1) return;  // Avg over one rank is the identity
-      if (shm_) return shm_->all_reduce(mesh_, ctx, b.bytes_ptr(), b.count);
+      if (shm_) return shm_->all_reduce(watch(ctx), b.bytes_ptr(), b.count);
       if (b.bytes() <= opts_.small_allreduce_bytes)
         tcp::recursive_doubling_all_reduce(mesh_, ctx, b.bytes_ptr(), b.count, scratch_);
       else
@@ -101,7 +101,7 @@ class TcpCommunicator final : public Communicator {
   }
   Work all_gather_impl(const OpCall& c) override {
     return queue_.submit(c, c.out.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
-      if (shm_) return shm_->all_gather(mesh_, ctx, in.bytes_ptr(), out.bytes_ptr(), in.bytes());
+      if (shm_) return shm_->all_gather(watch(ctx), in.bytes_ptr(), out.bytes_ptr(), in.bytes());
       if (in.bytes() != 0)  // empty buffers may be null, which memmove does not accept even for 0 bytes
         std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(), in.bytes_ptr(), in.bytes());
       tcp::ring_all_gather(mesh_, ctx, out.bytes_ptr(), blocks(in.count), -1);
@@ -143,10 +143,10 @@ class TcpCommunicator final : public Communicator {
         queue_(rank, size, opts.timeout, opts.inline_max_bytes) {
     try {
       mesh_.connect(store_, prefix_, listen_ip_, tcp::Clock::now() + opts_.timeout);
-      if (size_ > 1 && size_ <= tcp::kShmMaxRanks) {  // collective: every rank takes part, even with shm off
-        auto seg = tcp::ShmSegment::create(store_, prefix_, rank_, size_, opts_.shm,
-                                           tcp::ShmCollectives::segment_bytes(size_), tcp::Clock::now() + opts_.timeout);
-        if (seg) shm_ = std::make_unique<tcp::ShmCollectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+      if (size_ > 1 && size_ <= shm::kMaxRanks) {  // collective: every rank takes part, even with shm off
+        auto seg = shm::Segment::create(shm::store_all_gather(store_, prefix_, rank_, size_, tcp::Clock::now() + opts_.timeout),
+                                        rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_), "TCP");
+        if (seg) shm_ = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
       }
     } catch (const StoreError& e) {
       throw store_failed(rank, size, e);
@@ -191,10 +191,13 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
+  // What a shm op watches its peers through (only while it runs, on the thread running ops).
+  tcp::ShmWatch watch(const tcp::OpContext& ctx) { return tcp::ShmWatch(mesh_, ctx, shm_wake_); }
+
   // A one-byte max all-reduce (the fingerprint checks that every rank is at the same barrier).
   void barrier_body(const tcp::OpContext& ctx) {
     if (size_ == 1) return;
-    if (shm_) return shm_->barrier_op(mesh_, ctx);
+    if (shm_) return shm_->barrier_op(watch(ctx));
     std::uint8_t one = 1;
     tcp::recursive_doubling_all_reduce(mesh_, ctx, reinterpret_cast<std::byte*>(&one), 1, scratch_);
   }
@@ -213,7 +216,8 @@ class TcpCommunicator final : public Communicator {
   const std::string prefix_;  // this communicator's store keys: "ddp/tcp/<attempt>/" or the parent's + "group<id>/"
   tcp::Mesh mesh_;
   tcp::FailureProtocol failure_;
-  std::unique_ptr<tcp::ShmCollectives> shm_;  // all ranks on one host (CommOptions::shm): the shm path
+  std::unique_ptr<shm::Collectives> shm_;  // all ranks on one host (CommOptions::shm): the shm path
+  Fd shm_wake_ = tcp::ShmWatch::make_wake();  // the shm ops' liveness probe (tcp/shm_watch.hpp)
   tcp::Scratch scratch_;                      // used only by the thread running the current op
   std::uint64_t position_ = 0;                // the last collective started (ditto), for failure reports
   int groups_ = 0;                            // new_group calls so far

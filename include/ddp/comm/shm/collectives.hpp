@@ -1,13 +1,15 @@
-// ShmCollectives: all-reduce, broadcast, all-gather and barrier through one shared-memory segment, for a
-// tcp communicator whose ranks all run on one host. The TCP mesh stays open as the liveness channel.
+// shm::Collectives: all-reduce, broadcast, all-gather and barrier through one shared-memory segment, for a
+// communicator whose ranks all run on one host: the tcp backend (its TCP mesh stays open as the liveness
+// channel) and the mpi backend (all-reduce only; docs/ARCHITECTURE.md D55).
 // SPDX-License-Identifier: MIT
 //
-// Segment layout (ShmSegment::create maps it on every rank):
+// Segment layout (shm::Segment::create maps it on every rank):
 //   [0, 4096)   control: the segment header, then one 128-byte line per rank: its barrier counter
-//               (`arrive`, a futex word), how many ranks sleep on that counter, and the op it announced
-//   then        2 sets x n slots x kShmSlotBytes of data; rank r writes only slot (set, r)
+//               (`arrive`, a futex word), how many ranks sleep on that counter, the op it announced and
+//               its pid
+//   then        2 sets x n slots x kSlotBytes of data; rank r writes only slot (set, r)
 //
-// How the all-reduce works (one "round" per block of at most kShmSlotBytes of the user's buffer):
+// How the all-reduce works (one "round" per block of at most kSlotBytes of the user's buffer):
 //   1. every rank copies its block into its slot of set (round % 2), then arrives at a barrier;
 //   2. rank r reduces segment r of the block (even_segments: n pieces) across every rank's slot, in
 //      place in its own slot, then arrives at a second barrier;
@@ -22,16 +24,16 @@
 // so does an all-reduce of a small block (CommOptions::small_allreduce_bytes): every rank reduces the
 // whole block from all slots in rank order, trading n times the (tiny) arithmetic for a barrier.
 //
-// Waiting: spin briefly (cores may be shared), then sleep on the peer's futex word for at most
-// kShmNapTime. Between naps the waiter checks the op's deadline, polls the TCP sockets for a peer that
-// died or failed (a failing rank closes them), and compares the op the peer announced with its own, so
-// a rank that runs another collective is reported as a Mismatch instead of waiting for the timeout.
-// Failures are thrown as PeerFailure, exactly like Mesh::run, so TcpCommunicator reports them the same way.
+// Waiting: spin briefly (cores may be shared), then sleep on the peer's futex word for at most kNapTime.
+// Between naps the waiter checks the op's deadline, asks the backend whether the peer is still alive
+// (Watch::check: tcp polls its sockets, a failing rank closes them; mpi tests the peer's pid), and compares
+// the op the peer announced with its own, so that a rank that runs another collective is reported as a
+// mismatch instead of waiting for the timeout. How a failure is reported is the backend's (the Watch's):
+// tcp throws PeerFailure exactly like Mesh::run, mpi reports it through its fingerprint exchange.
 #pragma once
 
 #include <linux/futex.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,41 +45,45 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/comm/reduce.hpp"
-#include "ddp/comm/tcp/algorithms.hpp"
-#include "ddp/comm/tcp/mesh.hpp"
-#include "ddp/comm/tcp/shm_segment.hpp"
+#include "ddp/comm/shm/segment.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/core/net.hpp"
+#include "ddp/core/str.hpp"
 
-namespace ddp::comm::tcp {
+namespace ddp::comm::shm {
 
-inline constexpr std::size_t kShmSlotBytes = 1 << 20;
-inline constexpr std::size_t kShmControlBytes = 4096;
-inline constexpr std::size_t kShmStreamBytes = 8 << 20;  // ops this large copy results out with streaming stores
-inline constexpr int kShmMaxRanks = 31;  // control lines that fit in kShmControlBytes after the header
-inline constexpr auto kShmNapTime = std::chrono::milliseconds(1);
-// Waiting for a peer spins for up to kShmSpinTime before it sleeps on the futex: waking a sleeper costs a
+using Clock = net::Clock;
+
+inline constexpr std::size_t kSlotBytes = 1 << 20;
+inline constexpr std::size_t kControlBytes = 4096;
+inline constexpr std::size_t kStreamBytes = 8 << 20;  // ops this large copy results out with streaming stores
+inline constexpr int kMaxRanks = 31;  // control lines that fit in kControlBytes after the header
+inline constexpr auto kNapTime = std::chrono::milliseconds(1);
+// Waiting for a peer spins for up to kSpinTime before it sleeps on the futex: waking a sleeper costs a
 // syscall on each side and the scheduler's latency (~30 us on this VM, against ~2 us for a 16 KiB all-reduce
-// between spinning ranks). Every kShmYieldEvery pauses the spinner yields, so a peer or a compute thread that
+// between spinning ranks). Every kYieldEvery pauses the spinner yields, so a peer or a compute thread that
 // shares this core (more ranks than cores, the progress thread beside training threads) still runs.
-inline constexpr auto kShmSpinTime = std::chrono::microseconds(100);
-inline constexpr int kShmYieldEvery = 64;  // ~1.5 us of pauses; sched_yield costs ~0.4 us here
+inline constexpr auto kSpinTime = std::chrono::microseconds(100);
+inline constexpr int kYieldEvery = 64;  // ~1.5 us of pauses; sched_yield costs ~0.4 us here
 
 // One rank's control line. Written only by its rank, except `sleepers`.
-struct alignas(128) ShmRankLine {
+struct alignas(128) RankLine {
   std::atomic<std::uint32_t> arrive;    // barriers this rank has arrived at (a futex word)
   std::atomic<std::uint32_t> sleepers;  // ranks sleeping on `arrive`: its rank wakes them when > 0
   std::atomic<std::uint64_t> version;   // seqlock over the announced op: odd while being written
   std::atomic<std::uint64_t> seq, meta, count;  // the collective this rank runs now (see announce)
+  std::atomic<std::int32_t> pid;                // the rank's process, for Watch::check (0: not yet known)
 };
-static_assert(sizeof(ShmRankLine) == 128);
+static_assert(sizeof(RankLine) == 128);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free && std::atomic<std::uint64_t>::is_always_lock_free);
 
 namespace detail {
@@ -133,23 +139,43 @@ inline std::uint64_t pack_meta(const Fingerprint& f) {
 
 }  // namespace detail
 
-class ShmCollectives {
+// What an op needs from its backend while it waits: a small object per op, built by the caller.
+//   fp(), deadline()   the op's fingerprint and when it must give up
+//   check(peer)        called between naps while waiting for `peer`: throws when the peer is gone
+//   mismatch(peer, f)  [[noreturn]]: `peer` runs collective `f` where this rank runs fp()
+//   timed_out(peer, what)  [[noreturn]]: the deadline passed while waiting for `peer` (`what` says where)
+// (Checked on the type without reference and const: ops take the Watch by forwarding reference.)
+template <class W>
+concept Watch = requires(std::remove_cvref_t<W>& w, const std::remove_cvref_t<W>& cw, int peer, const Fingerprint& f,
+                         std::string what) {
+  { cw.fp() } -> std::convertible_to<const Fingerprint&>;
+  { cw.deadline() } -> std::convertible_to<Clock::time_point>;
+  w.check(peer);
+  w.mismatch(peer, f);
+  w.timed_out(peer, what);
+};
+
+class Collectives {
  public:
   // Bytes of the segment for n ranks.
   static std::size_t segment_bytes(int n) {
-    return kShmControlBytes + 2 * static_cast<std::size_t>(n) * kShmSlotBytes;
+    return kControlBytes + 2 * static_cast<std::size_t>(n) * kSlotBytes;
   }
 
   // Blocks of at most small_bytes take the one-barrier all-reduce (CommOptions::small_allreduce_bytes).
-  ShmCollectives(ShmSegment seg, int rank, int size, std::size_t small_bytes)
+  Collectives(Segment seg, int rank, int size, std::size_t small_bytes)
       : seg_(std::move(seg)), rank_(rank), size_(size), small_bytes_(small_bytes) {
-    wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    line(rank_).pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
   }
 
-  // Publishes the collective this rank is about to run (every collective, shm or TCP), so that a peer
-  // waiting in a shm op can tell a mismatch from a slow rank.
+  int rank() const noexcept { return rank_; }
+  // Rank r's process id as it published it (0 until its Collectives exists).
+  std::int32_t pid_of(int r) const noexcept { return line(r).pid.load(std::memory_order_acquire); }
+
+  // Publishes the collective this rank is about to run (every collective, through shm or not), so that a
+  // peer waiting in a shm op can tell a mismatch from a slow rank.
   void announce(const Fingerprint& f) noexcept {
-    ShmRankLine& l = line(rank_);
+    RankLine& l = line(rank_);
     const std::uint64_t v = l.version.load(std::memory_order_relaxed);
     l.version.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -160,30 +186,32 @@ class ShmCollectives {
   }
 
   // In-place all-reduce of count elements (see the file comment).
-  void all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count) {
-    const std::size_t es = dtype_size(ctx.fp.dtype);
-    const std::size_t per_round = kShmSlotBytes / es;
+  template <Watch W>
+  void all_reduce(W&& w, std::byte* data, std::size_t count) {
+    const Fingerprint& fp = w.fp();
+    const std::size_t es = dtype_size(fp.dtype);
+    const std::size_t per_round = kSlotBytes / es;
     std::size_t off = 0;
     do {  // at least one round, so that mismatched counts meet (and are reported) even when one is 0
       const std::size_t blk = std::min(per_round, count - off);
       const auto seg = even_segments(blk, size_);
       const int set = next_set();
       copy_bytes(slot(set, rank_), data + off * es, blk * es);
-      barrier(mesh, ctx);
-      if (off == 0) verify_peers(mesh, ctx);
+      barrier(w);
+      if (off == 0) verify_peers(w);
       if (blk * es <= small_bytes_) {  // latency-bound: everyone reduces everything, no second barrier
         copy_bytes(data + off * es, slot(set, 0), blk * es);
-        for (int j = 1; j < size_; ++j) reduce_into(data + off * es, slot(set, j), blk, ctx.fp.dtype, ctx.fp.op);
-        if (ctx.fp.op == ReduceOp::Avg) divide_by(data + off * es, blk, ctx.fp.dtype, size_);
+        for (int j = 1; j < size_; ++j) reduce_into(data + off * es, slot(set, j), blk, fp.dtype, fp.op);
+        if (fp.op == ReduceOp::Avg) divide_by(data + off * es, blk, fp.dtype, size_);
         off += blk;
         continue;
       }
       std::byte* mine = slot(set, rank_) + seg[rank_] * es;
       const std::size_t mine_n = seg[rank_ + 1] - seg[rank_];
       for (int j = 0; j < size_; ++j)
-        if (j != rank_) reduce_into(mine, slot(set, j) + seg[rank_] * es, mine_n, ctx.fp.dtype, ctx.fp.op);
-      if (ctx.fp.op == ReduceOp::Avg) divide_by(mine, mine_n, ctx.fp.dtype, size_);
-      barrier(mesh, ctx);
+        if (j != rank_) reduce_into(mine, slot(set, j) + seg[rank_] * es, mine_n, fp.dtype, fp.op);
+      if (fp.op == ReduceOp::Avg) divide_by(mine, mine_n, fp.dtype, size_);
+      barrier(w);
       for (int j = 0; j < size_; ++j)
         copy_out(data + (off + seg[j]) * es, slot(set, j) + seg[j] * es, (seg[j + 1] - seg[j]) * es, count * es);
       off += blk;
@@ -191,28 +219,30 @@ class ShmCollectives {
   }
 
   // In-place broadcast of `bytes` from root.
-  void broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes, int root) {
+  template <Watch W>
+  void broadcast(W&& w, std::byte* data, std::size_t bytes, int root) {
     std::size_t off = 0;
     do {
-      const std::size_t blk = std::min(kShmSlotBytes, bytes - off);
+      const std::size_t blk = std::min(kSlotBytes, bytes - off);
       const int set = next_set();
       if (rank_ == root) copy_bytes(slot(set, root), data + off, blk);
-      barrier(mesh, ctx);
-      if (off == 0) verify_peers(mesh, ctx);
+      barrier(w);
+      if (off == 0) verify_peers(w);
       if (rank_ != root) copy_out(data + off, slot(set, root), blk, bytes);
       off += blk;
     } while (off < bytes);
   }
 
   // out = every rank's `in` (in_bytes each) in rank order.
-  void all_gather(Mesh& mesh, const OpContext& ctx, const std::byte* in, std::byte* out, std::size_t in_bytes) {
+  template <Watch W>
+  void all_gather(W&& w, const std::byte* in, std::byte* out, std::size_t in_bytes) {
     std::size_t off = 0;
     do {
-      const std::size_t blk = std::min(kShmSlotBytes, in_bytes - off);
+      const std::size_t blk = std::min(kSlotBytes, in_bytes - off);
       const int set = next_set();
       copy_bytes(slot(set, rank_), in + off, blk);
-      barrier(mesh, ctx);
-      if (off == 0) verify_peers(mesh, ctx);
+      barrier(w);
+      if (off == 0) verify_peers(w);
       for (int j = 0; j < size_; ++j)
         copy_out(out + static_cast<std::size_t>(j) * in_bytes + off, slot(set, j), blk, in_bytes * static_cast<std::size_t>(size_));
       off += blk;
@@ -220,9 +250,10 @@ class ShmCollectives {
   }
 
   // The barrier() collective: one barrier plus the fingerprint check.
-  void barrier_op(Mesh& mesh, const OpContext& ctx) {
-    barrier(mesh, ctx);
-    verify_peers(mesh, ctx);
+  template <Watch W>
+  void barrier_op(W&& w) {
+    barrier(w);
+    verify_peers(w);
   }
 
  private:
@@ -231,26 +262,27 @@ class ShmCollectives {
   };
 
   // Arrives at the next barrier and waits for every other rank to arrive there too.
-  void barrier(Mesh& mesh, const OpContext& ctx) {
+  template <Watch W>
+  void barrier(W& w) {
     const std::uint32_t target = ++epoch_;
-    ShmRankLine& me = line(rank_);
+    RankLine& me = line(rank_);
     me.arrive.store(target, std::memory_order_seq_cst);
     if (me.sleepers.load(std::memory_order_seq_cst) > 0) detail::futex_wake_all(&me.arrive);
     for (int j = 0; j < size_; ++j)
-      if (j != rank_) wait_for(j, target, mesh, ctx);
+      if (j != rank_) wait_for(j, target, w);
   }
 
-  ShmRankLine& line(int r) const {
-    return reinterpret_cast<ShmRankLine*>(seg_.data() + 128)[r];  // the first 128 bytes hold the header
+  RankLine& line(int r) const {
+    return reinterpret_cast<RankLine*>(seg_.data() + 128)[r];  // the first 128 bytes hold the header
   }
   std::byte* slot(int set, int r) const {
-    return seg_.data() + kShmControlBytes + (static_cast<std::size_t>(set) * static_cast<std::size_t>(size_) +
-                                             static_cast<std::size_t>(r)) * kShmSlotBytes;
+    return seg_.data() + kControlBytes + (static_cast<std::size_t>(set) * static_cast<std::size_t>(size_) +
+                                          static_cast<std::size_t>(r)) * kSlotBytes;
   }
   int next_set() { return static_cast<int>(round_++ & 1); }
-  // Results of ops larger than kShmStreamBytes would not stay in cache anyway: stream them out.
+  // Results of ops larger than kStreamBytes would not stay in cache anyway: stream them out.
   static void copy_out(std::byte* dst, const std::byte* src, std::size_t n, std::size_t op_bytes) {
-    if (op_bytes >= kShmStreamBytes) detail::copy_streaming(dst, src, n);
+    if (op_bytes >= kStreamBytes) detail::copy_streaming(dst, src, n);
     else copy_bytes(dst, src, n);
   }
 
@@ -258,31 +290,32 @@ class ShmCollectives {
     return static_cast<std::int32_t>(v - target) >= 0;  // wrap-safe
   }
 
-  void wait_for(int j, std::uint32_t target, Mesh& mesh, const OpContext& ctx) {
-    ShmRankLine& l = line(j);
+  template <Watch W>
+  void wait_for(int j, std::uint32_t target, W& w) {
+    RankLine& l = line(j);
     Clock::time_point spin_until{};  // read the clock only once the peer is late: most waits end sooner
     for (int spin = 1;; ++spin) {
       if (reached(l.arrive.load(std::memory_order_acquire), target)) return;
       detail::cpu_relax();
-      if (spin % kShmYieldEvery == 0) {
+      if (spin % kYieldEvery == 0) {
         const auto now = Clock::now();
-        if (spin == kShmYieldEvery) spin_until = now + kShmSpinTime;
+        if (spin == kYieldEvery) spin_until = now + kSpinTime;
         else if (now >= spin_until) break;
         sched_yield();
       }
     }
     for (;;) {
-      check_peer(j, mesh, ctx);
+      check_peer(j, target, w);
       l.sleepers.fetch_add(1, std::memory_order_seq_cst);
       const std::uint32_t v = l.arrive.load(std::memory_order_seq_cst);
-      if (!reached(v, target)) detail::futex_wait(&l.arrive, v, kShmNapTime);
+      if (!reached(v, target)) detail::futex_wait(&l.arrive, v, kNapTime);
       l.sleepers.fetch_sub(1, std::memory_order_seq_cst);
       if (reached(l.arrive.load(std::memory_order_acquire), target)) return;
     }
   }
 
   Announced read_announce(int j) const {
-    const ShmRankLine& l = line(j);
+    const RankLine& l = line(j);
     for (;;) {  // seqlock read: retry while the owner is writing
       const std::uint64_t v1 = l.version.load(std::memory_order_acquire);
       Announced a{l.seq.load(std::memory_order_relaxed), l.meta.load(std::memory_order_relaxed),
@@ -292,73 +325,48 @@ class ShmCollectives {
       detail::cpu_relax();
     }
   }
-  bool matches(const Announced& a, const OpContext& ctx) const {
-    return a.seq == ctx.fp.seq && a.meta == detail::pack_meta(ctx.fp) && a.count == ctx.fp.count;
+  static bool matches(const Announced& a, const Fingerprint& fp) {
+    return a.seq == fp.seq && a.meta == detail::pack_meta(fp) && a.count == fp.count;
+  }
+  static Fingerprint unpack(const Announced& a) {
+    return {.kind = static_cast<OpKind>(a.meta & 0xff), .dtype = static_cast<DType>((a.meta >> 8) & 0xff),
+            .op = static_cast<ReduceOp>((a.meta >> 16) & 0xff),
+            .root = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.meta >> 32)), .count = a.count,
+            .seq = a.seq};
   }
 
   // After an op's first barrier every peer has announced this op (or, when its seq is higher, already
   // checked ours and moved on). Anything else is a mismatch.
-  void verify_peers(Mesh& mesh, const OpContext& ctx) {
+  template <Watch W>
+  void verify_peers(W& w) {
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       const Announced a = read_announce(j);
-      if (a.seq > ctx.fp.seq || matches(a, ctx)) continue;
-      mismatch(j, a, mesh, ctx);
+      if (a.seq > w.fp().seq || matches(a, w.fp())) continue;
+      w.mismatch(j, unpack(a));
     }
   }
 
-  // Both sides of a mismatch see it. So that the messages read like the TCP path's (one rank names the
-  // mismatch, the others quote it), the higher rank reports it when its op also runs here; the lower
-  // one waits for it to fail and close its sockets, which the liveness probe turns into "rank j reported".
-  [[noreturn]] void mismatch(int j, const Announced& a, Mesh& mesh, const OpContext& ctx) {
-    const auto kind = static_cast<OpKind>(a.meta & 0xff);
-    const bool peer_here = kind == OpKind::AllReduce || kind == OpKind::Broadcast || kind == OpKind::AllGather ||
-                           kind == OpKind::Barrier;
-    if (j > rank_ && peer_here && a.seq == ctx.fp.seq)
-      while (Clock::now() < ctx.deadline) {
-        probe_liveness(mesh, ctx);
-        std::this_thread::sleep_for(kShmNapTime);
-      }
-    PeerFailure f;
-    f.kind = PeerFailure::Kind::Mismatch;
-    f.peer = j;
-    f.theirs = {.kind = kind, .dtype = static_cast<DType>((a.meta >> 8) & 0xff),
-                .op = static_cast<ReduceOp>((a.meta >> 16) & 0xff),
-                .root = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.meta >> 32)), .count = a.count,
-                .seq = a.seq};
-    throw f;
-  }
-
-  // Throws PeerFailure when rank j runs another collective, a peer closed its socket, or the deadline passed.
-  void check_peer(int j, Mesh& mesh, const OpContext& ctx) {
+  // While waiting for rank j at barrier `target`: a mismatch when j announced another op under this op's
+  // number, or a later op without having arrived here (it ran this one without shared memory, so it is
+  // another op); the Watch's liveness check; the deadline.
+  template <Watch W>
+  void check_peer(int j, std::uint32_t target, W& w) {
     const Announced a = read_announce(j);
-    if (a.seq == ctx.fp.seq && !matches(a, ctx)) mismatch(j, a, mesh, ctx);
-    if (Clock::now() >= ctx.deadline) {
-      PeerFailure f;
-      f.kind = PeerFailure::Kind::Timeout;
-      f.peer = j;
-      f.detail = ddp::detail::str("waiting for rank ", j, " in shared memory (barrier ", epoch_, ")");
-      throw f;
-    }
-    probe_liveness(mesh, ctx);
+    // The arrival is re-read after the announcement: a peer publishes the next op only after arriving here.
+    if ((a.seq == w.fp().seq && !matches(a, w.fp())) ||
+        (a.seq > w.fp().seq && !reached(line(j).arrive.load(std::memory_order_acquire), target)))
+      w.mismatch(j, unpack(a));
+    if (Clock::now() >= w.deadline())
+      w.timed_out(j, ddp::detail::str("waiting for rank ", j, " in shared memory (barrier ", epoch_, ")"));
+    w.check(j);
   }
 
-  // Liveness through the mesh: with no transfers and the eventfd already signalled, run_until_any polls
-  // every peer socket once and throws PeerFailure::Closed for one that hung up.
-  void probe_liveness(Mesh& mesh, const OpContext& ctx) {
-    const std::uint64_t one = 1;
-    (void)!::write(wake_.get(), &one, sizeof one);
-    OpContext probe = ctx;
-    probe.deadline = Clock::time_point::max();
-    mesh.run_until_any(std::span<Transfer>(), probe, wake_.get());
-  }
-
-  ShmSegment seg_;
+  Segment seg_;
   int rank_, size_;
   std::size_t small_bytes_;
-  Fd wake_;                  // eventfd used by the liveness probe
   std::uint32_t epoch_ = 0;  // barriers passed; identical on every rank
   std::uint64_t round_ = 0;  // data rounds run; picks the slot set
 };
 
-}  // namespace ddp::comm::tcp
+}  // namespace ddp::comm::shm

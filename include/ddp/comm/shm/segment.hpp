@@ -1,20 +1,20 @@
-// ShmSegment: one POSIX shared-memory segment mapped by every rank of a communicator on one host, set up
-// through the store and unlinked as soon as every rank has mapped it, so nothing is left in /dev/shm
-// even when a process is killed later.
+// shm::Segment: one POSIX shared-memory segment mapped by every rank of a communicator on one host, set up
+// through the ranks' own all-gather (the store for tcp, MPI_Allgatherv for mpi) and unlinked as soon as
+// every rank has mapped it, so nothing is left in /dev/shm even when a process is killed later.
 // SPDX-License-Identifier: MIT
 //
-// How setup works (collective over the communicator's ranks, keys under <prefix>shm/):
-//   1. every rank publishes its host identity (hostname + kernel boot id) at host/<r> and reads all of
-//      them; unless all are equal, every rank returns an empty segment (the caller keeps using TCP);
+// How setup works (collective over the communicator's ranks, three all-gathers named "host", "name", "ok"):
+//   1. every rank contributes its host identity (hostname + kernel boot id); unless all are equal, every
+//      rank returns an empty segment (the caller keeps its other transport);
 //   2. rank 0 creates "/ddp-<pid>-<random>" (O_EXCL, mode 0600), sizes and maps it, writes a header
-//      {magic, random nonce, size}, and publishes "name nonce" at name;
+//      {magic, random nonce, size}, and contributes "name nonce" (the others contribute nothing);
 //   3. the others open and map it and check magic and nonce (a different /dev/shm, e.g. another
-//      container with the same hostname, fails here); every rank publishes ok/<r> = 1 or 0;
-//   4. all wait for every ok/<r>; rank 0 unlinks the name right away. The segment lives on only as long
-//      as some process maps it. Only a kill -9 of rank 0 within this setup (milliseconds) can leave a
-//      /dev/shm/ddp-* entry behind; its name carries the pid that created it.
+//      container with the same hostname, fails here); every rank contributes ok = 1 or 0;
+//   4. once every ok is in, rank 0 unlinks the name. The segment lives on only as long as some process
+//      maps it. Only a kill -9 of rank 0 within this setup (milliseconds) can leave a /dev/shm/ddp-*
+//      entry behind; its name carries the pid that created it.
 // Any failure makes every rank agree on "no shared memory" (with a warning naming the reason), never an
-// error: TCP still works.
+// error: the backend's other transport still works.
 #pragma once
 
 #include <fcntl.h>
@@ -24,38 +24,61 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ddp/core/fd.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/core/net.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/store/store.hpp"
 
-namespace ddp::comm::tcp {
+namespace ddp::comm::shm {
 
-inline constexpr std::uint64_t kShmMagic = 0xDD9C'5348'4D00'0001ull;
+inline constexpr std::uint64_t kMagic = 0xDD9C'5348'4D00'0001ull;
 
 // The first bytes of every segment, written by rank 0 before it publishes the name.
-struct ShmSegmentHeader {
+struct SegmentHeader {
   std::uint64_t magic;
   std::uint64_t nonce;
   std::uint64_t bytes;  // total mapped size
   std::uint64_t ranks;
 };
 
-class ShmSegment {
+// One collective exchange of a string per rank: every rank passes its own, all get everyone's in rank
+// order. `step` names the exchange ("host", "name", "ok"), for backends that key it (the store).
+using AllGather = std::function<std::vector<std::string>(const std::string& step, const std::string& mine)>;
+
+// AllGather through the store: keys <prefix>shm/<step>/<rank>, each wait bounded by `deadline`.
+inline AllGather store_all_gather(store::Store& store, std::string prefix, int rank, int size,
+                                  net::Clock::time_point deadline) {
+  return [&store, prefix = std::move(prefix), rank, size, deadline](const std::string& step, const std::string& mine) {
+    const std::string p = ddp::detail::str(prefix, "shm/", step, '/');
+    store.set(ddp::detail::str(p, rank), mine);
+    std::vector<std::string> keys;
+    for (int k = 0; k < size; ++k) keys.push_back(ddp::detail::str(p, k));
+    store.wait(keys, net::time_left(deadline));
+    std::vector<std::string> out;
+    for (const auto& v : store.multi_get(keys)) out.push_back(store::to_string(v));
+    return out;
+  };
+}
+
+class Segment {
  public:
-  ShmSegment() = default;
-  ShmSegment(ShmSegment&& o) noexcept
+  Segment() = default;
+  Segment(Segment&& o) noexcept
       : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), name_(std::move(o.name_)),
         owner_(std::exchange(o.owner_, false)) {}
-  ShmSegment& operator=(ShmSegment&& o) noexcept {
+  Segment& operator=(Segment&& o) noexcept {
     if (this != &o) {
       release();
       base_ = std::exchange(o.base_, nullptr);
@@ -65,62 +88,51 @@ class ShmSegment {
     }
     return *this;
   }
-  ~ShmSegment() { release(); }
+  ~Segment() { release(); }
 
   explicit operator bool() const noexcept { return base_ != nullptr; }
   std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
   std::size_t bytes() const noexcept { return bytes_; }
 
   // Setup (see the file comment). Returns an empty segment on every rank unless all ranks mapped it.
-  // `enabled` false (CommOptions::shm off) publishes a host identity no other rank has, so all fall back.
-  static ShmSegment create(store::Store& store, const std::string& prefix, int rank, int size, bool enabled,
-                           std::size_t bytes, net::Clock::time_point deadline) {
-    const std::string p = prefix + "shm/";
-    const auto timeout = [&] { return net::time_left(deadline); };
-    store.set(ddp::detail::str(p, "host/", rank), enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
-    std::vector<std::string> host_keys;
-    for (int k = 0; k < size; ++k) host_keys.push_back(ddp::detail::str(p, "host/", k));
-    store.wait(host_keys, timeout());
-    const auto hosts = store.multi_get(host_keys);
+  // `enabled` false (CommOptions::shm off) contributes a host identity no other rank has, so all fall back;
+  // `fallback` names the transport used instead, for the warning.
+  static Segment create(const AllGather& all_gather, int rank, int size, bool enabled, std::size_t bytes,
+                        std::string_view fallback) {
+    const auto hosts = all_gather("host", enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
     for (const auto& h : hosts)
       if (h != hosts.front()) return {};  // not all on one host: every rank sees the same and agrees
 
-    ShmSegment seg;
-    std::string why;
+    Segment seg;
+    std::string why, published;
     if (rank == 0) {
       std::mt19937_64 gen(std::random_device{}());
       const std::uint64_t nonce = gen();
       const std::string name = ddp::detail::str("/ddp-", ::getpid(), '-', std::hex, nonce);
       why = seg.create_named(name, bytes, nonce, size);
-      store.set(p + "name", seg ? ddp::detail::str(name, ' ', nonce) : std::string());
-    } else {
-      const std::string keys[] = {p + "name"};
-      store.wait(keys, timeout());
-      const std::string v = store.get_string(keys[0]);
-      if (!v.empty()) {
-        const auto sp = v.find(' ');
-        why = seg.open_named(v.substr(0, sp), bytes, std::stoull(v.substr(sp + 1)), size);
-      } else {
-        why = "rank 0 could not create the segment";
-      }
+      if (seg) published = ddp::detail::str(name, ' ', nonce);
     }
-    store.set(ddp::detail::str(p, "ok/", rank), seg ? "1" : "0");
-    std::vector<std::string> ok_keys;
-    for (int k = 0; k < size; ++k) ok_keys.push_back(ddp::detail::str(p, "ok/", k));
+    std::vector<std::string> oks;
     try {
-      store.wait(ok_keys, timeout());
+      const std::string v = all_gather("name", published).front();
+      if (rank != 0) {
+        if (!v.empty()) {
+          const auto sp = v.find(' ');
+          why = seg.open_named(v.substr(0, sp), bytes, std::stoull(v.substr(sp + 1)), size);
+        } else {
+          why = "rank 0 could not create the segment";
+        }
+      }
+      oks = all_gather("ok", seg ? "1" : "0");
     } catch (...) {
       seg.release();  // unlinks on rank 0
       throw;
     }
     seg.unlink();  // rank 0: every rank has mapped it (or given up)
-    int bad = -1;
-    const auto oks = store.multi_get(ok_keys);
-    for (int k = 0; k < size && bad < 0; ++k)
-      if (store::to_string(oks[static_cast<std::size_t>(k)]) != "1") bad = k;
-    if (bad >= 0) {
-      if (!why.empty()) DDP_LOG_WARN("tcp backend: no shared memory between local ranks (", why, "); using TCP");
-      else DDP_LOG_DEBUG("tcp backend: rank ", bad, " could not map the shared memory; using TCP");
+    const auto bad = std::find_if(oks.begin(), oks.end(), [](const std::string& o) { return o != "1"; });
+    if (bad != oks.end()) {
+      if (!why.empty()) DDP_LOG_WARN("no shared memory between local ranks (", why, "); using ", fallback);
+      else DDP_LOG_DEBUG("rank ", bad - oks.begin(), " could not map the shared memory; using ", fallback);
       return {};
     }
     return seg;
@@ -149,8 +161,8 @@ class ShmSegment {
                               "; /dev/shm may be too small (docker: --shm-size)");
     }
     if (std::string why = map(fd, bytes); !why.empty()) return why;
-    auto* h = reinterpret_cast<ShmSegmentHeader*>(base_);
-    *h = {.magic = kShmMagic, .nonce = nonce, .bytes = bytes, .ranks = static_cast<std::uint64_t>(ranks)};
+    auto* h = reinterpret_cast<SegmentHeader*>(base_);
+    *h = {.magic = kMagic, .nonce = nonce, .bytes = bytes, .ranks = static_cast<std::uint64_t>(ranks)};
     return {};
   }
 
@@ -163,8 +175,8 @@ class ShmSegment {
     if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes)
       return ddp::detail::str(name, " has ", st.st_size, " bytes, expected ", bytes);
     if (std::string why = map(fd, bytes); !why.empty()) return why;
-    const auto* h = reinterpret_cast<const ShmSegmentHeader*>(base_);
-    if (h->magic != kShmMagic || h->nonce != nonce || h->bytes != bytes || h->ranks != static_cast<std::uint64_t>(ranks)) {
+    const auto* h = reinterpret_cast<const SegmentHeader*>(base_);
+    if (h->magic != kMagic || h->nonce != nonce || h->bytes != bytes || h->ranks != static_cast<std::uint64_t>(ranks)) {
       release();
       return ddp::detail::str(name, " is not the segment rank 0 created (header mismatch)");
     }
@@ -201,4 +213,4 @@ class ShmSegment {
   bool owner_ = false;  // rank 0 until it unlinked the name
 };
 
-}  // namespace ddp::comm::tcp
+}  // namespace ddp::comm::shm

@@ -8,7 +8,8 @@
 #   --build DIR  the Release build it makes and uses (default build/bench; -O3, no -O1 check flags, CPU only)
 #   --quick      fewer sizes and repetitions (a look in ~5 minutes, not numbers to publish)
 # Comparisons (2 ranks unless said):
-#   allreduce_mpi.jsonl     --backend mpi vs Open MPI's own MPI_Allreduce (mpi4py), 1 KiB..256 MiB
+#   allreduce_mpi.jsonl     --backend mpi vs Open MPI's own MPI_Allreduce (mpi4py), 1 KiB..256 MiB, with the
+#                           all-reduce in shared memory (one host, the default) and on MPI messages (--shm 0)
 #   allreduce_tcp.jsonl     tcp backend (shared memory on one host) vs Open MPI (mpi4py) and vs PyTorch gloo,
 #                           2 and 4 ranks
 #   resnet_cpu.jsonl        one ResNet training step vs torchvision on PyTorch + oneDNN, 1 and 2 threads
@@ -89,7 +90,9 @@ for line in sys.stdin:  # a JSON line, possibly behind ddprun'"'"'s "[rank0]: " 
 }
 
 rm -f "$out"/{allreduce_mpi,allreduce_tcp,resnet_cpu,gpt_cpu,ddp_overlap,ddp_toy,data}.jsonl
-run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$ar_reps" "${sizes[@]}"
+for shm in 1 0; do  # shared memory (one host, the default) and MPI messages (the path across hosts)
+  run allreduce_mpi "$py" bench/allreduce/compare_mpi.py "$allreduce" --np 2 --reps "$ar_reps" --shm "$shm" "${sizes[@]}"
+done
 for np in 2 4; do
   run allreduce_tcp "$py" bench/allreduce/compare_mpi.py "$allreduce" --ours tcp --np "$np" --reps "$ar_reps" "${sizes[@]}"
   run allreduce_tcp "$py" bench/allreduce/compare_gloo.py "$allreduce" --nproc "$np" --min-bytes 1024 "${sizes[@]}"

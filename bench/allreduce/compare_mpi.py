@@ -5,7 +5,8 @@ side, alternating --reps times, and prints one JSON line per size with the media
 Open MPI's time / ours (> 1: ours is faster). Needs python3-mpi4py (Debian).
 
 Usage: /usr/bin/python3 bench/allreduce/compare_mpi.py <path to bench_allreduce> [--ours mpi|tcp] [--np 2]
-       [--reps 3] [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1]
+       [--reps 3] [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1] [--shm 1]
+--shm 0 keeps the mpi backend's all-reduce on MPI messages (the path across hosts) instead of shared memory (D55).
 """
 import argparse, json, os, statistics, subprocess, sys
 
@@ -28,11 +29,12 @@ def main():
     ap.add_argument("--min-bytes", type=int, default=1024)
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--check-fingerprints", default="1")
+    ap.add_argument("--shm", choices=["0", "1"], default="1")
     a = ap.parse_args()
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np), "--bind-to", "none"]
     sizes = ["--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes)]
     if a.ours == "mpi":
-        ours_cmd = mpirun + [a.bench, "--backend", "mpi", "--check-fingerprints", a.check_fingerprints] + sizes
+        ours_cmd = mpirun + [a.bench, "--backend", "mpi", "--check-fingerprints", a.check_fingerprints, "--shm", a.shm] + sizes
     else:  # tcp: bench_allreduce forks its ranks itself (store on a free loopback port)
         ours_cmd = [a.bench, "--nproc", str(a.np)] + sizes
     ours, ref = [], []
@@ -43,7 +45,7 @@ def main():
         o = statistics.median(r[b]["time_us"] for r in ours)
         m = statistics.median(r[b]["time_us"] for r in ref)
         bus = lambda us: round(b / us / 1e3 * 2 * (a.np - 1) / a.np, 3)
-        print(json.dumps({"ours_backend": a.ours, "ranks": a.np, "bytes": b, "ours_us": round(o, 1), "openmpi_us": round(m, 1),
+        print(json.dumps({"ours_backend": a.ours, "ours_shm": a.shm == "1" or a.ours == "tcp", "ranks": a.np, "bytes": b, "ours_us": round(o, 1), "openmpi_us": round(m, 1),
                           "ours_busbw_GBps": bus(o), "openmpi_busbw_GBps": bus(m), "ratio": round(m / o, 2),
                           "ours_runs_us": [r[b]["time_us"] for r in ours],
                           "openmpi_runs_us": [r[b]["time_us"] for r in ref]}), flush=True)

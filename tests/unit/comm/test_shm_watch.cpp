@@ -1,0 +1,122 @@
+// The mpi backend's watch over a shared-memory all-reduce (comm/mpi/shm_watch.hpp, D55), without MPI: this
+// process is rank 0 of a two-rank segment and a forked child plays rank 1 (it maps the segment through the
+// fork), so each failure the watch must report is staged for real: a peer whose process exited, a peer that
+// announced another collective, a peer that never arrives.
+// SPDX-License-Identifier: MIT
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/mpi/shm_watch.hpp"
+#include "ddp/comm/shm/collectives.hpp"
+#include "ddp/comm/shm/segment.hpp"
+#include "ddp/core/error.hpp"
+
+using namespace ddp;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A segment for ranks 0 and 1 of which only rank 0 (this process) takes part in the setup: every all-gather
+// answers with this rank's value for both.
+comm::shm::Segment two_rank_segment() {
+  auto seg = comm::shm::Segment::create(
+      [](const std::string&, const std::string& mine) { return std::vector<std::string>{mine, mine}; }, 0, 2, true,
+      comm::shm::Collectives::segment_bytes(2), "nothing");
+  REQUIRE(seg);
+  return seg;
+}
+
+const comm::Fingerprint kAllReduce{.kind = comm::OpKind::AllReduce, .dtype = DType::F32, .op = comm::ReduceOp::Sum,
+                                   .count = 4, .seq = 1};
+
+// Forks rank 1: it maps `seg` (inherited), announces `announced` (unless its seq is 0), tells the parent, then
+// exits at once (`stay` false) or waits to be killed. Returns its pid once it has announced.
+pid_t fork_peer(comm::shm::Segment& seg, const comm::Fingerprint& announced, bool stay) {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // the child: async-signal-safe work only, no destructors, no doctest
+    comm::shm::Collectives peer(std::move(seg), 1, 2, 0);
+    if (announced.seq != 0) peer.announce(announced);
+    const char one = 1;
+    (void)!::write(ready[1], &one, 1);
+    if (!stay) ::_exit(0);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char got = 0;
+  REQUIRE(::read(ready[0], &got, 1) == 1);
+  ::close(ready[0]);
+  return pid;
+}
+
+void reap(pid_t pid, bool kill_first) {
+  if (kill_first) ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+}  // namespace
+
+TEST_SUITE("comm") {
+  TEST_CASE("mpi shm watch: a peer whose process exited is named with its pid") {
+    auto seg = two_rank_segment();
+    const pid_t pid = fork_peer(seg, {}, false);
+    reap(pid, false);  // gone, not a zombie: kill(pid, 0) now fails with ESRCH
+    comm::shm::Collectives me(std::move(seg), 0, 2, 0);
+    std::vector<float> v(4, 1.0f);
+    try {
+      me.all_reduce(comm::mpi::ShmWatch(kAllReduce, comm::shm::Clock::now() + 10s, me),
+                    reinterpret_cast<std::byte*>(v.data()), v.size());
+      FAIL("the all-reduce returned");
+    } catch (const CommError& e) {
+      CHECK(std::string(e.what()).find("rank 1 (pid " + std::to_string(pid) + ") exited") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("mpi shm watch: a peer that announced another collective under this number is a ShmMismatch") {
+    auto seg = two_rank_segment();
+    const comm::Fingerprint broadcast{.kind = comm::OpKind::Broadcast, .dtype = DType::F32, .root = 0, .count = 4,
+                                      .seq = 1};
+    const pid_t pid = fork_peer(seg, broadcast, true);
+    comm::shm::Collectives me(std::move(seg), 0, 2, 0);
+    std::vector<float> v(4, 1.0f);
+    const auto t0 = comm::shm::Clock::now();
+    try {
+      me.all_reduce(comm::mpi::ShmWatch(kAllReduce, t0 + 10s, me), reinterpret_cast<std::byte*>(v.data()), v.size());
+      FAIL("the all-reduce returned");
+    } catch (const comm::mpi::ShmMismatch& m) {
+      CHECK(m.peer == 1);
+      CHECK(m.theirs.kind == comm::OpKind::Broadcast);
+      CHECK(m.theirs.seq == 1);
+      CHECK(comm::shm::Clock::now() - t0 < 2s);  // seen while waiting, not at the deadline
+    }
+    reap(pid, true);
+  }
+
+  TEST_CASE("mpi shm watch: a peer that announced this op and never arrives times out, naming it") {
+    auto seg = two_rank_segment();
+    const pid_t pid = fork_peer(seg, kAllReduce, true);
+    comm::shm::Collectives me(std::move(seg), 0, 2, 0);
+    std::vector<float> v(4, 1.0f);
+    const auto t0 = comm::shm::Clock::now();
+    try {
+      me.all_reduce(comm::mpi::ShmWatch(kAllReduce, t0 + 300ms, me), reinterpret_cast<std::byte*>(v.data()),
+                    v.size());
+      FAIL("the all-reduce returned");
+    } catch (const TimeoutError& e) {
+      CHECK(std::string(e.what()).find("waiting for rank 1 in shared memory") != std::string::npos);
+      const auto took = comm::shm::Clock::now() - t0;
+      CHECK(took >= 300ms);
+      CHECK(took < 5s);
+    }
+    reap(pid, true);
+  }
+}

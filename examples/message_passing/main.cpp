@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
         cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))(
         "socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
         cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))(
-        "shm", "tcp and mpi: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
+        "shm", "tcp and mpi: shared memory between ranks on one host; 0 or false turns it off (DDP_SHM)",
         cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))(
         "store-port", "port of the store when the launcher holds MASTER_PORT (DDP_STORE_PORT)",
         cxxopts::value<int>()->default_value(env.get("DDP_STORE_PORT").value_or("0")))("h,help", "this help");
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     auto comm = ddp::comm::make_communicator(backend, info, *store,
                                              {.timeout = timeout,
                                               .socket_ifname = args["socket-ifname"].as<std::string>(),
-                                              .shm = args["shm"].as<std::string>() != "0"});
+                                              .shm = ddp::train::parse_flag_bool("--shm (DDP_SHM)", args["shm"].as<std::string>())});
 
     std::vector<float> tensor{0.0f};
     if (comm->rank() == 0) {

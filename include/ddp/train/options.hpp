@@ -10,7 +10,6 @@
 // DDP_SHM, DDP_STORE_PORT, DDP_COMM_CPUS), so `--timeout-ms` and `DDP_TIMEOUT_MS` are interchangeable.
 #pragma once
 
-#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -26,6 +25,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/env/env.hpp"
 #include "ddp/parallel/ddp.hpp"
+#include "ddp/train/parse_args.hpp"
 #include "ddp/train/trace.hpp"
 
 namespace ddp::train {
@@ -67,7 +67,7 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
        cxxopts::value<long>()->default_value(env.get("DDP_TIMEOUT_MS").value_or("300000")))
       ("socket-ifname", "tcp: interface to listen on (DDP_SOCKET_IFNAME)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SOCKET_IFNAME").value_or("")))
-      ("shm", "tcp and mpi: shared memory between ranks on one host; 0 turns it off (DDP_SHM)",
+      ("shm", "tcp and mpi: shared memory between ranks on one host; 0 or false turns it off (DDP_SHM)",
        cxxopts::value<std::string>()->default_value(env.get("DDP_SHM").value_or("1")))
       ("comm-cpus", "tcp, mpi: CPUs for the communication thread, e.g. 1 or 2-3 (DDP_COMM_CPUS): a core the "
        "training threads leave free lets DDP's all-reduces overlap with backward instead of taking turns with it; "
@@ -102,15 +102,6 @@ inline void add_dist_options(cxxopts::Options& options, const env::Env& env, con
 }
 
 // Reads the flags added by add_dist_options; ConfigError/ValueError on bad values.
-// A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ValueError naming `flag`.
-inline bool parse_flag_bool(std::string_view flag, std::string_view value) {
-  std::string v(value);
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
-  if (v == "false" || v == "0" || v == "off" || v == "no") return false;
-  throw ConfigError(ddp::detail::str("ddp: ", flag, " takes true or false (also 1/0, on/off, yes/no), got '", value, "'"));
-}
-
 inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   DistFlags f;
   f.backend = args["backend"].as<std::string>();
@@ -118,7 +109,7 @@ inline DistFlags read_dist_flags(const cxxopts::ParseResult& args) {
   if (t <= 0) throw ConfigError(ddp::detail::str("ddp: --timeout-ms must be > 0, got ", t, " (DDP_TIMEOUT_MS)"));
   f.timeout = std::chrono::milliseconds(t);
   f.socket_ifname = args["socket-ifname"].as<std::string>();
-  f.shm = args["shm"].as<std::string>() != "0";
+  f.shm = parse_flag_bool("--shm (DDP_SHM)", args["shm"].as<std::string>());  // "false" must not mean on
   f.comm_cpus = parse_cpu_list(args["comm-cpus"].as<std::string>(), "--comm-cpus (DDP_COMM_CPUS)");
   const int p = args["store-port"].as<int>();
   if (p < 0 || p > 65535) throw ConfigError(ddp::detail::str("ddp: --store-port must be in [0, 65535], got ", p, " (DDP_STORE_PORT)"));

@@ -9,6 +9,7 @@
 // with "ddp: " in front, so the programs' error path is one exception type.
 #pragma once
 
+#include <cctype>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -67,6 +68,15 @@ inline std::string flag_with_bad_value(cxxopts::Options& options, int argc, cons
 }
 
 }  // namespace detail
+
+// A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ConfigError naming `flag`.
+inline bool parse_flag_bool(std::string_view flag, std::string_view value) {
+  std::string v(value);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "off" || v == "no") return false;
+  throw ConfigError(ddp::detail::str("ddp: ", flag, " takes true or false (also 1/0, on/off, yes/no), got '", value, "'"));
+}
 
 inline cxxopts::ParseResult parse_args(cxxopts::Options& options, int argc, const char* const* argv) {
   try {

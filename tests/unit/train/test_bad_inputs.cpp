@@ -452,6 +452,10 @@ TEST_SUITE("train") {
          "ddp: --store-port must be in [0, 65535], got -1 (DDP_STORE_PORT)"},
         {"--gradient-as-bucket-view not a switch value", env::Env{}, {"--gradient-as-bucket-view=maybe"},
          "ddp: --gradient-as-bucket-view takes true or false (also 1/0, on/off, yes/no), got 'maybe'"},
+        {"--shm not a switch value", env::Env{}, {"--shm=maybe"},
+         "ddp: --shm (DDP_SHM) takes true or false (also 1/0, on/off, yes/no), got 'maybe'"},
+        {"DDP_SHM not a switch value", env::Env::from({{"DDP_SHM", "auto"}}), {},
+         "ddp: --shm (DDP_SHM) takes true or false (also 1/0, on/off, yes/no), got 'auto'"},
     };
     for (const auto& r : rows) {
       const std::string row = r.name;
@@ -468,6 +472,26 @@ TEST_SUITE("train") {
       };
       CHECK_THROWS_WITH_AS(run(), r.message.c_str(), ConfigError);
     }
+  }
+
+  TEST_CASE("--shm and DDP_SHM: on by default; false, 0, off and no turn it off (\"false\" used to mean on)") {
+    auto shm = [](env::Env e, std::vector<std::string> args) {
+      cxxopts::Options options("prog");
+      train::add_dist_options(options, e);
+      args.insert(args.begin(), "prog");
+      std::vector<const char*> cargv;
+      for (const auto& a : args) cargv.push_back(a.c_str());
+      auto parsed = options.parse(static_cast<int>(cargv.size()), cargv.data());
+      return train::read_dist_flags(parsed).shm;
+    };
+    CHECK(shm(env::Env{}, {}));
+    CHECK(shm(env::Env{}, {"--shm=true"}));
+    for (const char* off : {"--shm=false", "--shm=0", "--shm=off", "--shm=no"}) {
+      CAPTURE(off);
+      CHECK_FALSE(shm(env::Env{}, {off}));
+    }
+    CHECK_FALSE(shm(env::Env::from({{"DDP_SHM", "false"}}), {}));
+    CHECK(shm(env::Env::from({{"DDP_SHM", "0"}}), {"--shm=1"}));  // the flag wins over the variable
   }
 
   TEST_CASE("--gradient-as-bucket-view: unset leaves the device's default (views on CPU, copies on CUDA)") {

@@ -44,7 +44,7 @@ function(_ddp_sanitizer_flags sans out)
   endif()
   if("thread" IN_LIST list AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # g++ warns (-Wtsan) that TSan does not model std::atomic_thread_fence. The two fences are in the
-    # shared-memory seqlock of comm/tcp/shm_collectives.hpp, whose fields are all atomics (TSan sees those);
+    # shared-memory seqlock of comm/shm/collectives.hpp, whose fields are all atomics (TSan sees those);
     # without this the tests' -Werror turns the warning into a build failure.
     list(APPEND flags -Wno-tsan)
   endif()

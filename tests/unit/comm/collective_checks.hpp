@@ -33,7 +33,7 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 // Sizes: empty, one element, odd counts not divisible by any world size 2-4 (1001: two or three messages of
 // the mpi backend's carried all-reduce for 4- and 8-byte types, the last one partial), one above the
 // recursive-doubling threshold (ring; on the mpi backend also above the carry limit at 2 ranks), and (for F32 and BF16, to keep the test short) more than the 1 MiB staging
-// buffer and shm slot (tcp/mesh.hpp, tcp/shm_collectives.hpp): 3 MiB for F32, just over 1 MiB for BF16, whose
+// buffer and shm slot (tcp/mesh.hpp, shm/collectives.hpp): 3 MiB for F32, just over 1 MiB for BF16, whose
 // element-wise conversions make every MiB cost ~3x F32's (most of unit_comm's time under ASan).
 template <class T>
 std::vector<std::size_t> sizes() {

@@ -63,7 +63,7 @@ TEST_SUITE("comm") {
     CHECK(shm_entries() == before);  // every segment was unlinked
   }
 
-  TEST_CASE("tcp shm: ops above kShmStreamBytes (streaming copy-out) at an unaligned address are exact") {
+  TEST_CASE("tcp shm: ops above shm::kStreamBytes (streaming copy-out) at an unaligned address are exact") {
     const std::size_t n = comm::shm::kStreamBytes / sizeof(float) + 1001;  // several slots and a tail
     auto errors = test::run_ranks(3, [&](comm::TcpCommunicator& c) {
       REQUIRE(c.uses_shm());

@@ -164,7 +164,7 @@ struct CommOptions {
   std::chrono::milliseconds shutdown_timeout{10'000};
   // tcp and mpi: when every rank runs on one host, collectives go through a shared-memory segment
   // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of loopback
-  // sockets (the sockets stay open to detect dead peers); on mpi all-reduce instead of MPI messages
+  // sockets (the sockets stay open to detect dead peers); on mpi all-reduce, broadcast and barrier instead of MPI messages
   // (docs/ARCHITECTURE.md D55). Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the
   // same value.
   bool shm = true;

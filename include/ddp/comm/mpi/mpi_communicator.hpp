@@ -12,9 +12,9 @@
 // 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies fit in
 // mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange of eager
 // messages; each rank reduces every rank's copy in rank order); a larger one runs mpi/ring_allreduce.hpp's
-// ring through a reused scratch. When every rank runs on one host (and CommOptions::shm), every all-reduce
-// goes through shared memory instead (comm/shm/collectives.hpp, D55): the tcp backend's shm all-reduce,
-// which is 1.1-3x Open MPI's own on one host; it runs alone (after every earlier op completed), and each
+// ring through a reused scratch. When every rank runs on one host (and CommOptions::shm), every all-reduce,
+// broadcast and barrier goes through shared memory instead (comm/shm/collectives.hpp, D55): the tcp backend's
+// shm collectives (its all-reduce is 1.1-3x Open MPI's own on one host); each runs alone (after every earlier op completed), and each
 // collective announces itself in the segment, so that a peer waiting there sees a mismatch at once
 // (mpi/shm_watch.hpp) and reports it through the fingerprint exchange like any other.
 // Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
@@ -89,7 +89,7 @@ class MpiCommunicator final : public Communicator {
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
-  // True when all-reduces go through shared memory (every rank on this host, CommOptions::shm).
+  // True when all-reduce, broadcast and barrier go through shared memory (every rank on this host, CommOptions::shm).
   bool uses_shm() const noexcept { return shm_ != nullptr; }
 
  protected:
@@ -108,6 +108,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
   Work broadcast_impl(const OpCall& c) override {
+    if (shm_) return submit(c, {}, Route::Shm);
     return submit(c, [this, b = c.in, root = static_cast<int>(c.fp.root)] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ibcast(b.data, count_of(b), mpi::datatype_of(b.dtype), root, comm_, &req));
@@ -170,6 +171,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
   Work barrier_impl(const OpCall& c) override {
+    if (shm_) return submit(c, {}, Route::Shm);
     return submit(c, [this] {
       MPI_Request req;
       DDP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
@@ -199,7 +201,7 @@ class MpiCommunicator final : public Communicator {
   };
   using Body = std::function<Pending()>;  // posts the non-blocking call
   // How a task runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange; an
-  // all-reduce through shared memory (run_shm).
+  // all-reduce, broadcast or barrier through shared memory (run_shm).
   enum class Route : std::uint8_t { Body, Carried, Shm };
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
   // posted, or its own MPI call posted.
@@ -209,7 +211,7 @@ class MpiCommunicator final : public Communicator {
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
-    Buffer data;         // a Carried or Shm all-reduce's buffer (count 0: none)
+    Buffer data;         // a Carried or Shm op's buffer (count 0: none)
     Route route = Route::Body;
     bool fp_compared = false;  // every peer's fingerprint arrived and was compared
     Pending pending;
@@ -371,7 +373,7 @@ class MpiCommunicator final : public Communicator {
   // and naps 20 us per round only after 1 ms without progress; idle, it sleeps on the condition variable.
   void progress_loop() {
     std::deque<Task> in_flight;
-    std::optional<Task> alone;  // a shared-memory all-reduce, run right here (run_shm)
+    std::optional<Task> alone;  // a shared-memory op, run right here (run_shm)
     auto last_progress = Clock::now();
     for (;;) {
       {
@@ -444,14 +446,17 @@ class MpiCommunicator final : public Communicator {
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", mpi::error_text(rc))), in_flight);
   }
 
-  // A shared-memory all-reduce, run to completion on this thread. It starts only when nothing else is in
+  // A shared-memory all-reduce, broadcast or barrier, run to completion on this thread. It starts only when nothing else is in
   // flight (run_here, or the progress loop's `alone`), so no MPI request of this rank waits for progress
   // meanwhile. Failures: a mismatch is reported through the fingerprint exchange (report_shm_mismatch); a
   // timeout or a dead peer ends the process with MPI_Abort at exit, as an MPI op's timeout does, since the
   // peers may be stuck where only mpirun can end them.
   void run_shm(Task& t, const std::deque<Task>& in_flight) {
     try {
-      shm_->all_reduce(mpi::ShmWatch(t.fp, t.deadline, *shm_), t.data.bytes_ptr(), t.data.count);
+      mpi::ShmWatch w(t.fp, t.deadline, *shm_);
+      if (t.fp.kind == OpKind::AllReduce) shm_->all_reduce(w, t.data.bytes_ptr(), t.data.count);
+      else if (t.fp.kind == OpKind::Broadcast) shm_->broadcast(w, t.data.bytes_ptr(), t.data.bytes(), static_cast<int>(t.fp.root));
+      else shm_->barrier_op(w);
       t.state->complete();
     } catch (const mpi::ShmMismatch& m) {
       report_shm_mismatch(t, m, in_flight);
@@ -467,7 +472,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // The peer runs another collective than this shm all-reduce. So that every rank raises the same message as
+  // The peer runs another collective than this shm op. So that every rank raises the same message as
   // for any other mismatch, this rank joins the fingerprint exchange: a peer whose op is not a shm one is
   // already in it, and a peer in a shm op finds the mismatch too and joins it as well.
   void report_shm_mismatch(Task& t, const mpi::ShmMismatch& m, const std::deque<Task>& in_flight) {
@@ -606,7 +611,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   mpi::ReduceOps ops_;  // MPI's reductions (reduce, reduce_scatter) per dtype and op
   MPI_Comm proto_comm_ = MPI_COMM_NULL;  // fingerprints and rings (see the file comment)
-  std::unique_ptr<shm::Collectives> shm_;  // every rank on this host (CommOptions::shm): all-reduce goes here
+  std::unique_ptr<shm::Collectives> shm_;  // every rank on this host (CommOptions::shm): all-reduce, broadcast, barrier
   // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
   // progress thread has nothing; the hand-over goes through mu_).
   bool failed_ = false;

@@ -81,6 +81,44 @@ TEST_SUITE("comm") {
     }
   }
 
+  TEST_CASE("mpi shm watch: a peer that arrived and exited before the liveness check is no failure") {
+    // The worst interleaving, forced: rank 1 arrives late (after this rank's spin phase), passes the barrier and
+    // exits; this rank's liveness check runs only once it is gone and reaped, so the pid check fails, and the
+    // arrival must still count.
+    auto seg = two_rank_segment();
+    const comm::Fingerprint barrier{.kind = comm::OpKind::Barrier, .dtype = DType::U8, .op = comm::ReduceOp::Max,
+                                    .seq = 1};
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // rank 1
+      comm::shm::Collectives peer(std::move(seg), 1, 2, 0);
+      ::usleep(20'000);
+      peer.announce(barrier);
+      try {
+        peer.barrier_op(comm::mpi::ShmWatch(barrier, comm::shm::Clock::now() + 10s, peer));
+      } catch (...) {
+        ::_exit(1);
+      }
+      ::_exit(0);
+    }
+    comm::shm::Collectives me(std::move(seg), 0, 2, 0);
+    me.announce(barrier);
+    struct LateWatch : comm::mpi::ShmWatch {
+      using comm::mpi::ShmWatch::ShmWatch;
+      pid_t child = 0;
+      int status = -1;
+      void check(int peer) {
+        if (status == -1) ::waitpid(child, &status, 0);  // rank 1 is gone before its liveness is checked
+        comm::mpi::ShmWatch::check(peer);
+      }
+    } w(barrier, comm::shm::Clock::now() + 10s, me);
+    w.child = pid;
+    CHECK_NOTHROW(me.barrier_op(w));
+    if (w.status == -1) ::waitpid(pid, &w.status, 0);
+    CHECK(WIFEXITED(w.status));
+    CHECK(WEXITSTATUS(w.status) == 0);
+  }
+
   TEST_CASE("mpi shm watch: a peer that announced another collective under this number is a ShmMismatch") {
     auto seg = two_rank_segment();
     const comm::Fingerprint broadcast{.kind = comm::OpKind::Broadcast, .dtype = DType::F32, .root = 0, .count = 4,

@@ -349,7 +349,7 @@ class Collectives {
 
   // While waiting for rank j at barrier `target`: a mismatch when j announced another op under this op's
   // number, or a later op without having arrived here (it ran this one without shared memory, so it is
-  // another op); the Watch's liveness check; the deadline.
+  // another op); the deadline; the Watch's liveness check, unless j has arrived by then.
   template <Watch W>
   void check_peer(int j, std::uint32_t target, W& w) {
     const Announced a = read_announce(j);
@@ -359,7 +359,14 @@ class Collectives {
       w.mismatch(j, unpack(a));
     if (Clock::now() >= w.deadline())
       w.timed_out(j, ddp::detail::str("waiting for rank ", j, " in shared memory (barrier ", epoch_, ")"));
-    w.check(j);
+    try {
+      w.check(j);
+    } catch (...) {
+      // A peer that arrived and then finished (its process may exit right after its last op) is no failure:
+      // its arrival may have landed between this wait's last look and the liveness check.
+      if (reached(line(j).arrive.load(std::memory_order_acquire), target)) return;
+      throw;
+    }
   }
 
   Segment seg_;

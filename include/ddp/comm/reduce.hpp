@@ -44,18 +44,28 @@ void combine(T* __restrict dst, const T* __restrict src, std::size_t n, F f) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = T(f(static_cast<W>(dst[i]), static_cast<W>(src[i])));
   }
 }
-
-template <class T>
-void reduce_typed(T* dst, const T* src, std::size_t n, ReduceOp op) {
+// dst[i] = f(a[i], b[i]): three distinct buffers.
+template <class T, class F>
+void combine(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n, F f) {
   using W = typename Widen<T>::type;
+  if constexpr (std::is_same_v<W, T>) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = T(f(static_cast<W>(a[i]), static_cast<W>(b[i])));
+  }
+}
+
+// Calls g(f) with f(W, W) -> W, the binary function of `op` on the widened type W.
+template <class W, class G>
+void with_op(ReduceOp op, G&& g) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:  // summed here, divided once at the end (divide_by)
-      combine(dst, src, n, [](W a, W b) { return static_cast<W>(a + b); });
+      g([](W a, W b) { return static_cast<W>(a + b); });
       break;
-    case ReduceOp::Product: combine(dst, src, n, [](W a, W b) { return static_cast<W>(a * b); }); break;
-    case ReduceOp::Min: combine(dst, src, n, [](W a, W b) { return b < a ? b : a; }); break;
-    case ReduceOp::Max: combine(dst, src, n, [](W a, W b) { return a < b ? b : a; }); break;
+    case ReduceOp::Product: g([](W a, W b) { return static_cast<W>(a * b); }); break;
+    case ReduceOp::Min: g([](W a, W b) { return b < a ? b : a; }); break;
+    case ReduceOp::Max: g([](W a, W b) { return a < b ? b : a; }); break;
   }
 }
 
@@ -86,7 +96,17 @@ void visit_dtype(DType dtype, void* p, F&& f) {
 inline void reduce_into(void* dst, const void* src, std::size_t count, DType dtype, ReduceOp op) {
   detail::visit_dtype(dtype, dst, [&](auto* d) {
     using T = std::remove_pointer_t<decltype(d)>;
-    detail::reduce_typed<T>(d, static_cast<const T*>(src), count, op);
+    detail::with_op<typename detail::Widen<T>::type>(
+        op, [&](auto f) { detail::combine(d, static_cast<const T*>(src), count, f); });
+  });
+}
+
+// dst[i] = a[i] (op) b[i] for i < count: reduce_into without first copying a into dst. No two may overlap.
+inline void reduce_from(void* dst, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
+  detail::visit_dtype(dtype, dst, [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    detail::with_op<typename detail::Widen<T>::type>(
+        op, [&](auto f) { detail::combine(d, static_cast<const T*>(a), static_cast<const T*>(b), count, f); });
   });
 }
 

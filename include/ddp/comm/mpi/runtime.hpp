@@ -1,8 +1,13 @@
-// mpi::Runtime: who initialises and finalises MPI for the mpi backend (comm/mpi/mpi_communicator.hpp).
+// mpi::Runtime: who initialises and finalises MPI for the mpi backend (comm/mpi/mpi_communicator.hpp); and
+// all_gather_strings, the blocking setup exchange of one string per rank.
 // SPDX-License-Identifier: MIT
 #pragma once
 
 #include <mpi.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
 
 #include "ddp/comm/mpi/mpi_check.hpp"
 #include "ddp/core/error.hpp"
@@ -47,5 +52,21 @@ class Runtime {
   bool owned_ = false;
   bool broken_ = false;
 };
+
+// Every rank's `mine`, in rank order (blocking and collective on `comm`: for setup, before any op runs).
+inline std::vector<std::string> all_gather_strings(MPI_Comm comm, const std::string& mine) {
+  int n = 0;
+  DDP_MPI_CHECK(MPI_Comm_size(comm, &n));
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n) + 1, 0);
+  DDP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  for (std::size_t r = 0; r < lens.size(); ++r) offs[r + 1] = offs[r] + lens[r];
+  std::string all(static_cast<std::size_t>(offs.back()), '\0');
+  DDP_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm));
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < lens.size(); ++r)
+    out.push_back(all.substr(static_cast<std::size_t>(offs[r]), static_cast<std::size_t>(lens[r])));
+  return out;
+}
 
 }  // namespace ddp::comm::mpi

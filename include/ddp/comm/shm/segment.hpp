@@ -22,9 +22,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>

@@ -45,10 +45,15 @@ def main():
         o = statistics.median(r[b]["time_us"] for r in ours)
         m = statistics.median(r[b]["time_us"] for r in ref)
         bus = lambda us: round(b / us / 1e3 * 2 * (a.np - 1) / a.np, 3)
-        print(json.dumps({"ours_backend": a.ours, "ours_shm": a.shm == "1" or a.ours == "tcp", "ranks": a.np, "bytes": b, "ours_us": round(o, 1), "openmpi_us": round(m, 1),
-                          "ours_busbw_GBps": bus(o), "openmpi_busbw_GBps": bus(m), "ratio": round(m / o, 2),
-                          "ours_runs_us": [r[b]["time_us"] for r in ours],
-                          "openmpi_runs_us": [r[b]["time_us"] for r in ref]}), flush=True)
+        row = {"ours_backend": a.ours, "ours_shm": a.shm == "1" or a.ours == "tcp", "ranks": a.np, "bytes": b,
+               "ours_us": round(o, 1), "openmpi_us": round(m, 1), "ours_busbw_GBps": bus(o),
+               "openmpi_busbw_GBps": bus(m), "ratio": round(m / o, 2),
+               "ours_runs_us": [r[b]["time_us"] for r in ours], "openmpi_runs_us": [r[b]["time_us"] for r in ref]}
+        copy = [r[b]["copy_us"] for r in ours if r[b].get("copy_us", 0) > 0]
+        if copy:  # the memory-traffic bound, measured in our runs (bench_allreduce's copy_us)
+            c = statistics.median(copy)
+            row |= {"copy_bound_us": round(c, 1), "of_copy_bound": round(c / o, 2)}
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@
 //   options: --min-bytes 4 --max-bytes 268435456 --iters-scale 1 --inline-max-bytes 65536 --shm 1 (DDP_SHM)
 //            --check-fingerprints 1 (mpi)
 // Expected output: one line per size, from rank 0:
-//   {"backend": "tcp", "ranks": 2, "bytes": 16777216, "time_us": 9800.0, "algbw_GBps": 1.71, "busbw_GBps": 1.71}
+//   {"backend": "tcp", "ranks": 2, "bytes": 16777216, "time_us": 9800.0, "algbw_GBps": 1.71, "busbw_GBps": 1.71,
+//    "copy_us": 1500.0}
 // algbw = bytes / time; busbw = algbw * 2(n-1)/n (what each link carries in a bandwidth-optimal all-reduce).
+// copy_us (from 1 MiB; else 0): every rank memcpy's its buffer at the same time, the least memory traffic any
+// in-place all-reduce has (each rank's buffer read and written once); copy_us / time_us is the share of that
+// bound the all-reduce reaches.
 // compare_gloo.py runs this beside PyTorch's gloo on the same sizes and prints the ratios.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cxxopts.hpp>
 #include <string>
 #include <vector>
@@ -25,6 +30,7 @@
 #include "ddp/store/hash_store.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
+#include "ddp/train/parse_args.hpp"
 
 namespace {
 
@@ -53,10 +59,23 @@ void run(ddp::comm::Communicator& comm, const Flags& f) {
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
     const int n = comm.size();
     const double algbw = static_cast<double>(bytes) / us / 1e3;
+    // The memory-traffic bound (from 1 MiB, where bandwidth is what counts): an in-place all-reduce reads and
+    // writes every rank's buffer at least once, the traffic of one memcpy of it per rank. So every rank copies
+    // its buffer into another at the same time, between two barriers (the slowest rank's time, as above).
+    double copy_us = 0;
+    if (bytes >= (1u << 20)) {
+      ddp::HostVector<float> w(v.size(), 0.0f);
+      std::memcpy(w.data(), v.data(), bytes);  // warm-up: fault in w's pages
+      comm.barrier().wait();
+      const auto c0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) std::memcpy((i % 2 ? v : w).data(), (i % 2 ? w : v).data(), bytes);
+      comm.barrier().wait();
+      copy_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0).count() / iters;
+    }
     if (comm.rank() == 0)
       std::printf("{\"backend\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"time_us\": %.1f, \"algbw_GBps\": %.3f, "
-                  "\"busbw_GBps\": %.3f}\n",
-                  std::string(comm.backend()).c_str(), n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n);
+                  "\"busbw_GBps\": %.3f, \"copy_us\": %.1f}\n",
+                  std::string(comm.backend()).c_str(), n, bytes, us, algbw, algbw * 2.0 * (n - 1) / n, copy_us);
     std::fflush(stdout);
   }
 }
@@ -71,10 +90,10 @@ int main(int argc, char** argv) {
       "max-bytes", "largest size", cxxopts::value<std::size_t>()->default_value("268435456"))(
       "iters-scale", "multiplies the iteration counts", cxxopts::value<double>()->default_value("1"))(
       "inline-max-bytes", "tcp: CommOptions::inline_max_bytes", cxxopts::value<std::size_t>()->default_value("65536"))(
-      "shm", "tcp and mpi: shared memory between local ranks, 1 or 0 (DDP_SHM)",
-      cxxopts::value<int>()->default_value(std::getenv("DDP_SHM") ? std::getenv("DDP_SHM") : "1"))(
-      "check-fingerprints", "mpi: all-gather each op's fingerprint first, 1 or 0 (CommOptions::check_fingerprints)",
-      cxxopts::value<int>()->default_value("1"))(
+      "shm", "tcp and mpi: shared memory between local ranks, true or false (DDP_SHM)",
+      cxxopts::value<std::string>()->default_value(std::getenv("DDP_SHM") ? std::getenv("DDP_SHM") : "1"))(
+      "check-fingerprints", "mpi: all-gather each op's fingerprint first, true or false (CommOptions::check_fingerprints)",
+      cxxopts::value<std::string>()->default_value("1"))(
       "h,help", "this help");
   try {
     auto a = opts.parse(argc, argv);
@@ -84,7 +103,9 @@ int main(int argc, char** argv) {
     }
     const Flags f{a["backend"].as<std::string>(), a["nproc"].as<int>(), a["min-bytes"].as<std::size_t>(),
                   a["max-bytes"].as<std::size_t>(), a["inline-max-bytes"].as<std::size_t>(), a["iters-scale"].as<double>(),
-                  a["shm"].as<int>() != 0, a["check-fingerprints"].as<int>() != 0};
+                  ddp::train::parse_flag_bool(std::getenv("DDP_SHM") && !a.count("shm") ? "DDP_SHM" : "--shm",
+                                              a["shm"].as<std::string>()),
+                  ddp::train::parse_flag_bool("--check-fingerprints", a["check-fingerprints"].as<std::string>())};
     const ddp::comm::CommOptions copts{.timeout = std::chrono::seconds(120), .inline_max_bytes = f.inline_max_bytes,
                                        .shm = f.shm, .check_fingerprints = f.check_fingerprints};
     if (f.backend != "tcp") {  // mpi (or an error listing the backends): rank and size come from the backend

@@ -69,7 +69,10 @@ using Clock = net::Clock;
 
 inline constexpr std::size_t kSlotBytes = 1 << 20;
 inline constexpr std::size_t kControlBytes = 4096;
-inline constexpr std::size_t kStreamBytes = 8 << 20;  // ops this large copy results out with streaming stores
+// Ops this large copy results out with streaming stores. 32 MiB, not 8: on this VM (32 MiB L3) a 16 MiB
+// all-reduce took 3.10-3.22 ms with cached stores against 3.32-3.56 ms streamed (2 ranks, four alternating
+// pairs; 4 ranks 6.0-6.7 against 6.6-7.1 ms); at 32 MiB both were alike (7.0-8.6 ms).
+inline constexpr std::size_t kStreamBytes = 32 << 20;
 inline constexpr int kMaxRanks = 31;  // control lines that fit in kControlBytes after the header
 inline constexpr auto kNapTime = std::chrono::milliseconds(1);
 // Waiting for a peer spins for up to kSpinTime before it sleeps on the futex: waking a sleeper costs a

@@ -265,23 +265,30 @@ class Supervisor {
         }
       }
 
-      // 4. Reap. Unknown pids are descendants adopted as subreaper.
+      // 4. Reap. Unknown pids are descendants adopted as subreaper. When several workers failed before this
+      // look (a rank killed, and its peers failing on their own within milliseconds, naming it), waitpid returns
+      // them oldest child first, i.e. by rank, not by time: the one to name is one killed by a signal (the likely
+      // cause; its peers exit with a code), else the first reaped.
       int status = 0;
       pid_t pid;
+      const detail::Worker* first_failed = nullptr;
       while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
         for (auto& w : workers) {
           if (w.pid != pid) continue;
           w.exited = true;
           w.status = status;
           const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-          if (failed && !stopping) {
-            a.failed_rank = w.rank;
-            a.exit_code = exit_code_of(status);
-            DDP_LOG_ERROR("ddprun: worker rank ", w.rank, " (pid ", pid, ") failed with ", describe_status(status),
-                          "; stopping the other workers (SIGTERM, SIGKILL after ", o_.grace_period.count(), " ms)");
-            stop_all(SIGTERM);
-          }
+          if (failed && (first_failed == nullptr || (WIFSIGNALED(status) && !WIFSIGNALED(first_failed->status))))
+            first_failed = &w;
         }
+      }
+      if (first_failed != nullptr && !stopping) {
+        a.failed_rank = first_failed->rank;
+        a.exit_code = exit_code_of(first_failed->status);
+        DDP_LOG_ERROR("ddprun: worker rank ", first_failed->rank, " (pid ", first_failed->pid, ") failed with ",
+                      describe_status(first_failed->status), "; stopping the other workers (SIGTERM, SIGKILL after ",
+                      o_.grace_period.count(), " ms)");
+        stop_all(SIGTERM);
       }
 
       // 5. All workers done: stop what they left behind, then finish when every group is empty.

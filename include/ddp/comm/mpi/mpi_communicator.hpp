@@ -26,8 +26,8 @@
 // collective, about 1 us on one host, and for a carried all-reduce nothing, since its data travels in
 // the same exchange; CommOptions::check_fingerprints = false skips the comparison (and
 // the exchange, except for carried all-reduces). Send/recv are matched by tag and are not checked.
-// Ring messages use proto_comm_ with tag 1 + seq % 30000, so that rings in flight together and the user's
-// send/recv tags on comm_ never meet.
+// Ring messages use proto_comm_ with tag 1 + seq % 30000 (mpi::RingPool), so that rings in flight together
+// and the user's send/recv tags on comm_ never meet.
 #pragma once
 
 #include <mpi.h>
@@ -41,7 +41,6 @@
 #include "ddp/comm/mpi/mpi_check.hpp"
 #include "ddp/comm/mpi/op_engine.hpp"
 #include "ddp/comm/mpi/reduce_ops.hpp"
-#include "ddp/comm/mpi/ring_allreduce.hpp"
 #include "ddp/comm/mpi/runtime.hpp"
 #include "ddp/comm/reduce.hpp"
 #include "ddp/comm/shm/collectives.hpp"
@@ -92,22 +91,10 @@ class MpiCommunicator final : public Communicator {
     });
   }
   // One host: shared memory (run_shm). Else small: carried in the fingerprint exchange
-  // (FingerprintExchange::reduce); large: RingAllreduce on proto_comm_.
+  // (FingerprintExchange::reduce); large: a RingAllreduce on proto_comm_.
   Work all_reduce_impl(const OpCall& c) override {
     if (uses_shm()) return submit(c, {}, Route::Shm);
-    if (mpi::carries(c.in.bytes(), size_)) return submit(c, {}, Route::Carried);
-    return submit(c, [this, b = c.in, op = c.fp.op] {
-      // Tag by the op's number (set by submit, so read at posting time): rings in flight together never meet.
-      Pending p;
-      p.ring = std::make_unique<mpi::RingAllreduce>(b, op, proto_comm_, rank_, size_,
-                                                    1 + static_cast<int>(engine_->posting_seq() % 30000),
-                                                    engine_->take_scratch());
-      if (const int rc = p.ring->start(); rc != MPI_SUCCESS) {
-        engine_->bury(p);
-        throw CommError(mpi::error_text(rc));
-      }
-      return p;
-    });
+    return submit(c, {}, mpi::carries(c.in.bytes(), size_) ? Route::Carried : Route::Ring);
   }
   Work reduce_impl(const OpCall& c) override {
     return submit(c, [this, b = c.in, op = c.fp.op, root = static_cast<int>(c.fp.root)] {

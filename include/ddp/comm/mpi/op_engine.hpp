@@ -8,7 +8,8 @@
 // MPI_THREAD_SERIALIZED suffices (mpi/runtime.hpp), since one thread at a time runs ops (the caller or the
 // progress thread, handed over under the queue's lock).
 // Routes (mpi_communicator.hpp picks one per op): Body, the op's own MPI call after the fingerprint
-// exchange; Carried, an all-reduce whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Shm, an
+// exchange; Carried, an all-reduce whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Ring, an
+// all-reduce on point-to-point calls after the exchange (mpi/ring_allreduce.hpp); Shm, an
 // all-reduce, broadcast or barrier through shared memory (comm/shm/collectives.hpp, docs/ARCHITECTURE.md
 // D55), which runs alone: after every earlier op completed, so that no MPI request of this rank waits for
 // progress while it spins. Every collective announces itself in the segment when it starts, so that a peer
@@ -63,8 +64,8 @@ struct Pending {
 };
 using Body = std::function<Pending()>;  // posts the non-blocking call
 // How an op runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange; an
-// all-reduce, broadcast or barrier through shared memory (run_shm).
-enum class Route : std::uint8_t { Body, Carried, Shm };
+// all-reduce on a ring after the exchange; an all-reduce, broadcast or barrier through shared memory (run_shm).
+enum class Route : std::uint8_t { Body, Carried, Ring, Shm };
 
 class OpEngine {
  public:
@@ -91,7 +92,7 @@ class OpEngine {
   // Numbers the call, then runs it here when comm::runs_inline allows it (at most inline_max_bytes, or a
   // blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress thread and back:
   // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit
-  // MPI's int. A Carried or Shm route takes call.in as its data.
+  // MPI's int. Every route but Body takes call.in as its data (and call.fp.op as its reduction).
   Work submit(OpCall call, Body body, Route route = Route::Body) {
     for (const Buffer* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
@@ -137,24 +138,6 @@ class OpEngine {
   // Read it after stop().
   bool broken() const noexcept { return broken_; }
 
-  // For Bodies, which run on the thread that runs ops. The seq of the op whose body is being posted.
-  std::uint64_t posting_seq() const noexcept { return posting_seq_; }
-  // The rings' scratch (two segments each): reused, not allocated per op.
-  std::vector<std::byte> take_scratch() {
-    if (scratch_pool_.empty()) return {};
-    std::vector<std::byte> s = std::move(scratch_pool_.back());
-    scratch_pool_.pop_back();
-    return s;
-  }
-  // A finished ring's scratch goes back to the pool; one that MPI may still write (a failed op) is kept
-  // alive until the process ends (graveyard_), as the requests left on it are.
-  void bury(Pending& p) {
-    if (!p.ring) return;
-    if (p.ring->in_flight()) graveyard_.push_back(std::move(p.ring));
-    else scratch_pool_.push_back(p.ring->release());
-    p.ring.reset();
-  }
-
  private:
   using Clock = std::chrono::steady_clock;
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
@@ -165,7 +148,7 @@ class OpEngine {
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
-    Buffer data;  // a Carried or Shm op's buffer (count 0: none)
+    Buffer data;  // the buffer of an op on any route but Body (count 0: none)
     Route route = Route::Body;
     bool fp_compared = false;  // every peer's fingerprint arrived and was compared
     Pending pending;
@@ -279,12 +262,10 @@ class OpEngine {
 
   void start(Task& t, const std::deque<Task>& in_flight) {
     t.deadline = Clock::now() + t.timeout;
-    if (failed_)
-      return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
-                                                first_error_)), in_flight);
+    if (refused_after_failure(t, in_flight)) return;
     if (shm_ && !t.fp.is_p2p()) shm_->announce(t.fp);  // every collective: a peer in a shm op compares
     if (t.route == Route::Shm) return run_shm(t, in_flight);
-    if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route == Route::Body)) return post(t, in_flight);
+    if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route != Route::Carried)) return post(t, in_flight);
     // The exchange: my fingerprint (and carried data) to every peer, theirs back (mpi/fingerprint_exchange.hpp).
     t.stage = Stage::Fingerprint;
     if (const int rc = t.exchange.start(t.fp, t.data, proto_comm_, rank_, size_, exchange_pool_); rc != MPI_SUCCESS)
@@ -354,14 +335,26 @@ class OpEngine {
     Runtime::instance().mark_broken();
   }
 
+  // Once the communicator failed, every later op fails too, naming the first error (a peer may be stuck in
+  // the failed op, so nothing more is posted). True when t was failed here.
+  bool refused_after_failure(Task& t, const std::deque<Task>& in_flight) {
+    if (!failed_) return false;
+    fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ", first_error_)),
+         in_flight);
+    return true;
+  }
+
+  // Posts the op's own MPI calls: its Body, or for Route::Ring a ring from the pool.
   void post(Task& t, const std::deque<Task>& in_flight) {
     t.stage = Stage::Posted;
-    if (failed_)
-      return fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ",
-                                                first_error_)), in_flight);
+    if (refused_after_failure(t, in_flight)) return;
     try {
-      posting_seq_ = t.fp.seq;
-      t.pending = t.body();
+      if (t.route != Route::Ring) {
+        t.pending = t.body();
+      } else {
+        t.pending.ring = rings_.make(t.data, t.fp.op, proto_comm_, rank_, size_, t.fp.seq);
+        if (const int rc = t.pending.ring->start(); rc != MPI_SUCCESS) throw CommError(error_text(rc));
+      }
     } catch (const std::exception& e) {
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
     }
@@ -413,7 +406,7 @@ class OpEngine {
         return true;
       }
       if (done) {
-        bury(t.pending);
+        rings_.retire(t.pending.ring);
         try {
           if (t.pending.after) t.pending.after();
           t.state->complete();
@@ -450,7 +443,7 @@ class OpEngine {
     bool any = false;
     for (const Task& x : in_flight) any = any || pending(x);
     if (any) abort_at_exit();
-    bury(t.pending);
+    rings_.retire(t.pending.ring);
     t.state->complete(std::make_exception_ptr(e));
   }
 
@@ -463,10 +456,8 @@ class OpEngine {
   bool failed_ = false;
   bool broken_ = false;  // a request was left pending (see fail)
   std::string first_error_;
-  std::vector<std::vector<std::byte>> scratch_pool_;
-  ExchangePool exchange_pool_;     // receive buffers of finished fingerprint exchanges
-  std::uint64_t posting_seq_ = 0;  // the seq of the op whose body post() is running
-  std::vector<std::unique_ptr<RingAllreduce>> graveyard_;  // rings a failure left with requests pending
+  RingPool rings_;              // Route::Ring's rings: scratch reused, failed ones kept alive
+  ExchangePool exchange_pool_;  // receive buffers of finished fingerprint exchanges
   std::vector<FingerprintExchange> orphans_;  // exchanges a mismatch left with requests pending (drain)
 
   std::mutex mu_;  // guards everything below

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -24,7 +26,7 @@ namespace ddp::comm::mpi {
 // bit-identical. A reduce-scatter block travels as kSegmentBytes segments received into two scratch
 // slots in turn, so that each segment is reduced while it is still in cache and the next one is already
 // on its way. Non-blocking: start() posts step 0, test() advances while steps complete. `scratch`
-// (2 segments) is lent by the communicator and handed back by release().
+// (2 segments) is lent by a RingPool and handed back by release().
 class RingAllreduce {
  public:
   static constexpr std::size_t kSegmentBytes = 1 << 20;
@@ -125,6 +127,36 @@ class RingAllreduce {
   MPI_Request slot_req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   std::vector<MPI_Request> sends_;
   MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // all-gather: receive, send
+};
+
+// Makes the rings of one communicator and keeps their scratch for the next one, so that an all-reduce
+// allocates nothing once the first ring ran. Used by one thread at a time (the thread running ops).
+class RingPool {
+ public:
+  // A ring over `comm` (the protocol communicator) for the op numbered seq: its messages carry tag
+  // 1 + seq % 30000 (MPI guarantees tags up to 32767; 0 is the fingerprints'), so that rings in flight
+  // together never meet.
+  std::unique_ptr<RingAllreduce> make(Buffer b, ReduceOp op, MPI_Comm comm, int rank, int size, std::uint64_t seq) {
+    std::vector<std::byte> scratch;
+    if (!scratch_.empty()) {
+      scratch = std::move(scratch_.back());
+      scratch_.pop_back();
+    }
+    return std::make_unique<RingAllreduce>(b, op, comm, rank, size, 1 + static_cast<int>(seq % 30000),
+                                           std::move(scratch));
+  }
+  // Takes a ring back (null: nothing). A finished ring's scratch is reused; a ring that MPI may still write
+  // (a failed op's requests stay pending, MPI cannot cancel them) is kept alive until the process ends.
+  void retire(std::unique_ptr<RingAllreduce>& ring) {
+    if (!ring) return;
+    if (ring->in_flight()) graveyard_.push_back(std::move(ring));
+    else scratch_.push_back(ring->release());
+    ring.reset();
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> scratch_;
+  std::vector<std::unique_ptr<RingAllreduce>> graveyard_;
 };
 
 }  // namespace ddp::comm::mpi

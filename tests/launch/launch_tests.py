@@ -177,6 +177,54 @@ def case_kill9(a):
     print(f"kill9: workers {pids} gone after ddprun was SIGKILLed")
 
 
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def case_root_cause(a):
+    # Several workers failed before ddprun looked (a rank killed, its peers failing on their own right after,
+    # naming it): ddprun must name the one killed by a signal, not the lowest rank (waitpid(-1) returns the
+    # oldest child first). Made deterministic by stopping ddprun (SIGSTOP) while all three workers end, so
+    # that they are all zombies when it next looks: ranks 0 and 1 exit 1, rank 2 is SIGKILLed.
+    with tempfile.TemporaryDirectory() as tmp:
+        go = os.path.join(tmp, "go")
+        script = ('echo "pid=$$ ready"; while [ ! -e "$GO" ]; do sleep 0.01; done; '
+                  '[ "$RANK" = 2 ] && kill -KILL $$; exit 1')
+        p = subprocess.Popen([a.ddprun, "--standalone", "--nproc-per-node", "3", "sh", "-c", script],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env=dict(os.environ, GO=go))
+        try:
+            seen = []
+            while len(seen) < 3:
+                line = p.stdout.readline()
+                if line == "":
+                    expect(False, "ddprun ended before the workers were ready", "".join(seen), p.stderr.read())
+                seen.append(line)
+            pids = pids_from("".join(seen))
+            expect(len(pids) == 3, f"pids {pids}", "".join(seen))
+            os.kill(p.pid, signal.SIGSTOP)
+            open(go, "w").close()
+            deadline = time.monotonic() + 10
+            while not all(zombie(q) for q in pids):
+                expect(time.monotonic() < deadline, "the workers did not all end within 10 s",
+                       [(q, zombie(q)) for q in pids])
+                time.sleep(0.01)
+            os.kill(p.pid, signal.SIGCONT)
+            out, err = p.communicate(timeout=20)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    print(f"root_cause: rc={p.returncode}")
+    expect("worker rank 2 (pid" in err and "failed with signal 9 (SIGKILL)" in err,
+           "ddprun did not name rank 2, the one killed by a signal", err)
+    expect(p.returncode == 137, f"rc={p.returncode}, expected 137 (rank 2's SIGKILL)", err)
+
+
 def case_prefix(a):
     # Two workers write long lines in small unflushed-then-flushed pieces at the same time: every output
     # line must be exactly one worker line with that worker's prefix (no mid-line interleaving).

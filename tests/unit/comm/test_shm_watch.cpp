@@ -4,11 +4,16 @@
 // announced another collective, a peer that never arrives.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -156,5 +161,92 @@ TEST_SUITE("comm") {
       CHECK(took < 5s);
     }
     reap(pid, true);
+  }
+
+  TEST_CASE("mpi shm watch: a peer in another pid namespace is not taken for dead by its pid") {
+    // Containers that share the kernel and /dev/shm but not pids: rank 1 publishes a pid that, in this
+    // process's namespace, names no process at all. Staged for real: a child unshares a pid namespace, whose
+    // init sets the namespace's next pid (ns_last_pid) so that rank 1 gets a pid that is free here; rank 1 then
+    // announces the all-reduce and never arrives. The watch must wait out the deadline, not report an exit.
+    const int pid_max = [] {
+      int v = 32768;
+      std::ifstream("/proc/sys/kernel/pid_max") >> v;
+      return v;
+    }();
+    pid_t free_here = 0;  // a pid no process has in this namespace
+    for (pid_t p = pid_max - 1; p > pid_max - 1000 && free_here == 0; --p)
+      if (::kill(p, 0) != 0 && errno == ESRCH) free_here = p;
+    REQUIRE(free_here > 1);
+    auto seg = two_rank_segment();
+    int ready[2], init_pid[2];
+    REQUIRE(::pipe(ready) == 0);
+    REQUIRE(::pipe(init_pid) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // async-signal-safe work only; 2: no pid namespace for us (not root)
+      if (::unshare(CLONE_NEWPID) != 0) ::_exit(2);
+      const pid_t init = ::fork();  // pid 1 of the new namespace
+      if (init < 0) ::_exit(3);
+      if (init == 0) {
+        const int fd = ::open("/proc/sys/kernel/ns_last_pid", O_WRONLY);  // this namespace's: its init is in it
+        char num[16];
+        const auto end = std::to_chars(num, num + sizeof num, free_here - 1).ptr;
+        if (fd < 0 || ::write(fd, num, static_cast<std::size_t>(end - num)) != end - num) ::_exit(4);
+        ::close(fd);
+        const pid_t rank1 = ::fork();
+        if (rank1 == 0) {
+          comm::shm::Collectives peer(std::move(seg), 1, 2, 0);
+          peer.announce(kAllReduce);
+          const char got = ::getpid() == free_here ? 1 : 0;
+          (void)!::write(ready[1], &got, 1);
+          for (;;) ::pause();
+        }
+        int st = 0;
+        ::waitpid(rank1, &st, 0);
+        ::_exit(0);
+      }
+      (void)!::write(init_pid[1], &init, sizeof init);
+      int st = 0;
+      ::waitpid(init, &st, 0);
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    ::close(init_pid[1]);
+    pid_t init = 0;
+    const bool have_init = ::read(init_pid[0], &init, sizeof init) == static_cast<ssize_t>(sizeof init);
+    ::close(init_pid[0]);
+    if (!have_init) {  // the child could not make the namespace
+      int st = 0;
+      ::waitpid(child, &st, 0);
+      REQUIRE_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 2), "the namespace child failed: status ", st);
+      MESSAGE("skipped: unshare(CLONE_NEWPID) needs CAP_SYS_ADMIN");
+      ::close(ready[0]);
+      return;
+    }
+    char got = 0;
+    const bool announced = ::read(ready[0], &got, 1) == 1;
+    ::close(ready[0]);
+    comm::shm::Collectives me(std::move(seg), 0, 2, 0);
+    std::string error;
+    const auto t0 = comm::shm::Clock::now();
+    if (announced) {
+      std::vector<float> v(4, 1.0f);
+      try {
+        me.all_reduce(comm::mpi::ShmWatch(kAllReduce, t0 + 300ms, me), reinterpret_cast<std::byte*>(v.data()),
+                      v.size());
+        error = "the all-reduce returned";
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    const auto took = comm::shm::Clock::now() - t0;
+    ::kill(init, SIGKILL);  // the namespace's init: the kernel kills rank 1 with it
+    reap(child, false);
+    REQUIRE(announced);
+    CHECK(got == 1);  // rank 1's pid in its namespace is one that is free here
+    CHECK(me.pid_of(1) == 0);
+    INFO(error);
+    CHECK(error.find("waiting for rank 1 in shared memory") != std::string::npos);
+    CHECK(took >= 300ms);
   }
 }

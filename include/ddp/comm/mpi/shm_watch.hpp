@@ -33,8 +33,9 @@ class ShmWatch {
   const Fingerprint& fp() const noexcept { return fp_; }
   shm::Clock::time_point deadline() const noexcept { return deadline_; }
 
-  // The ranks share one kernel (shm::Segment checked the boot id) and, under mpirun or srun, one pid
-  // namespace: a pid that no longer exists is a rank that died (mpirun usually ends the job first).
+  // The ranks share one kernel (shm::Segment checked the boot id); where they also share a pid namespace (as
+  // under mpirun or srun) a pid that no longer exists is a rank that died (mpirun usually ends the job first).
+  // A peer in another pid namespace has no pid here (pid_of is 0): only the deadline catches its death.
   void check(int peer) const {
     const auto pid = shm_.pid_of(peer);
     if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)

@@ -6,7 +6,7 @@
 // Segment layout (shm::Segment::create maps it on every rank):
 //   [0, 4096)   control: the segment header, then one 128-byte line per rank: its barrier counter
 //               (`arrive`, a futex word), how many ranks sleep on that counter, the op it announced and
-//               its pid
+//               its pid and pid namespace
 //   then        2 sets x n slots x kSlotBytes of data; rank r writes only slot (set, r)
 //
 // How the all-reduce works (one "round" per block of at most kSlotBytes of the user's buffer):
@@ -38,6 +38,7 @@
 
 #include <linux/futex.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -90,6 +91,7 @@ struct alignas(128) RankLine {
   std::atomic<std::uint64_t> version;   // seqlock over the announced op: odd while being written
   std::atomic<std::uint64_t> seq, meta, count;  // the collective this rank runs now (see announce)
   std::atomic<std::int32_t> pid;                // the rank's process, for Watch::check (0: not yet known)
+  std::atomic<std::uint64_t> pid_ns;            // the inode of its pid namespace (0: unknown), written before pid
 };
 static_assert(sizeof(RankLine) == 128);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free && std::atomic<std::uint64_t>::is_always_lock_free);
@@ -102,6 +104,14 @@ inline void cpu_relax() noexcept {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+// This process's pid namespace (the inode of /proc/self/ns/pid; 0 where there is no such file). Ranks on one
+// kernel that share /dev/shm may still sit in different pid namespaces (containers sharing IPC but not pids):
+// their pids mean nothing to each other.
+inline std::uint64_t pid_namespace() noexcept {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
 }
 
 inline void futex_wait(std::atomic<std::uint32_t>* addr, std::uint32_t expected, std::chrono::microseconds t) {
@@ -172,13 +182,19 @@ class Collectives {
 
   // Blocks of at most small_bytes take the one-barrier all-reduce (CommOptions::small_allreduce_bytes).
   Collectives(Segment seg, int rank, int size, std::size_t small_bytes)
-      : seg_(std::move(seg)), rank_(rank), size_(size), small_bytes_(small_bytes) {
+      : seg_(std::move(seg)), rank_(rank), size_(size), small_bytes_(small_bytes), pid_ns_(detail::pid_namespace()) {
+    line(rank_).pid_ns.store(pid_ns_, std::memory_order_relaxed);
     line(rank_).pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
   }
 
   int rank() const noexcept { return rank_; }
-  // Rank r's process id as it published it (0 until its Collectives exists).
-  std::int32_t pid_of(int r) const noexcept { return line(r).pid.load(std::memory_order_acquire); }
+  // Rank r's process id as this process can address it: 0 until its Collectives exists, and 0 when it lives
+  // in another pid namespace (or either namespace is unknown), where its pid names some other process or none.
+  std::int32_t pid_of(int r) const noexcept {
+    const std::int32_t pid = line(r).pid.load(std::memory_order_acquire);
+    const std::uint64_t ns = line(r).pid_ns.load(std::memory_order_relaxed);
+    return pid_ns_ != 0 && ns == pid_ns_ ? pid : 0;
+  }
 
   // Publishes the collective this rank is about to run (every collective, through shm or not), so that a
   // peer waiting in a shm op can tell a mismatch from a slow rank.
@@ -386,6 +402,7 @@ class Collectives {
   Segment seg_;
   int rank_, size_;
   std::size_t small_bytes_;
+  std::uint64_t pid_ns_;     // detail::pid_namespace() of this process
   std::uint32_t epoch_ = 0;  // barriers passed; identical on every rank
   std::uint64_t round_ = 0;  // data rounds run; picks the slot set
 };

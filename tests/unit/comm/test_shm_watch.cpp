@@ -194,6 +194,7 @@ TEST_SUITE("comm") {
         if (fd < 0 || ::write(fd, num, static_cast<std::size_t>(end - num)) != end - num) ::_exit(4);
         ::close(fd);
         const pid_t rank1 = ::fork();
+        if (rank1 < 0) ::_exit(5);
         if (rank1 == 0) {
           comm::shm::Collectives peer(std::move(seg), 1, 2, 0);
           peer.announce(kAllReduce);
@@ -208,7 +209,7 @@ TEST_SUITE("comm") {
       (void)!::write(init_pid[1], &init, sizeof init);
       int st = 0;
       ::waitpid(init, &st, 0);
-      ::_exit(0);
+      ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 0);  // init's own failure (4, 5) reaches the test's message
     }
     ::close(ready[1]);
     ::close(init_pid[1]);
@@ -241,8 +242,12 @@ TEST_SUITE("comm") {
     }
     const auto took = comm::shm::Clock::now() - t0;
     ::kill(init, SIGKILL);  // the namespace's init: the kernel kills rank 1 with it
-    reap(child, false);
-    REQUIRE(announced);
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    const std::string ended = WIFEXITED(st) ? "exited with " + std::to_string(WEXITSTATUS(st))
+                                            : "was killed by signal " + std::to_string(WTERMSIG(st));
+    REQUIRE_MESSAGE(announced, "rank 1 never announced; the namespace child ", ended,
+                    " (4: writing ns_last_pid failed, 5: forking rank 1 failed)");
     CHECK(got == 1);  // rank 1's pid in its namespace is one that is free here
     CHECK(me.pid_of(1) == 0);
     INFO(error);

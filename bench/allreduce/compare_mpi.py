@@ -5,10 +5,10 @@ side, alternating --reps times, and prints one JSON line per size with the media
 Open MPI's time / ours (> 1: ours is faster), and the same for each side's best run (ratio_best). Needs
 python3-mpi4py (Debian).
 
-Why both (docs/ARCHITECTURE.md D59): on the 2-vCPU VM each run lands in a fast or a slow state of the host (a
-1 MiB all-reduce 136-205 us or 312-482 us, Open MPI's alike, the state holding for seconds to minutes), so
-the median of 5 alternating runs can take one side's slow run against the other's fast one. The best run of
-each side compares the two in the same (fast) state; the median says what a run typically gets.
+Why both (docs/ARCHITECTURE.md D59, with the measurements): on the 2-vCPU VM each run lands in a fast or a slow
+state of the host, held for seconds to minutes, so the medians of a few alternating runs can set one side's slow
+runs against the other's fast ones. The best run of each side compares the two in the same (fast) state; the
+median says what a run typically gets.
 
 Usage: /usr/bin/python3 bench/allreduce/compare_mpi.py <path to bench_allreduce> [--ours mpi|tcp] [--np 2]
        [--reps 3] [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1] [--shm 1]
@@ -48,16 +48,15 @@ def main():
         ours.append(run(ours_cmd))
         ref.append(run(mpirun + [sys.executable, os.path.join(HERE, "mpi4py_allreduce.py")] + sizes))
     for b in sorted(ours[0]):
-        o = statistics.median(r[b]["time_us"] for r in ours)
-        m = statistics.median(r[b]["time_us"] for r in ref)
+        ours_us, ref_us = [r[b]["time_us"] for r in ours], [r[b]["time_us"] for r in ref]
+        o, m = statistics.median(ours_us), statistics.median(ref_us)
+        ob, mb = min(ours_us), min(ref_us)
         bus = lambda us: round(b / us / 1e3 * 2 * (a.np - 1) / a.np, 3)
-        ob = min(r[b]["time_us"] for r in ours)
-        mb = min(r[b]["time_us"] for r in ref)
         row = {"ours_backend": a.ours, "ours_shm": a.shm == "1" or a.ours == "tcp", "ranks": a.np, "bytes": b,
                "ours_us": round(o, 1), "openmpi_us": round(m, 1), "ours_busbw_GBps": bus(o),
                "openmpi_busbw_GBps": bus(m), "ratio": round(m / o, 2),
                "ours_best_us": round(ob, 1), "openmpi_best_us": round(mb, 1), "ratio_best": round(mb / ob, 2),
-               "ours_runs_us": [r[b]["time_us"] for r in ours], "openmpi_runs_us": [r[b]["time_us"] for r in ref]}
+               "ours_runs_us": ours_us, "openmpi_runs_us": ref_us}
         runs = [r[b] for r in ours if r[b].get("copy_us", 0) > 0]
         if runs:  # the memory-traffic bound, measured in our runs (bench_allreduce's copy_us): each run's own
             # copy time over its own all-reduce time, so that both sides of the ratio share the host's state

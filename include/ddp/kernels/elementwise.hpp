@@ -258,4 +258,99 @@ struct DropoutBackward {
   DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = mask[i] ? dy[i] * scale : T(0); }
 };
 
+// ---- activations as modules (issue 39): SiLU, Tanh, Sigmoid; in the formulas of torch 1.13's CPU kernels ----
+// y = silu(x) = x / (1 + exp(-x)).
+template <class T>
+struct SiluForward {
+  const T* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::exp;
+    const T v = x[i];
+    y[i] = v / (T(1) + exp(-v));
+  }
+};
+
+// dx = dy * s (1 + x (1 - s)), s = sigmoid(x) (x is the forward input; dx may alias dy).
+template <class T>
+struct SiluBackward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::exp;
+    const T v = x[i];
+    const T s = T(1) / (T(1) + exp(-v));
+    dx[i] = dy[i] * s * (T(1) + v * (T(1) - s));
+  }
+};
+
+// y = tanh(x).
+template <class T>
+struct TanhForward {
+  const T* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::tanh;
+    y[i] = tanh(x[i]);
+  }
+};
+
+// dx = dy (1 - y^2) from the forward output y (torch's tanh_backward; dx may alias dy).
+template <class T>
+struct TanhBackward {
+  const T* y;
+  const T* dy;
+  T* dx;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const T v = y[i];
+    dx[i] = dy[i] * (T(1) - v * v);
+  }
+};
+
+// y = sigmoid(x) = 1 / (1 + exp(-x)).
+template <class T>
+struct SigmoidForward {
+  const T* x;
+  T* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    using std::exp;
+    y[i] = T(1) / (T(1) + exp(-x[i]));
+  }
+};
+
+// dx = dy (1 - y) y from the forward output y (torch's sigmoid_backward; dx may alias dy).
+template <class T>
+struct SigmoidBackward {
+  const T* y;
+  const T* dy;
+  T* dx;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const T v = y[i];
+    dx[i] = dy[i] * (T(1) - v) * v;
+  }
+};
+
+// Channels-last (n, h, w, c) to channels-first (n, c, h, w) order, or back (to_nhwc): element i of the output,
+// in its own row-major order, copied from where it sits in the input. nn::Flatten's permutation (torch flattens
+// NCHW). Not in place.
+template <class T>
+struct PermuteNhwcNchw {
+  const T* x;
+  T* y;
+  std::int64_t h, w, c;
+  bool to_nhwc;  // false: x NHWC, y NCHW; true: x NCHW, y NHWC
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    const auto k = static_cast<std::int64_t>(i);
+    const std::int64_t hw = h * w, image = k / (hw * c), r = k % (hw * c);
+    if (to_nhwc) {
+      const std::int64_t p = r / c, ch = r % c;  // output (n, p = (h, w), ch)
+      y[i] = x[(image * c + ch) * hw + p];
+    } else {
+      const std::int64_t ch = r / hw, p = r % hw;  // output (n, ch, p)
+      y[i] = x[(image * hw + p) * c + ch];
+    }
+  }
+};
+
 }  // namespace ddp::kernels

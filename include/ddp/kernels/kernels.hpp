@@ -120,6 +120,64 @@ struct ElementwiseKernels {
         DropoutBackward<T>{
             .dy = a.dy.data(), .mask = a.mask.data(), .dx = a.dx.data(), .scale = dropout_scale<T>(a.p)});
   }
+
+  // ---- activations and Flatten as modules (issue 39) ----
+  // y = silu(x), tanh(x), sigmoid(x) (y may alias x). Backward: SiLU's from the forward input x, Tanh's and
+  // Sigmoid's from the forward output y, as torch's (dx may alias dy).
+  template <class T>
+  static void silu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
+    unary(e, x, y, "silu_forward", SiluForward<T>{.x = x.data(), .y = y.data()});
+  }
+  template <class T>
+  static void silu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
+                            TensorView<T, D> dx) {
+    binary(e, x, dy, dx, "silu_backward", SiluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data()});
+  }
+  template <class T>
+  static void tanh_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
+    unary(e, x, y, "tanh_forward", TanhForward<T>{.x = x.data(), .y = y.data()});
+  }
+  template <class T>
+  static void tanh_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
+                            TensorView<T, D> dx) {
+    binary(e, y, dy, dx, "tanh_backward", TanhBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  }
+  template <class T>
+  static void sigmoid_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
+    unary(e, x, y, "sigmoid_forward", SigmoidForward<T>{.x = x.data(), .y = y.data()});
+  }
+  template <class T>
+  static void sigmoid_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
+                               TensorView<T, D> dx) {
+    binary(e, y, dy, dx, "sigmoid_backward", SigmoidBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  }
+  // x (N, H, W, C) -> y (N, C, H, W) (to_nhwc false), or x (N, C, H, W) -> y (N, H, W, C); not in place.
+  template <class T>
+  static void permute_nhwc_nchw(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y, bool to_nhwc) {
+    if (x.rank() != 4)
+      throw ValueError(ddp::detail::str("ddp: permute_nhwc_nchw: input must have rank 4, got shape ", x.shape()));
+    const std::int64_t n = x.dim(0), h = to_nhwc ? x.dim(2) : x.dim(1), w = to_nhwc ? x.dim(3) : x.dim(2),
+                       c = to_nhwc ? x.dim(1) : x.dim(3);
+    expect_shape(y, to_nhwc ? Shape{n, h, w, c} : Shape{n, c, h, w}, "output y", "permute_nhwc_nchw");
+    Kernels<D>::for_each_index(
+        e, static_cast<std::size_t>(x.numel()),
+        PermuteNhwcNchw<T>{.x = x.data(), .y = y.data(), .h = h, .w = w, .c = c, .to_nhwc = to_nhwc});
+  }
+
+ private:
+  // out = f(a) and out = f(a, b) element-wise, after the shape checks.
+  template <class T, class F>
+  static void unary(const Exec<D>& e, TensorView<const T, D> a, TensorView<T, D> out, const char* op, F f) {
+    expect_shape(out, a.shape(), "output y", op);
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
+  }
+  template <class T, class F>
+  static void binary(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> dy, TensorView<T, D> dx,
+                     const char* op, F f) {
+    expect_shape(dy, a.shape(), "output gradient dy", op);
+    expect_shape(dx, a.shape(), "input gradient dx", op);
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
+  }
 };
 
 // The members every Kernels<D> has, as calls (for T = float): kernels/cpu/kernels.hpp and

@@ -21,6 +21,14 @@
 // Order. parameters() and buffers() walk the tree depth-first in registration order; state_dict_keys()
 // lists, module by module, its parameters then its buffers, then each child: torch's state_dict order.
 // For a BatchNorm2d at "bn1": bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var, bn1.num_batches_tracked.
+// Writing a module. Models built from Sequential, Residual (nn/residual_wrapper.hpp) and the layers need no backward
+// code. A module of one's own derives from Module<T, D>: registers its parameters and children in the constructor,
+// implements describe(), forward_impl (keeps what backward needs: views, not copies) and backward_impl (returns dx,
+// writes each parameter's gradient into p.grad_dest(), then calls p.grad_done(exec), which accumulates and tells
+// DDP). E.g. y = x * scale[c] over the last dimension (all of it: ChannelScale in tests/unit/nn/test_compose.cpp):
+//     forward_impl:  y[i] = x[i] * scale[i % C];  x_ = x;
+//     backward_impl: dx[i] = dy[i] * scale[i % C];  g = scale_->grad_dest();  g[c] = sum_{i % C == c} dy[i] x_[i];
+//                    scale_->grad_done(exec);  return dx;
 #pragma once
 
 #include <cstdint>

@@ -9,8 +9,9 @@
 # targets in about 12 minutes. The archive holds no object files. ctest files name this checkout's absolute
 # path, so `run` links that path to the checkout it runs in when it does not exist there.
 # run passes its environment to gpu_check.sh (DDP_GPU_BUDGET_S, DDP_GPU_SKIP, DDP_GPU_BENCH_ROWS, ...; default
-# phases: test and bench, DDP_GPU_PHASES to change) and packs the logs into OUT/gpu_check_logs.tgz, since the
-# device tool brings back at most 8 files.
+# phases: test and bench, DDP_GPU_PHASES to change, e.g. "perf test": one gpu_check.sh call for them all, so
+# that DDP_GPU_BUDGET_S covers the whole call) and packs the logs into OUT/gpu_check_logs.tgz, since the
+# device tool brings back at most 8 files. tests/gpu_check/dry_run.sh runs `run` here with stub binaries.
 # Environment (pack): DDP_GPU_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90a), DDP_GPU_JOBS (default nproc).
 # SPDX-License-Identifier: MIT
 set -euo pipefail
@@ -47,10 +48,10 @@ case ${1:-} in
            paste -sd:)
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export DDP_GPU_BUILD=build/gpu
+    phase_args=()
+    for phase in ${DDP_GPU_PHASES:-test bench}; do phase_args+=(--phase "$phase"); done
     rc=0
-    for phase in ${DDP_GPU_PHASES:-test bench}; do
-      bash scripts/gpu_check.sh "$out" --phase "$phase" || rc=$?
-    done
+    bash scripts/gpu_check.sh "$out" "${phase_args[@]}" || rc=$?
     (cd "$out" && tar czf gpu_check_logs.tgz logs && rm -rf logs)
     exit "$rc"
     ;;

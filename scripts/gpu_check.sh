@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, on any Linux machine with an NVIDIA GPU, CUDA 12.x/13.x and CMake:
-#   bash scripts/gpu_check.sh OUT_DIR [--phase build|test|bench|all]...   (default: all; phases resume from the build)
+#   bash scripts/gpu_check.sh OUT_DIR [--phase build|perf|test|bench|all]...   (default: all = build, test, bench;
+#   phases resume from the build; whatever order they are named in, they run in the order build, perf, test, bench)
 # Builds ddp in Release for the GPU present (sm_90a on an H100), runs every GPU step, each timed and logged, and
 # writes OUT_DIR/report.md and OUT_DIR/report.json (pass/fail/skip per step, seconds, the GPU, driver, CUDA, NCCL
 # and cuDNN versions) plus OUT_DIR/logs/<step>.log. Exit status: 0 all passed (skips allowed), 1 a step failed,
@@ -13,6 +14,11 @@
 # | bench_resnet_gpu: issue 14's table (resnet50 bf16 at batch 256 and 32, tf32 at 128, resnet18/152 bf16 at 256;
 # ddp with own kernels, cuDNN and cuDNN-measured against PyTorch eager and torch.compile, TFLOP/s) in
 # OUT_DIR/bench_resnet_gpu.jsonl.
+# Phase perf, the short performance call (docs/perf/gpu_next_call.md): the device's properties
+# (OUT_DIR/device_properties.json, nvidia-smi -q in the logs), then bench_resnet_gpu's resnet50 bf16 rows at batch
+# 256 and 32 with PyTorch eager in the same call, ddp's activations fp32 and bf16 side by side, cuDNN measured and
+# heuristic, and --profile (device time per op class on both sides) into OUT_DIR/bench_resnet_gpu.jsonl; the
+# op-class tables are in logs/perf_*.log. No build, no sanitizer, no tutorial: a few minutes.
 # Dependencies it finds by itself: nvcc (PATH, CUDA_HOME, /usr/local/cuda), NCCL (NCCL_ROOT, else the
 # nvidia-nccl wheel beside python3's torch), torchrun and PyTorch (python3). The header-only packages ddp
 # builds with (doctest, cxxopts, nlohmann_json) are taken from the system, or from DDP_GPU_DEPS (default:
@@ -26,13 +32,15 @@
 # the gpu tests, the tutorial runs, the kill -9, the sanitizers, the bench). A prebuilt build directory (built
 # elsewhere for this GPU's architecture and carried here) is used as it is with --phase test or --phase bench.
 # DDP_GPU_SKIP: a bash regex of step names to leave out (recorded as skipped), e.g. steps a run already passed.
+# DDP_GPU_PERF_CONVS (phase perf's --conv values, default "cudnn_find cudnn"), DDP_GPU_PERF_BATCHES (default
+# "256 32").
 # scripts/gpu_carry.sh builds the GPU binaries on a machine without a GPU and runs this script on the GPU one.
 # SPDX-License-Identifier: MIT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-usage() { echo "usage: $0 OUT_DIR [--phase build|test|bench|all]..." >&2; exit 2; }
+usage() { echo "usage: $0 OUT_DIR [--phase build|perf|test|bench|all]..." >&2; exit 2; }
 [ $# -ge 1 ] || usage
 out=$1; shift
 phases=()
@@ -45,9 +53,10 @@ while [ $# -gt 0 ]; do
 done
 [ ${#phases[@]} -gt 0 ] || phases=(all)
 for p in "${phases[@]}"; do
-  case $p in build|test|bench|all) ;; *) echo "gpu_check: unknown --phase '$p' (build, test, bench or all)" >&2; exit 2 ;; esac
+  case $p in build|perf|test|bench|all) ;; *) echo "gpu_check: unknown --phase '$p' (build, perf, test, bench or all)" >&2; exit 2 ;; esac
 done
-want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] || [ "$p" = all ] && return 0; done; return 1; }
+# want PHASE: named, or part of all (which leaves perf out: its rows are a subset of bench's, with --profile).
+want() { local p; for p in "${phases[@]}"; do { [ "$p" = "$1" ] || { [ "$p" = all ] && [ "$1" != perf ]; }; } && return 0; done; return 1; }
 
 mkdir -p "$out/logs" || { echo "gpu_check: cannot create OUT_DIR '$out'" >&2; exit 2; }
 out=$(cd "$out" && pwd)
@@ -56,6 +65,8 @@ jobs=${DDP_GPU_JOBS:-$(nproc)}
 python=${PYTHON:-python3}
 results="$out/results.tsv"  # step \t status \t seconds \t note; appended by every phase, read by the report
 touch "$results"
+# The bench rows of this call (perf and bench append to it).
+if want perf || want bench; then : > "$out/bench_resnet_gpu.jsonl"; fi
 
 # ---- the machine ----
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -152,6 +163,15 @@ step() {
   printf 'gpu_check: %-40s %-5s %6s s  %s\n' "$name" "$status" "$secs" "$note"
 }
 bin() { echo "$repo/$build/$1"; }
+# The wheels' NCCL and cuDNN libraries for the programs the phases run.
+use_wheel_libs() {
+  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  return 0
+}
+# --python for bench_resnet_gpu: python3 with torch, else --no-torch.
+torch_flag=(--python "$(command -v "$python")")
+[ -z "$torch_version" ] && torch_flag=(--no-torch)
 
 # ---- phase build ----
 if want build; then
@@ -171,12 +191,29 @@ if want build; then
   step build 900 cmake --build "$repo/$build" -j "$jobs"
 fi
 
+# ---- phase perf ----
+if want perf; then
+  bench=$(bin bench/resnet_gpu/bench_resnet_gpu)
+  [ -x "$bench" ] || { echo "gpu_check: no $bench: build bench_resnet_gpu first"; write_report 1 "no build"; exit 1; }
+  use_wheel_libs
+  step device_properties 60 bash -c "set -o pipefail; '$bench' --device-info | tee '$out/device_properties.json' &&
+    nvidia-smi -q"
+  conv_flags=""
+  for c in ${DDP_GPU_PERF_CONVS:-cudnn_find cudnn}; do conv_flags+=" --conv $c"; done
+  for b in ${DDP_GPU_PERF_BATCHES:-256 32}; do
+    # PyTorch eager first, then ddp per conv with activations fp32 and bf16 (the latter says why it cannot run
+    # until bf16 activation storage exists), each with its op-class profile (tables on stderr, in the log).
+    step "perf_r50_bf16_b$b" 300 bash -c "set -o pipefail; '$bench' --arch resnet50 --precision bf16 --batch $b \
+      $conv_flags --activations fp32 --activations bf16 --steps 10 --warmup 3 --profile --profile-steps 3 \
+      --torch-timeout 200 ${torch_flag[*]} | tee -a '$out/bench_resnet_gpu.jsonl'"
+  done
+fi
+
 # ---- phase test ----
 if want test; then
   [ -x "$(bin tools/ddprun)" ] || { echo "gpu_check: no build in $build: run --phase build first"; write_report 1 "no build"; exit 1; }
   export DDP_TIMEOUT_MS=${DDP_TIMEOUT_MS:-60000}
-  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  use_wheel_libs
   # gpu_resnet_tutorial is left to the tutorial step below (same script), so that it runs once.
   step ctest_gpu 600 ctest --test-dir "$repo/$build" -L gpu -E '^gpu_resnet_tutorial$' --output-on-failure --timeout "${DDP_GPU_TEST_TIMEOUT:-540}" -j "${DDP_GPU_CTEST_JOBS:-1}"
   ddprun=$(bin tools/ddprun) resnet=$(bin examples/resnet/resnet) multinode=$(bin examples/multinode/multinode)
@@ -253,21 +290,17 @@ fi
 # ---- phase bench ----
 if want bench; then
   [ -x "$(bin bench/resnet_gpu/bench_resnet_gpu)" ] || { echo "gpu_check: no bench_resnet_gpu in $build"; write_report 1 "no build"; exit 1; }
-  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  [ -n "$cudnn_dir" ] && export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  torch_flag=(--python "$(command -v "$python")")
-  [ -z "$torch_version" ] && torch_flag=(--no-torch)
+  use_wheel_libs
   # Issue 14's table (docs/ARCHITECTURE.md D52): each row ours with own kernels, cuDNN (heuristics) and cuDNN
   # (measured, like torch's cudnn.benchmark) beside PyTorch eager, into bench_resnet_gpu.jsonl. A device session
   # has minutes, not hours: by default the two resnet50 bf16 rows run (a few minutes); DDP_GPU_BENCH_ROWS names
   # others (r50_tf32_b128 r18_r152_bf16_b256), and DDP_GPU_BENCH_COMPILE=1 adds torch.compile (default and
   # max-autotune) to the resnet50 bf16 rows, each torch child capped at 240 s by bench_resnet_gpu.
   bench=$(bin bench/resnet_gpu/bench_resnet_gpu)
-  : > "$out/bench_resnet_gpu.jsonl"
   bench_row() {  # NAME LIMIT_S ARGS...
     local name=$1 limit=$2; shift 2
     case " ${DDP_GPU_BENCH_ROWS:-r50_bf16_b256 r50_bf16_b32} " in *" $name "*) ;; *) return 0 ;; esac
-    step "bench_$name" "$limit" bash -c "'$bench' $* --steps 10 --warmup 3 ${torch_flag[*]} | tee -a '$out/bench_resnet_gpu.jsonl'"
+    step "bench_$name" "$limit" bash -c "set -o pipefail; '$bench' $* --steps 10 --warmup 3 ${torch_flag[*]} | tee -a '$out/bench_resnet_gpu.jsonl'"
   }
   compile_flags=""
   [ -n "$torch_version" ] && [ "${DDP_GPU_BENCH_COMPILE:-0}" = 1 ] &&

@@ -52,12 +52,17 @@ struct Conv2dBackwardArgs {
   TensorView<const T, D> x;   // (N, H, W, C_in), the forward input (needed for dw)
   TensorView<const T, D> w;   // (C_out, kH, kW, C_in) (needed for dx)
   TensorView<const T, D> dy;  // (N, H_out, W_out, C_out)
-  TensorView<T, D> dx;        // (N, H, W, C_in), optional (first layer needs none); overwritten
+  TensorView<T, D> dx;        // (N, H, W, C_in), optional (first layer needs none); overwritten, or see accumulate_dx
   TensorView<T, D> dw;        // (C_out, kH, kW, C_in), optional; overwritten
   TensorView<T, D> dbias;     // (C_out), optional; overwritten
   Size2 stride{1, 1};
   Size2 padding{0, 0};
   Size2 dilation{1, 1};
+  // dx += the input gradient instead of dx = it (cuBLAS/cuDNN beta = 1): a residual block's skip gradient, already
+  // in dx, is added in the dgrad's epilogue instead of by a pass of its own (docs/decisions/0061). The CPU and
+  // ddp's own CUDA kernels give the bits of the gradient computed apart and then added; cuBLAS and cuDNN blend in
+  // their fp32 epilogue.
+  bool accumulate_dx = false;
 };
 
 // The output shape of a conv: (N, H_out, W_out, C_out). Throws if the window does not fit.
@@ -144,6 +149,9 @@ struct BatchNormForwardArgs {
   // Training only, optional: the statistics are those of every rank's batch together (count M summed over
   // the ranks; this rank's x may then be empty, as in torch >= 1.12). Eval ignores it (no communication).
   ChannelSumReducer<D>* sync = nullptr;
+  // () optional: torch's num_batches_tracked, += 1 by a training forward in the statistics' finish (no launch
+  // of its own).
+  TensorView<std::int64_t, D> num_batches_tracked;
 };
 
 template <class T, Device D>
@@ -192,6 +200,7 @@ void validate(const BatchNormForwardArgs<T, D>& a) {
   expect_shape(a.save_mean, cs, "save_mean", op);
   expect_shape(a.save_invstd, cs, "save_invstd", op);
   expect_shape(a.y, a.x.shape(), "output y", op);
+  if (!a.num_batches_tracked.empty()) expect_shape(a.num_batches_tracked, Shape{}, "num_batches_tracked", op);
   if (a.training && !synced && a.x.numel() / c < 2)  // synchronised: check_sync_count on the total
     throw ValueError(detail::str("ddp: ", op, ": training needs more than 1 value per channel, got x of shape ",
                                  a.x.shape(), "; use a batch larger than 1 or eval mode"));

@@ -103,6 +103,7 @@ struct ConvDgradPhaseMap {
   T* dx;
   ConvGeometry g;
   DgradPhase q;
+  bool accumulate = false;  // dx += v (Conv2dBackwardArgs::accumulate_dx) instead of dx = v
   DDP_HOST_DEVICE std::int64_t m_size() const { return g.n * q.nh * q.nw; }
   DDP_HOST_DEVICE std::int64_t n_size() const { return g.c; }
   DDP_HOST_DEVICE std::int64_t k_size() const { return q.th.count * q.tw.count * g.k; }
@@ -136,7 +137,8 @@ struct ConvDgradPhaseMap {
   }
   DDP_HOST_DEVICE void store(std::int64_t m, std::int64_t c, T v) const {
     const Pixel x = pixel(m);
-    dx[((x.img * g.h + x.h) * g.w + x.w) * g.c + c] = v;
+    T& d = dx[((x.img * g.h + x.h) * g.w + x.w) * g.c + c];
+    d = accumulate ? d + v : v;
   }
 };
 

@@ -8,8 +8,9 @@
 //     p.grad_done(exec);               // grad += scratch if needed, then calls the on_grad_ready hook
 // Gradients accumulate across backward calls until zero_grad(), exactly like PyTorch's .grad (that is
 // what no_sync() gradient accumulation relies on). The first backward after zero_grad() writes grad()
-// directly, so the common case costs no extra pass. The hook runs on the thread that runs backward;
-// DDP uses it to mark the parameter ready in its bucket and to launch the bucket's all-reduce while
+// directly, so the common case costs no extra pass, and zero_grad() itself runs no kernel: grad()'s values
+// mean nothing until then (torch's .grad is None; docs/decisions/0062). The hook runs on the thread that runs
+// backward; DDP uses it to mark the parameter ready in its bucket and to launch the bucket's all-reduce while
 // backward carries on with earlier layers.
 //
 // Layout. value() is in ddp's layout: conv weights are KRSC (C_out, kH, kW, C_in); everything else is
@@ -102,21 +103,21 @@ class Parameter {
     return s;
   }
 
-  // Zeroes the gradient; the next backward overwrites instead of accumulating. Until then the parameter
-  // has no gradient (has_grad() is false): torch's zero_grad(set_to_none=True), the default since torch 2.0,
-  // after which .grad is None and optimizers skip the parameter.
-  void zero_grad() {
-    detail::zero_fill(grad_);
-    fresh_ = true;
-  }
-  // True between zero_grad() and the first grad_done() (or set_grad_written()).
+  // Drops the gradient; the next backward overwrites grad() instead of accumulating. Until then the parameter
+  // has no gradient (has_grad() is false) and grad() holds stale values, read by no one: torch's
+  // zero_grad(set_to_none=True), the default since torch 2.0, after which .grad is None and optimizers skip the
+  // parameter. No kernel runs (no fill per parameter and step; docs/decisions/0062). Whoever writes grad() by
+  // hand and then calls set_grad_written() writes all of it.
+  void zero_grad() noexcept { fresh_ = true; }
+  // True between zero_grad() and the first grad_done() (or set_grad_written()): the gradient counts as zero,
+  // whatever grad() holds.
   bool grad_is_zero() const noexcept { return fresh_; }
   // False while the gradient is "None" in torch's terms: no backward and no DDP reduction has written it since
   // zero_grad() (or construction). Optimizers skip such parameters (weight decay and momentum leave them
   // alone), and DDP leaves them so when no rank used them (find_unused_parameters, docs/ARCHITECTURE.md D25).
   bool has_grad() const noexcept { return !fresh_; }
-  // Someone other than backward wrote grad() (DDP's reduced gradient for a parameter this rank did not use):
-  // the gradient now exists, and the next backward accumulates into it.
+  // Someone other than backward wrote all of grad() (DDP's reduced gradient for a parameter this rank did not
+  // use): the gradient now exists, and the next backward accumulates into it.
   void set_grad_written() noexcept { fresh_ = false; }
 
   // gradient_as_bucket_view (DDP, parallel/grad_views.hpp): grad() becomes a view of numel() elements at `slot`
@@ -136,8 +137,8 @@ class Parameter {
   }
   bool grad_is_view() const noexcept { return !grad_.owns_memory(); }
 
-  // Where backward must write d(loss)/d(value): grad() after zero_grad(), else a scratch buffer that
-  // grad_done() adds into grad().
+  // Where backward must write d(loss)/d(value), every element (its old values are not zeros): grad() after
+  // zero_grad(), else a scratch buffer that grad_done() adds into grad().
   TensorView<T, D> grad_dest() {
     if (fresh_) return grad_.view();
     if (scratch_.shape() != value_.shape()) scratch_ = Tensor<T, D>(value_.shape());

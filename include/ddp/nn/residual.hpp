@@ -8,10 +8,13 @@
 // last is conv -> bn + identity + ReLU (forward_act with the residual), so the skip is added before the
 // final ReLU. The ReLUs run on the BatchNorm outputs, which is safe because BatchNorm's backward needs its
 // input, not its output (torchvision's ReLU(inplace=True)).
+// The downsample's output (the skip term) is freed once the last bn has added it: backward does not read it.
 // Backward (how it works): the last bn's backward_act takes dy and the block's output y, applies the mask
 // g = dy * (y > 0) and returns g as its dresidual: g is the skip path's gradient, passed through
 // downsample.backward when there is one. The main path then runs conv_L back and, for each earlier stage
-// from the last to the first, bn + ReLU mask (backward_act on that stage's output) and conv; dx = main + skip.
+// from the last to the first, bn + ReLU mask (backward_act on that stage's output) and conv; conv_1's backward
+// adds its input gradient to the skip gradient in place (Conv2d::backward_accumulate: beta = 1 in cuBLAS and
+// cuDNN, docs/decisions/0061), so dx = main + skip costs neither a pass nor a tensor of its own.
 // Gradient order (what DDP's first-step buckets follow): bn_L, then the downsample's (downsample.1, .0),
 // then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample: bn2.weight,
 // bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight, bn1.weight,
@@ -70,9 +73,10 @@ class ResidualBlock : public Module<T, D> {
     Stage& last = stages_.back();
     last.c = last.conv->forward(exec, h);
     TensorView<const T, D> skip = x;
+    Tensor<T, D> id;  // downsample(x), dead once added below
     if (downsample_) {
-      id_ = downsample_->forward(exec, x);
-      skip = id_.cview();
+      id = downsample_->forward(exec, x);
+      skip = id.cview();
     } else if (!(x.shape() == last.c.shape())) {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " and main-path output ",
                                         last.c.shape(), " differ but the block has no downsample"));
@@ -92,20 +96,22 @@ class ResidualBlock : public Module<T, D> {
     Tensor<T, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
     Stage& last = stages_.back();
     Tensor<T, D> h = last.bn->backward_act(exec, dy, y_, g.view());
-    Tensor<T, D> skip = downsample_ ? downsample_->backward(exec, g.cview()) : Tensor<T, D>();
-    h = last.conv->backward(exec, h.cview());
-    for (std::size_t i = stages_.size() - 1; i-- > 0;) {
+    // dx starts as the skip gradient (x's shape); conv_1 adds the main path's into it.
+    Tensor<T, D> dx = downsample_ ? downsample_->backward(exec, g.cview()) : std::move(g);
+    g = {};
+    for (std::size_t i = stages_.size(); i-- > 0;) {
       Stage& st = stages_[i];
-      h = st.bn->backward_act(exec, h.cview(), st.a.cview(), {});
-      h = st.conv->backward(exec, h.cview());
+      if (i + 1 < stages_.size()) h = st.bn->backward_act(exec, h.cview(), st.a.cview(), {});
+      if (i > 0)
+        h = st.conv->backward(exec, h.cview());
+      else
+        st.conv->backward_accumulate(exec, h.cview(), dx.view());
     }
-    Kernels<D>::add(exec, h.cview(), downsample_ ? skip.cview() : g.cview(), h.view());
     for (Stage& st : stages_) {
       st.c = {};
       st.a = {};
     }
-    id_ = {};
-    return h;
+    return dx;
   }
 
  protected:
@@ -124,7 +130,6 @@ class ResidualBlock : public Module<T, D> {
 
   std::vector<Stage> stages_;
   Sequential<T, D>* downsample_ = nullptr;
-  Tensor<T, D> id_;           // downsample output (N, H', W', C_out)
   TensorView<const T, D> y_;  // the block's output, owned by the caller
   bool have_state_ = false;
 };

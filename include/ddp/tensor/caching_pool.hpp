@@ -14,9 +14,10 @@
 //   PyTorch's caching allocator does with Tensor.record_stream.
 // - Out of device memory: the pool waits for pending events, returns every cached block to the device and
 //   tries once more; allocate returns nullptr if that fails too (the caller raises its own error).
-// Sizes are rounded up to a size class (round_size: multiples of 512 B, and 4 classes per power of two, so at
-// most max(511 B, 25%) is wasted) and cached blocks are reused only by requests of the same class on the same stream:
-// a training step repeats the same sizes, so after the first step every request is a cache hit.
+// Sizes are rounded up to a size class (round_size: multiples of 512 B up to 1 MiB, then 16 classes per power of
+// two in steps of at most 2 MiB, so less than max(512 B, min(1/16, 2 MiB)) is wasted) and cached blocks are
+// reused only by requests of the same class on the same stream (blocks are not split): a training step repeats
+// the same sizes, so after the first step every request is a cache hit.
 // Thread-safety: every member locks one mutex; deallocate never throws (it runs in destructors).
 //
 // The backend B provides (all calls made under the pool's lock):
@@ -98,11 +99,15 @@ class CachingPool {
     for (Event e : spare_events_) b_.destroy_event(e);
   }
 
-  // Size class of a request: >= bytes, less than max(512 B, bytes / 4) larger. E.g. 513 B -> 1 KiB,
-  // 4097 B -> 5 KiB, 12.25 MiB (a 16x56x56x64 float activation) -> 14 MiB.
+  // Size class of a request (docs/decisions/0062): up to kSmallSize (1 MiB) a multiple of 512 B, as PyTorch
+  // rounds small blocks; above, kClassesPerOctave classes per power of two, with steps of at most kLargeStep
+  // (2 MiB, PyTorch's rounding of large blocks). So a class is >= bytes and less than
+  // max(512 B, min(bytes / 16, 2 MiB)) larger. E.g. 513 B -> 1 KiB, 1 MiB + 1 B -> 1 MiB + 64 KiB,
+  // 12.25 MiB (a 16x56x56x64 float activation) -> 12.5 MiB, 49 MiB (16x112x112x64) -> 50 MiB, 196 MiB exact.
   static constexpr std::size_t round_size(std::size_t bytes) noexcept {
     if (bytes <= kMinBlock) return kMinBlock;
-    const std::size_t step = std::max(kMinBlock, std::bit_floor(bytes) / 4);
+    const std::size_t step =
+        bytes <= kSmallSize ? kMinBlock : std::min(kLargeStep, std::bit_floor(bytes) / kClassesPerOctave);
     return (bytes + step - 1) / step * step;
   }
 
@@ -218,6 +223,9 @@ class CachingPool {
   }
 
   static constexpr std::size_t kMinBlock = 512;
+  static constexpr std::size_t kSmallSize = std::size_t{1} << 20;
+  static constexpr std::size_t kLargeStep = std::size_t{2} << 20;
+  static constexpr std::size_t kClassesPerOctave = 16;
 
  private:
   struct Block {

@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <ddp/nn/parameter.hpp>
@@ -11,7 +12,9 @@ namespace ddp::test {
 // p's gradient becomes g (zero-padded to p's size) and counts as written (has_grad(): torch's .grad is not None).
 inline void set_grad(nn::Parameter<float, Cpu>& p, const std::vector<float>& g) {
   p.zero_grad();
-  for (std::size_t i = 0; i < g.size(); ++i) p.grad().data()[i] = g[i];
+  float* d = p.grad().data();
+  for (std::int64_t i = 0; i < p.numel(); ++i)  // zero_grad() leaves grad()'s values as they were
+    d[i] = static_cast<std::size_t>(i) < g.size() ? g[static_cast<std::size_t>(i)] : 0.f;
   p.set_grad_written();
 }
 

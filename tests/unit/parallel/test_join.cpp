@@ -151,8 +151,11 @@ Params run_reference(const Case& c) {
       for (int m = 0; m < c.micro; ++m) pass(exec, net, rows_of(c, world, r, s, m), 1.0f / static_cast<float>(world));
     }
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (c.options.find_unused_parameters && s > 0 && someone_joined && used_before[i] && !params[i]->has_grad())
-        params[i]->set_grad_written();  // zero-filled by zero_grad()
+      if (c.options.find_unused_parameters && s > 0 && someone_joined && used_before[i] && !params[i]->has_grad()) {
+        Tensor<float, Cpu>& g = params[i]->grad();  // a zero gradient: zero_grad() left grad()'s values as they were
+        std::fill(g.data(), g.data() + g.numel(), 0.f);
+        params[i]->set_grad_written();
+      }
       used_before[i] = params[i]->has_grad();
     }
     opt.step(exec);

@@ -30,6 +30,7 @@
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
+#include "ddp/tensor/tensor.hpp"
 #include "ddp/tensor/view.hpp"
 
 namespace ddp::kernels::cpu {
@@ -154,6 +155,22 @@ void conv2d_forward(const Exec<Cpu>& exec, const Conv2dForwardArgs<T, Cpu>& a) {
 template <class T>
 void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a) {
   validate(a);
+  if (a.accumulate_dx && !a.dx.empty()) {
+    // dx += gradient, computed apart and then added: a GEMM with beta = 1 would change the rounding (the portable
+    // GEMM accumulates into C product by product, OpenBLAS once per K block), and the residual block's gradients
+    // are to stay bit for bit those of the separate add (docs/decisions/0061).
+    Tensor<T, Cpu> part(a.dx.shape());
+    Conv2dBackwardArgs<T, Cpu> b = a;
+    b.dx = part.view();
+    b.accumulate_dx = false;
+    conv2d_backward(exec, b);
+    T* dx = a.dx.data();
+    const T* p = part.data();
+    parallel_for(exec, a.dx.numel(), 1 << 14, [&](std::int64_t i0, std::int64_t i1, int) {
+      for (std::int64_t i = i0; i < i1; ++i) dx[i] += p[i];
+    });
+    return;
+  }
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const std::int64_t p = g.p(), rsc = g.rsc(), in_img = g.h * g.w * g.c;
   const T* w = a.w.data();

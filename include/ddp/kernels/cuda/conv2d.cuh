@@ -44,6 +44,7 @@
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/op_profile.cuh"
 #if DDP_WITH_CUDNN
 #include "ddp/kernels/cuda/cudnn_conv.hpp"
 #endif
@@ -281,19 +282,22 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
 }
 
 // dx of conv g, one implicit GEMM per stride phase (conv_gemm_maps.hpp). A phase no tap reaches (a 1x1 stride-2
-// conv's odd rows and columns) has no problem to run: dx is cleared first for it.
+// conv's odd rows and columns) has no problem to run: dx is cleared first for it (left as it is when accumulating:
+// its gradient is 0).
 template <class T>
-void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx, ConvMath math) {
+void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx, ConvMath math,
+                      bool accumulate) {
   const std::vector<DgradPhase> phases = dgrad_phases(g);
   for (const DgradPhase& q : phases)
-    if (q.taps() == 0) {
+    if (q.taps() == 0 && !accumulate) {
       DDP_CUDA_CHECK(cudaMemsetAsync(dx, 0, static_cast<std::size_t>(g.n * g.h * g.w * g.c) * sizeof(T),
                                      cuda_stream(e)));
       break;
     }
   for (const DgradPhase& q : phases)
     if (q.taps() > 0 && q.nh > 0 && q.nw > 0)
-      run_implicit_gemm<T>(e, ConvDgradPhaseMap<T>{.dy = dy, .w = w, .dx = dx, .g = g, .q = q}, math);
+      run_implicit_gemm<T>(
+          e, ConvDgradPhaseMap<T>{.dy = dy, .w = w, .dx = dx, .g = g, .q = q, .accumulate = accumulate}, math);
 }
 
 // out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
@@ -363,16 +367,19 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
+    op_phase(e, "fprop.cublas");  // op_profile.cuh: which library runs this pass
     detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
                     a.y.data(), g.k, math);
     return;
   }
   if (detail::use_cudnn(e, g)) {  // never true without cuDNN
 #if DDP_WITH_CUDNN
+    op_phase(e, "fprop.cudnn");
     cudnn::forward(detail::at_precision(e, math), g, a.x.data(), a.w.data(), a.bias.empty() ? nullptr : a.bias.data(), a.y.data());
     return;
 #endif
   }
+  op_phase(e, "fprop.own");
   detail::run_implicit_gemm<T>(e, ConvFpropMap<T>{.x = a.x.data(), .w = a.w.data(),
                                                    .bias = a.bias.empty() ? nullptr : a.bias.data(),
                                                    .y = a.y.data(), .g = g}, math);
@@ -389,15 +396,19 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
   if (!pw && detail::use_cudnn(e, g)) {  // never true without cuDNN
 #if DDP_WITH_CUDNN
     const Exec<Cuda> em = detail::at_precision(e, math);
-    if (!a.dx.empty()) cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data());
+    op_phase(e, "dgrad.cudnn");
+    if (!a.dx.empty()) cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data(), a.accumulate_dx);
+    op_phase(e, "wgrad.cudnn");
     if (!a.dw.empty()) cudnn::backward_filter(em, g, a.x.data(), a.dy.data(), a.dw.data());
 #endif
   } else {
+    op_phase(e, pw ? "dgrad.cublas" : "dgrad.own");
     if (!a.dx.empty() && pw)  // dx (NP x C) = dy (NP x K) w (K x C)
-      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k, T(0), a.dx.data(),
-                      g.c, math);
+      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k,
+                      a.accumulate_dx ? T(1) : T(0), a.dx.data(), g.c, math);
     else if (!a.dx.empty())
-      detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math);
+      detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math, a.accumulate_dx);
+    op_phase(e, pw ? "wgrad.cublas" : "wgrad.own");
     if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
       detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
                       g.c, math);

@@ -327,12 +327,13 @@ inline void forward(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, 
   });
 }
 
-// dx = conv's gradient with respect to x, from dy and w.
-inline void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const float* dy, const float* w, float* dx) {
+// dx = conv's gradient with respect to x, from dy and w; with `accumulate`, dx += it (beta = 1).
+inline void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const float* dy, const float* w, float* dx,
+                          bool accumulate = false) {
   run(e, Op::BackwardData, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
     DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.d.w.get(), w, p.d.y.get(), dy, p.d.conv.get(),
                                                  static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo.algo), ws,
-                                                 p.algo.workspace, &kZero, p.d.x.get(), dx));
+                                                 p.algo.workspace, accumulate ? &kOne : &kZero, p.d.x.get(), dx));
   });
 }
 

@@ -12,7 +12,7 @@
 // Why not cudaMallocAsync on the legacy stream (the previous design): every free then serialised with
 // every blocking stream, which erased the compute/communication overlap, and a non-blocking stream (NCCL's)
 // was not ordered at all, so a bucket freed before its all-reduce finished could be reused while NCCL read it.
-// Example: a 16x56x56x64 float activation (12.25 MiB, size class 14 MiB) freed at the end of step 1 is
+// Example: a 16x56x56x64 float activation (12.25 MiB, size class 12.5 MiB) freed at the end of step 1 is
 // handed back to the same request of step 2 from the cache.
 // cuda_memory_stats() reads the pool's counters: bytes in use now, the high-water mark (resettable), bytes
 // reserved from the driver and how many cudaMalloc calls the pool made (the steady state adds none).

@@ -203,6 +203,7 @@ int train(const Setup& s, Exec<D>& exec) {
                                          "--truncate, or give a new --snapshot_path"));
   }
   optim::GradScaler<float, D> scaler(scaler_options(c));
+  train::prepare_snapshot_path(c.snapshot_path, "--snapshot_path", comm.rank(), comm.size());  // fails now, not later
   const train::SnapshotInfo resumed = train::resume_snapshot(comm, c.snapshot_path, exec, net, opt, mo);
   const long epochs_run = static_cast<long>(resumed.epoch);
   scaler.load_state(resumed.metadata, c.snapshot_path);

@@ -95,6 +95,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
                                    {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
 
   // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
+  train::prepare_snapshot_path(s.snapshot_path, "--snapshot_path", comm.rank(), comm.size());  // fails now, not later
   const long start_epoch = train::resume_snapshot(comm, s.snapshot_path, exec, net, opt, mo).epoch;
   if (start_epoch > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);

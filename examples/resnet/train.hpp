@@ -119,6 +119,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   const int rank = comm.rank(), world = comm.size();
   // Snapshots (train/snapshot_io.hpp): net and opt themselves on the CPU, a host copy of them on the GPU; a
   // ZeRO optimizer's shards consolidated on rank 0.
+  train::prepare_snapshot_path(s.path, "--model_dir/--model_filename", rank, world);  // fails now, not after an epoch
   long start_epoch = 0;
   if (s.resume) {
     start_epoch = train::resume_snapshot(comm, s.path, exec, net, opt, mo).epoch;

@@ -14,6 +14,8 @@
 // Then the launch flags (--rank, --world-size, --local-rank, --local-world-size, --master-addr,
 // --master-port; see flags.hpp) override single fields. --local-rank / --local_rank is cross-checked
 // against LOCAL_RANK: torch.distributed.launch passes both, and a mismatch means a confused launch.
+// With no launcher found, WORLD_SIZE > 1 without RANK (or RANK > 0 without WORLD_SIZE) is a ConfigError
+// naming both variables, not a silent single process.
 // Finally the result is validated (ranks in range, see policy.hpp) and, when the backend rendezvous
 // through a TCP store (DetectOptions::need_master_addr, true for tcp and nccl), a multi-process job must
 // have a store address.
@@ -199,6 +201,31 @@ inline void apply_flags(Detected& d, const Env& env, const LaunchFlags& flags, b
   }
 }
 
+// No launcher matched, yet half of the env:// pair is set: WORLD_SIZE > 1 without RANK, or RANK > 0 without
+// WORLD_SIZE. Running as a single process would train alone without a word, so this is an error.
+inline void require_env_pair(const Env& env, const LaunchFlags& flags) {
+  using ddp::detail::str;
+  if (flags.rank || flags.world_size) return;  // the flags describe the job; apply_flags checks their pair
+  const std::string_view guess = EnvUrl::launcher;
+  const std::string fix = "Export both RANK (0 to WORLD_SIZE - 1, one per process) and WORLD_SIZE, with MASTER_ADDR "
+                          "and MASTER_PORT, or start the job with a launcher (ddprun, torchrun, mpirun, srun)";
+  if (env.has("WORLD_SIZE") && !env.has("RANK")) {
+    const int world = env.int_get("WORLD_SIZE", guess).value_or(1);
+    if (world > 1)
+      throw ConfigError(str("ddp: WORLD_SIZE=", world, " is set but RANK is not, and no launcher was detected (no "
+                            "TORCHELASTIC_RUN_ID, OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_* or SLURM_PROCID); guessed "
+                            "launcher: ", guess, ", which needs RANK as well. ", fix,
+                            "; or unset WORLD_SIZE to run a single process."));
+  }
+  if (env.has("RANK") && !env.has("WORLD_SIZE")) {
+    const int rank = env.int_get("RANK", guess).value_or(0);
+    if (rank != 0)
+      throw ConfigError(str("ddp: RANK=", rank, " is set but WORLD_SIZE is not, and no launcher was detected (no "
+                            "TORCHELASTIC_RUN_ID, OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_* or SLURM_PROCID); guessed "
+                            "launcher: ", guess, ", which needs WORLD_SIZE as well. ", fix, '.'));
+  }
+}
+
 // Makes sure a multi-process job that needs a store has an address, defaulting it only when provably local.
 inline void require_master(Detected& d, const DetectOptions& opts) {
   using ddp::detail::str;
@@ -244,6 +271,7 @@ LaunchInfo detect_launch(const Env& env) {
 inline LaunchInfo detect(const Env& env, const LaunchFlags& flags = {}, const DetectOptions& opts = {}) {
   auto found = detail::detect_first<Torchrun, EnvUrl, OpenMpi, Pmi, Mvapich, Slurm>(env);
   bool from_launcher = found.has_value();
+  if (!from_launcher) detail::require_env_pair(env, flags);
   detail::Detected d = found ? std::move(*found)
                              : detail::Detected{.info = {}, .vars = {}, .launcher = "a single process", .all_local = true};
   if (!flags.empty()) {

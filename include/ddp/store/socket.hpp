@@ -17,6 +17,7 @@
 #include "ddp/core/fd.hpp"
 #include "ddp/core/net.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/core/wait_report.hpp"
 
 namespace ddp::store {
 
@@ -44,6 +45,8 @@ inline Fd listen_tcp(const std::string& host, std::uint16_t port, int backlog = 
 // are small request/response pairs).
 inline Fd connect_tcp(const std::string& host, std::uint16_t port, Clock::time_point deadline) {
   try {
+    const WaitReport report(net::time_left(deadline), ddp::detail::str("the store at ", net::endpoint(host, port)),
+                            "; is rank 0 (or the launcher hosting the store) started?");
     Fd s = net::connect(host, port, deadline, net::Retry::UntilDeadline);
     net::set_nodelay(s.get());
     return s;

@@ -207,10 +207,18 @@ class TcpStore final : public Store {
     } catch (const TimeoutError& e) {
       sock_.reset();  // a half-finished exchange (or a parked WAIT) must not leak into the next call
       if (connecting) throw TimeoutError(ddp::detail::str(prefix(), "store ", op, '(', what, "): ", strip(e.what())));
-      throw TimeoutError(ddp::detail::str(
-          prefix(), "store ", op, '(', what, ") timed out after ", timeout.count(), " ms on ", where_,
-          ". Rank 0 may not have started or the address is unreachable; raise --timeout-ms (DDP_TIMEOUT_MS) if "
-          "startup is slow."));
+      // Connected, so the store was reachable: a get or wait timed out because no rank set the key, anything
+      // else because the store's host stopped answering (on rank 0 that may be this very process).
+      const bool blocking = op == "get" || op == "wait" || op == "multi_get";
+      const std::string why =
+          blocking ? std::string("the key was not set in time: the rank that sets it may not have started, died or "
+                                 "is stuck (or the store's host stopped answering)")
+                   : ddp::detail::str("the store did not answer: its host (",
+                                      opts_.rank == 0 ? "this process, rank 0," : "rank 0",
+                                      " or the launcher's agent) may be stopped or overloaded");
+      throw TimeoutError(ddp::detail::str(prefix(), "store ", op, '(', what, ") timed out after ", timeout.count(),
+                                          " ms on ", where_, ": ", why,
+                                          ". Raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
     } catch (const StoreError& e) {
       sock_.reset();
       throw StoreError(ddp::detail::str(prefix(), "store ", op, '(', what, ") failed: ", strip(e.what())));

@@ -101,6 +101,17 @@ class Tensor {
   TensorView<T, D> view() noexcept { return TensorView<T, D>(data(), shape_); }
   TensorView<const T, D> view() const noexcept { return TensorView<const T, D>(data(), shape_); }
   TensorView<const T, D> cview() const noexcept { return view(); }
+  // A Tensor where a view is expected (module forward, kernels, collectives) stops here with one readable line
+  // instead of a page of "no known conversion" notes (docs/decisions/0066). Views stay explicit: a view does not own
+  // its memory, and an implicit one of a temporary would dangle.
+  template <class U>
+    requires std::is_same_v<std::remove_const_t<U>, T>
+  operator TensorView<U, D>() const {
+    static_assert(sizeof(U) == 0,
+                  "ddp: a Tensor was passed where a TensorView is expected: pass x.cview() (read-only) or x.view() "
+                  "(writable), and keep x alive while the view is in use");
+    return {};
+  }
 
   // Reinterprets the same elements with another shape of equal numel (the data is not moved).
   void reshape(Shape s) {

@@ -12,11 +12,19 @@
 // files are the same with or without ZeRO, so either kind of run resumes the other's snapshot.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/str.hpp"
 #include "ddp/parallel/zero.hpp"
 #include "ddp/train/checkpoint.hpp"
 #include "ddp/train/device_state.hpp"
@@ -33,6 +41,37 @@ inline constexpr bool is_zero_optimizer<parallel::ZeroRedundancyOptimizer<Inner>
 // Collective. Loads `path` (read by rank 0) into model and opt on every rank and returns what else it records
 // (the epoch, the rng state, the user's metadata, e.g. optim::GradScaler::state()), or a SnapshotInfo with epoch 0
 // when rank 0 has no such file. model_args: what the model was built with (for the host copy on a GPU).
+// Rank 0 (the writer) makes the directory of the snapshot file `path` and checks that it can write there; other
+// ranks return. `flag` names the option that gave the path ("--snapshot_path"; empty: "the snapshot path"). Programs
+// call it at start-up, so that a bad path fails before training rather than at the end of the first epoch, with
+// an IoError naming the flag, the rank and the cause instead of std::filesystem's bare text.
+inline void prepare_snapshot_path(const std::string& path, std::string_view flag, int rank, int world_size) {
+  namespace fs = std::filesystem;
+  if (rank != 0) return;
+  const fs::path dir = fs::path(path).parent_path();
+  const std::string head =
+      ddp::detail::str("ddp[rank ", rank, '/', world_size, "]: ", flag.empty() ? "the snapshot path" : flag, " '",
+                       path, "': ");
+  const std::string fix = ddp::detail::str(" Give ", flag.empty() ? "it" : flag, " a file in a writable directory.");
+  std::error_code ec;
+  fs::create_directories(dir.empty() ? fs::path(".") : dir, ec);
+  if (ec) {
+    std::string why = ec.message();
+    for (fs::path p = dir; !p.empty(); p = p.parent_path()) {  // the component that is a file, if any
+      std::error_code ec2;
+      if (fs::exists(p, ec2)) {
+        if (!fs::is_directory(p, ec2)) why = ddp::detail::str('\'', p.string(), "' is a file, not a directory");
+        break;
+      }
+      if (p == p.parent_path()) break;
+    }
+    throw IoError(ddp::detail::str(head, "cannot create its directory '", dir.string(), "': ", why, '.', fix));
+  }
+  const std::string where = dir.empty() ? std::string(".") : dir.string();
+  if (::access(where.c_str(), W_OK) != 0)
+    throw IoError(ddp::detail::str(head, "its directory '", where, "' is not writable: ", std::strerror(errno), '.', fix));
+}
+
 template <class M, class Opt, Device D, class... ModelArgs>
 SnapshotInfo resume_snapshot(comm::Communicator& comm, const std::string& path, Exec<D>& exec, M& model, Opt& opt,
                              const ModelArgs&... model_args) {
@@ -61,7 +100,7 @@ template <class M, class Opt, Device D, class... ModelArgs>
 void save_snapshot_on_rank0(comm::Communicator& comm, const std::string& path, Exec<D>& exec, M& model, Opt& opt,
                             const SnapshotInfo& info, const ModelArgs&... model_args) {
   auto save = [&](auto& whole) {
-    if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
+    prepare_snapshot_path(path, {}, comm.rank(), comm.size());
     auto host = state_on<Cpu>(exec, model, whole, model_args...);
     host.pull(exec);
     save_snapshot(path, host.model(), host.optimizer(), info);

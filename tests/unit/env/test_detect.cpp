@@ -207,6 +207,31 @@ TEST_SUITE("env") {
     CHECK(hydra.master_port == 29500);
   }
 
+  TEST_CASE("half of the env:// pair without a launcher is an error, not a silent single process") {
+    // Before: WORLD_SIZE=2 alone detected a single process (rank 0 of 1) and trained alone.
+    CHECK_THROWS_WITH_AS(
+        de::detect(Env::from({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}}), {}, kTcp),
+        "ddp: WORLD_SIZE=2 is set but RANK is not, and no launcher was detected (no TORCHELASTIC_RUN_ID, "
+        "OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_* or SLURM_PROCID); guessed launcher: env:// variables, which needs "
+        "RANK as well. Export both RANK (0 to WORLD_SIZE - 1, one per process) and WORLD_SIZE, with MASTER_ADDR and "
+        "MASTER_PORT, or start the job with a launcher (ddprun, torchrun, mpirun, srun); or unset WORLD_SIZE to run "
+        "a single process.",
+        ConfigError);
+    CHECK_THROWS_WITH_AS(de::detect(Env::from({{"RANK", "1"}})),
+                         "ddp: RANK=1 is set but WORLD_SIZE is not, and no launcher was detected (no "
+                         "TORCHELASTIC_RUN_ID, OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_* or SLURM_PROCID); guessed "
+                         "launcher: env:// variables, which needs WORLD_SIZE as well. Export both RANK (0 to "
+                         "WORLD_SIZE - 1, one per process) and WORLD_SIZE, with MASTER_ADDR and MASTER_PORT, or start "
+                         "the job with a launcher (ddprun, torchrun, mpirun, srun).",
+                         ConfigError);
+    // A single process stays one: WORLD_SIZE=1 or RANK=0 alone, and flags that give the pair themselves.
+    CHECK(de::detect(Env::from({{"WORLD_SIZE", "1"}})).world_size == 1);
+    CHECK(de::detect(Env::from({{"RANK", "0"}})).world_size == 1);
+    CHECK(de::detect(Env::from({{"WORLD_SIZE", "2"}}), flags_of({"--rank=1", "--world-size=2"})).rank == 1);
+    // A launcher's own variables win: under Open MPI a stray WORLD_SIZE is not looked at.
+    CHECK(de::detect(openmpi_rank1().with("WORLD_SIZE", "2")).rank == 1);
+  }
+
   TEST_CASE("store address: missing for a multi-process job is an error that says what to set") {
     struct Row {
       const char* name;

@@ -3,6 +3,7 @@
 // SPDX-License-Identifier: MIT
 #include <ddp/comm/checks.hpp>
 #include <ddp/core/log.hpp>
+#include <ddp/core/wait_report.hpp>
 #include <ddp/store/prefix_store.hpp>
 #include <ddp/store/rendezvous.hpp>
 #include <ddp/store/tcp_store.hpp>
@@ -12,6 +13,8 @@
 #include <mutex>
 
 #include "raw_client.hpp"
+#include "silent_listener.hpp"
+#include "support/log_capture.hpp"
 #include "store_conformance.hpp"
 
 namespace {
@@ -81,15 +84,17 @@ TEST_SUITE("store") {
     auto t0 = Clock::now();
     CHECK_THROWS_WITH_AS(s.get("rank/0/addr"),
                          ("ddp[rank 2/4]: store get('rank/0/addr') timed out after 100 ms on " + where +
-                          ". Rank 0 may not have started or the address is unreachable; raise --timeout-ms "
-                          "(DDP_TIMEOUT_MS) if startup is slow.").c_str(),
+                          ": the key was not set in time: the rank that sets it may not have started, died or is "
+                          "stuck (or the store's host stopped answering). Raise --timeout-ms (DDP_TIMEOUT_MS) if "
+                          "startup is slow.").c_str(),
                          ddp::TimeoutError);
     CHECK(Clock::now() - t0 >= 100ms);
     std::vector<std::string> keys{"a", "b"};
     CHECK_THROWS_WITH_AS(s.wait(keys, 50ms),
                          ("ddp[rank 2/4]: store wait(['a', 'b']) timed out after 50 ms on " + where +
-                          ". Rank 0 may not have started or the address is unreachable; raise --timeout-ms "
-                          "(DDP_TIMEOUT_MS) if startup is slow.").c_str(),
+                          ": the key was not set in time: the rank that sets it may not have started, died or is "
+                          "stuck (or the store's host stopped answering). Raise --timeout-ms (DDP_TIMEOUT_MS) if "
+                          "startup is slow.").c_str(),
                          ddp::TimeoutError);
     // The timed-out WAIT must not leak into later calls: the client reconnects and works.
     s.set("a", "1");
@@ -111,6 +116,43 @@ TEST_SUITE("store") {
     CHECK_THROWS_WITH_AS(TcpStore("127.0.0.1", port, {.timeout = 150ms, .rank = 1, .world_size = 2}),
                          doctest::Contains(expected.c_str()), ddp::TimeoutError);
     CHECK(Clock::now() - t0 >= 150ms);
+  }
+
+  TEST_CASE("a rank waiting for the store says so every interval, naming host:port") {
+    // Before: nothing was printed until the timeout (300 s by default).
+    std::uint16_t port = 0;
+    {
+      Socket probe = ddp::store::listen_tcp("127.0.0.1", 0);
+      port = ddp::net::local_port(probe.get());
+    }
+    ddp::test::LogCapture log;
+    ddp::set_wait_report_interval(200ms);
+    CHECK_THROWS_AS(TcpStore("127.0.0.1", port, {.timeout = 1000ms, .rank = 1, .world_size = 2}), ddp::TimeoutError);
+    ddp::set_wait_report_interval(20s);
+    CHECK(log.contains("waiting for the store at 127.0.0.1:" + std::to_string(port) +
+                       " (200 ms of 1000 ms); is rank 0 (or the launcher hosting the store) started?"));
+  }
+
+  TEST_CASE("on rank 0, a get that times out blames the rank that sets the key, not rank 0") {
+    // Before: "... timed out after 100 ms on <host:port>. Rank 0 may not have started or the address is unreachable"
+    TcpStoreServer server("127.0.0.1", 0);
+    TcpStore s("127.0.0.1", server.port(), {.timeout = 100ms, .rank = 0, .world_size = 2});
+    CHECK_THROWS_WITH_AS(s.get("addr/1"),
+                         ("ddp[rank 0/2]: store get('addr/1') timed out after 100 ms on 127.0.0.1:" +
+                          std::to_string(server.port()) +
+                          ": the key was not set in time: the rank that sets it may not have started, died or is "
+                          "stuck (or the store's host stopped answering). Raise --timeout-ms (DDP_TIMEOUT_MS) if "
+                          "startup is slow.").c_str(),
+                         ddp::TimeoutError);
+    // A call that waits for no key timed out because the store did not answer: on rank 0 that is this process.
+    ddp_test::SilentListener silent;  // a frozen server: connects, never replies
+    TcpStore frozen("127.0.0.1", silent.port, {.protocol = TcpProtocol::V2, .timeout = 100ms, .rank = 0, .world_size = 2});
+    CHECK_THROWS_WITH_AS((void)frozen.check("k"),
+                         ("ddp[rank 0/2]: store check(['k']) timed out after 100 ms on 127.0.0.1:" +
+                          std::to_string(silent.port) +
+                          ": the store did not answer: its host (this process, rank 0, or the launcher's agent) may be "
+                          "stopped or overloaded. Raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow.").c_str(),
+                         ddp::TimeoutError);
   }
 
   TEST_CASE("a port in use says what probably holds it") {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +47,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/fd.hpp"
 #include "ddp/core/net.hpp"
+#include "ddp/core/wait_report.hpp"
 #include "ddp/store/store.hpp"
 
 namespace ddp::comm::tcp {
@@ -232,6 +234,8 @@ class Mesh {
     for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
       std::string addr;
       try {
+        const WaitReport report(store::capped_timeout(store.timeout()), ddp::detail::str("rank ", j, " to join"),
+                                "; is it started?");
         addr = store.get_string(prefix + "addr/" + std::to_string(j));
       } catch (const TimeoutError& e) {  // name the rank that never joined, not only the store key
         throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: rank ", j,
@@ -249,12 +253,22 @@ class Mesh {
       if (auto st = net::write_all(s.get(), &h, sizeof h, deadline); !st) fail(j, "sending the hello", st);
       fds_[j] = std::move(s);
     }
+    auto lower_missing = [&] {
+      std::vector<int> missing;
+      for (int i = 0; i < rank_; ++i)
+        if (!fds_[i]) missing.push_back(i);
+      return missing;
+    };
+    auto to_connect = [&](const std::vector<int>& missing) {
+      return ddp::detail::str(missing.size() == 1 ? "rank " : "ranks ", ddp::detail::join(missing, ", "), " to connect");
+    };
+    std::optional<WaitReport> report;
+    if (rank_ > 0) report.emplace(net::time_left(deadline), to_connect(lower_missing()), "; is it started?");
     for (int n = 0; n < rank_; ++n) {  // (2) accept from below
+      if (n > 0) report->set_who(to_connect(lower_missing()));
       Fd s = net::accept(listener.get(), deadline);
       if (!s) {
-        std::vector<int> missing;
-        for (int i = 0; i < rank_; ++i)
-          if (!fds_[i]) missing.push_back(i);
+        const std::vector<int> missing = lower_missing();
         throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: only ", n, " of the ", rank_,
                                             " lower ranks connected before the timeout; rank(s) ",
                                             ddp::detail::join(missing, ", "), " never connected (died or stuck?); "

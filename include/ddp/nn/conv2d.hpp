@@ -4,6 +4,8 @@
 //   x (N, H, W, C_in) -> y (N, H_out, W_out, C_out),  H_out = (H + 2 pad - dil (k - 1) - 1) / stride + 1
 // Parameters: "weight" (C_out, kH, kW, C_in) in ddp's layout, (C_out, C_in, kH, kW) in the state_dict;
 // "bias" (C_out) only with .bias = true (ResNet's convs have none).
+// Initialisation at construction (torch's reset_parameters, nn/init.hpp): weight and bias ~ U(-b, b),
+// b = 1/sqrt(C_in kH kW), from the default generator (tensor/random.hpp's manual_seed).
 // forward keeps a view of x: the caller keeps x alive and unchanged until backward (parents do).
 #pragma once
 
@@ -14,7 +16,9 @@
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
 #include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/init.hpp"
 #include "ddp/nn/module.hpp"
+#include "ddp/tensor/random.hpp"
 
 namespace ddp::nn {
 
@@ -39,6 +43,19 @@ class Conv2d : public Module<T, D> {
     weight_ = &this->register_parameter("weight", Shape{o.out_channels, o.kernel_size, o.kernel_size, o.in_channels},
                                         Layout::Krsc);
     if (o.bias) bias_ = &this->register_parameter("bias", Shape{o.out_channels});
+    if (!SkipDefaultInit::active()) reset_parameters();
+  }
+
+  // torch.nn.Conv2d's default: kaiming_uniform_(a = sqrt(5)) == U(-b, b), b = 1/sqrt(fan_in), fan_in = C_in kH kW
+  // (torch's weight.size(1) * kH * kW); bias the same. Draws the weight in ddp's KRSC order, then the bias.
+  void reset_parameters(Generator& gen) {
+    const double bound = fan_in_bound(o_.in_channels * o_.kernel_size * o_.kernel_size);
+    init_uniform(*weight_, gen, -bound, bound);
+    if (bias_) init_uniform(*bias_, gen, -bound, bound);
+  }
+  // The same from the default generator (what the constructor does).
+  void reset_parameters() {
+    with_default_generator([&](Generator& gen) { reset_parameters(gen); });
   }
 
   const Conv2dOptions& options() const noexcept { return o_; }
@@ -79,22 +96,34 @@ class Conv2d : public Module<T, D> {
 
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_x_);
-    have_x_ = false;
     Tensor<T, D> dx = input_grad_ ? Tensor<T, D>(x_.shape()) : Tensor<T, D>();
-    Kernels<D>::conv2d_backward(exec, kernels::Conv2dBackwardArgs<T, D>{
-                                          .x = x_, .w = weight_->value().cview(), .dy = dy,
-                                          .dx = input_grad_ ? dx.view() : TensorView<T, D>(),
-                                          .dw = weight_->grad_dest(),
-                                          .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>(),
-                                          .stride = size2(o_.stride), .padding = size2(o_.padding),
-                                          .dilation = size2(o_.dilation)});
-    weight_->grad_done(exec);
-    if (bias_) bias_->grad_done(exec);
+    run_backward(exec, dy, input_grad_ ? dx.view() : TensorView<T, D>(), false);
     return dx;
+  }
+  // backward() that adds d(loss)/dx into dx (x's shape) instead of returning it: a residual block's first conv adds
+  // its input gradient to the skip path's in its dgrad (docs/decisions/0061).
+  void backward_accumulate(Exec<D>& exec, TensorView<const T, D> dy, TensorView<T, D> dx) {
+    const trace::Span span = this->trace_span("backward");
+    this->require_forward_state(have_x_);
+    if (!(dx.shape() == x_.shape()))
+      throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": the input gradient to add to has shape ",
+                                        dx.shape(), " but the input has shape ", x_.shape()));
+    run_backward(exec, dy, input_grad_ ? dx : TensorView<T, D>(), true);
   }
 
  private:
   static kernels::Size2 size2(std::int64_t v) { return kernels::Size2{.h = v, .w = v}; }
+  void run_backward(Exec<D>& exec, TensorView<const T, D> dy, TensorView<T, D> dx, bool accumulate) {
+    have_x_ = false;
+    Kernels<D>::conv2d_backward(exec, kernels::Conv2dBackwardArgs<T, D>{
+                                          .x = x_, .w = weight_->value().cview(), .dy = dy, .dx = dx,
+                                          .dw = weight_->grad_dest(),
+                                          .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>(),
+                                          .stride = size2(o_.stride), .padding = size2(o_.padding),
+                                          .dilation = size2(o_.dilation), .accumulate_dx = accumulate});
+    weight_->grad_done(exec);
+    if (bias_) bias_->grad_done(exec);
+  }
   void check_input(const Shape& x) const {
     if (x.rank() != 4)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be NHWC (N, H, W, C) but has shape ", x));

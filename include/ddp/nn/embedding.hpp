@@ -10,8 +10,9 @@
 // naming this module, the id and its position in ids; on the GPU the ids are device memory, so the kernel checks
 // them and the error names embedding_forward and the position in the flattened ids (kernels/cuda/embedding.cuh;
 // it costs a stream wait per forward; backward, on the ids forward checked, skips it).
-// Initialisation: reset_parameters(gen) draws N(0, init_std^2): init_std 1 is torch's default, 0.02 minGPT's
-// _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
+// Initialisation at construction (torch's reset_parameters, nn/init.hpp): weight ~ N(0, init_std^2) from the default
+// generator (tensor/random.hpp's manual_seed); reset_parameters(gen) draws from gen. init_std 1 is torch's default,
+// 0.02 minGPT's _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
 // Devices: Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh; the
 // CUDA path compiles but is unverified on a GPU so far, docs/ARCHITECTURE.md D48).
 #pragma once
@@ -25,6 +26,7 @@
 #include "ddp/core/trace.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
 #include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/init.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/tensor/random.hpp"
 
@@ -67,11 +69,14 @@ class Embedding : public Module<T, D> {
     if (!(o.init_std > 0.0))
       throw ValueError(ddp::detail::str("ddp: Embedding's init_std must be > 0, got ", o.init_std));
     weight_ = &this->register_parameter("weight", Shape{o.num_embeddings, o.embedding_dim});
+    if (!SkipDefaultInit::active()) reset_parameters();
   }
 
   // weight ~ N(0, init_std^2) (torch.nn.Embedding.reset_parameters: normal_(); minGPT: normal_(0, 0.02)).
-  void reset_parameters(Generator& gen) {
-    detail::fill_via_host(weight_->value(), [&](TensorView<T, Cpu> v) { gen.fill_normal(v, 0.0, o_.init_std); });
+  void reset_parameters(Generator& gen) { init_normal(*weight_, gen, 0.0, o_.init_std); }
+  // The same from the default generator (what the constructor does).
+  void reset_parameters() {
+    with_default_generator([&](Generator& gen) { reset_parameters(gen); });
   }
 
   const EmbeddingOptions& options() const noexcept { return o_; }

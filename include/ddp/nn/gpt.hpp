@@ -38,7 +38,9 @@
 // MultiheadAttention's in_proj in the tutorial, a bare Parameter that its _init_weights (which handles Linear,
 // Embedding, LayerNorm) never sees, so it keeps torch's xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0;
 // and the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
-// attn.c_proj (its out_proj is not renamed). docs/ARCHITECTURE.md D45.
+// attn.c_proj (its out_proj is not renamed). docs/ARCHITECTURE.md D45. Its layers skip their own default
+// initialisation (nn/init.hpp's SkipDefaultInit: these draws replace it), so building a GPT leaves the default
+// generator (manual_seed) untouched.
 //
 // Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem plus, per block, the
 // two resid_pdrop Dropouts and the attention's dropout on its probabilities), each drawing on its own Philox stream
@@ -70,6 +72,7 @@
 #include "ddp/nn/dropout.hpp"
 #include "ddp/nn/embedding.hpp"
 #include "ddp/nn/gelu.hpp"
+#include "ddp/nn/init.hpp"
 #include "ddp/nn/layer_norm.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/module.hpp"
@@ -120,11 +123,6 @@ inline std::set<std::string> mingpt_ignored_keys(std::int64_t n_layer) {
 }
 
 namespace detail {
-// v ~ N(0, std^2) drawn from gen on the host.
-template <class T, Device D>
-void fill_normal(Parameter<T, D>& p, Generator& gen, double std) {
-  fill_via_host(p.value(), [&](TensorView<T, Cpu> v) { gen.fill_normal(v, 0.0, std); });
-}
 // ValueError unless ids is (B, T) with B, T >= 1 and T <= block_size.
 inline void check_gpt_ids(const std::string& where, const Shape& s, std::int64_t block_size) {
   if (s.rank() != 2 || s[0] < 1 || s[1] < 1)
@@ -314,6 +312,7 @@ template <class T, Device D>
 class GPT : public Module<T, D> {
  public:
   explicit GPT(const GPTOptions& o) : o_(o) {
+    const SkipDefaultInit skip;  // reset_parameters() below sets every parameter
     if (o.vocab_size < 1 || o.block_size < 1 || o.n_layer < 1 || o.n_head < 1 || o.n_embd < 1)
       throw ValueError(ddp::detail::str("ddp: invalid ", describe(),
                                         ": vocab_size, block_size, n_layer, n_head and n_embd must be >= 1"));
@@ -346,7 +345,7 @@ class GPT : public Module<T, D> {
     Generator gen(o_.seed, 0, kStreamInit);
     const double c = static_cast<double>(o_.n_embd);
     auto linear = [&](Linear<T, D>& l, double std) {
-      detail::fill_normal(l.weight(), gen, std);
+      init_normal(l.weight(), gen, 0.0, std);
       if (l.bias()) detail::zero_fill(l.bias()->value());
     };
     auto layer_norm = [](LayerNorm<T, D>& ln) {
@@ -361,7 +360,7 @@ class GPT : public Module<T, D> {
       linear(blk->attn().c_proj(), 0.02 / std::sqrt(2.0 * static_cast<double>(o_.n_layer)));
       Linear<T, D>& in_proj = blk->attn().attn().c_attn();  // MultiheadAttention's xavier_uniform_ in_proj_weight
       const double a = std::sqrt(6.0 / (c + 3.0 * c));
-      detail::fill_via_host(in_proj.weight().value(), [&](TensorView<T, Cpu> v) { gen.fill_uniform(v, -a, a); });
+      init_uniform(in_proj.weight(), gen, -a, a);
       detail::zero_fill(in_proj.bias()->value());
       linear(blk->attn().attn().c_proj(), 0.02);
       linear(blk->mlp_fc(), 0.02);

@@ -3,8 +3,8 @@
 //
 // Each row of C elements is normalised by its own mean and biased variance, then scaled and shifted:
 //   y = (x - mean) / sqrt(var + eps) * weight + bias          (formulas: kernels/cpu/layer_norm.hpp)
-// Parameters "weight" and "bias" (C), torch's names, initialised to ones and zeros (no random draw);
-// elementwise_affine = false registers neither, bias = false only no bias (torch >= 2.1's option).
+// Parameters "weight" and "bias" (C), torch's names, set to ones and zeros at construction (torch's reset_parameters,
+// no random draw); elementwise_affine = false registers neither, bias = false only no bias (torch >= 2.1's option).
 // Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp) and the mean and
 // 1/std of every row (float for float, double for double: LayerNormStat<T>); backward returns dx and fills
 // the parameter gradients. In a (B, T, C) transformer activation the rows are the B*T token positions.
@@ -41,9 +41,15 @@ class LayerNorm : public Module<T, D> {
     if (!(o.eps > 0.0)) throw ValueError(ddp::detail::str("ddp: LayerNorm needs eps > 0, got ", o.eps));
     if (o.elementwise_affine) {
       weight_ = &this->register_parameter("weight", Shape{o.normalized_shape});
-      detail::fill_value(weight_->value(), T(1));
-      if (o.bias) bias_ = &this->register_parameter("bias", Shape{o.normalized_shape});  // zeros
+      if (o.bias) bias_ = &this->register_parameter("bias", Shape{o.normalized_shape});
     }
+    reset_parameters();
+  }
+
+  // weight 1, bias 0 (torch.nn.LayerNorm.reset_parameters); nothing without elementwise_affine.
+  void reset_parameters() {
+    if (weight_) detail::fill_value(weight_->value(), T(1));
+    if (bias_) detail::zero_fill(bias_->value());
   }
 
   const LayerNormOptions& options() const noexcept { return o_; }

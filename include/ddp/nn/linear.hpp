@@ -3,11 +3,11 @@
 //
 // Parameters "weight" (out, in) and "bias" (out), same layout as PyTorch. ResNet feeds it the pooled
 // (N, 1, 1, C) activations, which it sees as (N, C) (torch.flatten(x, 1) of an NCHW (N, C, 1, 1) is the
-// same numbers). Initialisation (torch's reset_parameters): weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
+// same numbers). Initialisation at construction (torch's reset_parameters, nn/init.hpp): weight and bias
+// ~ U(-1/sqrt(in), 1/sqrt(in)) from the default generator (tensor/random.hpp's manual_seed).
 // backward returns dx with the shape forward's x had.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -15,6 +15,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/kernels.hpp"
 #include "ddp/kernels/kernels.hpp"
+#include "ddp/nn/init.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/tensor/random.hpp"
 
@@ -35,14 +36,19 @@ class Linear : public Module<T, D> {
                                         ", ", o.out_features, ")"));
     weight_ = &this->register_parameter("weight", Shape{o.out_features, o.in_features});
     if (o.bias) bias_ = &this->register_parameter("bias", Shape{o.out_features});
+    if (!SkipDefaultInit::active()) reset_parameters();
   }
 
   // torch.nn.Linear's default: kaiming_uniform_(a = sqrt(5)) == U(-1/sqrt(in), 1/sqrt(in)); bias the same.
+  // Draws the weight (row-major (out, in)), then the bias.
   void reset_parameters(Generator& gen) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(o_.in_features));
-    auto uniform = [&](TensorView<T, Cpu> v) { gen.fill_uniform(v, -bound, bound); };
-    detail::fill_via_host(weight_->value(), uniform);
-    if (bias_) detail::fill_via_host(bias_->value(), uniform);
+    const double bound = fan_in_bound(o_.in_features);
+    init_uniform(*weight_, gen, -bound, bound);
+    if (bias_) init_uniform(*bias_, gen, -bound, bound);
+  }
+  // The same from the default generator (what the constructor does).
+  void reset_parameters() {
+    with_default_generator([&](Generator& gen) { reset_parameters(gen); });
   }
 
   const LinearOptions& options() const noexcept { return o_; }

@@ -15,7 +15,8 @@
 // in registration order: convs ~ N(0, 2 / fan_out) with fan_out = C_out kH kW (kaiming_normal_, mode fan_out,
 // relu); BN weight 1, bias 0; fc ~ U(+-1/sqrt(in)) for weight and bias (nn.Linear's default); with
 // zero_init_residual the last BN of each block starts at weight 0. The numbers differ from PyTorch's (other
-// RNG), the distributions do not.
+// RNG), the distributions do not. Its layers skip their own default initialisation (nn/init.hpp's SkipDefaultInit:
+// these draws replace it), so building a ResNet leaves the default generator (manual_seed) untouched.
 // `width` scales every layer's channel count (64 is torchvision's; smaller widths give the small, fast
 // models tests train here) without changing any name.
 #pragma once
@@ -34,6 +35,7 @@
 #include "ddp/nn/batchnorm2d.hpp"
 #include "ddp/nn/bottleneck.hpp"
 #include "ddp/nn/conv2d.hpp"
+#include "ddp/nn/init.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/maxpool2d.hpp"
 #include "ddp/nn/module.hpp"
@@ -71,6 +73,7 @@ template <class T, Device D>
 class ResNet : public Module<T, D> {
  public:
   explicit ResNet(const ResNetOptions& o) : o_(o), spec_(resnet_spec(o.arch)) {
+    const SkipDefaultInit skip;  // reset_parameters() below draws every parameter
     if (o.num_classes < 1)
       throw ValueError(ddp::detail::str("ddp: ResNet needs num_classes >= 1, got ", o.num_classes, " (--num-classes)"));
     if (o.in_channels < 1 || o.width < 1)
@@ -113,8 +116,7 @@ class ResNet : public Module<T, D> {
       if (auto* c = dynamic_cast<Conv2d<T, D>*>(&m)) {
         const auto& co = c->options();
         const double fan_out = static_cast<double>(co.out_channels * co.kernel_size * co.kernel_size);
-        detail::fill_via_host(c->weight().value(),
-                              [&](TensorView<T, Cpu> v) { gen.fill_normal(v, 0.0, std::sqrt(2.0 / fan_out)); });
+        init_normal(c->weight(), gen, 0.0, std::sqrt(2.0 / fan_out));
       } else if (auto* bn = dynamic_cast<BatchNorm2d<T, D>*>(&m)) {
         bn->reset_parameters();
       } else if (auto* fc = dynamic_cast<Linear<T, D>*>(&m)) {

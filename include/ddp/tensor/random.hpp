@@ -18,12 +18,16 @@
 // Worked example: Generator(42, /*rank*/1, kStreamInit).fill_uniform(v /*6 elements*/, 0, 1) draws blocks 0
 // and 1 of counter (., ., 1, 0) under key (42, 0), uses words 0..3 of block 0 and 0..1 of block 1, and
 // leaves offset() == 2. Test vectors from the Random123 distribution are pinned in test_random.cpp.
+// The process-wide default generator (end of file; torch.manual_seed's) is what layers draw their default
+// initialisation from when they are constructed (nn/init.hpp, docs/decisions/0064).
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <numbers>
+#include <utility>
 
 #include "ddp/config.hpp"
 #include "ddp/tensor/device.hpp"
@@ -139,5 +143,50 @@ class Generator {
  private:
   RngState state_;
 };
+
+// ---- The process-wide default generator (torch.default_generator's role) ----
+// Layers draw their default initialisation from it when they are constructed, so a model built twice after the
+// same manual_seed(s) is bit-identical. It is Generator(seed, rank 0, kStreamInit): after manual_seed(s) it draws
+// exactly what Generator(s) draws. Before any manual_seed its seed is kDefaultSeed, libtorch's default_rng_seed_val
+// (the seed C++ torch's CPU generator starts from; Python's torch reseeds it at random at import), so an unseeded
+// program is still reproducible. Every rank may use the same seed or not: DDP broadcasts rank 0's parameters.
+// Thread-safe: each use holds one process-wide mutex; threads drawing at the same time get disjoint draws in an
+// unspecified order (build a model on one thread when its numbers matter).
+inline constexpr std::uint64_t kDefaultSeed = 67280421310721ull;
+
+namespace detail {
+struct DefaultGenerator {
+  std::mutex mutex;
+  std::uint64_t initial_seed = kDefaultSeed;
+  Generator gen{kDefaultSeed, 0, kStreamInit};
+};
+inline DefaultGenerator& default_generator() {
+  static DefaultGenerator g;  // one per process (an inline function's static), created on first use
+  return g;
+}
+}  // namespace detail
+
+// Restarts the default generator at offset 0 of Generator(seed, 0, kStreamInit) (torch.manual_seed).
+inline void manual_seed(std::uint64_t seed) {
+  detail::DefaultGenerator& d = detail::default_generator();
+  const std::lock_guard lock(d.mutex);
+  d.initial_seed = seed;
+  d.gen = Generator(seed, 0, kStreamInit);
+}
+
+// The default generator's seed: the last manual_seed's, else kDefaultSeed (torch.initial_seed).
+inline std::uint64_t initial_seed() {
+  detail::DefaultGenerator& d = detail::default_generator();
+  const std::lock_guard lock(d.mutex);
+  return d.initial_seed;
+}
+
+// Returns f(gen) with gen the default generator, held locked for the call (f must not use the default generator).
+template <class F>
+decltype(auto) with_default_generator(F&& f) {
+  detail::DefaultGenerator& d = detail::default_generator();
+  const std::lock_guard lock(d.mutex);
+  return std::forward<F>(f)(d.gen);
+}
 
 }  // namespace ddp

@@ -25,18 +25,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cxxopts.hpp>
-#include <ddp/comm/factory.hpp>
 #include <ddp/core/cpu_affinity.hpp>
 #include <ddp/core/host_memory.hpp>
 #include <ddp/data/synthetic.hpp>
-#include <ddp/env/detect.hpp>
-#include <ddp/env/flags.hpp>
 #include <ddp/nn/loss.hpp>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/optim/sgd.hpp>
 #include <ddp/parallel/ddp.hpp>
-#include <ddp/store/rendezvous.hpp>
-#include <ddp/train/options.hpp>
+#include <ddp/train/init.hpp>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -51,8 +47,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   try {
-    const env::Env env = env::Env::process();
-    const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);
+    train::InitFlags init(argc, argv, {.cpu_only = true});  // takes --rank, --local_rank=N, ... out of argv
     cxxopts::Options options("bench_ddp_overlap", "DDP step vs local step vs all-reduce alone");
     options.add_options()("arch", "resnet arch", cxxopts::value<std::string>()->default_value("resnet18"))(
         "width", "channel width", cxxopts::value<long>()->default_value("64"))(
@@ -60,14 +55,12 @@ int main(int argc, char** argv) {
         "batch_size", "per rank", cxxopts::value<long>()->default_value("8"))(
         "steps", "timed steps", cxxopts::value<int>()->default_value("10"))(
         "threads", "CPU threads per rank", cxxopts::value<int>()->default_value("1"));
-    train::add_dist_options(options, env);
+    init.add_options(options);
     const auto args = options.parse(argc, argv);
     log::init();
-    const train::DistFlags dist = train::read_dist_flags(args);
-    const env::LaunchInfo info = env::detect(env, launch, {.need_master_addr = true, .backend = dist.backend});
-    log::set_rank(info.rank, info.world_size);
-    auto store = store::make_store(info, dist.timeout, dist.store_port);
-    auto comm = comm::make_communicator(dist.backend, info, *store, dist.comm_options());
+    const train::DistFlags& dist = init.read(args);
+    train::Job job = train::init_process_group(init);
+    comm::Communicator* comm = &job.communicator();
 
     kernels::cpu::ThreadPool pool(args["threads"].as<int>());
     Exec<Cpu> exec{.pool = &pool};

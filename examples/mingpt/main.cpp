@@ -33,8 +33,7 @@
 #include <cxxopts.hpp>
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
-#include <ddp/env/flags.hpp>
-#include <ddp/train/options.hpp>
+#include <ddp/train/init.hpp>
 #include <ddp/train/parse_args.hpp>
 #include <algorithm>
 #include <cmath>
@@ -46,7 +45,6 @@
 #include <type_traits>
 #include <variant>
 
-#include "../common/placement.hpp"
 #include "cuda_entry.hpp"
 #include "generate.hpp"
 #include "train.hpp"
@@ -213,8 +211,7 @@ int run_generate(const cxxopts::ParseResult& args) {
 
 int main(int argc, char** argv) {
   try {
-    const env::Env env = env::Env::process();
-    const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);
+    train::InitFlags init(argc, argv);  // takes --local_rank=N, --rank, ... out of argv
     cxxopts::Options options("mingpt", "The DDP tutorial's minGPT job: a character-level GPT trained with DDP");
     options.positional_help("[train|generate]");
     options.add_options()("mode", "train (default) or generate", cxxopts::value<std::string>()->default_value("train"))(
@@ -222,9 +219,6 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>()->default_value(""));
     add_setting_options(options);
     options.add_options()(
-        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; "
-        "else cpu). The GPU path is unverified: GPT's CUDA kernels have never run on a GPU",
-        cxxopts::value<std::string>()->default_value(""))(
         "prompt", "generate: the text to continue", cxxopts::value<std::string>()->default_value(""))(
         "max_new_tokens", "generate: characters to sample", cxxopts::value<long>()->default_value("500"))(
         "temperature", "generate: logits are divided by this (0: always the most likely)",
@@ -233,7 +227,7 @@ int main(int argc, char** argv) {
         cxxopts::value<long>()->default_value("10"))(
         "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the first "
         "attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))("h,help", "this help");
-    train::add_dist_options(options, env);
+    init.add_options(options);  // --backend, --device, --timeout-ms, ... (train/init.hpp)
     options.parse_positional({"mode"});
     const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
@@ -259,19 +253,18 @@ int main(int argc, char** argv) {
       throw ConfigError(ddp::detail::str("ddp: --amp_dtype must be bf16 or fp16, got ", ddp::detail::quoted(c.amp_dtype)));
     if (!(c.loss_scale >= 0.0) || !std::isfinite(c.loss_scale))
       throw ConfigError(ddp::detail::str("ddp: --loss_scale must be finite and >= 0 (0: automatic), got ", c.loss_scale));
-    const train::DistFlags dist = train::read_dist_flags(args);
-    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
-    if (c.use_amp && !where.is_cuda())
+    const train::DistFlags& dist = init.read(args);  // and the device
+    if (c.use_amp && !init.device().is_cuda())
       throw ConfigError("ddp: use_amp (trainer_config.use_amp or --use_amp) needs the GPU (--device cuda): on the CPU "
                         "every GEMM runs in fp32; drop it there");
 
-    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
+    train::Job job = train::init_process_group(init);
     const mingpt_example::Setup setup{.cfg = c, .die_after_epoch = args["die-after-epoch"].as<long>(),
-                                      .restart_count = job.info.restart_count, .metrics_file = dist.metrics_file,
+                                      .restart_count = job.info().restart_count, .metrics_file = dist.metrics_file,
                                       .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace, .ddp = dist.ddp,
-                                      .comm = job.comm.get()};
+                                      .comm = &job.communicator()};
     if constexpr (BuildConfig::with_cuda)
-      if (job.gpu >= 0) return mingpt_example::train_cuda(setup, job.gpu);
+      if (job.cuda_device() >= 0) return mingpt_example::train_cuda(setup, job.cuda_device());
     Exec<Cpu> exec;
     return mingpt_example::train<Cpu>(setup, exec);  // the communicator's destructor runs a bounded barrier
   } catch (const std::exception& e) {

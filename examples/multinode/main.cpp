@@ -31,13 +31,11 @@
 #include <cxxopts.hpp>
 #include <ddp/config.hpp>
 #include <ddp/core/log.hpp>
-#include <ddp/env/flags.hpp>
+#include <ddp/train/init.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/options.hpp>
 #include <ddp/train/parse_args.hpp>
 #include <iostream>
 
-#include "../common/placement.hpp"
 #include "cuda_entry.hpp"
 #include "train.hpp"
 
@@ -45,8 +43,7 @@ using namespace ddp;
 
 int main(int argc, char** argv) {
   try {
-    const env::Env env = env::Env::process();
-    const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);
+    train::InitFlags init(argc, argv);  // takes --local_rank=N, --rank, ... out of argv
     cxxopts::Options options("multinode", "PyTorch's multinode DDP tutorial: Linear(20, 1) on 2048 random samples");
     options.positional_help("total_epochs save_every");
     options.add_options()("total_epochs", "epochs to train", cxxopts::value<long>())(
@@ -57,7 +54,6 @@ int main(int argc, char** argv) {
         "loss", "mse, or cross_entropy as in the tutorial -- which is identically zero on a single output "
         "(log_softmax of one logit is 0), so the model would never change; hence the default mse",
         cxxopts::value<std::string>()->default_value("mse"))(
-        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)", cxxopts::value<std::string>()->default_value(""))(
         "seed", "data and initialisation seed", cxxopts::value<long>()->default_value("0"))(
         "lr", "learning rate (with --lr-schedule: its base)", cxxopts::value<double>()->default_value("0.001"))(
         "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the "
@@ -65,7 +61,7 @@ int main(int argc, char** argv) {
         "await-join-after-epoch", "testing: when the job has one rank, wait after this epoch's snapshot (60 s at "
         "most) for an elastic launcher to restart it with more", cxxopts::value<long>()->default_value("-1"))(
         "h,help", "this help");
-    train::add_dist_options(options, env);
+    init.add_options(options);          // --backend, --device, --timeout-ms, ... (train/init.hpp)
     train::add_optim_options(options);  // the tutorial's SGD: momentum 0, weight decay 0
     options.parse_positional({"total_epochs", "save_every"});
     const auto args = ddp::train::parse_args(options, argc, argv);
@@ -74,7 +70,7 @@ int main(int argc, char** argv) {
       return args.count("help") ? 0 : 1;
     }
     log::init();
-    const train::DistFlags dist = train::read_dist_flags(args);
+    const train::DistFlags& dist = init.read(args);  // and the device: bad flags fail before any rendezvous
     const train::OptimFlags optim = train::read_optim_flags(args);
     const long total_epochs = args["total_epochs"].as<long>(), save_every = args["save_every"].as<long>();
     const auto batch_size = static_cast<std::size_t>(args["batch_size"].as<long>());
@@ -83,20 +79,19 @@ int main(int argc, char** argv) {
     if (save_every < 1 || batch_size < 1) throw ConfigError("ddp: save_every and --batch_size must be >= 1");
     if (loss_name != "mse" && loss_name != "cross_entropy")
       throw ConfigError("ddp: --loss must be mse or cross_entropy, got '" + loss_name + "'");
-    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
 
     // Launch info -> (GPU) -> store -> communicator.
-    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
+    train::Job job = train::init_process_group(init);
 
     const multinode_example::Setup setup{
         .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
         .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(), .optim = optim,
         .die_after_epoch = args["die-after-epoch"].as<long>(),
-        .await_join_after_epoch = args["await-join-after-epoch"].as<long>(), .restart_count = job.info.restart_count,
+        .await_join_after_epoch = args["await-join-after-epoch"].as<long>(), .restart_count = job.info().restart_count,
         .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace,
-        .ddp = dist.ddp, .comm = job.comm.get()};
+        .ddp = dist.ddp, .comm = &job.communicator()};
     if constexpr (BuildConfig::with_cuda)
-      if (job.gpu >= 0) return multinode_example::train_cuda(setup, job.gpu);
+      if (job.cuda_device() >= 0) return multinode_example::train_cuda(setup, job.cuda_device());
     Exec<Cpu> exec;
     return multinode_example::train<Cpu>(setup, exec);  // the communicator's destructor runs a bounded barrier
   } catch (const std::exception& e) {

@@ -45,17 +45,15 @@
 #include <ddp/data/image_folder.hpp>
 #include <ddp/data/loader.hpp>
 #include <ddp/data/synthetic.hpp>
-#include <ddp/env/flags.hpp>
 #include <ddp/tensor/conv_impl.hpp>
 #include <ddp/tensor/precision.hpp>
+#include <ddp/train/init.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/options.hpp>
 #include <ddp/train/parse_args.hpp>
 #include <filesystem>
 #include <iostream>
 #include <thread>
 
-#include "../common/placement.hpp"
 #include "cuda_entry.hpp"
 #include "train.hpp"
 
@@ -63,8 +61,7 @@ using namespace ddp;
 
 int main(int argc, char** argv) {
   try {
-    const env::Env env = env::Env::process();
-    const env::LaunchFlags launch = env::extract_launch_flags(argc, argv);  // --local_rank=N, --rank, ...
+    train::InitFlags init(argc, argv);  // takes --local_rank=N, --rank, ... out of argv
     cxxopts::Options options("resnet", "Distributed data-parallel ResNet training (synthetic data or CIFAR-10)");
     options.add_options()("use_syn", "train on synthetic data")("batch_size", "samples per process and step",
                                                                 cxxopts::value<long>()->default_value("256"))(
@@ -77,8 +74,6 @@ int main(int argc, char** argv) {
         "resume", "resume from model_dir/model_filename")(
         "image_size", "synthetic image height and width; ImageFolder crop size", cxxopts::value<long>()->default_value("224"))(
         "steps_syn", "steps per epoch on synthetic data", cxxopts::value<long>()->default_value("20"))(
-        "device", "cpu or cuda (default: cuda when built with CUDA and a GPU is visible, except for --backend mpi; else cpu)",
-        cxxopts::value<std::string>()->default_value(""))(
         "precision", "GPU arithmetic of convolutions and Linear: fp32, tf32 or bf16", cxxopts::value<std::string>()->default_value("tf32"))(
         "conv", "GPU convolutions: auto (cuDNN when built with it, else own), own (ddp's kernels), cudnn, cudnn_find "
         "(cuDNN's fastest measured algorithm per shape)", cxxopts::value<std::string>()->default_value("auto"))(
@@ -92,7 +87,7 @@ int main(int argc, char** argv) {
         "workers", "loader threads decoding and augmenting batches", cxxopts::value<long>()->default_value("1"))(
         "skip_bad_images", "ImageFolder: skip (count, report) undecodable files instead of failing")(
         "log_every", "print progress every this many steps", cxxopts::value<long>()->default_value("1"))("h,help", "this help");
-    train::add_dist_options(options, env);
+    init.add_options(options);  // --backend, --device, --timeout-ms, ... (train/init.hpp)
     train::add_optim_options(options, {.momentum = 0.9, .weight_decay = 1e-5});
     const auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {
@@ -100,9 +95,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     log::init();
-    const train::DistFlags dist = train::read_dist_flags(args);
+    const train::DistFlags& dist = init.read(args);  // and the device: bad flags fail before any rendezvous
     const train::OptimFlags optim = train::read_optim_flags(args);
-    const ddp_example::Placement where = ddp_example::place(args["device"].as<std::string>(), dist.backend);
     const std::string precision = args["precision"].as<std::string>();
     (void)parse_precision(precision);  // a bad --precision or --conv fails before any rendezvous
     const ConvImpl conv = parse_conv_impl(args["conv"].as<std::string>());
@@ -113,8 +107,8 @@ int main(int argc, char** argv) {
       throw ConfigError("ddp: no data: pass --use_syn for synthetic images or --data_dir <cifar-10-batches-bin>");
 
     // Launch info -> (GPU) -> store -> communicator.
-    ddp_example::Job job = ddp_example::join(dist, where, env, launch);
-    const int rank = job.comm->rank(), world = job.comm->size();
+    train::Job job = train::init_process_group(init);
+    const int rank = job.rank(), world = job.world_size();
     // Data: synthetic images or CIFAR-10, split across ranks by the DistributedSampler.
     std::unique_ptr<data::Dataset> train_set, test_set;
     const std::string val_dir = args["val_dir"].as<std::string>();
@@ -164,12 +158,13 @@ int main(int argc, char** argv) {
                     .string(),
         .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace,
         .ddp = dist.ddp, .optim = optim,
-        .comm = job.comm.get(), .train_set = train_set.get(), .test_set = test_set.get(), .loader = &loader,
+        .comm = &job.communicator(), .train_set = train_set.get(), .test_set = test_set.get(), .loader = &loader,
         .workers = workers};
     if constexpr (BuildConfig::with_cuda)
-      if (job.gpu >= 0) return resnet_example::train_cuda(setup, job.gpu, precision, conv, args.count("deterministic") > 0);
+      if (job.cuda_device() >= 0)
+        return resnet_example::train_cuda(setup, job.cuda_device(), precision, conv, args.count("deterministic") > 0);
     int threads = args["threads"].as<int>();
-    if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / job.info.local_world_size);
+    if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / job.local_world_size());
     kernels::cpu::ThreadPool pool(threads);
     Exec<Cpu> exec{.pool = &pool};
     return resnet_example::train<Cpu>(setup, exec);

@@ -32,6 +32,7 @@
 #endif
 #if DDP_WITH_CUDA
 #  include "ddp/comm/cuda/staging_device.hpp"
+#  include "ddp/tensor/cuda/current_device.hpp"  // the GPU train/init.hpp binds before the communicator exists
 #endif
 
 namespace ddp::comm {

@@ -78,7 +78,7 @@
 #include "ddp/tensor/tensor.hpp"
 // defines: copy, convert, to<D>
 #include "ddp/tensor/copy.hpp"
-// defines: Generator (Philox4x32-10), RngState
+// defines: Generator (Philox4x32-10), RngState, manual_seed, initial_seed (the default generator layers draw from)
 #include "ddp/tensor/random.hpp"
 // defines: Prefetcher<Cpu, T...>, PrefetchRing, PrefetchFeed, prefetch_feed (batches onto the device one step ahead)
 #include "ddp/tensor/prefetch.hpp"
@@ -98,6 +98,11 @@
 #include "ddp/kernels/kernels.hpp"
 // defines: Kernels<Cpu>, kernels::cpu::ThreadPool, kernels::cpu::gemm
 #include "ddp/kernels/cpu/kernels.hpp"
+// defines: kernels::conv_*_map (conv2d's implicit-GEMM operand maps), kernels::BnMoments, kernels::BnGeometry
+//          (BatchNorm statistics), kernels::OpTimeline, kernels::OpProfile (per-op-class GPU time, host side)
+#include "ddp/kernels/bn_stats.hpp"
+#include "ddp/kernels/conv_gemm_maps.hpp"
+#include "ddp/kernels/op_profile.hpp"
 
 // ---- CUDA runtime and kernels: only when nvcc compiles the including file (link ddp::cuda) ----
 #if DDP_CUDA_COMPILER
@@ -122,6 +127,8 @@
 #include "ddp/nn/parameter.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/sequential.hpp"
+// defines: nn::SkipDefaultInit, nn::init_uniform, nn::init_normal, nn::fan_in_bound (layers' default initialisation)
+#include "ddp/nn/init.hpp"
 // defines: nn::Conv2d, nn::BatchNorm2d, nn::ReLU, nn::MaxPool2d, nn::AdaptiveAvgPool2d, nn::Linear
 #include "ddp/nn/adaptive_avg_pool2d.hpp"
 #include "ddp/nn/batchnorm2d.hpp"
@@ -147,6 +154,14 @@
 #include "ddp/nn/embedding.hpp"
 #include "ddp/nn/gelu.hpp"
 #include "ddp/nn/layer_norm.hpp"
+// defines: nn::SiLU, nn::Tanh, nn::Sigmoid, nn::Identity, nn::Flatten, nn::Residual (layers that compose without
+//          backward code)
+#include "ddp/nn/flatten.hpp"
+#include "ddp/nn/identity.hpp"
+#include "ddp/nn/residual_wrapper.hpp"
+#include "ddp/nn/sigmoid.hpp"
+#include "ddp/nn/silu.hpp"
+#include "ddp/nn/tanh.hpp"
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"
@@ -170,6 +185,10 @@
 #include "ddp/data/loader.hpp"
 // defines: data::CharDataset, data::TokenBatch, data::split_indices (character-level text, the minGPT job)
 #include "ddp/data/char_dataset.hpp"
+// defines: data::ImageFolder, data::decode_image, the ImageNet transforms (decoding needs ddp::image)
+#include "ddp/data/image_decode.hpp"
+#include "ddp/data/image_folder.hpp"
+#include "ddp/data/image_transform.hpp"
 // defines: parallel::assign_buckets, parallel::BucketLayout
 #include "ddp/parallel/bucket.hpp"
 // defines: parallel::GradBucket, parallel::HookResult, parallel::CommHook, parallel::allreduce_hook,
@@ -219,8 +238,20 @@
 #include "ddp/train/safetensors.hpp"
 // defines: train::save_state_dict, load_state_dict, save_snapshot, load_snapshot, serialize_snapshot
 #include "ddp/train/checkpoint.hpp"
+// defines: train::resume_snapshot, train::save_snapshot_on_rank0, train::prepare_snapshot_path
+#include "ddp/train/snapshot_io.hpp"
+// defines: train::OptimFlags, train::add_optim_options, train::read_optim_flags (the examples' optimizer flags)
+#include "ddp/train/optim_flags.hpp"
 
 // ---- comm: collectives behind one Communicator (tcp always; mpi with ddp::mpi; nccl with ddp::nccl) ----
 // defines: comm::Communicator, comm::Work, comm::ReduceOp, comm::CommOptions, comm::TcpCommunicator,
 //          comm::make_communicator (+ comm::MpiCommunicator / comm::NcclCommunicator when built with them)
 #include "ddp/comm/factory.hpp"
+// defines: comm::StagedCommunicator (CUDA device memory over a host backend)
+#include "ddp/comm/staging/staged_communicator.hpp"
+
+// ---- launch: ddprun's agent, supervisor and worker environment (Linux) ----
+// defines: launch::LaunchOptions, launch::parse_launch_args, launch::Supervisor, launch::worker_env, launch::run_agent
+#include "ddp/launch/agent.hpp"
+// defines: train::init_process_group, train::InitFlags, train::InitOptions, train::Job (the one start-up call)
+#include "ddp/train/init.hpp"

@@ -11,7 +11,9 @@
 // With the global M, mean = sum x / M and var = sum x^2 / M - mean^2 (biased, for normalising); running_var
 // takes var M / (M - 1), the unbiased variance over all ranks, as torch. The sums are doubles: x^2 of a
 // float is exact in double, so the one-pass variance loses nothing that matters next to float's rounding
-// unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep their two-pass variance).
+// unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep a stable variance: two passes on the CPU,
+// one shifted pass on the GPU, kernels/bn_stats.hpp, whose moments give the GPU's sums: sum x = n mean,
+// sum x^2 = M2 + n mean^2).
 // Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} = {16, 84, 4}
 // -> mean 4, var 84/4 - 16 = 5, running_var moves towards 5 * 4/3.
 #pragma once
@@ -28,7 +30,8 @@ namespace ddp::kernels {
 // synchronised): with `rows` > 0 (training) the running statistics move towards mu and the unbiased
 // var * rows / (rows - 1), as torch; rows == 0 (eval) leaves them alone (mu and var are then the running
 // ones). Then save_mean = mu, save_invstd = 1 / sqrt(var + eps), scale = gamma invstd and
-// shift = beta - mu scale, so that y = x scale + shift is one FMA per element.
+// shift = beta - mu scale, so that y = x scale + shift is one FMA per element. A training finish also counts
+// the batch in num_batches_tracked (when given; channel 0 does it), so the counter needs no launch of its own.
 template <class T>
 struct BnChannelOutputs {
   const T* gamma;
@@ -41,9 +44,11 @@ struct BnChannelOutputs {
   T* shift;
   double momentum;
   double eps;
+  std::int64_t* num_batches_tracked;  // () nullable
   DDP_HOST_DEVICE void finish(std::int64_t k, double mu, double var, double rows) const {
     const double is = 1.0 / ::sqrt(var + eps);
     if (rows > 0.0) {
+      if (k == 0 && num_batches_tracked) *num_batches_tracked += 1;
       const double unbiased = var * rows / (rows - 1.0);
       running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
       running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
@@ -66,7 +71,8 @@ template <class Args, class T>
 BnChannelOutputs<T> channel_outputs(const Args& a, T* scale, T* shift) {
   return {.gamma = a.gamma.data(), .beta = a.beta.data(), .running_mean = a.running_mean.data(),
           .running_var = a.running_var.data(), .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
-          .scale = scale, .shift = shift, .momentum = a.momentum, .eps = a.eps};
+          .scale = scale, .shift = shift, .momentum = a.momentum, .eps = a.eps,
+          .num_batches_tracked = a.num_batches_tracked.empty() ? nullptr : a.num_batches_tracked.data()};
 }
 
 // Global sums (2C + 1: sum x, sum x^2, M) -> mean and biased variance -> BnChannelOutputs::finish with M rows.
@@ -100,6 +106,18 @@ struct BnLocalGrads {
   }
 };
 
+// One channel's dx = k1 g + k2 (x - mean) + k3 from gamma, invstd, sg = sum g, sgx = sum g xhat over m rows
+// (kernels/cpu/batchnorm.hpp's formula): k1 = gamma invstd, k2 = -k1 invstd sgx / m, k3 = -k1 sg / m in
+// training; k2 = k3 = 0 in eval.
+template <class T>
+DDP_HOST_DEVICE void bn_dx_coefficients(double gamma, double is, double sg, double sgx, double m, bool training, T& k1,
+                                        T& k2, T& k3) {
+  const double g = gamma * is;
+  k1 = static_cast<T>(g);
+  k2 = static_cast<T>(training ? -g * is * sgx / m : 0.0);
+  k3 = static_cast<T>(training ? -g * sg / m : 0.0);
+}
+
 // Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of dx = k1 g + k2 (x - mean) + k3
 // (kernels/cpu/batchnorm.hpp's formula with the global M).
 template <class T>
@@ -113,32 +131,8 @@ struct BnSyncBackwardCoefficients {
   std::int64_t c;
   DDP_HOST_DEVICE void operator()(std::size_t i) const {
     const auto k = static_cast<std::int64_t>(i);
-    const double m = sums[2 * c];
-    const double is = static_cast<double>(invstd[k]);
-    const double g = static_cast<double>(gamma[k]) * is;
-    k1[k] = static_cast<T>(g);
-    k2[k] = static_cast<T>(-g * is * sums[c + k] / m);
-    k3[k] = static_cast<T>(-g * sums[k] / m);
-  }
-};
-
-// Chunked partial sums (2, chunks, C) -> sums (2C + 1) = [sum over chunks (2C), rows]: chunks added in order.
-struct BnFoldChunks {
-  const double* partial;  // (2, chunks, C)
-  double* sums;           // (2C + 1)
-  std::int64_t chunks;
-  std::int64_t c;
-  double rows;
-  DDP_HOST_DEVICE void operator()(std::size_t i) const {
-    const auto j = static_cast<std::int64_t>(i);
-    if (j == 2 * c) {
-      sums[j] = rows;
-      return;
-    }
-    const std::int64_t half = j / c, k = j % c;
-    double s = 0.0;
-    for (std::int64_t q = 0; q < chunks; ++q) s += partial[(half * chunks + q) * c + k];
-    sums[j] = s;
+    bn_dx_coefficients(static_cast<double>(gamma[k]), static_cast<double>(invstd[k]), sums[k], sums[c + k], sums[2 * c],
+                       true, k1[k], k2[k], k3[k]);
   }
 };
 

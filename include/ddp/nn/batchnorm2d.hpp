@@ -40,14 +40,6 @@ struct BatchNorm2dOptions {
   double momentum = 0.1;
 };
 
-namespace detail {
-// *count += 1 on the tensor's device (num_batches_tracked lives beside the other buffers).
-struct Increment {
-  std::int64_t* count;
-  DDP_HOST_DEVICE void operator()(std::size_t) const { *count += 1; }
-};
-}  // namespace detail
-
 template <class T, Device D>
 class BatchNorm2d : public Module<T, D> {
  public:
@@ -95,7 +87,7 @@ class BatchNorm2d : public Module<T, D> {
     check_input(x);
     Tensor<T, D> y(x.shape());
     run_synced([&] { Kernels<D>::batchnorm_forward(exec, forward_args(x, y)); });
-    after_forward(exec, x);
+    after_forward(x);
     return y;
   }
 
@@ -107,7 +99,7 @@ class BatchNorm2d : public Module<T, D> {
     Tensor<T, D> y(x.shape());
     const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
     run_synced([&] { Kernels<D>::batchnorm_act_forward(exec, a); });
-    after_forward(exec, x);
+    after_forward(x);
     act_relu_ = relu;
     return y;
   }
@@ -169,13 +161,11 @@ class BatchNorm2d : public Module<T, D> {
     return {.x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
             .running_mean = running_mean_->real().view(), .running_var = running_var_->real().view(), .y = y.view(),
             .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(), .training = this->is_training(),
-            .momentum = o_.momentum, .eps = o_.eps, .sync = syncing() ? sync_.get() : nullptr};
+            .momentum = o_.momentum, .eps = o_.eps, .sync = syncing() ? sync_.get() : nullptr,
+            .num_batches_tracked = num_batches_tracked_->count().view()};  // the kernel counts a training batch
   }
-  void after_forward(Exec<D>& exec, TensorView<const T, D> x) {
+  void after_forward(TensorView<const T, D> x) {
     const bool training = this->is_training();
-    if (training) {
-      Kernels<D>::for_each_index(exec, 1, detail::Increment{.count = num_batches_tracked_->count().data()});
-    }
     x_ = x;
     have_x_ = true;
     forward_training_ = training;

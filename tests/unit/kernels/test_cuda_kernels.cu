@@ -212,42 +212,44 @@ TEST_SUITE("kernels_cuda") {
 
   TEST_CASE("batchnorm training and eval, forward and backward, running statistics") {
     if (ddp::test::skip_without_gpu()) return;
-    for (const bool training : {true, false}) {
-      Fixture f;
-      INFO("seed ", f.seed, " training ", training);
-      const Shape xs{3, 11, 13, 37};  // 37 channels: two 32-channel blocks, the second partial
-      const Shape cs{37};
-      auto x = f.random(xs, -2.0, 3.0), dy = f.random(xs), gamma = f.random(cs, 0.5, 1.5), beta = f.random(cs);
-      auto rm = f.random(cs), rv = f.random(cs, 0.5, 2.0);
-      auto gx = f.up(x), gdy = f.up(dy), ggamma = f.up(gamma), gbeta = f.up(beta), grm = f.up(rm), grv = f.up(rv);
-      Tensor<float, Cpu> y(xs), sm(cs), si(cs), dx(xs), dg(cs), db(cs);
-      auto gy = f.poisoned(xs), gsm = f.poisoned(cs), gsi = f.poisoned(cs), gdx = f.poisoned(xs), gdg = f.poisoned(cs),
-           gdb = f.poisoned(cs);
-      KH::batchnorm_forward(f.cpu, ddp::kernels::BatchNormForwardArgs<float, Cpu>{
-                                       .x = x.cview(), .gamma = gamma.cview(), .beta = beta.cview(),
-                                       .running_mean = rm.view(), .running_var = rv.view(), .y = y.view(),
-                                       .save_mean = sm.view(), .save_invstd = si.view(), .training = training});
-      KC::batchnorm_forward(f.gpu, ddp::kernels::BatchNormForwardArgs<float, Cuda>{
-                                       .x = gx.cview(), .gamma = ggamma.cview(), .beta = gbeta.cview(),
-                                       .running_mean = grm.view(), .running_var = grv.view(), .y = gy.view(),
-                                       .save_mean = gsm.view(), .save_invstd = gsi.view(), .training = training});
-      KH::batchnorm_backward(f.cpu, ddp::kernels::BatchNormBackwardArgs<float, Cpu>{
-                                        .x = x.cview(), .dy = dy.cview(), .gamma = gamma.cview(),
-                                        .save_mean = sm.cview(), .save_invstd = si.cview(), .dx = dx.view(),
-                                        .dgamma = dg.view(), .dbeta = db.view(), .training = training});
-      KC::batchnorm_backward(f.gpu, ddp::kernels::BatchNormBackwardArgs<float, Cuda>{
-                                        .x = gx.cview(), .dy = gdy.cview(), .gamma = ggamma.cview(),
-                                        .save_mean = gsm.cview(), .save_invstd = gsi.cview(), .dx = gdx.view(),
-                                        .dgamma = gdg.view(), .dbeta = gdb.view(), .training = training});
-      expect_close(y, f.down(gy), kFp32, "bn y");
-      expect_close(sm, f.down(gsm), kFp32, "bn save_mean");
-      expect_close(si, f.down(gsi), kFp32, "bn save_invstd");
-      expect_close(rm, f.down(grm), kFp32, "bn running_mean");
-      expect_close(rv, f.down(grv), kFp32, "bn running_var");
-      expect_close(dx, f.down(gdx), kFp32, "bn dx");
-      expect_close(dg, f.down(gdg), kFp32, "bn dgamma");
-      expect_close(db, f.down(gdb), kFp32, "bn dbeta");
-    }
+    // 37 channels: scalar loads, a full and a partial tile; 64: 16-byte vector loads (batchnorm.cuh)
+    for (const std::int64_t ch : {std::int64_t{37}, std::int64_t{64}})
+      for (const bool training : {true, false}) {
+        Fixture f;
+        INFO("seed ", f.seed, " training ", training, " channels ", ch);
+        const Shape xs{3, 11, 13, ch};
+        const Shape cs{ch};
+        auto x = f.random(xs, -2.0, 3.0), dy = f.random(xs), gamma = f.random(cs, 0.5, 1.5), beta = f.random(cs);
+        auto rm = f.random(cs), rv = f.random(cs, 0.5, 2.0);
+        auto gx = f.up(x), gdy = f.up(dy), ggamma = f.up(gamma), gbeta = f.up(beta), grm = f.up(rm), grv = f.up(rv);
+        Tensor<float, Cpu> y(xs), sm(cs), si(cs), dx(xs), dg(cs), db(cs);
+        auto gy = f.poisoned(xs), gsm = f.poisoned(cs), gsi = f.poisoned(cs), gdx = f.poisoned(xs),
+             gdg = f.poisoned(cs), gdb = f.poisoned(cs);
+        KH::batchnorm_forward(f.cpu, ddp::kernels::BatchNormForwardArgs<float, Cpu>{
+                                         .x = x.cview(), .gamma = gamma.cview(), .beta = beta.cview(),
+                                         .running_mean = rm.view(), .running_var = rv.view(), .y = y.view(),
+                                         .save_mean = sm.view(), .save_invstd = si.view(), .training = training});
+        KC::batchnorm_forward(f.gpu, ddp::kernels::BatchNormForwardArgs<float, Cuda>{
+                                         .x = gx.cview(), .gamma = ggamma.cview(), .beta = gbeta.cview(),
+                                         .running_mean = grm.view(), .running_var = grv.view(), .y = gy.view(),
+                                         .save_mean = gsm.view(), .save_invstd = gsi.view(), .training = training});
+        KH::batchnorm_backward(f.cpu, ddp::kernels::BatchNormBackwardArgs<float, Cpu>{
+                                          .x = x.cview(), .dy = dy.cview(), .gamma = gamma.cview(),
+                                          .save_mean = sm.cview(), .save_invstd = si.cview(), .dx = dx.view(),
+                                          .dgamma = dg.view(), .dbeta = db.view(), .training = training});
+        KC::batchnorm_backward(f.gpu, ddp::kernels::BatchNormBackwardArgs<float, Cuda>{
+                                          .x = gx.cview(), .dy = gdy.cview(), .gamma = ggamma.cview(),
+                                          .save_mean = gsm.cview(), .save_invstd = gsi.cview(), .dx = gdx.view(),
+                                          .dgamma = gdg.view(), .dbeta = gdb.view(), .training = training});
+        expect_close(y, f.down(gy), kFp32, "bn y");
+        expect_close(sm, f.down(gsm), kFp32, "bn save_mean");
+        expect_close(si, f.down(gsi), kFp32, "bn save_invstd");
+        expect_close(rm, f.down(grm), kFp32, "bn running_mean");
+        expect_close(rv, f.down(grv), kFp32, "bn running_var");
+        expect_close(dx, f.down(gdx), kFp32, "bn dx");
+        expect_close(dg, f.down(gdg), kFp32, "bn dgamma");
+        expect_close(db, f.down(gdb), kFp32, "bn dbeta");
+      }
   }
 
   TEST_CASE("max-pool with argmax and adaptive average pool, forward and backward") {

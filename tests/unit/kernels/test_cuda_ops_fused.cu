@@ -42,12 +42,14 @@ TEST_SUITE("kernels_cuda_fused") {
     if (ddp::test::skip_without_gpu()) return;
     struct Case {
       bool training, residual, relu;
+      std::int64_t ch;  // 37: scalar loads, a full and a partial tile; 64: 16-byte vector loads
     };
-    for (const Case c : {Case{true, true, true}, Case{true, false, true}, Case{false, true, true},
-                         Case{true, true, false}, Case{true, false, false}}) {
+    for (const Case c : {Case{true, true, true, 37}, Case{true, false, true, 37}, Case{false, true, true, 37},
+                         Case{true, true, false, 37}, Case{true, false, false, 37}, Case{true, true, true, 64},
+                         Case{false, true, true, 64}}) {
       Fixture f;
-      INFO("seed ", f.seed, " training ", c.training, " residual ", c.residual, " relu ", c.relu);
-      const Shape xs{3, 7, 9, 37}, cs{37};  // 37 channels: a full and a partial 32-channel block
+      INFO("seed ", f.seed, " training ", c.training, " residual ", c.residual, " relu ", c.relu, " channels ", c.ch);
+      const Shape xs{3, 7, 9, c.ch}, cs{c.ch};
       auto x = f.random(xs, -2.0, 3.0), res = f.random(xs), dy = f.random(xs), gamma = f.random(cs, 0.5, 1.5),
            beta = f.random(cs), rm = f.random(cs), rv = f.random(cs, 0.5, 2.0);
       auto gx = f.up(x), gres = f.up(res), gdy = f.up(dy), ggamma = f.up(gamma), gbeta = f.up(beta), grm = f.up(rm),

@@ -2,31 +2,42 @@
 // SPDX-License-Identifier: MIT
 //
 // How it works (same formulas as kernels/cpu/batchnorm.hpp). x (N, H, W, C) is M = N*H*W rows of C
-// channels. Per-channel sums are computed in two deterministic steps:
-//   1. channel_partial_kernel: block (32, 8) covers 32 adjacent channels (one 128-byte row segment per
-//      warp, coalesced) and one chunk of rows; each thread sums its rows in double, the 8 row-lanes are
-//      combined in a fixed order, and the chunk's sum goes to partial[chunk][c].
-//   2. a per-channel kernel adds the chunks in chunk order and derives the statistics.
-// Training forward makes two such passes (mean, then sum (x - mean)^2: no cancellation), then
-// y = x * scale_c + shift_c with scale = gamma invstd, shift = beta - mean scale (one FMA per element).
-// Backward sums dy and dy * xhat, then dx = k1 dy + k2 (x - mean) + k3 (k2 = k3 = 0 in eval).
-// Synchronised (Args::sync, training; docs/ARCHITECTURE.md D27): the forward makes one Moments pass (sum x,
-// sum x^2), the backward its usual pass; the chunks are folded into (2C + 1) doubles (BnFoldChunks), the
-// reducer all-reduces them on the exec's stream, and the per-channel functors of kernels/batchnorm_sync.hpp
-// finish the statistics. An empty local batch (rows 0) launches no pass over x and contributes zeros.
-// Example: ResNet's bn1 at batch 16: M = 200,704 rows, C = 64 -> grid (2, 512) for the partial sums,
-// each chunk 392 rows; then 64 threads finish the statistics.
+// channels, cut into tiles of channels and chunks of rows as kernels/bn_stats.hpp describes (BnGeometry);
+// each kernel body is bn_stats.hpp's host/device arithmetic, which a host emulation tests
+// (tests/unit/kernels/test_bn_stats.cpp; docs/decisions/0063). Training forward, three launches:
+//   1. bn_moments_kernel: grid (tiles, chunks), block (cols, lanes); each thread's rows in shifted float
+//      segments merged into double moments (n, mean, M2), the lanes merged in a fixed tree -> partial
+//      (chunks, C) moments. One read of x (16-byte vector loads when aligned): no separate mean pass.
+//   2. bn_finalize_kernel: grid ceil(C / 32), block (32 channels, 16 chunk lanes) merges the chunks in a
+//      fixed order, then BnChannelOutputs::finish (save_mean/invstd, running statistics with the unbiased
+//      variance, num_batches_tracked, scale and shift).
+//   3. bn_act_apply_kernel: y = x scale + shift (+ residual, ReLU for bn_act.cuh) on a 2-D grid (tiles,
+//      row blocks), each thread's scale and shift in registers: no per-element channel index (i % C).
+// Backward: bn_grad_sums_kernel (sum g, sum g xhat; same decomposition), bn_grad_finalize_kernel (dgamma,
+// dbeta, and k1..k3 of dx = k1 g + k2 (x - mean) + k3; k2 = k3 = 0 in eval), bn_act_backward_apply_kernel.
+// Every order of summation is fixed by the geometry: results repeat bit for bit (deterministic).
+// Synchronised (Args::sync, training; docs/ARCHITECTURE.md D27): the finalize kernels write this rank's
+// (2C + 1) sums instead (sum x = n mean, sum x^2 = M2 + n mean^2; or sum g, sum g xhat; and M), the reducer
+// all-reduces them on the exec's stream, and the functors of kernels/batchnorm_sync.hpp finish. An empty
+// local batch (rows 0) launches no pass over x and contributes zeros.
+// Example: ResNet's bn1 at batch 16: M = 200,704 rows, C = 64 -> vec 4, block (16, 16), grid (1, 784) for
+// the moments (256 rows per chunk, 16 per thread); the finalize is 2 blocks of 512 threads.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/batchnorm_sync.hpp"
+#include "ddp/kernels/bn_stats.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/op_profile.cuh"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/stream.hpp"
 #include "ddp/tensor/device.hpp"
@@ -36,156 +47,250 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-// Backward and BackwardMasked differ only in the gradient they sum: dy, or dy * (y > 0) (the ReLU that
-// follows the BatchNorm in bn_act.cuh, with y its forward output).
-// Moments: partial0 = sum x, partial1 = sum x^2 (the synchronised forward's one pass).
-enum class BnSum : int { X = 0, CenteredSquare = 1, Backward = 2, BackwardMasked = 3, Moments = 4 };
+static_assert(sizeof(BnMoments) == 3 * sizeof(double), "BnMoments is stored as three doubles");
 
+// Statistics pass: block (cols, lanes) covers tile blockIdx.x of chunk blockIdx.y -> partial (chunks, C).
+template <class T, int V>
+__global__ void __launch_bounds__(kBnBlockThreads)
+    bn_moments_kernel(const T* __restrict__ x, BnGeometry g, BnMoments* __restrict__ partial) {
+  __shared__ double raw[3 * kBnBlockThreads * V];  // BnMoments [lane][col * V + l] (no constructor in shared)
+  BnMoments* s = reinterpret_cast<BnMoments*>(raw);
+  const int col = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.y), w = g.cols * V;
+  const std::int64_t ch0 = g.channel(blockIdx.x, col), chunk = blockIdx.y;
+  BnMoments m[V];
+  if (ch0 < g.c) bn_thread_moments<T, V>(x + ch0, g.c, g.chunk_begin(chunk) + lane, g.chunk_end(chunk), g.lanes, m);
+  for (int l = 0; l < V; ++l) s[lane * w + col * V + l] = m[l];
+  __syncthreads();
+  for (int h = g.lanes / 2; h > 0; h /= 2) {
+    if (lane < h)
+      for (int l = 0; l < V; ++l) bn_tree_step(s, lane, h, w, col * V + l);
+    __syncthreads();
+  }
+  if (lane == 0 && ch0 < g.c)
+    for (int l = 0; l < V; ++l) partial[chunk * g.c + ch0 + l] = s[col * V + l];
+}
+
+// Chunks -> one channel's moments per thread of lane 0. sums == nullptr: BnChannelOutputs::finish; else this
+// rank's synchronised sums (2C + 1): sum x, sum x^2, M.
+template <class T>
+__global__ void __launch_bounds__(kBnFinCols* kBnFinLanes)
+    bn_finalize_kernel(const BnMoments* __restrict__ partial, std::int64_t chunks, std::int64_t c,
+                       BnChannelOutputs<T> out, double* __restrict__ sums) {
+  __shared__ double raw[3 * kBnFinCols * kBnFinLanes];
+  BnMoments* s = reinterpret_cast<BnMoments*>(raw);
+  const int col = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.y);
+  const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * kBnFinCols + col;
+  s[lane * kBnFinCols + col] = ch < c ? bn_merge_chunks(partial, chunks, c, ch, lane) : BnMoments{};
+  __syncthreads();
+  for (int h = kBnFinLanes / 2; h > 0; h /= 2) {
+    if (lane < h) bn_tree_step(s, lane, h, kBnFinCols, col);
+    __syncthreads();
+  }
+  if (lane != 0 || ch >= c) return;
+  const BnMoments m = s[col];
+  if (sums) {
+    sums[ch] = m.n * m.mean;
+    sums[c + ch] = m.m2 + m.n * m.mean * m.mean;
+    if (ch == 0) sums[2 * c] = m.n;
+    return;
+  }
+  out.finish(ch, m.mean, m.m2 / m.n, m.n);
+}
+
+// Eval: the running statistics normalise (one index per channel).
+template <class T>
+struct BnEvalFinish {
+  BnChannelOutputs<T> out;
+  __device__ void operator()(std::size_t i) const { out.finish_eval(static_cast<std::int64_t>(i)); }
+};
+
+// Backward sums pass: partial (2, chunks, C) = sum g, sum g (x - mean) invstd per chunk; g = dy, or
+// dy * (ymask > 0) when ymask is given (the ReLU that follows the BatchNorm in bn_act.cuh).
+template <class T, int V>
+__global__ void __launch_bounds__(kBnBlockThreads)
+    bn_grad_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ ymask,
+                        const T* __restrict__ save_mean, const T* __restrict__ save_invstd, BnGeometry g,
+                        double* __restrict__ partial) {
+  __shared__ double s0[kBnBlockThreads * V], s1[kBnBlockThreads * V];
+  const int col = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.y), w = g.cols * V;
+  const std::int64_t ch0 = g.channel(blockIdx.x, col), chunk = blockIdx.y;
+  double sg[V], sgx[V];
+  for (int l = 0; l < V; ++l) sg[l] = sgx[l] = 0.0;
+  if (ch0 < g.c) {
+    BnAcc<T> mu[V], is[V];
+    for (int l = 0; l < V; ++l) {
+      mu[l] = static_cast<BnAcc<T>>(save_mean[ch0 + l]);
+      is[l] = static_cast<BnAcc<T>>(save_invstd[ch0 + l]);
+    }
+    bn_thread_grad_sums<T, V>(x + ch0, dy + ch0, ymask ? ymask + ch0 : nullptr, mu, is, g.c,
+                              g.chunk_begin(chunk) + lane, g.chunk_end(chunk), g.lanes, sg, sgx);
+  }
+  for (int l = 0; l < V; ++l) {
+    s0[lane * w + col * V + l] = sg[l];
+    s1[lane * w + col * V + l] = sgx[l];
+  }
+  __syncthreads();
+  for (int h = g.lanes / 2; h > 0; h /= 2) {
+    if (lane < h)
+      for (int l = 0; l < V; ++l) {
+        bn_tree_step(s0, lane, h, w, col * V + l);
+        bn_tree_step(s1, lane, h, w, col * V + l);
+      }
+    __syncthreads();
+  }
+  if (lane == 0 && ch0 < g.c)
+    for (int l = 0; l < V; ++l) {
+      partial[chunk * g.c + ch0 + l] = s0[col * V + l];
+      partial[(g.chunks + chunk) * g.c + ch0 + l] = s1[col * V + l];
+    }
+}
+
+// Chunks -> dbeta = sum g, dgamma = sum g xhat (either nullable), then either coef = [k1, k2, k3] (C each)
+// or, synchronised (sums != nullptr), this rank's sums (2C + 1): sum g, sum g xhat, M.
+template <class T>
+__global__ void __launch_bounds__(kBnFinCols* kBnFinLanes)
+    bn_grad_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c, std::int64_t rows,
+                            bool training, const T* __restrict__ gamma, const T* __restrict__ invstd,
+                            T* __restrict__ dgamma, T* __restrict__ dbeta, T* __restrict__ coef,
+                            double* __restrict__ sums) {
+  __shared__ double s0[kBnFinCols * kBnFinLanes], s1[kBnFinCols * kBnFinLanes];
+  const int col = static_cast<int>(threadIdx.x), lane = static_cast<int>(threadIdx.y);
+  const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * kBnFinCols + col;
+  double sg = 0.0, sgx = 0.0;
+  if (ch < c) bn_add_chunks(partial, chunks, c, ch, lane, sg, sgx);
+  s0[lane * kBnFinCols + col] = sg;
+  s1[lane * kBnFinCols + col] = sgx;
+  __syncthreads();
+  for (int h = kBnFinLanes / 2; h > 0; h /= 2) {
+    if (lane < h) {
+      bn_tree_step(s0, lane, h, kBnFinCols, col);
+      bn_tree_step(s1, lane, h, kBnFinCols, col);
+    }
+    __syncthreads();
+  }
+  if (lane != 0 || ch >= c) return;
+  sg = s0[col];
+  sgx = s1[col];
+  if (dbeta) dbeta[ch] = static_cast<T>(sg);
+  if (dgamma) dgamma[ch] = static_cast<T>(sgx);
+  if (sums) {
+    sums[ch] = sg;
+    sums[c + ch] = sgx;
+    if (ch == 0) sums[2 * c] = static_cast<double>(rows);
+    return;
+  }
+  bn_dx_coefficients(static_cast<double>(gamma[ch]), static_cast<double>(invstd[ch]), sg, sgx,
+                     static_cast<double>(rows), training, coef[ch], coef[c + ch], coef[2 * c + ch]);
+}
+
+// y = act(x scale + shift + residual) on a 2-D grid (tiles, row blocks): coef = [scale (C), shift (C)];
+// residual nullable; act = ReLU (NaN stays) when relu, else identity. Plain batchnorm: no residual, no relu.
+// y may be x (each element is read before it is written, by the same thread).
+template <class T, int V>
+__global__ void __launch_bounds__(kBnBlockThreads)
+    bn_act_apply_kernel(BnGeometry g, const T* x, const T* __restrict__ coef, const T* residual, T* y, bool relu) {
+  const std::int64_t ch0 = g.channel(blockIdx.x, static_cast<int>(threadIdx.x));
+  if (ch0 >= g.c) return;
+  T sc[V], sh[V];
+  for (int l = 0; l < V; ++l) {
+    sc[l] = coef[ch0 + l];
+    sh[l] = coef[g.c + ch0 + l];
+  }
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.y) * g.lanes;
+  for (std::int64_t m = static_cast<std::int64_t>(blockIdx.y) * g.lanes + threadIdx.y; m < g.rows; m += step) {
+    const std::int64_t i = m * g.c + ch0;
+    BnVec<T, V> v = bn_load<T, V>(x + i);
+    BnVec<T, V> r{};
+    if (residual) r = bn_load<T, V>(residual + i);
+    for (int l = 0; l < V; ++l) {
+      T u = v.v[l] * sc[l] + sh[l];
+      if (residual) u = u + r.v[l];
+      if (relu) u = ((u > T(0)) | (u != u)) ? u : T(0);
+      v.v[l] = u;
+    }
+    bn_store<T, V>(y + i, v);
+  }
+}
+
+// g = y ? (y > 0 ? dy : 0) : dy;  dres = g (nullable);  dx = k1 g + k2 (x - mean) + k3 (nullable), with
+// coef = [k1, k2, k3] (C each). Same grid as the apply. dx may be dy (read before written, same thread).
+template <class T, int V>
+__global__ void __launch_bounds__(kBnBlockThreads)
+    bn_act_backward_apply_kernel(BnGeometry g, const T* x, const T* dy, const T* y, const T* __restrict__ mean,
+                                 const T* __restrict__ coef, T* dx, T* dres) {
+  const std::int64_t ch0 = g.channel(blockIdx.x, static_cast<int>(threadIdx.x));
+  if (ch0 >= g.c) return;
+  T k1[V], k2[V], k3[V], mu[V];
+  for (int l = 0; l < V; ++l) {
+    k1[l] = coef[ch0 + l];
+    k2[l] = coef[g.c + ch0 + l];
+    k3[l] = coef[2 * g.c + ch0 + l];
+    mu[l] = mean[ch0 + l];
+  }
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.y) * g.lanes;
+  for (std::int64_t m = static_cast<std::int64_t>(blockIdx.y) * g.lanes + threadIdx.y; m < g.rows; m += step) {
+    const std::int64_t i = m * g.c + ch0;
+    BnVec<T, V> gv = bn_load<T, V>(dy + i);
+    if (y) {
+      const BnVec<T, V> yv = bn_load<T, V>(y + i);
+      for (int l = 0; l < V; ++l) gv.v[l] = yv.v[l] > T(0) ? gv.v[l] : T(0);
+    }
+    if (dres) bn_store<T, V>(dres + i, gv);
+    if (dx) {
+      const BnVec<T, V> xv = bn_load<T, V>(x + i);
+      BnVec<T, V> o;
+      for (int l = 0; l < V; ++l) o.v[l] = k1[l] * gv.v[l] + k2[l] * (xv.v[l] - mu[l]) + k3[l];
+      bn_store<T, V>(dx + i, o);
+    }
+  }
+}
+
+// Whether every given pointer allows 16-byte vector access (null: not used by the pass).
+inline bool bn_aligned(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// The apply passes' grid: (tiles, row blocks), at least ~4 rows per thread, at most ~8192 blocks (the rows
+// are grid-strided), gridDim.y <= 65535.
+inline dim3 bn_apply_grid(const BnGeometry& g) {
+  const std::int64_t per_block = static_cast<std::int64_t>(g.lanes) * 4;
+  const std::int64_t cap = std::max<std::int64_t>(1, std::min<std::int64_t>(65535, 8192 / g.tiles));
+  const std::int64_t blocks = std::clamp<std::int64_t>((g.rows + per_block - 1) / per_block, 1, cap);
+  return dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(blocks));
+}
+
+// Column sums of a (rows, C) matrix for conv2d.cuh's dbias (channel_sums there): partial[chunk][c] = the sum
+// of the chunk's rows in double, block (32, 8) over 32 adjacent channels (coalesced), the 8 row-lanes added
+// in a fixed order; conv2d.cuh adds the chunks in order. BatchNorm itself uses the kernels above.
+enum class BnSum : int { X = 0 };
 inline constexpr int kBnChannels = 32, kBnRowLanes = 8;
-
-// partial0/partial1 (chunks, C) in double. X: sum x. CenteredSquare: sum (x - mean)^2.
-// Backward: partial0 = sum dy, partial1 = sum dy (x - mean) invstd. BackwardMasked: the same with
-// dy replaced by dy * (ymask > 0).
 template <class T, BnSum Mode>
-__global__ void channel_partial_kernel(const T* __restrict__ x, const T* __restrict__ dy, const double* __restrict__ mean,
-                                       const T* __restrict__ save_mean, const T* __restrict__ invstd, std::int64_t rows,
-                                       std::int64_t c, std::int64_t rows_per_chunk, double* __restrict__ partial0,
-                                       double* __restrict__ partial1, const T* __restrict__ ymask = nullptr) {
-  constexpr bool kBackward = Mode == BnSum::Backward || Mode == BnSum::BackwardMasked;
+__global__ void channel_partial_kernel(const T* __restrict__ x, const T*, const double*, const T*, const T*,
+                                       std::int64_t rows, std::int64_t c, std::int64_t rows_per_chunk,
+                                       double* __restrict__ partial0, double*) {
+  static_assert(Mode == BnSum::X, "column sums only");
   __shared__ double s0[kBnRowLanes][kBnChannels];
-  __shared__ double s1[kBnRowLanes][kBnChannels];
   const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * kBnChannels + threadIdx.x;
   const std::int64_t chunk = blockIdx.y;
   const std::int64_t m0 = chunk * rows_per_chunk, m1 = m0 + rows_per_chunk < rows ? m0 + rows_per_chunk : rows;
-  double a0 = 0.0, a1 = 0.0;
-  if (ch < c) {
-    double mu = 0.0, is = 0.0;
-    if constexpr (Mode == BnSum::CenteredSquare) mu = mean[ch];
-    if constexpr (kBackward) {
-      mu = static_cast<double>(save_mean[ch]);
-      is = static_cast<double>(invstd[ch]);
-    }
-    for (std::int64_t m = m0 + threadIdx.y; m < m1; m += kBnRowLanes) {
-      const double v = static_cast<double>(x[m * c + ch]);
-      if constexpr (Mode == BnSum::X) {
-        a0 += v;
-      } else if constexpr (Mode == BnSum::Moments) {
-        a0 += v;
-        a1 += v * v;
-      } else if constexpr (Mode == BnSum::CenteredSquare) {
-        const double d = v - mu;
-        a0 += d * d;
-      } else {
-        double g = static_cast<double>(dy[m * c + ch]);
-        if constexpr (Mode == BnSum::BackwardMasked) g = ymask[m * c + ch] > T(0) ? g : 0.0;
-        a0 += g;
-        a1 += g * (v - mu) * is;
-      }
-    }
-  }
+  double a0 = 0.0;
+  if (ch < c)
+    for (std::int64_t m = m0 + threadIdx.y; m < m1; m += kBnRowLanes) a0 += static_cast<double>(x[m * c + ch]);
   s0[threadIdx.y][threadIdx.x] = a0;
-  s1[threadIdx.y][threadIdx.x] = a1;
   __syncthreads();
   if (threadIdx.y == 0 && ch < c) {
-    for (int l = 1; l < kBnRowLanes; ++l) {
-      a0 += s0[l][threadIdx.x];
-      a1 += s1[l][threadIdx.x];
-    }
+    for (int l = 1; l < kBnRowLanes; ++l) a0 += s0[l][threadIdx.x];
     partial0[chunk * c + ch] = a0;
-    if constexpr (kBackward || Mode == BnSum::Moments) partial1[chunk * c + ch] = a1;
   }
 }
-
-// Training: mean[c] = sum / rows.
-template <class T>
-__global__ void bn_mean_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
-                               std::int64_t rows, double* __restrict__ mean) {
-  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= c) return;
-  double s = 0.0;
-  for (std::int64_t j = 0; j < chunks; ++j) s += partial[j * c + k];
-  mean[k] = s / static_cast<double>(rows);
-}
-
-// Statistics -> BnChannelOutputs::finish. training: partial holds sum (x - mean)^2 and mean the batch mean;
-// eval: both unused (the running statistics normalise).
-template <class T>
-__global__ void bn_stats_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
-                                std::int64_t rows, const double* __restrict__ mean, bool training,
-                                BnChannelOutputs<T> out) {
-  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= c) return;
-  if (!training) return out.finish_eval(k);
-  double s = 0.0;
-  for (std::int64_t j = 0; j < chunks; ++j) s += partial[j * c + k];
-  out.finish(k, mean[k], s / static_cast<double>(rows), static_cast<double>(rows));
-}
-
-// Backward coefficients: dbeta, dgamma, and k1..k3 of dx = k1 dy + k2 (x - mean) + k3.
-template <class T>
-__global__ void bn_backward_coef_kernel(const double* __restrict__ p0, const double* __restrict__ p1,
-                                        std::int64_t chunks, std::int64_t c, std::int64_t rows, bool training,
-                                        const T* __restrict__ gamma, const T* __restrict__ invstd, T* __restrict__ dgamma,
-                                        T* __restrict__ dbeta, T* __restrict__ k1, T* __restrict__ k2,
-                                        T* __restrict__ k3) {
-  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= c) return;
-  double sdy = 0.0, sdyx = 0.0;
-  for (std::int64_t j = 0; j < chunks; ++j) {
-    sdy += p0[j * c + k];
-    sdyx += p1[j * c + k];
-  }
-  if (dbeta) dbeta[k] = static_cast<T>(sdy);
-  if (dgamma) dgamma[k] = static_cast<T>(sdyx);
-  const double is = static_cast<double>(invstd[k]);
-  const double g = static_cast<double>(gamma[k]) * is;
-  double c2 = 0.0, c3 = 0.0;
-  if (training) {
-    c2 = -g * is * sdyx / static_cast<double>(rows);
-    c3 = -g * sdy / static_cast<double>(rows);
-  }
-  k1[k] = static_cast<T>(g);
-  k2[k] = static_cast<T>(c2);
-  k3[k] = static_cast<T>(c3);
-}
-
-// y[i] = x[i] * scale[c] + shift[c], c = i % C.
-template <class T>
-struct BnApply {
-  const T* x;
-  const T* scale;
-  const T* shift;
-  T* y;
-  std::int64_t c;
-  __device__ void operator()(std::size_t i) const {
-    const auto k = static_cast<std::int64_t>(i % static_cast<std::size_t>(c));
-    y[i] = x[i] * scale[k] + shift[k];
-  }
-};
-
-// dx[i] = k1[c] dy[i] + k2[c] (x[i] - mean[c]) + k3[c].
-template <class T>
-struct BnBackwardApply {
-  const T* x;
-  const T* dy;
-  const T* mean;
-  const T* k1;
-  const T* k2;
-  const T* k3;
-  T* dx;
-  std::int64_t c;
-  __device__ void operator()(std::size_t i) const {
-    const auto k = static_cast<std::int64_t>(i % static_cast<std::size_t>(c));
-    dx[i] = k1[k] * dy[i] + k2[k] * (x[i] - mean[k]) + k3[k];
-  }
-};
-
 struct BnGrid {
   std::int64_t chunks, rows_per_chunk;
   dim3 grid, block;
 };
 inline BnGrid bn_grid(std::int64_t rows, std::int64_t c) {
-  // ~256 rows per chunk, at most 1024 chunks: enough blocks to fill an H100 (132 SMs) for ResNet's shapes.
+  // ~256 rows per chunk, at most 1024 chunks.
   const std::int64_t chunks = std::clamp<std::int64_t>((rows + 255) / 256, 1, 1024);
   const std::int64_t per = (rows + chunks - 1) / chunks;
   const std::int64_t used = (rows + per - 1) / per;
@@ -195,38 +300,55 @@ inline BnGrid bn_grid(std::int64_t rows, std::int64_t c) {
           .block = dim3(kBnChannels, kBnRowLanes)};
 }
 
+// f(std::integral_constant<int, V>) with V = g.vec: kBnVec<T> (16-byte vectors) or 1, the two instantiations
+// of every pass.
+template <class T, class F>
+void bn_with_vec(const BnGeometry& g, F&& f) {
+  if (g.vec == kBnVec<T>)
+    f(std::integral_constant<int, kBnVec<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
 }  // namespace detail
 
 namespace detail {
 
-// This rank's chunked sums (2, chunks, C) -> sums (2C + 1); partial may be null when rows == 0 (no chunks).
-inline void bn_fold_chunks(const Exec<Cuda>& e, const double* partial, std::int64_t chunks, std::int64_t c,
-                           std::int64_t rows, Tensor<double, Cuda>& sums) {
-  for_each_index(e, static_cast<std::size_t>(2 * c + 1),
-                 BnFoldChunks{.partial = partial, .sums = sums.data(), .chunks = chunks, .c = c,
-                              .rows = static_cast<double>(rows)});
-}
-
-// Synchronised training forward: coef = [scale, shift] from the statistics of every rank's batch.
+// Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics and
+// num_batches_tracked when training, and writes coef = [scale (C), shift (C)] for y = x scale + shift.
+// Synchronised training: this rank's sums, the reducer's all-reduce, then BnSyncStatistics. Enqueued on e's
+// stream (the synchronised one waits for the host only when its local batch has fewer than 2 rows).
 template <class T>
-void sync_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
+void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
   coef = Tensor<T, Cuda>(Shape{2, c});  // scale, shift
-  Tensor<double, Cuda> sums(Shape{2 * c + 1});
-  Tensor<double, Cuda> partial;
-  std::int64_t chunks = 0;
-  if (rows > 0) {
-    const BnGrid g = bn_grid(rows, c);
-    chunks = g.chunks;
-    partial = Tensor<double, Cuda>(Shape{2, chunks, c});
-    channel_partial_kernel<T, BnSum::Moments><<<g.grid, g.block, 0, s>>>(
-        a.x.data(), nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(),
-        partial.data() + chunks * c);
-    check_launch("channel_partial_kernel<BnSum::Moments>", s);
+  const BnChannelOutputs<T> out = channel_outputs(a, coef.data(), coef.data() + c);
+  if (!a.training) {
+    op_phase(e, "finalize");  // op_profile.cuh
+    for_each_index(e, static_cast<std::size_t>(c), BnEvalFinish<T>{.out = out});
+    return;
   }
-  bn_fold_chunks(e, partial.data(), chunks, c, rows, sums);
+  const bool synced = a.sync != nullptr;
+  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data()}));
+  Tensor<double, Cuda> partial(Shape{3 * std::max<std::int64_t>(g.chunks, 1) * c});  // (chunks, C) BnMoments
+  auto* moments = reinterpret_cast<BnMoments*>(partial.data());
+  if (rows > 0)
+    bn_with_vec<T>(g, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      bn_moments_kernel<T, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
+                                dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
+          a.x.data(), g, moments);
+      check_launch("bn_moments_kernel", s);
+    });
+  Tensor<double, Cuda> sums;
+  if (synced) sums = Tensor<double, Cuda>(Shape{2 * c + 1});
+  op_phase(e, "finalize");  // op_profile.cuh: the pass from partial sums to coefficients
+  bn_finalize_kernel<T><<<static_cast<unsigned>((c + kBnFinCols - 1) / kBnFinCols), dim3(kBnFinCols, kBnFinLanes),
+                          0, s>>>(moments, g.chunks, c, out, synced ? sums.data() : nullptr);
+  check_launch("bn_finalize_kernel", s);
+  if (!synced) return;
   a.sync->all_reduce_sum(e, sums.view());
   if (rows < 2) {  // only then can the total be too small (every rank sees the same total): a host wait here only
     double total = 0.0;
@@ -234,36 +356,23 @@ void sync_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>&
     DDP_CUDA_CHECK(cudaStreamSynchronize(s));
     check_sync_count(total, "batchnorm_forward");
   }
-  for_each_index(e, static_cast<std::size_t>(c),
-                 BnSyncStatistics<T>{.sums = sums.data(), .out = channel_outputs(a, coef.data(), coef.data() + c), .c = c});
+  for_each_index(e, static_cast<std::size_t>(c), BnSyncStatistics<T>{.sums = sums.data(), .out = out, .c = c});
 }
 
-// Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics when
-// training, and writes coef = [scale (C), shift (C)] for y = x scale + shift. Enqueued on e's stream.
+// y = act(x scale + shift + residual) with coef = [scale, shift] (bn_act_apply_kernel).
 template <class T>
-void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
-  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
-  if (a.training && a.sync) return sync_coefficients(e, a, coef);
+void batchnorm_apply(const Exec<Cuda>& e, TensorView<const T, Cuda> x, const Tensor<T, Cuda>& coef, const T* residual,
+                     T* y, bool relu) {
+  const std::int64_t c = x.dim(-1), rows = x.numel() / c;
+  if (rows == 0) return;
   const cudaStream_t s = cuda_stream(e);
-  const detail::BnGrid g = detail::bn_grid(rows, c);
-  const unsigned cblocks = grid_for(c);
-  const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
-  Tensor<double, Cuda> partial(Shape{g.chunks, c});
-  Tensor<double, Cuda> mean(Shape{c});
-  coef = Tensor<T, Cuda>(Shape{2, c});  // scale, shift
-  if (a.training) {
-    detail::channel_partial_kernel<T, detail::BnSum::X><<<g.grid, g.block, 0, s>>>(
-        a.x.data(), nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
-    check_launch("channel_partial_kernel<BnSum::X>", s);
-    detail::bn_mean_kernel<T><<<cblocks, kThreads, 0, s>>>(partial.data(), g.chunks, c, rows, mean.data());
-    check_launch("bn_mean_kernel", s);
-    detail::channel_partial_kernel<T, detail::BnSum::CenteredSquare><<<g.grid, g.block, 0, s>>>(
-        a.x.data(), nullptr, mean.data(), nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
-    check_launch("channel_partial_kernel<BnSum::CenteredSquare>", s);
-  }
-  detail::bn_stats_kernel<T><<<cblocks, kThreads, 0, s>>>(partial.data(), g.chunks, c, rows, mean.data(), a.training,
-                                                          channel_outputs(a, coef.data(), coef.data() + c));
-  check_launch("bn_stats_kernel", s);
+  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({x.data(), residual, y}));
+  bn_with_vec<T>(g, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    bn_act_apply_kernel<T, V><<<bn_apply_grid(g), dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)),
+                                0, s>>>(g, x.data(), coef.data(), residual, y, relu);
+    check_launch("bn_act_apply_kernel", s);
+  });
 }
 
 }  // namespace detail
@@ -271,36 +380,17 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
 template <class T>
 void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a) {
   validate(a);
-  const std::int64_t c = a.x.dim(-1);
   Tensor<T, Cuda> coef;
   detail::batchnorm_coefficients(e, a, coef);
-  for_each_index(e, static_cast<std::size_t>(a.x.numel()),
-                 detail::BnApply<T>{.x = a.x.data(), .scale = coef.data(), .shift = coef.data() + c, .y = a.y.data(),
-                                    .c = c});
+  op_phase(e, "apply");
+  detail::batchnorm_apply(e, a.x, coef, static_cast<const T*>(nullptr), a.y.data(), false);
 }
 
 namespace detail {
 
-// Synchronised training backward, after this rank's chunked sums (2, chunks, C) of g and g xhat: dgamma and
-// dbeta from this rank's sums, then coef = [k1, k2, k3] from every rank's.
-template <class T>
-void sync_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const double* partial,
-                                std::int64_t chunks, Tensor<T, Cuda>& coef) {
-  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
-  Tensor<double, Cuda> sums(Shape{2 * c + 1});
-  bn_fold_chunks(e, partial, chunks, c, rows, sums);
-  for_each_index(e, static_cast<std::size_t>(c),
-                 BnLocalGrads<T>{.sums = sums.data(), .dgamma = a.dgamma.empty() ? nullptr : a.dgamma.data(),
-                                 .dbeta = a.dbeta.empty() ? nullptr : a.dbeta.data(), .c = c});
-  a.sync->all_reduce_sum(e, sums.view());
-  for_each_index(e, static_cast<std::size_t>(c),
-                 BnSyncBackwardCoefficients<T>{.sums = sums.data(), .gamma = a.gamma.data(),
-                                               .invstd = a.save_invstd.data(), .k1 = coef.data(),
-                                               .k2 = coef.data() + c, .k3 = coef.data() + 2 * c, .c = c});
-}
-
 // dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3 for a (validated)
-// backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused ReLU).
+// backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused ReLU). Synchronised
+// training: dgamma and dbeta from this rank's sums, k1..k3 from every rank's (BnSyncBackwardCoefficients).
 template <class T>
 void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const T* ymask,
                                      Tensor<T, Cuda>& coef) {
@@ -309,25 +399,48 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
   const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
   coef = Tensor<T, Cuda>(Shape{3, c});  // k1, k2, k3
   const bool synced = a.training && a.sync;
-  if (synced && rows == 0) return sync_backward_coefficients(e, a, nullptr, 0, coef);
-  const BnGrid g = bn_grid(rows, c);
-  Tensor<double, Cuda> partial(Shape{2, g.chunks, c});
-  double* p0 = partial.data();
-  double* p1 = partial.data() + g.chunks * c;
-  if (ymask)
-    channel_partial_kernel<T, BnSum::BackwardMasked><<<g.grid, g.block, 0, s>>>(
-        a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1,
-        ymask);
-  else
-    channel_partial_kernel<T, BnSum::Backward><<<g.grid, g.block, 0, s>>>(
-        a.x.data(), a.dy.data(), nullptr, a.save_mean.data(), a.save_invstd.data(), rows, c, g.rows_per_chunk, p0, p1);
-  check_launch(ymask ? "channel_partial_kernel<BnSum::BackwardMasked>" : "channel_partial_kernel<BnSum::Backward>", s);
-  if (synced) return sync_backward_coefficients(e, a, partial.data(), g.chunks, coef);
-  bn_backward_coef_kernel<T><<<grid_for(c), kThreads, 0, s>>>(
-      p0, p1, g.chunks, c, rows, a.training, a.gamma.data(), a.save_invstd.data(),
+  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data(), a.dy.data(), ymask}));
+  Tensor<double, Cuda> partial(Shape{2 * std::max<std::int64_t>(g.chunks, 1) * c});  // (2, chunks, C)
+  if (rows > 0)
+    bn_with_vec<T>(g, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      bn_grad_sums_kernel<T, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
+                                  dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
+          a.x.data(), a.dy.data(), ymask, a.save_mean.data(), a.save_invstd.data(), g, partial.data());
+      check_launch("bn_grad_sums_kernel", s, ymask ? "masked" : "");
+    });
+  Tensor<double, Cuda> sums;
+  if (synced) sums = Tensor<double, Cuda>(Shape{2 * c + 1});
+  op_phase(e, "finalize");
+  bn_grad_finalize_kernel<T><<<static_cast<unsigned>((c + kBnFinCols - 1) / kBnFinCols),
+                               dim3(kBnFinCols, kBnFinLanes), 0, s>>>(
+      partial.data(), g.chunks, c, rows, a.training, a.gamma.data(), a.save_invstd.data(),
       a.dgamma.empty() ? nullptr : a.dgamma.data(), a.dbeta.empty() ? nullptr : a.dbeta.data(), coef.data(),
-      coef.data() + c, coef.data() + 2 * c);
-  check_launch("bn_backward_coef_kernel", s);
+      synced ? sums.data() : nullptr);
+  check_launch("bn_grad_finalize_kernel", s);
+  if (!synced) return;
+  a.sync->all_reduce_sum(e, sums.view());  // every rank, even without dx
+  for_each_index(e, static_cast<std::size_t>(c),
+                 BnSyncBackwardCoefficients<T>{.sums = sums.data(), .gamma = a.gamma.data(),
+                                               .invstd = a.save_invstd.data(), .k1 = coef.data(),
+                                               .k2 = coef.data() + c, .k3 = coef.data() + 2 * c, .c = c});
+}
+
+// dres = g and dx = k1 g + k2 (x - mean) + k3 (either nullable), g = dy or dy * (y > 0) when y is given.
+template <class T>
+void batchnorm_backward_apply(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const T* y,
+                              const Tensor<T, Cuda>& coef, T* dx, T* dres) {
+  const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
+  if (rows == 0 || (!dx && !dres)) return;
+  const cudaStream_t s = cuda_stream(e);
+  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data(), a.dy.data(), y, dx, dres}));
+  bn_with_vec<T>(g, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    bn_act_backward_apply_kernel<T, V><<<bn_apply_grid(g),
+                                         dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
+        g, a.x.data(), a.dy.data(), y, a.save_mean.data(), coef.data(), dx, dres);
+    check_launch("bn_act_backward_apply_kernel", s);
+  });
 }
 
 }  // namespace detail
@@ -335,14 +448,11 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
 template <class T>
 void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a) {
   validate(a);
-  const std::int64_t c = a.x.dim(-1);
   Tensor<T, Cuda> coef;
   detail::batchnorm_backward_coefficients(e, a, static_cast<const T*>(nullptr), coef);
   if (a.dx.empty()) return;
-  for_each_index(e, static_cast<std::size_t>(a.x.numel()),
-                 detail::BnBackwardApply<T>{.x = a.x.data(), .dy = a.dy.data(), .mean = a.save_mean.data(),
-                                            .k1 = coef.data(), .k2 = coef.data() + c, .k3 = coef.data() + 2 * c,
-                                            .dx = a.dx.data(), .c = c});
+  op_phase(e, "apply");
+  detail::batchnorm_backward_apply(e, a, static_cast<const T*>(nullptr), coef, a.dx.data(), static_cast<T*>(nullptr));
 }
 
 }  // namespace ddp::kernels::cuda

@@ -16,20 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from driver import PY, SKIP, Skip, expect, free_port  # noqa: E402
-
-
-def run(cmd, timeout=30, env=None, **kw):
-    """Runs cmd in its own session; on timeout kills the whole group and fails."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        raise AssertionError(f"timed out after {timeout} s: {cmd}\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
+from driver import PY, SKIP, Skip, expect, free_port, run  # noqa: E402
 
 
 def alive(pid):

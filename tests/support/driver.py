@@ -1,8 +1,11 @@
 # What every Python test driver under tests/ shares (launch, netns, slurm, mpich, faults): the skip exit
-# code CTest knows, the Skip exception, expect() with context, and a free loopback port.
-# Import: sys.path.insert(0, <tests>/support); from driver import SKIP, Skip, expect, free_port
+# code CTest knows, the Skip exception, expect() with context, a free loopback port and run() with a deadline.
+# Import: sys.path.insert(0, <tests>/support); from driver import SKIP, Skip, expect, free_port, run
 # SPDX-License-Identifier: MIT
+import os
+import signal
 import socket
+import subprocess
 
 SKIP = 77  # CTest's SKIP_RETURN_CODE for our tests (tests/CMakeLists.txt DDP_SKIP_CODE)
 PY = "/usr/bin/python3"  # Debian's python3 with torch 1.13 (the pyenv python3 on PATH has no torch)
@@ -23,3 +26,17 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run(cmd, timeout=30, env=None, **kw):
+    """Runs cmd in its own session and returns (returncode, stdout, stderr); on timeout kills the whole process
+    group (a launcher and its workers) and fails with both outputs."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {cmd}\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err

@@ -5,7 +5,9 @@
 #      cuDNN or MPI (CMAKE_DISABLE_FIND_PACKAGE_*), builds and runs; asking for COMPONENTS cuda there fails with
 #      ddp's message;
 #   3. the light path of the README's Install section: tests, examples and benchmarks off, `cmake --build`
-#      (ddprun only), `cmake --install`, and the installed ddprun runs.
+#      (ddprun only), `cmake --install`, and the installed ddprun runs; the guide's first program
+#      (examples/custom_model) builds against that install on its own and runs as one process (no data: it stops
+#      with its data error, after the start-up call).
 # The full default build is not repeated here: package.find_package installs from the test build itself.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run out_var)
@@ -61,5 +63,15 @@ run(out ${CMAKE_COMMAND} --build ${WORK_DIR}/light)
 run(out ${CMAKE_COMMAND} --install ${WORK_DIR}/light --prefix ${WORK_DIR}/prefix_light)
 run(out ${WORK_DIR}/prefix_light/bin/ddprun --help)
 expect("${out}" "--nproc-per-node")
+run(out ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/custom_model -B ${WORK_DIR}/custom_model -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix_light)
+run(out ${CMAKE_COMMAND} --build ${WORK_DIR}/custom_model)
+execute_process(COMMAND ${WORK_DIR}/custom_model/custom_model --data-dir ${WORK_DIR}/no_such_dir
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 1)
+  message(FATAL_ERROR "package test: custom_model without data exited ${rc}, expected 1")
+endif()
+expect("${out}${err}" "cannot read CIFAR-format file")
 file(REMOVE_RECURSE ${WORK_DIR})
 message("package test: default install ok")

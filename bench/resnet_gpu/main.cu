@@ -6,7 +6,7 @@
 // Usage: bench_resnet_gpu [--batch N] [--image-size S] [--arch A]... [--precision P]... [--conv C]...
 //                         [--activations fp32|bf16]... [--steps N] [--warmup N] [--python PATH] [--no-torch]
 //                         [--torch-compile M]... [--torch-timeout S] [--peak-tflops F] [--profile [--profile-steps N]]
-//                         [--device I]
+//                         [--device I] [--recompute-relu off|on]...
 //        bench_resnet_gpu --device-info [--device I]
 //   defaults: batch 64, 224x224, archs resnet18 resnet50 resnet152, precisions fp32 tf32 bf16, convolutions
 //   own plus cudnn and cudnn_find where built with cuDNN (tensor/conv_impl.hpp; torch_step.py sets
@@ -24,6 +24,8 @@
 // float32 today (tensor/precision.hpp), so such a row prints "ddp_skipped" with why and runs nothing: the
 // flag is there so that the same command measures the feature once it exists. PyTorch's bf16 (autocast)
 // keeps its activations in bf16 either way.
+// --recompute-relu on: ddp's ResNet frees its relu(bn) outputs after forward and recomputes them in backward
+// (ResNetOptions::recompute_relu, docs/decisions/0068; off by default); "off on" gives one row each.
 // --profile: after the timed steps, --profile-steps (default 3) more steps run with CUDA events around every
 // op (kernels/cuda/op_profile.cuh, docs/decisions/0060): "ddp_profile" holds ms and calls per step per op
 // class ("conv.wgrad.cudnn", "bn_act_forward.stats", "add", "fill", "optimizer.sgd", "loss.cross_entropy", ...;
@@ -46,7 +48,8 @@
 //                                reserved bytes after the steps are the peak; "ddp_pool_returned_blocks" > 0
 //                                says an out-of-memory retry returned blocks mid-row, making it a lower
 //                                bound), torch.cuda.max_memory_reserved
-//   torch_peak_requested_bytes   the bytes torch's callers asked for (memory_stats "requested_bytes.all.peak")
+//   <side>_peak_requested_bytes  the bytes the callers asked for, before rounding: ddp's pool
+//                                (MemoryStats::peak_requested_bytes), torch's "requested_bytes.all.peak"
 // cuBLAS's and cuDNN's own workspaces outside the pools are on neither side.
 // Precision: ddp's Exec<Cuda>::precision (tensor/precision.hpp: bf16 rounds conv/linear operands only;
 // activations stay float32 in memory); torch: fp32 = allow_tf32 off, tf32 = allow_tf32 on (matmul and
@@ -102,6 +105,7 @@ struct Config {
   ConvImpl conv;
   std::string activations;  // "fp32" | "bf16"
   int steps, warmup, profile_steps;  // profile_steps 0: no profile
+  bool recompute_relu;
 };
 
 // Why a row with bf16 activations runs nothing (see the header).
@@ -121,7 +125,7 @@ nlohmann::json run_ddp(const Config& c) {
   Exec<Cuda> exec = stream.exec(parse_precision(c.precision), false, c.conv);
   nlohmann::json out;
   {
-    nn::ResNet<float, Cuda> model({.arch = c.arch, .num_classes = 1000});
+    nn::ResNet<float, Cuda> model({.arch = c.arch, .num_classes = 1000, .recompute_relu = c.recompute_relu});
     optim::SGD<float, Cuda> opt(model, {.lr = 0.1, .momentum = 0.9});
     Tensor<float, Cpu> xh(Shape{c.batch, c.size, c.size, 3});
     Generator(0, 0, kStreamData).fill_normal(xh.view(), 0.0, 1.0);
@@ -152,6 +156,7 @@ nlohmann::json run_ddp(const Config& c) {
            {"ddp_step_s", secs / c.steps},
            {"ddp_peak_allocated_bytes", static_cast<double>(m.peak_bytes)},
            {"ddp_peak_reserved_bytes", static_cast<double>(m.reserved_bytes)},
+           {"ddp_peak_requested_bytes", static_cast<double>(m.peak_requested_bytes)},
            {"ddp_device_mallocs_in_timed_steps", m.device_mallocs - m0.device_mallocs},
            {"ddp_pool_returned_blocks", ddp::detail::cuda_pool().stats().device_frees - frees0},
            {"ddp_last_loss", loss}};
@@ -269,7 +274,7 @@ int usage(const char* argv0) {
                "usage: %s [--batch N] [--image-size S] [--arch A]... [--precision fp32|tf32|bf16]... "
                "[--conv own|cudnn|cudnn_find]... [--activations fp32|bf16]... [--steps N] [--warmup N] "
                "[--python PATH] [--no-torch] [--torch-compile default|max-autotune]... [--torch-timeout S] "
-               "[--peak-tflops F] [--profile] [--profile-steps N] [--device I]\n"
+               "[--peak-tflops F] [--profile] [--profile-steps N] [--device I] [--recompute-relu off|on]...\n"
                "       %s --device-info [--device I]\n",
                argv0, argv0);
   return 2;
@@ -280,7 +285,7 @@ void add_ratios(nlohmann::json& j, const std::vector<std::string>& compile_modes
   if (!j.contains("ddp_images_per_s")) return;
   const double ddp = j["ddp_images_per_s"].get<double>();
   if (j.contains("torch_images_per_s")) j["ratio_ddp_over_torch"] = ddp / j["torch_images_per_s"].get<double>();
-  for (const char* kind : {"allocated", "reserved"}) {
+  for (const char* kind : {"allocated", "reserved", "requested"}) {
     const std::string d = std::string("ddp_peak_") + kind + "_bytes", t = std::string("torch_peak_") + kind + "_bytes";
     if (j.contains(d) && j.contains(t))
       j[std::string("mem_ratio_") + kind + "_ddp_over_torch"] =
@@ -307,6 +312,7 @@ int run(int argc, char** argv) {
   int steps = 20, warmup = 5, device = 0, torch_timeout = 240, profile_steps = 3;
   bool torch = true, profile = false, info = false;
   std::vector<std::string> archs, precisions, convs, compile_modes, activations;
+  std::vector<bool> recompute;
   double peak_tflops = 989.0;
   const char* env_python = std::getenv("DDP_BENCH_PYTHON");
   std::string python = env_python ? env_python : "python3";
@@ -330,6 +336,9 @@ int run(int argc, char** argv) {
     } else if (a == "--activations" && has_value &&
                (std::strcmp(argv[i + 1], "fp32") == 0 || std::strcmp(argv[i + 1], "bf16") == 0)) {
       activations.push_back(argv[++i]);
+    } else if (a == "--recompute-relu" && has_value &&
+               (std::strcmp(argv[i + 1], "off") == 0 || std::strcmp(argv[i + 1], "on") == 0)) {
+      recompute.push_back(std::strcmp(argv[++i], "on") == 0);
     } else if (a == "--torch-compile" && has_value && (std::strcmp(argv[i + 1], "default") == 0 ||
                                                        std::strcmp(argv[i + 1], "max-autotune") == 0)) {
       compile_modes.push_back(argv[++i]);
@@ -357,6 +366,7 @@ int run(int argc, char** argv) {
   if (archs.empty()) archs = {"resnet18", "resnet50", "resnet152"};
   if (precisions.empty()) precisions = {"fp32", "tf32", "bf16"};
   if (activations.empty()) activations = {"fp32"};
+  if (recompute.empty()) recompute = {false};
   int failures = 0;
   try {
     if (convs.empty() && resolve_conv_impl(ConvImpl::Auto) == ConvImpl::Cudnn) convs = {"own", "cudnn", "cudnn_find"};
@@ -379,19 +389,20 @@ int run(int argc, char** argv) {
       for (const auto& prec : precisions) {
         nlohmann::json torch_result = nlohmann::json::object();
         if (torch) {  // first: see the header
-          const Config c{arch, batch, size, prec, ConvImpl::Auto, "fp32", steps, warmup, 0};
+          const Config c{arch, batch, size, prec, ConvImpl::Auto, "fp32", steps, warmup, 0, false};
           torch_result = run_torch(c, topt);
           for (const auto& mode : compile_modes) torch_result.update(run_torch(c, topt, mode));
           if (torch_result.contains("torch_error")) ++failures;
         }
         for (const auto& conv : convs)
-          for (const auto& act : activations) {
+          for (const auto& act : activations)
+          for (const bool rec : recompute) {
             const Config c{arch, batch, size, prec, parse_conv_impl(conv), act, steps, warmup,
-                           profile ? profile_steps : 0};
+                           profile ? profile_steps : 0, rec};
             nlohmann::json j = {{"arch", arch},       {"batch", batch},         {"image_size", size},
                                 {"precision", prec},  {"conv", conv},           {"activations", act},
                                 {"gpu", prop.name},   {"steps", steps},         {"warmup", warmup},
-                                {"channels_last", true}};
+                                {"channels_last", true}, {"recompute_relu", rec}};
             if (act == "bf16") {
               j["ddp_skipped"] = kNoBf16Activations;
             } else {

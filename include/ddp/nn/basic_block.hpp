@@ -39,6 +39,7 @@ class BasicBlock : public ResidualBlock<T, D> {
           &this->register_module("downsample", detail::make_downsample<T, D>(o.inplanes, o.planes, o.stride)));
     this->add_stage(conv1_, bn1_);
     this->add_stage(conv2_, bn2_);
+    this->set_recompute_relu(o.recompute_relu);
   }
 
   // The BatchNorm whose weight zero_init_residual sets to 0.

@@ -120,6 +120,39 @@ class BatchNorm2d : public Module<T, D> {
     return dx;
   }
 
+  // forward_act's output (no residual) once more, from the input it kept, for a caller that freed it after
+  // forward (docs/decisions/0068): the same kernel on the same input, gamma and beta, so the same bits on an
+  // Exec with the forward's threads. Leaves the layer as it was: a training forward's statistics are computed
+  // again, their outputs (running statistics, save_mean/save_invstd) go to scratch, num_batches_tracked is not
+  // counted. Between forward_act and backward_act only; not after a synchronised forward (it would communicate).
+  Tensor<T, D> recompute_act(Exec<D>& exec) {
+    this->require_forward_state(have_x_);
+    if (forward_sync_)
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": recompute_act after a synchronised forward would "
+                                        "all-reduce again; keep forward_act's output instead"));
+    const trace::Span span = this->trace_span("recompute");
+    Tensor<T, D> y(x_.shape());
+    const Shape c{o_.num_features};
+    // Training updates the running statistics it is given (scratch here, their values never reach y); eval reads
+    // the layer's and writes none (BnChannelOutputs::finish with no rows).
+    Tensor<T, D> rm(c), rv(c), sm(c), si(c);
+    if (forward_training_) {
+      Kernels<D>::fill(exec, rm.view(), T(0));
+      Kernels<D>::fill(exec, rv.view(), T(1));
+    }
+    const kernels::BatchNormActForwardArgs<T, D> a{
+        .bn = {.x = x_, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
+               .running_mean = forward_training_ ? rm.view() : running_mean_->real().view(),
+               .running_var = forward_training_ ? rv.view() : running_var_->real().view(), .y = y.view(),
+               .save_mean = sm.view(), .save_invstd = si.view(),
+               .training = forward_training_, .momentum = o_.momentum, .eps = o_.eps},
+        .residual = {}, .relu = act_relu_};
+    Kernels<D>::batchnorm_act_forward(exec, a);
+    return y;
+  }
+  // Whether the last forward synchronised its statistics (recompute_act cannot follow it).
+  bool forward_synchronised() const noexcept { return forward_sync_; }
+
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;

@@ -45,6 +45,7 @@ class Bottleneck : public ResidualBlock<T, D> {
     this->add_stage(conv1_, bn1_);
     this->add_stage(conv2_, bn2_);
     this->add_stage(conv3_, bn3_);
+    this->set_recompute_relu(o.recompute_relu);
   }
 
   BatchNorm2d<T, D>& last_bn() noexcept { return *bn3_; }

@@ -110,6 +110,15 @@ class Conv2d : public Module<T, D> {
                                         dx.shape(), " but the input has shape ", x_.shape()));
     run_backward(exec, dy, input_grad_ ? dx : TensorView<T, D>(), true);
   }
+  // Points backward at x instead of the forward's input: the same values at another address (a residual block
+  // freed the input after forward and recomputed it, docs/decisions/0068). Same shape; between forward and backward.
+  void rebind_input(TensorView<const T, D> x) {
+    this->require_forward_state(have_x_);
+    if (!(x.shape() == x_.shape()))
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": rebind_input got shape ", x.shape(),
+                                        " but the forward's input has shape ", x_.shape()));
+    x_ = x;
+  }
 
  private:
   static kernels::Size2 size2(std::int64_t v) { return kernels::Size2{.h = v, .w = v}; }

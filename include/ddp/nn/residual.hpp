@@ -19,6 +19,11 @@
 // then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample: bn2.weight,
 // bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight, bn1.weight,
 // bn1.bias, conv1.weight.
+// Recomputation (BlockOptions::recompute_relu, docs/decisions/0068): stage i's a = relu(bn_i(c_i)) is read in
+// backward by conv_{i+1}'s wgrad (its input) and by bn_i's ReLU mask, nothing else, and conv_{i+1}'s backward
+// comes first. So forward frees a once conv_{i+1} has run, and backward computes it again just before
+// conv_{i+1}'s backward (Conv2d::rebind_input) and frees it after bn_i's; the same kernel on the same c_i with
+// the same gamma and beta gives the same bits, hence the same gradients. A synchronised bn keeps its a.
 // On the GPU each bn + (residual) + ReLU is one fused pass (kernels/cuda/bn_act.cuh); on the CPU it is the
 // unfused passes in a row, bit-identical to bn, add, relu (kernels/cpu/bn_act.hpp).
 #pragma once
@@ -43,6 +48,11 @@ struct BlockOptions {
   std::int64_t planes = 64;
   std::int64_t stride = 1;
   bool downsample = false;  // add the 1x1 conv + BN projection on the skip path
+  // Free each relu(bn) output of the main path (all stages but the last) once the next conv has read it in
+  // forward, and compute it again in backward from the kept conv output (BatchNorm2d::recompute_act): less
+  // memory between forward and backward for one more BatchNorm forward per stage (docs/decisions/0068: off by
+  // default, as in PyTorch, while the GPU cost is estimated at about 3 % of a ResNet-50 step).
+  bool recompute_relu = false;
 };
 
 namespace detail {
@@ -68,10 +78,12 @@ class ResidualBlock : public Module<T, D> {
       Stage& st = stages_[i];
       st.c = st.conv->forward(exec, h);
       st.a = st.bn->forward_act(exec, st.c.cview(), {}, true);
+      if (i > 0) drop_input_of(i);  // conv_i has read stage i-1's output
       h = st.a.cview();
     }
     Stage& last = stages_.back();
     last.c = last.conv->forward(exec, h);
+    if (stages_.size() > 1) drop_input_of(stages_.size() - 1);
     TensorView<const T, D> skip = x;
     Tensor<T, D> id;  // downsample(x), dead once added below
     if (downsample_) {
@@ -101,11 +113,20 @@ class ResidualBlock : public Module<T, D> {
     g = {};
     for (std::size_t i = stages_.size(); i-- > 0;) {
       Stage& st = stages_[i];
-      if (i + 1 < stages_.size()) h = st.bn->backward_act(exec, h.cview(), st.a.cview(), {});
-      if (i > 0)
+      if (i + 1 < stages_.size()) {
+        h = st.bn->backward_act(exec, h.cview(), st.a.cview(), {});
+        if (st.recomputed) st.a = {};
+      }
+      if (i > 0) {
+        Stage& prev = stages_[i - 1];
+        if (prev.recomputed) {  // conv_i's input, freed in forward
+          prev.a = prev.bn->recompute_act(exec);
+          st.conv->rebind_input(prev.a.cview());
+        }
         h = st.conv->backward(exec, h.cview());
-      else
+      } else {
         st.conv->backward_accumulate(exec, h.cview(), dx.view());
+      }
     }
     for (Stage& st : stages_) {
       st.c = {};
@@ -119,6 +140,8 @@ class ResidualBlock : public Module<T, D> {
   void add_stage(Conv2d<T, D>* conv, BatchNorm2d<T, D>* bn) { stages_.push_back(Stage{.conv = conv, .bn = bn}); }
   // The skip path's projection (nullptr: identity).
   void set_downsample(Sequential<T, D>* downsample) { downsample_ = downsample; }
+  // Whether forward frees the stages' relu(bn) outputs and backward recomputes them (BlockOptions::recompute_relu).
+  void set_recompute_relu(bool on) noexcept { recompute_relu_ = on; }
 
  private:
   struct Stage {
@@ -126,10 +149,19 @@ class ResidualBlock : public Module<T, D> {
     BatchNorm2d<T, D>* bn = nullptr;
     Tensor<T, D> c;  // conv output (N, H', W', C'), bn's input
     Tensor<T, D> a;  // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+    bool recomputed = false;  // a was freed after forward; backward computes it again
   };
+
+  // Stage i's conv has read stage i-1's output: free it when it can be recomputed.
+  void drop_input_of(std::size_t i) {
+    Stage& prev = stages_[i - 1];
+    prev.recomputed = recompute_relu_ && !prev.bn->forward_synchronised();
+    if (prev.recomputed) prev.a = {};
+  }
 
   std::vector<Stage> stages_;
   Sequential<T, D>* downsample_ = nullptr;
+  bool recompute_relu_ = false;
   TensorView<const T, D> y_;  // the block's output, owned by the caller
   bool have_state_ = false;
 };

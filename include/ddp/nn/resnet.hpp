@@ -52,6 +52,10 @@ struct ResNetOptions {
   std::uint64_t seed = 0;         // initialisation seed (every rank uses the same; DDP broadcasts rank 0's anyway)
   std::int64_t in_channels = 3;
   std::int64_t width = 64;        // channels of conv1 and layer1's planes; torchvision: 64
+  // Free the relu(bn) outputs that only a ReLU mask and the next layer's backward read (the stem's, each block's
+  // stages but the last) after forward and recompute them in backward: same gradients, less memory
+  // (BlockOptions::recompute_relu, docs/decisions/0068). Off by default: kept, as PyTorch keeps them.
+  bool recompute_relu = false;
 };
 
 // Blocks per layer and block type of an arch name; throws ValueError listing the valid names.
@@ -93,7 +97,8 @@ class ResNet : public Module<T, D> {
       auto seq = std::make_unique<Sequential<T, D>>();
       for (std::int64_t b = 0; b < spec_.layers[static_cast<std::size_t>(l)]; ++b) {
         const BlockOptions bo{.inplanes = inplanes, .planes = planes, .stride = b == 0 ? stride : 1,
-                              .downsample = b == 0 && (stride != 1 || inplanes != planes * expansion)};
+                              .downsample = b == 0 && (stride != 1 || inplanes != planes * expansion),
+                              .recompute_relu = o.recompute_relu};
         if (spec_.bottleneck)
           last_bns_.push_back(&seq->push_back(std::make_unique<Bottleneck<T, D>>(bo)).last_bn());
         else
@@ -153,6 +158,9 @@ class ResNet : public Module<T, D> {
     acts_.push_back(conv1_->forward(exec, x));
     acts_.push_back(bn1_->forward_act(exec, acts_.back().cview(), {}, true));
     acts_.push_back(maxpool_->forward(exec, acts_.back().cview()));
+    // relu(bn1) is read again only as bn1's ReLU mask (the max pool kept its argmax): recomputed in backward
+    stem_recomputed_ = o_.recompute_relu && !bn1_->forward_synchronised();
+    if (stem_recomputed_) acts_[1] = {};
     for (auto* layer : layers_) acts_.push_back(layer->forward(exec, acts_.back().cview()));
     acts_.push_back(avgpool_->forward(exec, acts_.back().cview()));
     const std::int64_t n = x.dim(0), c = acts_.back().dim(3);
@@ -168,6 +176,7 @@ class ResNet : public Module<T, D> {
     g = avgpool_->backward(exec, g.cview());
     for (int l = 3; l >= 0; --l) g = layers_[static_cast<std::size_t>(l)]->backward(exec, g.cview());
     g = maxpool_->backward(exec, g.cview());
+    if (stem_recomputed_) acts_[1] = bn1_->recompute_act(exec);
     g = bn1_->backward_act(exec, g.cview(), acts_[1].cview(), {});
     Tensor<T, D> dx = conv1_->backward(exec, g.cview());
     acts_.clear();
@@ -186,6 +195,7 @@ class ResNet : public Module<T, D> {
   std::vector<BatchNorm2d<T, D>*> last_bns_;          // zero_init_residual targets
   // conv1, relu(bn1), maxpool, layer1..4, avgpool outputs: (N, H', W', C) each
   std::vector<Tensor<T, D>> acts_;
+  bool stem_recomputed_ = false;  // acts_[1] was freed after forward
 };
 
 }  // namespace ddp::nn

@@ -65,6 +65,8 @@ struct PoolStats {
   std::int64_t device_mallocs = 0; // backend malloc calls that succeeded (the steady state adds none)
   std::int64_t device_frees = 0;   // blocks returned to the backend
   std::int64_t cache_hits = 0;     // requests served from the cache
+  std::size_t current_requested_bytes = 0;  // bytes the callers asked for, of the blocks handed out now
+  std::size_t peak_requested_bytes = 0;     // high-water mark of current_requested_bytes (reset with peak_bytes)
 };
 
 // What a program reads about one device's tensor memory (cpu_memory_stats, cuda_memory_stats).
@@ -73,12 +75,16 @@ struct MemoryStats {
   std::size_t peak_bytes = 0;       // high-water mark of current_bytes since start or the last reset
   std::size_t reserved_bytes = 0;   // obtained from the device (malloc, cudaMalloc): in use + cached for reuse
   std::int64_t device_mallocs = 0;  // device allocations so far (constant once training reached steady state)
+  std::size_t current_requested_bytes = 0;  // what live tensors asked for, before rounding to size classes
+  std::size_t peak_requested_bytes = 0;     // its high-water mark (PyTorch's "requested_bytes.all.peak")
 
   static MemoryStats of(const PoolStats& s) noexcept {
     return {.current_bytes = s.current_bytes,
             .peak_bytes = s.peak_bytes,
             .reserved_bytes = s.reserved_bytes,
-            .device_mallocs = s.device_mallocs};
+            .device_mallocs = s.device_mallocs,
+            .current_requested_bytes = s.current_requested_bytes,
+            .peak_requested_bytes = s.peak_requested_bytes};
   }
 };
 
@@ -137,8 +143,11 @@ class CachingPool {
                  .first->second;
     }
     blk->in_use = true;
+    blk->requested = bytes;
     stats_.current_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    stats_.current_requested_bytes += bytes;
+    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.current_requested_bytes);
     return blk->ptr;
   }
 
@@ -188,6 +197,7 @@ class CachingPool {
       Block& blk = it->second;
       blk.in_use = false;
       stats_.current_bytes -= blk.size;
+      stats_.current_requested_bytes -= blk.requested;
       if (blk.uses.empty() && blk.retired.empty()) {
         free_[{key(blk.stream), blk.size}].push_back(&blk);
         return;
@@ -220,6 +230,7 @@ class CachingPool {
   void reset_peak() {
     std::lock_guard lk(mu_);
     stats_.peak_bytes = stats_.current_bytes;
+    stats_.peak_requested_bytes = stats_.current_requested_bytes;
   }
 
   static constexpr std::size_t kMinBlock = 512;
@@ -231,6 +242,7 @@ class CachingPool {
   struct Block {
     void* ptr = nullptr;
     std::size_t size = 0;       // rounded size class
+    std::size_t requested = 0;  // what the caller of allocate asked for while in use (<= size)
     Stream stream{};            // the stream it was allocated on: its cache
     std::vector<Stream> uses;   // other streams that used it since it was handed out
     std::vector<Event> retired; // events recorded on used streams that were destroyed since (retire_stream)

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -150,9 +151,38 @@ void compare_one_step(const std::string& arch) {
           ", CPU ", worst.cpu);
 }
 
+// BatchNorm2d::recompute_act on the GPU (docs/decisions/0068): forward_act's bits again, the layer's statistics and
+// counter untouched, in training and eval, for channel counts that do and do not fill the kernels' vectors.
+void check_recompute_act(std::int64_t c, bool training) {
+  INFO("C ", c, " training ", training);
+  ddp::Stream stream;
+  Exec<Cuda> gpu = stream.exec(ddp::Precision::Fp32);
+  ddp::nn::BatchNorm2d<float, Cuda> bn({.num_features = c});
+  bn.train(training);
+  Tensor<float, Cpu> xh({4, 7, 5, c});
+  ddp::Generator(3).fill_normal(xh.view(), 0.5, 2.0);
+  auto x = ddp::to<Cuda>(xh.cview(), gpu);
+  auto y = ddp::to<Cpu>(bn.forward_act(gpu, x.cview(), {}, true).cview(), gpu);
+  const auto rm = ddp::to<Cpu>(bn.running_mean().cview(), gpu), rv = ddp::to<Cpu>(bn.running_var().cview(), gpu);
+  const std::int64_t count = ddp::to<Cpu>(bn.num_batches_tracked().cview(), gpu).data()[0];
+  auto y2 = ddp::to<Cpu>(bn.recompute_act(gpu).cview(), gpu);
+  CHECK(std::equal(y.data(), y.data() + y.numel(), y2.data(), [](float a, float b) {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+  }));
+  const auto rm2 = ddp::to<Cpu>(bn.running_mean().cview(), gpu), rv2 = ddp::to<Cpu>(bn.running_var().cview(), gpu);
+  CHECK(std::memcmp(rm.data(), rm2.data(), rm.bytes()) == 0);
+  CHECK(std::memcmp(rv.data(), rv2.data(), rv.bytes()) == 0);
+  CHECK(ddp::to<Cpu>(bn.num_batches_tracked().cview(), gpu).data()[0] == count);
+}
+
 }  // namespace
 
 TEST_SUITE("nn_cuda") {
+  TEST_CASE("BatchNorm2d::recompute_act on the GPU: forward_act's bits, statistics untouched") {
+    if (ddp::test::skip_without_gpu()) return;
+    for (bool training : {true, false})
+      for (std::int64_t c : {3, 5, 64, 256}) check_recompute_act(c, training);
+  }
   TEST_CASE("resnet18: one training step on the GPU matches the CPU") {
     if (ddp::test::skip_without_gpu()) return;
     compare_one_step("resnet18");

@@ -270,6 +270,44 @@ TEST_SUITE("caching_pool") {
     pool.deallocate(b);
   }
 
+  TEST_CASE("requested bytes: the sum of the sizes asked for, its peak after frees, and reset_peak") {
+    FakeDevice dev;
+    Pool pool(dev);
+    // Sizes that round up by different amounts (1000 -> 1 KiB, 5000 -> 5 KiB, 1 MiB + 1 -> 1 MiB + 64 KiB).
+    const std::size_t na = 1000, nb = 5000, nc = (std::size_t{1} << 20) + 1;
+    void* a = pool.allocate(na, 1);
+    void* b = pool.allocate(nb, 2);
+    void* c = pool.allocate(nc, 1);
+    auto s = pool.stats();
+    CHECK(s.current_requested_bytes == na + nb + nc);
+    CHECK(s.peak_requested_bytes == na + nb + nc);
+    CHECK(s.current_bytes == 1024 + 5120 + (std::size_t{1} << 20) + 65536);
+    pool.deallocate(c);
+    pool.deallocate(a);
+    s = pool.stats();
+    CHECK(s.current_requested_bytes == nb);
+    CHECK(s.peak_requested_bytes == na + nb + nc);  // the peak stays after the frees
+    // A cached block reused by a smaller request of its class counts the new request, not the old one.
+    void* a2 = pool.allocate(600, 1);  // 1 KiB class: a's block again
+    CHECK(a2 == a);
+    CHECK(pool.stats().current_requested_bytes == nb + 600);
+    pool.reset_peak();
+    CHECK(pool.stats().peak_requested_bytes == nb + 600);
+    // A block freed while another stream used it stops counting at once (it waits, but no tensor holds it).
+    pool.record_stream(b, 3);
+    dev.launch(3);
+    pool.deallocate(b);
+    s = pool.stats();
+    CHECK(s.pending_blocks == 1);
+    CHECK(s.current_requested_bytes == 600);
+    CHECK(s.peak_requested_bytes == nb + 600);
+    pool.deallocate(a2);
+    CHECK(pool.stats().current_requested_bytes == 0);
+    const ddp::MemoryStats m = ddp::MemoryStats::of(pool.stats());
+    CHECK(m.current_requested_bytes == 0);
+    CHECK(m.peak_requested_bytes == nb + 600);
+  }
+
   TEST_CASE("a double free or a foreign pointer is ignored, not a crash") {
     FakeDevice dev;
     Pool pool(dev);

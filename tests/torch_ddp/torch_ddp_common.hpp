@@ -30,7 +30,7 @@ class Net : public nn::Module<float, Cpu> {
  public:
   explicit Net(std::int64_t head_out = 3) {
     conv_ = &register_module("conv", std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{
-                                         .in_channels = 3, .out_channels = 4, .kernel_size = 3, .padding = 1}));
+                                         .in_channels = 3, .out_channels = 4, .kernel_size = 3, .padding = 1, .bias = false}));
     bn_ = &register_module("bn", std::make_unique<nn::BatchNorm2d<float, Cpu>>(nn::BatchNorm2dOptions{.num_features = 4}));
     relu_ = &register_module("relu", std::make_unique<nn::ReLU<float, Cpu>>());
     pool_ = &register_module("pool", std::make_unique<nn::AdaptiveAvgPool2d<float, Cpu>>());

@@ -28,11 +28,11 @@ class BasicBlock : public ResidualBlock<T, D> {
   explicit BasicBlock(const BlockOptions& o) : o_(o) {
     conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.inplanes, .out_channels = o.planes,
-                                                 .kernel_size = 3, .stride = o.stride, .padding = 1}));
+                                                 .kernel_size = 3, .stride = o.stride, .padding = 1, .bias = false}));
     bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.planes}));
     conv2_ = &this->register_module("conv2", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.planes, .out_channels = o.planes, .kernel_size = 3,
-                                                 .stride = 1, .padding = 1}));
+                                                 .stride = 1, .padding = 1, .bias = false}));
     bn2_ = &this->register_module("bn2", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.planes}));
     if (o.downsample)
       this->set_downsample(

@@ -29,15 +29,15 @@ class Bottleneck : public ResidualBlock<T, D> {
     const std::int64_t out = o.planes * kExpansion;
     conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.inplanes, .out_channels = o.planes,
-                                                 .kernel_size = 1, .stride = 1, .padding = 0}));
+                                                 .kernel_size = 1, .stride = 1, .padding = 0, .bias = false}));
     bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.planes}));
     conv2_ = &this->register_module("conv2", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.planes, .out_channels = o.planes, .kernel_size = 3,
-                                                 .stride = o.stride, .padding = 1}));
+                                                 .stride = o.stride, .padding = 1, .bias = false}));
     bn2_ = &this->register_module("bn2", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.planes}));
     conv3_ = &this->register_module("conv3", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.planes, .out_channels = out, .kernel_size = 1,
-                                                 .stride = 1, .padding = 0}));
+                                                 .stride = 1, .padding = 0, .bias = false}));
     bn3_ = &this->register_module("bn3", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = out}));
     if (o.downsample)
       this->set_downsample(

@@ -3,7 +3,7 @@
 //
 //   x (N, H, W, C_in) -> y (N, H_out, W_out, C_out),  H_out = (H + 2 pad - dil (k - 1) - 1) / stride + 1
 // Parameters: "weight" (C_out, kH, kW, C_in) in ddp's layout, (C_out, C_in, kH, kW) in the state_dict;
-// "bias" (C_out) only with .bias = true (ResNet's convs have none).
+// "bias" (C_out) unless .bias = false (default true, as in torch; ResNet's convs have none).
 // Initialisation at construction (torch's reset_parameters, nn/init.hpp): weight and bias ~ U(-b, b),
 // b = 1/sqrt(C_in kH kW), from the default generator (tensor/random.hpp's manual_seed).
 // forward keeps a view of x: the caller keeps x alive and unchanged until backward (parents do).
@@ -29,7 +29,7 @@ struct Conv2dOptions {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   std::int64_t dilation = 1;
-  bool bias = false;
+  bool bias = true;  // torch.nn.Conv2d's default; ResNet's convolutions, followed by BatchNorm, pass false
 };
 
 template <class T, Device D>

@@ -17,16 +17,24 @@
 
 namespace ddp::nn {
 
+// torch.nn.MaxPool2d's: kernel_size is required, stride defaults to kernel_size (0 here, torch's None), padding 0.
 struct MaxPool2dOptions {
-  std::int64_t kernel_size = 3;
-  std::int64_t stride = 2;
-  std::int64_t padding = 1;
+  std::int64_t kernel_size = 0;
+  std::int64_t stride = 0;
+  std::int64_t padding = 0;
 };
 
 template <class T, Device D>
 class MaxPool2d : public Module<T, D> {
  public:
-  explicit MaxPool2d(const MaxPool2dOptions& o = {}) : o_(o) {}
+  explicit MaxPool2d(const MaxPool2dOptions& o) : o_(o) {
+    if (o_.stride == 0) o_.stride = o_.kernel_size;
+    if (o_.kernel_size < 1 || o_.stride < 1 || o_.padding < 0 || 2 * o_.padding > o_.kernel_size)
+      throw ValueError(ddp::detail::str("ddp: MaxPool2d needs kernel_size >= 1, stride >= 1 (0: kernel_size) and ",
+                                        "0 <= padding <= kernel_size / 2, got kernel_size=", o.kernel_size,
+                                        ", stride=", o.stride, ", padding=", o.padding,
+                                        " (torch.nn.MaxPool2d(kernel_size, stride=None, padding=0))"));
+  }
 
   std::string describe() const override {
     return ddp::detail::str("MaxPool2d(kernel_size=", o_.kernel_size, ", stride=", o_.stride, ", padding=",

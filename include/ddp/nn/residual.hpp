@@ -62,7 +62,7 @@ template <class T, Device D>
 std::unique_ptr<Sequential<T, D>> make_downsample(std::int64_t inplanes, std::int64_t outplanes, std::int64_t stride) {
   auto ds = std::make_unique<Sequential<T, D>>();
   ds->push_back(std::make_unique<Conv2d<T, D>>(Conv2dOptions{
-      .in_channels = inplanes, .out_channels = outplanes, .kernel_size = 1, .stride = stride, .padding = 0}));
+      .in_channels = inplanes, .out_channels = outplanes, .kernel_size = 1, .stride = stride, .padding = 0, .bias = false}));
   ds->push_back(std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = outplanes}));
   return ds;
 }

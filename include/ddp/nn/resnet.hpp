@@ -86,7 +86,7 @@ class ResNet : public Module<T, D> {
     const std::int64_t expansion = spec_.bottleneck ? Bottleneck<T, D>::kExpansion : BasicBlock<T, D>::kExpansion;
     conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
                                                  .in_channels = o.in_channels, .out_channels = o.width,
-                                                 .kernel_size = 7, .stride = 2, .padding = 3}));
+                                                 .kernel_size = 7, .stride = 2, .padding = 3, .bias = false}));
     conv1_->set_input_grad(false);  // nothing upstream of the image needs a gradient
     bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.width}));
     maxpool_ = std::make_unique<MaxPool2d<T, D>>(MaxPool2dOptions{.kernel_size = 3, .stride = 2, .padding = 1});

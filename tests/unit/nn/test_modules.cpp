@@ -10,6 +10,7 @@
 
 #include <ddp/nn/conv2d.hpp>
 #include <ddp/nn/loss.hpp>
+#include <ddp/nn/maxpool2d.hpp>
 #include <ddp/nn/resnet.hpp>
 #include <ddp/nn/sequential.hpp>
 #include <ddp/tensor/random.hpp>
@@ -138,6 +139,21 @@ TEST_SUITE("nn") {
     }
   }
 
+  TEST_CASE("Conv2d and MaxPool2d default as torch.nn's: Conv2d has a bias, MaxPool2d's stride is its kernel size") {
+    // torch 1.13: nn.Conv2d(3, 8, 3) has weight and bias; nn.MaxPool2d(2) on (1, 3, 8, 8) gives (1, 3, 4, 4) and
+    // nn.MaxPool2d(3) gives (1, 3, 2, 2) (stride 3, padding 0); nn.MaxPool2d() is a TypeError (no kernel size).
+    nn::Conv2d<float, Cpu> conv(nn::Conv2dOptions{.in_channels = 3, .out_channels = 8});
+    CHECK(conv.state_dict_keys() == std::vector<std::string>{"weight", "bias"});
+    kernels::cpu::ThreadPool pool(1);
+    Exec<Cpu> exec{.pool = &pool};
+    auto x = Tensor<float, Cpu>::zeros({1, 8, 8, 3});
+    nn::MaxPool2d<float, Cpu> two(nn::MaxPool2dOptions{.kernel_size = 2}), three(nn::MaxPool2dOptions{.kernel_size = 3});
+    CHECK(two.forward(exec, x.cview()).shape() == Shape{1, 4, 4, 3});
+    CHECK(three.forward(exec, x.cview()).shape() == Shape{1, 2, 2, 3});
+    CHECK(three.describe() == "MaxPool2d(kernel_size=3, stride=3, padding=0)");
+    CHECK_THROWS_AS(nn::MaxPool2d<float, Cpu>(nn::MaxPool2dOptions{}), ValueError);
+  }
+
   TEST_CASE("bad inputs are ValueErrors naming the module") {
     kernels::cpu::ThreadPool pool(1);
     Exec<Cpu> exec{.pool = &pool};
@@ -163,7 +179,7 @@ TEST_SUITE("nn") {
     seq.push_back(std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{.in_channels = 16, .out_channels = 4}));
     auto x = Tensor<float, Cpu>::zeros({1, 8, 8, 3});
     CHECK_THROWS_WITH_AS(seq.forward(exec, x.cview()),
-                         "ddp: module '1' (Conv2d(16, 4, kernel_size=3, stride=1, padding=0, bias=False)): input has 8 "
+                         "ddp: module '1' (Conv2d(16, 4, kernel_size=3, stride=1, padding=0, bias=True)): input has 8 "
                          "channels but the layer expects 16 (input shape (1, 6, 6, 8), NHWC: channels last; is the "
                          "input NCHW, or the previous layer mis-sized?)",
                          ValueError);

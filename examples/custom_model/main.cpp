@@ -37,16 +37,14 @@ auto make_model() {
 }
 
 int main(int argc, char** argv) try {
-  train::InitFlags init(argc, argv, {.cpu_only = true});
   cxxopts::Options options("custom_model", "A residual CNN of one's own on scikit-learn's digits");
   options.add_options()("data-dir", "digits_{train,test}.bin", cxxopts::value<std::string>()->default_value("digits"))(
       "epochs", "epochs", cxxopts::value<int>()->default_value("5"))(
       "seed", "initialisation and shuffling", cxxopts::value<std::uint64_t>()->default_value("0"));
-  init.add_options(options);  // --backend, --timeout-ms, ...
-  const auto args = train::parse_args(options, argc, argv);
-  init.read(args);
-  train::Job job = train::init_process_group(init);
-  const int rank = job.rank(), world = job.world_size();
+  // Adds --backend, --timeout-ms, ... and --help; joins the job unless --help was given.
+  auto [job, args] = train::init_process_group(argc, argv, options, {.cpu_only = true});
+  if (!job) return 0;  // --help printed
+  const int rank = job->rank(), world = job->world_size();
   const auto dir = args["data-dir"].as<std::string>();
   const auto seed = args["seed"].as<std::uint64_t>();
 
@@ -60,7 +58,7 @@ int main(int argc, char** argv) try {
 
   manual_seed(seed);  // the layers' initial weights
   auto net = make_model();
-  parallel::DistributedDataParallel<float, Cpu> model(*net, job.communicator());
+  parallel::DistributedDataParallel<float, Cpu> model(*net, job->communicator());
   optim::SGD<float, Cpu> opt(*net, {.lr = 0.05, .momentum = 0.9});
   nn::CrossEntropyLoss<float, Cpu> loss;
   Exec<Cpu> exec;  // kernels on this thread: one thread per process, as the launchers ask (OMP_NUM_THREADS=1)
@@ -86,7 +84,7 @@ int main(int argc, char** argv) try {
         counts[0] += std::max_element(row, row + 10) - row == batch->labels.data()[i];
       counts[1] += batch->size();
     }
-    const auto [correct, images] = train::sum_over_ranks(job.communicator(), exec, counts);
+    const auto [correct, images] = train::sum_over_ranks(job->communicator(), exec, counts);
     if (rank == 0)
       std::cout << "epoch " << epoch << " test accuracy " << correct / images << " (" << correct << "/" << images
                 << ") train time " << seconds.count() << " s" << std::endl;

@@ -11,6 +11,9 @@
 //     ddp::train::Job job = ddp::train::init_process_group(init);
 //     ... job.rank(), job.world_size(), job.local_rank(), job.cuda_device(), job.communicator() ...
 //   }                                                     // ~Job: the communicator's bounded barrier, then the store
+// Programs without a check of their own between the parse and the join do all of it in one call, which also adds
+// -h,--help (see Startup below):
+//     auto [job, args] = ddp::train::init_process_group(argc, argv, options);  if (!job) return 0;  // --help
 // InitFlags reads: the launch flags (env/flags.hpp), the environment (env::Env::process(); tests pass a fake one),
 // the distributed flags (train/options.hpp, DistFlags) and --device (train/device_choice.hpp: cpu, cuda or picked;
 // a log line says why when picked). init_process_group then, in order:
@@ -27,7 +30,9 @@
 // instantiated only in builds with CUDA (BuildConfig::with_cuda), so this header compiles without CUDA.
 #pragma once
 
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -48,6 +53,7 @@
 #include "ddp/tensor/device.hpp"
 #include "ddp/train/device_choice.hpp"
 #include "ddp/train/options.hpp"
+#include "ddp/train/parse_args.hpp"
 
 namespace ddp::train {
 
@@ -205,6 +211,48 @@ inline Job init_process_group(const InitFlags& init, std::shared_ptr<store::Stor
   if (!store) throw ConfigError("ddp: init_process_group(init, store): the store is null; pass a store or call "
                                 "init_process_group(init)");
   return detail::join(init, std::move(store));
+}
+
+namespace detail {
+
+// The launch flags for --help: InitFlags takes them out of argv, so cxxopts never lists them.
+inline std::string launch_flags_help() {
+  std::string s = "Launch flags (over the launcher's variables):";
+  for (const auto& f : env::detail::kLaunchFlags) s.append(" ").append(f.flag);
+  return s + "\n";
+}
+
+}  // namespace detail
+
+// What the start-up from argv returns: the job, empty when --help was given (printed; no rendezvous joined), and
+// the parsed flags, the program's own and the distributed ones.
+struct Startup {
+  std::optional<Job> job;
+  cxxopts::ParseResult args;
+};
+
+// The whole start-up from argv, in the order of the file comment: InitFlags (launch flags out of argv, argc
+// updated), the distributed flags and, unless `options` has its own, -h,--help added to `options`, parse_args; then
+// on --help the help to stdout and an empty job, else InitFlags::read (bad flags fail there, before any rendezvous)
+// and init_process_group(init). Programs with checks of their own between the parse and the join call those steps.
+//   cxxopts::Options options("prog", "...");
+//   options.add_options()("epochs", ...);
+//   auto [job, args] = ddp::train::init_process_group(argc, argv, options, {.cpu_only = true});
+//   if (!job) return 0;  // --help
+//   ... job->rank(), job->communicator(), args["epochs"].as<int>() ...
+inline Startup init_process_group(int& argc, char** argv, cxxopts::Options& options, InitOptions opts = {},
+                                  env::Env env = env::Env::process()) {
+  InitFlags init(argc, argv, std::move(opts), std::move(env));
+  init.add_options(options);
+  if (!detail::has_option(options, "help"))
+    options.add_options()(detail::has_option(options, "h") ? "help" : "h,help", "print this help and exit");
+  cxxopts::ParseResult args = parse_args(options, argc, argv);
+  if (args.count("help")) {
+    std::cout << options.help() << detail::launch_flags_help() << std::flush;
+    return {std::nullopt, std::move(args)};
+  }
+  init.read(args);
+  return {init_process_group(init), std::move(args)};
 }
 
 }  // namespace ddp::train

@@ -6,12 +6,14 @@
 //   // ./resnet --batch_size abc  ->  ConfigError "ddp: --batch_size: 'abc' is not a value of its type (cxxopts:
 //   //                                  Argument 'abc' failed to parse); --help lists the flags and their defaults"
 // Every other cxxopts error (an unknown flag, a missing value) already names its option; it becomes a ConfigError
-// with "ddp: " in front, so the programs' error path is one exception type.
+// with "ddp: " in front, so the programs' error path is one exception type. The "--help lists ..." hint is added
+// only where `options` has a --help (train::init_process_group(argc, argv, options) adds one).
 #pragma once
 
 #include <cctype>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <cxxopts.hpp>
@@ -67,6 +69,24 @@ inline std::string flag_with_bad_value(cxxopts::Options& options, int argc, cons
   return {};
 }
 
+// Whether `options` has the option of long name `name` ("help"), or, for a one-letter `name`, of that short name.
+inline bool has_option(const cxxopts::Options& options, std::string_view name) {
+  const auto named = [&](const auto& o) {  // generic: only the branch of this cxxopts' type is instantiated
+    if (name.size() == 1 && o.s == name) return true;
+    if constexpr (std::is_same_v<std::decay_t<decltype(o.l)>, std::string>) {  // cxxopts < 3.1: one long name
+      return o.l == name;
+    } else {
+      for (const std::string& l : o.l)
+        if (l == name) return true;
+      return false;
+    }
+  };
+  for (const std::string& group : options.groups())
+    for (const cxxopts::HelpOptionDetails& o : options.group_help(group).options)
+      if (named(o)) return true;
+  return false;
+}
+
 }  // namespace detail
 
 // A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ConfigError naming `flag`.
@@ -82,14 +102,16 @@ inline cxxopts::ParseResult parse_args(cxxopts::Options& options, int argc, cons
   try {
     return options.parse(argc, argv);
   } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    const bool help = detail::has_option(options, "help");
     const std::string value = detail::quoted_argument(e.what());
     const std::string flag = value.empty() ? std::string() : detail::flag_with_bad_value(options, argc, argv, value);
-    if (flag.empty()) throw ConfigError(ddp::detail::str("ddp: ", e.what(), "; --help lists the flags"));
+    if (flag.empty()) throw ConfigError(ddp::detail::str("ddp: ", e.what(), help ? "; --help lists the flags" : ""));
     throw ConfigError(ddp::detail::str("ddp: ", flag, ": ", ddp::detail::quoted(value),
-                                       " is not a value of its type (cxxopts: ", e.what(),
-                                       "); --help lists the flags and their defaults"));
+                                       " is not a value of its type (cxxopts: ", e.what(), ")",
+                                       help ? "; --help lists the flags and their defaults" : ""));
   } catch (const cxxopts::exceptions::exception& e) {
-    throw ConfigError(ddp::detail::str("ddp: ", e.what(), "; --help lists the flags"));
+    throw ConfigError(ddp::detail::str("ddp: ", e.what(),
+                                       detail::has_option(options, "help") ? "; --help lists the flags" : ""));
   }
 }
 

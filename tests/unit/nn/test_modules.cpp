@@ -151,7 +151,8 @@ TEST_SUITE("nn") {
     CHECK(two.forward(exec, x.cview()).shape() == Shape{1, 4, 4, 3});
     CHECK(three.forward(exec, x.cview()).shape() == Shape{1, 2, 2, 3});
     CHECK(three.describe() == "MaxPool2d(kernel_size=3, stride=3, padding=0)");
-    CHECK_THROWS_AS(nn::MaxPool2d<float, Cpu>(nn::MaxPool2dOptions{}), ValueError);
+    using MaxPool = nn::MaxPool2d<float, Cpu>;
+    CHECK_THROWS_AS(MaxPool(nn::MaxPool2dOptions{}), ValueError);
   }
 
   TEST_CASE("bad inputs are ValueErrors naming the module") {
@@ -179,7 +180,7 @@ TEST_SUITE("nn") {
     seq.push_back(std::make_unique<nn::Conv2d<float, Cpu>>(nn::Conv2dOptions{.in_channels = 16, .out_channels = 4}));
     auto x = Tensor<float, Cpu>::zeros({1, 8, 8, 3});
     CHECK_THROWS_WITH_AS(seq.forward(exec, x.cview()),
-                         "ddp: module '1' (Conv2d(16, 4, kernel_size=3, stride=1, padding=0, bias=True)): input has 8 "
+                         "ddp: module '1' (Conv2d(16, 4, kernel_size=3, stride=1, padding=0)): input has 8 "
                          "channels but the layer expects 16 (input shape (1, 6, 6, 8), NHWC: channels last; is the "
                          "input NCHW, or the previous layer mis-sized?)",
                          ValueError);

@@ -7,7 +7,9 @@
 
 #include <cxxopts.hpp>
 #include <exception>
+#include <iostream>
 #include <memory>
+#include <sstream>
 #include <span>
 #include <string>
 #include <thread>
@@ -112,6 +114,29 @@ std::vector<Seen> join_two(int port, std::shared_ptr<store::Store> store) {
   return seen;
 }
 
+// std::cout's text while alive.
+struct CaptureCout {
+  CaptureCout() : old(std::cout.rdbuf(text.rdbuf())) {}
+  ~CaptureCout() { std::cout.rdbuf(old); }
+  std::ostringstream text;
+  std::streambuf* old;
+};
+
+// A port nothing listens on: rank 1 of 2 would wait there for rank 0's store (up to --timeout-ms) if it joined.
+int closed_port() {
+  store::TcpStoreServer probe("127.0.0.1", 0);
+  return probe.port();
+}
+
+// The program's own options: --epochs, and with `own_h` a -h of its own (-h,--height).
+cxxopts::Options program_options(bool own_h = false) {
+  cxxopts::Options options("prog", "test");
+  options.add_options()("epochs", "the program's own flag", cxxopts::value<long>()->default_value("1"));
+  if (own_h)
+    options.add_options()("h,height", "a flag of the program's on -h", cxxopts::value<int>()->default_value("0"));
+  return options;
+}
+
 }  // namespace test_init
 
 TEST_SUITE("train") {
@@ -178,6 +203,78 @@ TEST_SUITE("train") {
       CHECK(s.tcp_store);
       CHECK(s.sum == 3.0f);
     }
+  }
+
+  TEST_CASE("init_process_group(argc, argv, options): --help prints the flags and joins nothing") {
+    using namespace test_init;
+    for (const bool own_h : {false, true}) {
+      CAPTURE(own_h);
+      // Rank 1 of 2 with no rank 0 anywhere: joining would wait out --timeout-ms and throw.
+      Argv a({"prog", "--local_rank=1", "--help", "--timeout-ms=3000"});
+      cxxopts::Options options = program_options(own_h);
+      CaptureCout out;
+      auto [job, args] =
+          train::init_process_group(a.argc, a.ptrs.data(), options, {.cpu_only = true}, env_rank(1, closed_port()));
+      CHECK_FALSE(job.has_value());
+      CHECK(args.count("help") == 1);
+      CHECK(a.argc == 3);  // --local_rank=1 taken out
+      const std::string help = out.text.str();
+      CAPTURE(help);
+      CHECK(help.find("--epochs") != std::string::npos);      // the program's
+      CHECK(help.find("--backend") != std::string::npos);     // the distributed flags
+      CHECK(help.find("--timeout-ms") != std::string::npos);
+      CHECK(help.find("--device") == std::string::npos);      // cpu_only
+      CHECK(help.find("--master-port") != std::string::npos); // the launch flags
+      CHECK(help.find(own_h ? "-h, --height" : "-h, --help") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("init_process_group(argc, argv, options): one process returns the job and the parsed flags") {
+    using namespace test_init;
+    Argv a({"prog", "--epochs", "3", "--local_rank=0", "--backend", "tcp", "--timeout-ms=5000"});
+    cxxopts::Options options = program_options();
+    auto [job, args] =
+        train::init_process_group(a.argc, a.ptrs.data(), options, {.cpu_only = true}, env::Env::from({}));
+    REQUIRE(job.has_value());
+    CHECK(args.count("help") == 0);
+    CHECK(args["epochs"].as<long>() == 3);
+    CHECK(args["backend"].as<std::string>() == "tcp");
+    CHECK(job->rank() == 0);
+    CHECK(job->world_size() == 1);
+    CHECK(job->local_rank() == 0);
+    CHECK(job->device().device == "cpu");
+    CHECK(job->communicator().backend() == "tcp");
+    std::vector<float> v{1.5f};
+    job->communicator().all_reduce(std::span(v)).wait();
+    CHECK(v[0] == 1.5f);
+    // The program's own -h stays its own; --help is added beside it.
+    Argv b({"prog", "-h", "7"});
+    cxxopts::Options with_h = program_options(true);
+    auto [job_h, args_h] = train::init_process_group(b.argc, b.ptrs.data(), with_h, {.cpu_only = true},
+                                                     env::Env::from({}));
+    CHECK(job_h.has_value());
+    CHECK(args_h["height"].as<int>() == 7);
+  }
+
+  TEST_CASE("init_process_group(argc, argv, options): bad flags fail before any rendezvous") {
+    using namespace test_init;
+    const int port = closed_port();  // as above: rank 1 of 2, joining would wait out --timeout-ms
+    const auto start = [&](std::vector<std::string> argv) {
+      argv.push_back("--timeout-ms=3000");
+      Argv a(std::move(argv));
+      cxxopts::Options options = program_options();
+      (void)train::init_process_group(a.argc, a.ptrs.data(), options, {.cpu_only = true}, env_rank(1, port));
+    };
+    const std::string unknown = error_of([&] { start({"prog", "--no-such-flag"}); });
+    CHECK(unknown.starts_with("ddp: Option "));  // cxxopts' words, with UTF-8 or ASCII quotes
+    CHECK(unknown.find("no-such-flag") != std::string::npos);
+    CHECK(unknown.ends_with("; --help lists the flags"));  // true here: the call added --help
+    CHECK(error_of([&] { start({"prog", "--epochs", "x"}); })
+              .starts_with("ddp: --epochs: 'x' is not a value of its type"));
+    CHECK(error_of([&] { start({"prog", "--backend", "nccl"}); }) ==
+          "ddp: --backend nccl reduces GPU memory, but this program computes on the CPU only; use --backend gloo "
+          "(or tcp, mpi)");
+    CHECK(error_of([&] { start({"prog", "--rank"}); }) == "ddp: --rank needs a value, e.g. --rank=0.");
   }
 
   TEST_CASE("init_process_group: bad flags, devices and launch environments fail before any rendezvous") {

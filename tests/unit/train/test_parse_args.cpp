@@ -20,9 +20,10 @@ cxxopts::Options parse_args_test_options() {
   return o;
 }
 
-std::string parse_args_error(std::vector<const char*> argv) {
+std::string parse_args_error(std::vector<const char*> argv, bool with_help = false) {
   argv.insert(argv.begin(), "prog");
   cxxopts::Options o = parse_args_test_options();
+  if (with_help) o.add_options()("h,help", "this help");
   try {
     (void)ddp::train::parse_args(o, static_cast<int>(argv.size()), argv.data());
   } catch (const ddp::ConfigError& e) {
@@ -40,9 +41,16 @@ TEST_SUITE("train") {
     CHECK(parse_args_error({"-n", "x7"}).starts_with("ddp: -n: 'x7' is not a value of its type"));
     // The same text as another flag's good value does not confuse it: the flag that cannot take it is named.
     CHECK(parse_args_error({"--name", "abc", "--batch_size=abc"}).starts_with("ddp: --batch_size: 'abc' "));
-    const std::string e = parse_args_error({"--batch_size", "2.5"});
+    const std::string e = parse_args_error({"--batch_size", "2.5"}, true);
     CHECK(e.find("--help lists the flags and their defaults") != std::string::npos);
     CHECK(e.find("failed to parse") != std::string::npos);  // cxxopts' own words are kept
+  }
+
+  TEST_CASE("parse_args points to --help only where the program has one") {
+    CHECK(parse_args_error({"--no-such-flag"}, true).ends_with("; --help lists the flags"));
+    CHECK(parse_args_error({"--no-such-flag"}).find("--help") == std::string::npos);
+    CHECK(parse_args_error({"--batch_size", "2.5"}).find("--help") == std::string::npos);
+    CHECK(parse_args_error({"--batch_size", "2.5"}).ends_with(")"));
   }
 
   TEST_CASE("parse_args: good input parses, other cxxopts errors become ConfigError") {

@@ -125,6 +125,7 @@
 // ---- nn, optim: modules with explicit backward, ResNet, losses, SGD, AdamW ----
 // defines: nn::Parameter, nn::Buffer, nn::Module, nn::Sequential
 #include "ddp/nn/parameter.hpp"
+#include "ddp/nn/check_inputs.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/sequential.hpp"
 // defines: nn::SkipDefaultInit, nn::init_uniform, nn::init_normal, nn::fan_in_bound (layers' default initialisation)

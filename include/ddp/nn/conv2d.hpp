@@ -108,6 +108,7 @@ class Conv2d : public Module<T, D> {
     if (!(dx.shape() == x_.shape()))
       throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": the input gradient to add to has shape ",
                                         dx.shape(), " but the input has shape ", x_.shape()));
+    this->check_input_kept();
     run_backward(exec, dy, input_grad_ ? dx : TensorView<T, D>(), true);
   }
   // Points backward at x instead of the forward's input: the same values at another address (a residual block
@@ -118,6 +119,7 @@ class Conv2d : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": rebind_input got shape ", x.shape(),
                                         " but the forward's input has shape ", x_.shape()));
     x_ = x;
+    this->remember_input(x.data());
   }
 
  private:

@@ -43,6 +43,7 @@ template <class T, Device D>
 class Dropout : public Module<T, D> {
  public:
   explicit Dropout(const DropoutOptions& o = {}) : o_(o) {
+    this->backward_reads_no_input();  // it keeps the mask
     if (!(o.p >= 0.0 && o.p <= 1.0))
       throw ValueError(ddp::detail::str("ddp: Dropout's p must be in [0, 1], got ", o.p));
   }

@@ -28,6 +28,7 @@ template <class T, Device D>
 class MaxPool2d : public Module<T, D> {
  public:
   explicit MaxPool2d(const MaxPool2dOptions& o) : o_(o) {
+    this->backward_reads_no_input();  // it keeps argmax
     if (o_.stride == 0) o_.stride = o_.kernel_size;
     if (o_.kernel_size < 1 || o_.stride < 1 || o_.padding < 0 || 2 * o_.padding > o_.kernel_size)
       throw ValueError(ddp::detail::str("ddp: MaxPool2d needs kernel_size >= 1, stride >= 1 (0: kernel_size) and ",

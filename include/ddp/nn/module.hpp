@@ -11,7 +11,9 @@
 // children's inputs (each layer's output is the next one's input and is kept); at the top, the training loop
 // owns the batch. A batch destroyed between forward and backward is a use after free: on the GPU the caching
 // allocator may hand its memory to a tensor of the backward pass (silently wrong gradients); on the CPU the
-// ASan build (DDP_CPU_CACHING=0, scripts/sanitize.sh) reports it. Keep the batch alive across both calls:
+// ASan build (DDP_CPU_CACHING=0, scripts/sanitize.sh) reports it where reads are instrumented; DDP_CHECK_INPUTS=1
+// (nn/check_inputs.hpp) makes backward throw naming the module, on both devices. Keep the batch alive across both
+// calls:
 //     while (auto batch = loader.next()) { model.forward(exec, batch->images.cview()); ...; model.backward(exec, dy); }
 //
 // Names. Every parameter and buffer carries its full torchvision state_dict key. A module registers
@@ -33,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,6 +45,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/core/trace.hpp"
+#include "ddp/nn/check_inputs.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -102,18 +106,21 @@ class Module {
   // While a trace recorder is active (core/trace.hpp, --trace) each call is a span named by path().
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
     trace::Span span = trace_span("forward");
+    remember_input(x.data());
     return forward_impl(exec, x);
   }
   // y = f(ids) for the modules whose input is int64 token ids (Embedding, GPT and its EmbeddingStem); the same
   // trace span. Every other module throws ValueError. Like x, THE CALLER KEEPS ids ALIVE until backward returns.
   Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
     trace::Span span = trace_span("forward");
+    remember_input(ids.data());
     return forward_ids_impl(exec, ids);
   }
   // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
   // each parameter's grad-ready hook as soon as its gradient is final.
   Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) {
     trace::Span span = trace_span("backward");
+    check_input_kept();
     return backward_impl(exec, dy);
   }
   // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2, padding=1)".
@@ -237,6 +244,34 @@ class Module {
     return ref;
   }
 
+  // DDP_CHECK_INPUTS (nn/check_inputs.hpp): remember_input stamps the pool block holding the input at `p` (forward
+  // calls it; so does a module that points its backward at another input, Conv2d::rebind_input); check_input_kept
+  // throws ValueError if that block was freed since, once per stamp (backward calls it; so does any other backward
+  // entry point). A forward with the check off drops the stamp of an earlier one.
+  // A module whose backward never reads its input (MaxPool2d keeps argmax, Dropout its mask) calls
+  // backward_reads_no_input() in its constructor: parents may then free that input early (ResNet's recompute_relu,
+  // GPT's blocks) and the check leaves it alone.
+  void backward_reads_no_input() noexcept { reads_input_ = false; }
+  void remember_input(const void* p) {
+    if (check_inputs_enabled() && reads_input_)
+      input_stamp_ = {p, p ? Allocator<D>::stamp(p) : std::nullopt};
+    else if (input_stamp_.second)
+      input_stamp_ = {};
+  }
+  void check_input_kept() {
+    if (!check_inputs_enabled() || !input_stamp_.second) return;
+    const std::optional<BlockStamp> now = Allocator<D>::stamp(input_stamp_.first);
+    if (now == input_stamp_.second) {
+      input_stamp_ = {};  // checked once per forward
+      return;
+    }
+    throw ValueError(ddp::detail::str(
+        "ddp: backward of ", where(), ": the input of its forward (at ", input_stamp_.first, ") was freed",
+        now ? " and its memory handed to another tensor" : "", " before backward (", kCheckInputsVar,
+        "=1); keep the batch / input tensor alive until backward returns (modules keep a view of their input, "
+        "not a copy)"));
+  }
+
   // Throws the ValueError backward() raises when no forward state is kept.
   void require_forward_state(bool have, const char* what = "forward") const {
     if (!have)
@@ -255,6 +290,8 @@ class Module {
 
   std::string path_;
   bool training_ = true;
+  std::pair<const void*, std::optional<BlockStamp>> input_stamp_;  // DDP_CHECK_INPUTS: the last forward's input
+  bool reads_input_ = true;  // backward reads the forward's input (backward_reads_no_input)
   std::vector<std::unique_ptr<Parameter<T, D>>> params_;
   std::vector<std::unique_ptr<Buffer<T, D>>> buffers_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;

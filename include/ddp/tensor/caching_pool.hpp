@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,6 +68,15 @@ struct PoolStats {
   std::int64_t cache_hits = 0;     // requests served from the cache
   std::size_t current_requested_bytes = 0;  // bytes the callers asked for, of the blocks handed out now
   std::size_t peak_requested_bytes = 0;     // high-water mark of current_requested_bytes (reset with peak_bytes)
+};
+
+// Which allocation holds an address (CachingPool::stamp): the block's start and the serial number of the
+// allocate call that handed it out, unique over the pool's life. Equal stamps before and after some code mean the
+// memory was not freed (nor freed and handed out again) in between: the DDP_CHECK_INPUTS check (nn/check_inputs.hpp).
+struct BlockStamp {
+  std::uintptr_t block = 0;
+  std::uint64_t allocation = 0;
+  friend bool operator==(const BlockStamp&, const BlockStamp&) = default;
 };
 
 // What a program reads about one device's tensor memory (cpu_memory_stats, cuda_memory_stats).
@@ -144,6 +154,7 @@ class CachingPool {
     }
     blk->in_use = true;
     blk->requested = bytes;
+    blk->allocation = ++allocations_;
     stats_.current_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
     stats_.current_requested_bytes += bytes;
@@ -179,6 +190,15 @@ class CachingPool {
       blk.retired.push_back(e);
       blk.uses.erase(it);
     }
+  }
+
+  // The stamp of the block handed out that contains address p; nullopt when the pool did not hand p out or its
+  // block is free now.
+  std::optional<BlockStamp> stamp(const void* p) {
+    std::lock_guard lk(mu_);
+    const Block* blk = find_locked(p);
+    if (!blk || !blk->in_use) return std::nullopt;
+    return BlockStamp{.block = reinterpret_cast<std::uintptr_t>(blk->ptr), .allocation = blk->allocation};
   }
 
   // Returns the block starting at `p` to the cache (at once, or after the events of the other streams that
@@ -243,6 +263,7 @@ class CachingPool {
     void* ptr = nullptr;
     std::size_t size = 0;       // rounded size class
     std::size_t requested = 0;  // what the caller of allocate asked for while in use (<= size)
+    std::uint64_t allocation = 0;  // serial number of the allocate call that handed it out (BlockStamp)
     Stream stream{};            // the stream it was allocated on: its cache
     std::vector<Stream> uses;   // other streams that used it since it was handed out
     std::vector<Event> retired; // events recorded on used streams that were destroyed since (retire_stream)
@@ -326,6 +347,7 @@ class CachingPool {
   std::vector<Pending> pending_;
   std::vector<Event> spare_events_;  // recorded events are reused, not destroyed
   PoolStats stats_;
+  std::uint64_t allocations_ = 0;  // allocate calls that handed out a block
 };
 
 }  // namespace ddp

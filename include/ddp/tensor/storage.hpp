@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "ddp/config.hpp"
@@ -81,6 +82,11 @@ struct Allocator<Cpu> {
       detail::host_pool().deallocate(p);
     else
       host_free(p);
+  }
+  // The pool block holding address p (CachingPool::stamp); nullopt with DDP_CPU_CACHING=0.
+  static std::optional<BlockStamp> stamp(const void* p) {
+    if constexpr (BuildConfig::cpu_caching) return detail::host_pool().stamp(p);
+    return std::nullopt;
   }
 };
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "ddp/core/cuda_check.hpp"
@@ -162,6 +163,8 @@ struct Allocator<Cuda> {
     } catch (...) {  // cudaGetDevice failed (driver shutting down): nothing left to return it to
     }
   }
+  // The current device's pool block holding address p (CachingPool::stamp); nullopt if that pool did not hand it out.
+  static std::optional<BlockStamp> stamp(const void* p) { return detail::cuda_pool().stamp(p); }
 };
 
 // Current / peak / reserved bytes and cudaMalloc count of the current device's pool.

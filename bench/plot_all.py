@@ -44,7 +44,7 @@ def pair_bars(path, labels, ours, theirs, their_label, ylabel, title, legend_loc
 
 def ratio_cell(r):
     """An Open MPI comparison's ratio of medians, and of the two sides' best runs where compare_mpi.py gave it
-    (D59: the host's fast and slow states can split the medians)."""
+    (docs/decisions/0059: the host's fast and slow states can split the medians)."""
     runs = len(r.get("ours_runs_us", []))
     return f"{r['ratio']} (best of {runs}: {r['ratio_best']})" if "ratio_best" in r else f"{r['ratio']}"
 
@@ -69,7 +69,7 @@ def main():
 
     mpi = rows(d, "allreduce_mpi")
     if mpi:
-        # Rows without ours_shm predate D55: the mpi backend then always used MPI messages.
+        # Rows without ours_shm predate docs/decisions/0055: the mpi backend then always used MPI messages.
         shm = [r for r in mpi if r.get("ours_shm", False)]
         msgs = [r for r in mpi if not r.get("ours_shm", False)]
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -153,7 +153,7 @@ def main():
                          fontsize=9)
             plt.setp(ax.get_xticklabels(), fontsize=8)
             layout = f", comm on CPU {r['comm_cpus']}" if r.get("comm_cpus") else ""
-            # Gradients in the buckets is the CPU default (docs/ARCHITECTURE.md D54); copies are torch's default.
+            # Gradients in the buckets is the CPU default (docs/decisions/0054); copies are torch's default.
             for label, key in (("DDP overhead (DDP - bare, default: bucket views) vs one flat all-reduce",
                                 "overhead_view_ms"),
                                ("DDP overhead, gradient copies (--gradient-as-bucket-view=false), vs one flat all-reduce",

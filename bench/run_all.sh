@@ -75,7 +75,8 @@ if [[ $quick == 1 ]]; then
   data_epochs=1
 else
   # 7 all-reduce repetitions: this VM's speed swings 2x between runs seconds apart (the median of 3 flipped ratios);
-  # with the host in its slow state about half the time, each side gets a fast run in all but ~1% of sittings (D59)
+  # with the host in its slow state about half the time, each side gets a fast run in all but ~1% of sittings
+  # (docs/decisions/0059)
   sizes=(--max-bytes $((256 << 20))); reps=3; ar_reps=7; resnet=(--repeats 3); gpt=(--repeats 5 --rounds 3); toy_epochs=5
   overlap_steps=30; data_epochs=3
 fi

@@ -80,7 +80,7 @@ else()
 endif()
 
 # ---- cuDNN: needs CUDA; found by our FindCUDNN.cmake. Optional: convolutions fall back to ddp's own kernels
-# (docs/ARCHITECTURE.md D52) ----
+# (docs/decisions/0052) ----
 set(DDP_HAVE_CUDNN OFF)
 if(NOT DDP_WITH_CUDNN STREQUAL "OFF")
   if(DDP_HAVE_CUDA)
@@ -143,7 +143,7 @@ else()
   ddp_summary_add_("BLAS ✗ disabled (DDP_WITH_BLAS=OFF)")
 endif()
 
-# ---- IMAGE: libjpeg-turbo's TurboJPEG API + libpng, for data/image_decode.hpp (docs/ARCHITECTURE.md D39) ----
+# ---- IMAGE: libjpeg-turbo's TurboJPEG API + libpng, for data/image_decode.hpp (docs/decisions/0039) ----
 # TurboJPEG from libjpeg-turbo's CMake package (libjpeg-turbo::turbojpeg) or, where a distribution ships no
 # package file, from turbojpeg.h + libturbojpeg found by path (DDP_TURBOJPEG_INCLUDE_DIR/_LIBRARY).
 set(DDP_HAVE_IMAGE OFF)

@@ -18,7 +18,7 @@ set_property(CACHE DDP_SANITIZE PROPERTY STRINGS "" "address,undefined" "address
 # DDP_SANITIZE_UNIT="address,undefined": only the targets passed to ddp_sanitize_unit() are instrumented (the
 # unit tests and the multi-process comm tests, tests/CMakeLists.txt), at -O0 -g1 with assertions on, in an
 # otherwise ordinary build. scripts/test.sh uses it, so CI compiles those tests once, instrumented, instead of
-# once plain and again in a separate ASan build (docs/ARCHITECTURE.md D41). TSan stays a build of its own
+# once plain and again in a separate ASan build (docs/decisions/0041). TSan stays a build of its own
 # (scripts/sanitize.sh): it needs every thread instrumented, OpenBLAS's and MPI's included.
 set(DDP_SANITIZE_UNIT "" CACHE STRING "Sanitizers for the unit tests only, in a normal build: '', 'address,undefined'")
 

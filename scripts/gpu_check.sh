@@ -185,7 +185,7 @@ if want build; then
   [ -d "$deps" ] && cfg+=("-DCMAKE_PREFIX_PATH=$deps")
   [ -n "$nccl_root" ] && cfg+=("-DNCCL_ROOT=$nccl_root")
   # cuDNN: the nvidia-cudnn wheel beside torch (include/cudnn.h, lib/libcudnn.so.9), else CMake's own search
-  # (CUDNN_ROOT, the CUDA toolkit); the convolutions then run on cuDNN by default (--conv, D52).
+  # (CUDNN_ROOT, the CUDA toolkit); the convolutions then run on cuDNN by default (--conv, docs/decisions/0052).
   [ -n "$cudnn_dir" ] && [ -f "$cudnn_dir/include/cudnn.h" ] && cfg+=("-DCUDNN_ROOT=$cudnn_dir")
   step configure 300 cmake "${cfg[@]}"
   step build 900 cmake --build "$repo/$build" -j "$jobs"
@@ -223,7 +223,7 @@ if want test; then
   for n in 2 4; do
     step "gloo_cuda_world$n" 300 "$ddprun" --nproc-per-node "$n" --standalone "$resnet" --backend gloo --device cuda "${syn[@]}"
   done
-  # The staged holds as stream memory waits (opt-in until this step has passed: comm/staging, D23).
+  # The staged holds as stream memory waits (opt-in until this step has passed: comm/staging, docs/decisions/0023).
   step gloo_cuda_world2_memory_wait 300 env DDP_STAGING_MEMORY_WAIT=1 "$ddprun" --nproc-per-node 2 --standalone \
     "$resnet" --backend gloo --device cuda "${syn[@]}"
   free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -291,7 +291,7 @@ fi
 if want bench; then
   [ -x "$(bin bench/resnet_gpu/bench_resnet_gpu)" ] || { echo "gpu_check: no bench_resnet_gpu in $build"; write_report 1 "no build"; exit 1; }
   use_wheel_libs
-  # Issue 14's table (docs/ARCHITECTURE.md D52): each row ours with own kernels, cuDNN (heuristics) and cuDNN
+  # Issue 14's table (docs/decisions/0052): each row ours with own kernels, cuDNN (heuristics) and cuDNN
   # (measured, like torch's cudnn.benchmark) beside PyTorch eager, into bench_resnet_gpu.jsonl. A device session
   # has minutes, not hours: by default the two resnet50 bf16 rows run (a few minutes); DDP_GPU_BENCH_ROWS names
   # others (r50_tf32_b128 r18_r152_bf16_b256), and DDP_GPU_BENCH_COMPILE=1 adds torch.compile (default and

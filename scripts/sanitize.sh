@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer builds of a chosen subset of the tests. scripts/test.sh runs the TSan one after the main suite (so CI
-# does); CI's ASan+UBSan coverage of the same unit tests comes from its main build (DDP_SANITIZE_UNIT, D41).
+# does); CI's ASan+UBSan coverage of the same unit tests comes from its main build (DDP_SANITIZE_UNIT,
+# docs/decisions/0041).
 # SPDX-License-Identifier: MIT
 #
 #   address,undefined (ASan + UBSan): unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train
@@ -27,7 +28,7 @@ only="${DDP_SANITIZE_ONLY:-}"
 # The optimisation level is each build's (run's 5th argument): ASan+UBSan at -O0, which compiles in 57% of
 # -O1's time (test_bad_inputs: 43 s vs 76 s) and finds the same errors, but unit_comm at -O1 (tests/CMakeLists.txt:
 # at -O0 its reference sweeps pass 120 s); TSan at -O1, where -O0 runs too slowly.
-# -DDDP_UNITY_TESTS=ON: one translation unit per test executable (tests/CMakeLists.txt, D41).
+# -DDDP_UNITY_TESTS=ON: one translation unit per test executable (tests/CMakeLists.txt, docs/decisions/0041).
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_UNITY_TESTS=ON
         -DDDP_WITH_CUDA=OFF -DDDP_WITH_NCCL=OFF -DDDP_WITH_MPI=OFF -DDDP_WITH_BLAS=OFF)
 

@@ -10,14 +10,15 @@ bash scripts/setup.sh
 
 build_dir="${DDP_BUILD_DIR:-build/test}"
 jobs="${DDP_JOBS:-$(nproc)}"
-# Build speed (docs/ARCHITECTURE.md D37, D41, D47): tests are compiled at -O1 (the examples, which the tests run, at
+# Build speed (docs/decisions/0037, 0041, 0047): tests are compiled at -O1 (the examples, which the tests run, at
 # -O3), each test executable's C++ files as one translation unit; the benchmarks are only checked (-fsyntax-only,
 # no link); without a GPU every .cu file is unoptimised (host -O0, device -G) and the GPU-only tests go to PTX only:
 # they only have to compile.
 compile_only=OFF
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || compile_only=ON
-# The unit tests and the multi-process comm tests are compiled once, with ASan+UBSan (DDP_SANITIZE_UNIT, D41), and
-# run instrumented in the main suite; DDP_SANITIZERS=0 builds them plain and skips the TSan build (local runs).
+# The unit tests and the multi-process comm tests are compiled once, with ASan+UBSan (DDP_SANITIZE_UNIT,
+# docs/decisions/0041), and run instrumented in the main suite; DDP_SANITIZERS=0 builds them plain and skips the TSan
+# build (local runs).
 sanitize_unit=address,undefined
 [[ "${DDP_SANITIZERS:-1}" != 0 ]] || sanitize_unit=""
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DDDP_CUDA_COMPILE_ONLY=$compile_only" -DDDP_CHECK_OPT=-O1 -DDDP_BENCH_CHECK_ONLY=ON \

@@ -5,14 +5,15 @@ side, alternating --reps times, and prints one JSON line per size with the media
 Open MPI's time / ours (> 1: ours is faster), and the same for each side's best run (ratio_best). Needs
 python3-mpi4py (Debian).
 
-Why both (docs/ARCHITECTURE.md D59, with the measurements): on the 2-vCPU VM each run lands in a fast or a slow
+Why both (docs/decisions/0059, with the measurements): on the 2-vCPU VM each run lands in a fast or a slow
 state of the host, held for seconds to minutes, so the medians of a few alternating runs can set one side's slow
 runs against the other's fast ones. The best run of each side compares the two in the same (fast) state; the
 median says what a run typically gets.
 
 Usage: /usr/bin/python3 bench/allreduce/compare_mpi.py <path to bench_allreduce> [--ours mpi|tcp] [--np 2]
        [--reps 3] [--min-bytes 1024] [--max-bytes 268435456] [--check-fingerprints 1] [--shm 1]
---shm 0 keeps the mpi backend's all-reduce on MPI messages (the path across hosts) instead of shared memory (D55).
+--shm 0 keeps the mpi backend's all-reduce on MPI messages (the path across hosts) instead of shared memory
+(docs/decisions/0055).
 """
 import argparse, json, os, statistics, subprocess, sys
 

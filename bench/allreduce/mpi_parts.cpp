@@ -1,4 +1,4 @@
-// bench_mpi_parts: where the mpi backend's all-reduce time goes (docs/ARCHITECTURE.md D38). In one
+// bench_mpi_parts: where the mpi backend's all-reduce time goes (docs/decisions/0038). In one
 // program, per size: Open MPI's own calls (blocking MPI_Allreduce, MPI_Iallreduce + MPI_Wait or busy
 // MPI_Test), a fingerprint exchange alone (32 bytes per rank: MPI_Iallgather, MPI_Allgather, or
 // MPI_Isend/MPI_Irecv with the next rank), a ring reduce-scatter + all-gather over MPI_Isend/MPI_Irecv with

@@ -15,7 +15,7 @@
 //   ddp_ms    the same step through DistributedDataParallel (bucketed all-reduce overlapped with backward),
 //             gradients copied into the buckets and back (gradient_as_bucket_view = false, torch's default)
 //   ddp_view_ms  the same with gradient_as_bucket_view (gradients live in the buckets: no copy into them before
-//             the all-reduce, none back after it; ddp's default on CPU, docs/ARCHITECTURE.md D54)
+//             the all-reduce, none back after it; ddp's default on CPU, docs/decisions/0054)
 //   *_no_sync_ms  each variant inside no_sync() (wrapper and buffer broadcast, no gradient all-reduce)
 //   overhead*_ms  median over rounds of (variant step - bare step); hidden_fraction* = (comm - overhead) / comm,
 //             clamped to [0, 1]: 1 = communication fully hidden

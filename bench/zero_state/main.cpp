@@ -1,5 +1,5 @@
 // bench_zero_state: optimizer-state bytes per rank with and without ZeroRedundancyOptimizer (ZeRO-1,
-// parallel/zero.hpp, docs/ARCHITECTURE.md D31), for resnet18 / resnet50 with SGD (momentum) and AdamW at world
+// parallel/zero.hpp, docs/decisions/0031), for resnet18 / resnet50 with SGD (momentum) and AdamW at world
 // 1, 2 and 4.
 // SPDX-License-Identifier: MIT
 //

@@ -24,10 +24,11 @@
 // Device (train/device_choice.hpp, the other examples' rules): --device cuda trains on GPU LOCAL_RANK with nccl (or
 // shares the visible GPUs with gloo/tcp); without --device a build with CUDA and a visible GPU trains on the GPU
 // (not with --backend mpi), anything else on the CPU. The GPU path (train_cuda.cu) is UNVERIFIED: GPT's CUDA
-// kernels have never run on a GPU (docs/ARCHITECTURE.md D48).
-// Mixed precision (--use_amp, GPU only; D49): the GEMMs (Linear, attention) compute with --amp_dtype operands (bf16,
-// the default, or fp16: the tutorial's autocast dtype) and fp32 accumulation; everything else stays fp32. fp16 adds
-// the dynamic loss scaler (optim/grad_scaler.hpp, torch's GradScaler rule); --loss_scale turns that on anywhere.
+// kernels have never run on a GPU (docs/decisions/0048).
+// Mixed precision (--use_amp, GPU only; docs/decisions/0049): the GEMMs (Linear, attention) compute with --amp_dtype
+// operands (bf16, the default, or fp16: the tutorial's autocast dtype) and fp32 accumulation; everything else stays
+// fp32. fp16 adds the dynamic loss scaler (optim/grad_scaler.hpp, torch's GradScaler rule); --loss_scale turns that on
+// anywhere.
 // Output (what the tutorial prints; train.hpp): "[GPU<rank>] Epoch <e> | Iter <i> | Train Loss <x>" every
 // --log_every steps, "Snapshot saved at epoch <e>", and per epoch "[GPU0] Epoch <e> | Eval Loss <x>".
 #include <cxxopts.hpp>

@@ -1,6 +1,6 @@
 // The mingpt example's training loop: the DDP tutorial's minGPT-ddp Trainer (pytorch/examples,
 // distributed/minGPT-ddp/mingpt/trainer.py) written once for every device (main.cpp runs it on the CPU, train_cuda.cu
-// on the GPU -- unverified there: GPT's CUDA kernels have never run, docs/ARCHITECTURE.md D48).
+// on the GPU -- unverified there: GPT's CUDA kernels have never run, docs/decisions/0048).
 // SPDX-License-Identifier: MIT
 //
 // Per epoch (1-based in its lines, as the tutorial's): the DistributedSampler over the training split
@@ -13,7 +13,7 @@
 // the evaluation of the test split: every rank its share (data::EvalSampler, no padding), the model in eval mode
 // (no dropout), the loss summed over every rank; rank 0 prints "[GPU0] Epoch <e> | Eval Loss <x>" (the tutorial
 // prints per-rank batch losses instead).
-// Snapshots (docs/ARCHITECTURE.md D10, D46): model, AdamW state and the finished epoch, written atomically by
+// Snapshots (docs/decisions/0010, 0046): model, AdamW state and the finished epoch, written atomically by
 // global rank 0 only (the tutorial writes from local rank 0 on every node); the file's metadata also holds the
 // model configuration and the vocabulary, so `mingpt generate` needs nothing else. Resume: rank 0 reads the file
 // and broadcasts it; training continues with the first unfinished epoch, and the dropout masks continue from the
@@ -92,7 +92,8 @@ struct Config {
 };
 
 // The arithmetic of the GEMMs on the GPU (tensor/precision.hpp): fp32 (as PyTorch's matmuls by default), or under
-// use_amp the amp_dtype operands with fp32 accumulation (autocast's matmuls; D49). The CPU always computes in fp32.
+// use_amp the amp_dtype operands with fp32 accumulation (autocast's matmuls; docs/decisions/0049). The CPU always
+// computes in fp32.
 inline Precision gemm_precision(const Config& c) {
   return !c.use_amp ? Precision::Fp32 : c.amp_dtype == "fp16" ? Precision::Fp16 : Precision::Bf16;
 }
@@ -115,7 +116,8 @@ struct Setup {
   comm::Communicator* comm = nullptr;
 };
 
-// The snapshot's metadata entries that describe the model and its vocabulary (D46); generate reads them back.
+// The snapshot's metadata entries that describe the model and its vocabulary (docs/decisions/0046); generate reads them
+// back.
 inline std::map<std::string, std::string> model_metadata(const nn::GPTOptions& o, const data::CharDataset& text) {
   return {{"gpt.vocab_size", std::to_string(o.vocab_size)}, {"gpt.block_size", std::to_string(o.block_size)},
           {"gpt.n_layer", std::to_string(o.n_layer)},       {"gpt.n_head", std::to_string(o.n_head)},
@@ -244,7 +246,7 @@ int train(const Setup& s, Exec<D>& exec) {
   };
 
   // The batches on D (tensor/prefetch.hpp): the host tensors themselves on the CPU; on the GPU pinned slots
-  // uploaded on a copy stream, the next batch's upload overlapping this step (docs/ARCHITECTURE.md D50).
+  // uploaded on a copy stream, the next batch's upload overlapping this step (docs/decisions/0050).
   Prefetcher<D, std::int64_t, std::int64_t> uploads(exec);
   for (long epoch = epochs_run + 1; epoch <= c.max_epochs; ++epoch) {  // 1-based, as the tutorial's
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));

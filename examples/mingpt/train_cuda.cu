@@ -1,6 +1,6 @@
 // The mingpt example on the GPU: the device main.cpp chose, a compute stream, Exec<Cuda> at the GEMM precision the
 // config asks for (fp32, or bf16/fp16 with --use_amp: gemm_precision), and the shared training loop of train.hpp
-// instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (D48).
+// instantiated for Cuda. Unverified: GPT's CUDA kernels have never run (docs/decisions/0048).
 // SPDX-License-Identifier: MIT
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/parallel/cuda/transport.cuh>

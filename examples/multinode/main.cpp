@@ -16,7 +16,7 @@
 // for both devices; on the GPU it runs in fp32.
 // Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from --seed, the same on every rank; the
 // DistributedSampler gives each rank its share (1024 each with 2 ranks: 32 steps of 32).
-// Snapshots (docs/ARCHITECTURE.md D10): after every save_every-th epoch and after the last one, global rank 0 writes
+// Snapshots (docs/decisions/0010): after every save_every-th epoch and after the last one, global rank 0 writes
 // model + optimizer + next epoch atomically (the previous file is kept as <path>.prev). On start rank 0
 // reads the snapshot if it exists and broadcasts its bytes (no shared filesystem needed); training
 // resumes at the first unfinished epoch (the tutorial re-ran the saved one), so a restarted run ends

@@ -10,8 +10,7 @@
 // clipping (--clip-grad-norm), this step's learning rate (--lr-schedule, --warmup-epochs) and the optimizer step.
 // Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors; train/snapshot_io.hpp) through
 // train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads the file
-// and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/ARCHITECTURE.md
-// D10, D21).
+// and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/decisions/0010, 0021).
 #pragma once
 
 #include <algorithm>

@@ -144,7 +144,7 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
   train::Progress progress(std::cout, {.total_steps = (s.num_epochs - start_epoch) * steps, .log_every = s.log_every,
                                        .live = live});
   // The batches on D (tensor/prefetch.hpp): the loader's host tensors themselves on the CPU; on the GPU pinned
-  // slots uploaded on a copy stream, the next batch's upload overlapping this step (docs/ARCHITECTURE.md D50).
+  // slots uploaded on a copy stream, the next batch's upload overlapping this step (docs/decisions/0050).
   Prefetcher<D, float, std::int64_t> uploads(exec);
   for (long epoch = start_epoch; epoch < s.num_epochs; ++epoch) {
     net.train();

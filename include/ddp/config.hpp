@@ -21,7 +21,8 @@
 #  define DDP_WITH_NCCL 0
 #endif
 #ifndef DDP_WITH_CUDNN
-#  define DDP_WITH_CUDNN 0   // 1: the program links ddp::cudnn; conv2d.cuh runs convolutions on cuDNN (D52)
+// DDP_WITH_CUDNN 1: the program links ddp::cudnn; conv2d.cuh runs convolutions on cuDNN (docs/decisions/0052)
+#  define DDP_WITH_CUDNN 0
 #endif
 #ifndef DDP_WITH_MPI
 #  define DDP_WITH_MPI 0

@@ -371,7 +371,8 @@ def mpi_fault(phase, n, k):
         if phase == "stop":
             if not survivor_msgs or not re.search(OPS["stop"], " ".join(survivor_msgs)):
                 bad.append("no survivor message naming the op")
-            # One host: the all-reduce runs in shared memory (D55), whose wait knows which rank never arrived.
+            # One host: the all-reduce runs in shared memory (docs/decisions/0055), whose wait knows which rank never
+            # arrived.
             if not any(f"waiting for rank {k} in shared memory" in m for m in survivor_msgs):
                 bad.append(f"no survivor message naming rank {k}")
             # mpirun ends the job on the MPI_Abort; its "MPI_ABORT was invoked" text is usually printed, but

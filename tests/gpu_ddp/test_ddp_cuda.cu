@@ -216,7 +216,7 @@ std::vector<std::vector<float>> powersgd_grads(ddp::comm::Communicator& comm, in
 }
 
 // |gpu - cpu| <= atol + rtol |cpu| with atol relative to the step's largest value (orthonormalising P turns the
-// two devices' rounding differences into small direction changes, D29).
+// two devices' rounding differences into small direction changes, docs/decisions/0029).
 bool powersgd_close(const std::vector<float>& gpu, const std::vector<float>& cpu) {
   if (gpu.size() != cpu.size()) return false;
   double scale = 0;

@@ -1,7 +1,7 @@
 // Shutdown in the order programs use, world size 1 on one GPU: DistributedDataParallel<float, Cuda> (and the
 // streams it made) is destroyed after a step; then the communicator still runs a collective and a barrier,
 // and its destructor (a bounded barrier) runs last. Before the stream travelled with each call (docs/
-// ARCHITECTURE.md D16) the nccl backend kept pointing at the destroyed reducer stream here (issue 13, item 2).
+// docs/decisions/0016) the nccl backend kept pointing at the destroyed reducer stream here (issue 13, item 2).
 // For nccl (when built) and for tcp staged through pinned memory. Skips (exit 77) without a GPU.
 // SPDX-License-Identifier: MIT
 #include <cuda_runtime.h>

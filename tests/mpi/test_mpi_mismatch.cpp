@@ -1,4 +1,4 @@
-// Mismatched collectives on the mpi backend (docs/ARCHITECTURE.md D9), under mpirun -n N:
+// Mismatched collectives on the mpi backend (docs/decisions/0009), under mpirun -n N:
 // rank 0 runs all_reduce while the others broadcast; then all ranks all_reduce but rank 0 with one more
 // element; both again with payloads that travel as several messages; all of it once with all-reduce through
 // shared memory (every rank on this host) and once through MPI messages (CommOptions::shm off). Every rank must fail

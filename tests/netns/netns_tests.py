@@ -574,7 +574,7 @@ def unprefixed(text):
 
 
 def case_ddprun_restart(a, c):
-    # ddprun's restarts where they apply, and where they do not (docs/ARCHITECTURE.md D36). ddprun's membership
+    # ddprun's restarts where they apply, and where they do not (docs/decisions/0036). ddprun's membership
     # is static (--nnodes M, node 0's store outlives every attempt) and each node restarts its own workers.
     # 1) A worker dies, its node survives: node 1's worker is SIGKILLed; node 0's worker fails fast naming rank
     #    1; each ddprun restarts its worker (restart 1 of --max-restarts 1), the two meet again in node 0's

@@ -17,7 +17,7 @@
 # Exit 0 pass, 1 fail, 77 skip (not root, Slurm or munge not installed, daemons refuse to start).
 # SPDX-License-Identifier: MIT
 #
-# The cluster (docs/ARCHITECTURE.md D34). Everything lives in a private directory /tmp/ddpslurm-<driver pid>-
+# The cluster (docs/decisions/0034). Everything lives in a private directory /tmp/ddpslurm-<driver pid>-
 # <random>: a munge key and munged's socket (AuthInfo=socket=... points Slurm at it, so the machine's own
 # munged and /etc/munge are never used), slurm.conf (free loopback ports, state, spool, logs and pid files
 # inside the directory, NodeAddr=127.0.0.1, CPUs as `slurmd -C` reports them, proctrack/linuxproc,

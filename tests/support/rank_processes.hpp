@@ -3,7 +3,7 @@
 // SPDX-License-Identifier: MIT
 //
 // Why processes and not threads: ranks that share a GPU must not share a CUDA context when a collective holds
-// a stream (the staged gloo backend, docs/ARCHITECTURE.md D23). In one process, one rank's work on the legacy
+// a stream (the staged gloo backend, docs/decisions/0023). In one process, one rank's work on the legacy
 // default stream (an upload, a memset) waits for every blocking stream, the other rank's held one included,
 // whose hold waits for this rank: the first GPU run (2026-11-27, H200) timed out that way in every test whose
 // ranks were threads. Launchers start one process per rank, so this is also what users run.

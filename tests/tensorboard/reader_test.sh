@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --tensorboard-dir end to end: 2-rank resnet18 (synthetic images, 2 epochs) and multinode (2 epochs) runs under
 # ddprun write --metrics-file and --tensorboard-dir; check_events.py then reads each event directory with
-# TensorBoard's own readers and finds every number of every metrics record at its global step (docs/ARCHITECTURE.md D40).
+# TensorBoard's own readers and finds every number of every metrics record at its global step (docs/decisions/0040).
 # tools/plot_metrics.py then draws both metrics files: each chart a PNG that decodes, 800x450, not blank, with one
 # point per metrics record (the multinode records carry no data_ms, so its step-time chart is skipped).
 # The multinode run also writes --trace for steps 3..4, checked by tests/trace/check_trace.py against its snapshot.

@@ -14,7 +14,7 @@
 // Contract:
 // - Every collective must be called by every rank of the communicator, in the same order, with the same
 //   dtype, count (see each function), root and reduce op. A mismatch is detected and reported on every
-//   rank as a CommError naming both ops and the sequence number (docs/ARCHITECTURE.md D9).
+//   rank as a CommError naming both ops and the sequence number (docs/decisions/0009).
 // - Every call returns a Work; ops complete in issue order. Buffers must stay alive and untouched until
 //   the Work completes. Ops run on a progress thread, so they overlap with the caller's compute; a backend
 //   may run a small op issued while it is idle on the calling thread (tcp: CommOptions::inline_max_bytes,

@@ -7,7 +7,7 @@
 // "mpi" (needs ddp::mpi), "nccl" (needs ddp::nccl). Unknown names are a ConfigError listing the valid ones.
 // Device tensors: with opts.cuda_device = N >= 0 the collectives take tensors on CUDA device N. nccl runs on
 // device N; tcp/gloo and mpi are wrapped in a StagedCommunicator that stages them through pinned host memory
-// with nccl's stream semantics (docs/ARCHITECTURE.md D23; needs ddp::cuda), so several ranks can share a GPU:
+// with nccl's stream semantics (docs/decisions/0023; needs ddp::cuda), so several ranks can share a GPU:
 //   auto comm = make_communicator("gloo", info, store, {.timeout = t, .cuda_device = info.local_rank});
 #pragma once
 

@@ -1,6 +1,6 @@
 // FailureReport: how the ranks of a communicator tell each other about a failure through the store, for
 // every backend that has one (tcp, nccl): publish a rank's error and position, read another rank's, and
-// explain a timeout by naming the ranks that never reached the op (docs/ARCHITECTURE.md D9).
+// explain a timeout by naming the ranks that never reached the op (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
 // The store is the side channel: NCCL cannot tell a rank that a peer aborted (its kernels just wait), and

@@ -61,7 +61,7 @@ inline constexpr std::string_view op_name(OpKind k) noexcept {
   return "?";
 }
 
-// Identity of one op as every rank must see it (docs/ARCHITECTURE.md D9). `count` is the per-rank element count of
+// Identity of one op as every rank must see it (docs/decisions/0009). `count` is the per-rank element count of
 // the user's input (all_gather: elements each rank contributes; reduce_scatter: elements each rank
 // receives); `root` is the root rank, the tag of a send/recv, or -1.
 struct Fingerprint {
@@ -165,17 +165,17 @@ struct CommOptions {
   // tcp and mpi: when every rank runs on one host, collectives go through a shared-memory segment
   // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of loopback
   // sockets (the sockets stay open to detect dead peers); on mpi all-reduce, broadcast and barrier instead of MPI messages
-  // (docs/ARCHITECTURE.md D55). Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the
+  // (docs/decisions/0055). Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the
   // same value.
   bool shm = true;
   // mpi: exchange each collective's fingerprint before running it, so that mismatched collectives
   // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each peer
-  // per op; a small all-reduce's data rides along, docs/ARCHITECTURE.md D38).
+  // per op; a small all-reduce's data rides along, docs/decisions/0038).
   // tcp checks fingerprints in every frame header and ignores this. Every rank must pass the same value.
   bool check_fingerprints = true;
   // The CUDA device the collectives' tensors live on; -1: host memory. With tcp/gloo or mpi,
   // make_communicator (comm/factory.hpp) then stages device buffers through pinned host memory, with
-  // nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/ARCHITECTURE.md D23); nccl uses
+  // nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/decisions/0023); nccl uses
   // this device instead of the local rank. Programs set it from --device cuda (the local rank's GPU).
   int cuda_device = -1;
 };

@@ -14,7 +14,7 @@ namespace ddp::detail {
 
 // str("rank ", 3, " of ", 4) == "rank 3 of 4". Anything with operator<< works.
 // Text and integers are appended directly, exactly as operator<< would write them: a std::ostringstream
-// costs about half a microsecond, and every op's label is built with str (docs/ARCHITECTURE.md D38).
+// costs about half a microsecond, and every op's label is built with str (docs/decisions/0038).
 template <class T>
 inline constexpr bool kAppendable =
     std::is_convertible_v<const T&, std::string_view> ||

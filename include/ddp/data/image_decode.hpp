@@ -3,7 +3,7 @@
 // SPDX-License-Identifier: MIT
 //
 // The decoders exist when ddp was configured with them (target ddp::image, which defines DDP_WITH_IMAGE=1;
-// docs/ARCHITECTURE.md D39). Without them this header still compiles and decode_image() throws ConfigError
+// docs/decisions/0039). Without them this header still compiles and decode_image() throws ConfigError
 // saying how to get them, so code that only names the types builds everywhere.
 //
 // Result: DecodedImage{height H, width W, rgb: H*W*3 bytes, row-major, channels-last (R, G, B)}.

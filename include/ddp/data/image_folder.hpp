@@ -1,5 +1,5 @@
 // ImageFolder: torchvision.datasets.ImageFolder's layout and order over JPEG/PNG files, with the ImageNet
-// transforms of image_transform.hpp. docs/ARCHITECTURE.md D39.
+// transforms of image_transform.hpp. docs/decisions/0039.
 // SPDX-License-Identifier: MIT
 //
 //   root/<class>/<...>/<image>.<ext>     ext in torchvision's IMG_EXTENSIONS, case-insensitive

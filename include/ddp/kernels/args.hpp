@@ -4,7 +4,7 @@
 // Kernels take one Args struct of views, filled with designated initializers:
 //   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{.x = x.view(), .w = w_.view(), .y = y.view(),
 //                                                                .stride = {2, 2}, .padding = {3, 3}});
-// Layouts (docs/ARCHITECTURE.md D5): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
+// Layouts (docs/decisions/0005): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
 // weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment says optional.
 // validate(args) throws ValueError naming the op, the tensor, its shape and the expected one; every
 // kernel calls it first, so CPU and CUDA reject the same inputs with the same words.
@@ -118,7 +118,7 @@ void validate(const Conv2dBackwardArgs<T, D>& a) {
 
 // How a synchronised BatchNorm (torch.nn.SyncBatchNorm) sums its per-channel statistics over the ranks of a
 // process group, without the kernels knowing of communicators: nn/sync_batchnorm.hpp implements it with one
-// all-reduce (docs/ARCHITECTURE.md D27). Training kernels given one (Args::sync) compute this rank's sums,
+// all-reduce (docs/decisions/0027). Training kernels given one (Args::sync) compute this rank's sums,
 // hand them here, and go on with the sums over every rank:
 //   forward   (2C + 1) doubles: sum x (C), sum x^2 (C), row count M
 //   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M   (g: the gradient reaching the BN)
@@ -166,7 +166,7 @@ struct BatchNormBackwardArgs {
   TensorView<T, D> dbeta;              // (C), optional; overwritten
   bool training = true;                // must match the forward call: batch statistics depend on x
   // Training only, optional, as in the forward call: dx uses sum g and sum g xhat over every rank; dgamma
-  // and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them, docs/ARCHITECTURE.md D27).
+  // and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them, docs/decisions/0027).
   ChannelSumReducer<D>* sync = nullptr;
 };
 

@@ -30,7 +30,7 @@
 namespace ddp::kernels {
 
 // Inverted dropout on att before the y GEMM: y = (mask * att / (1 - p)) v. The mask is nn::Dropout's over att
-// (B, nh, T, T) as one tensor (docs/ARCHITECTURE.md D43): element e (att's flat index, ((b nh + h) T + i) T + j)
+// (B, nh, T, T) as one tensor (docs/decisions/0043): element e (att's flat index, ((b nh + h) T + i) T + j)
 // uses word e % 4 of block (step << 32) + e / 4 of Generator(seed, rank, stream), so both devices, any thread
 // count, and a backward drawing it again all see the same mask. p = 0 (the default) is no dropout: the kernels
 // then draw nothing and compute exactly what they did without this field.

@@ -4,7 +4,7 @@
 // call them between their own "sums" and "apply" passes).
 // SPDX-License-Identifier: MIT
 //
-// A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/ARCHITECTURE.md D27) is:
+// A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/decisions/0027) is:
 //   forward   this rank's sums s = [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics -> y = x scale + shift
 //   backward  this rank's sums s = [sum g (C), sum g xhat (C), M] -> BnLocalGrads (dbeta, dgamma from this
 //             rank's sums) -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean) + k3

@@ -1,4 +1,4 @@
-// Dropout kernels' argument structs and their checks (inverted dropout, masks per docs/ARCHITECTURE.md D43).
+// Dropout kernels' argument structs and their checks (inverted dropout, masks per docs/decisions/0043).
 // SPDX-License-Identifier: MIT
 //
 // Kernels<D> (kernels/kernels.hpp) takes these like the Args of kernels/args.hpp, with the same validate() words.

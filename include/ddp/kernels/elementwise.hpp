@@ -185,7 +185,7 @@ struct GeluBackward {
   }
 };
 
-// One dropout draw's mask (docs/ARCHITECTURE.md D43): element i (a flat index below 2^34) is kept iff word i % 4 of
+// One dropout draw's mask (docs/decisions/0043): element i (a flat index below 2^34) is kept iff word i % 4 of
 // philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block (step << 32) + i / 4 of
 // Generator(seed, rank, stream) -- is at least `threshold`. One Philox evaluation gives four elements' words.
 // nn::Dropout's functor below and the attention's dropout on its probabilities (attention_args.hpp) draw with it,

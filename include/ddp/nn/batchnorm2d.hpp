@@ -11,7 +11,7 @@
 // forward_act/backward_act: the same layer followed by "+ residual, ReLU" (Kernels<D>::batchnorm_act_*),
 // what the residual blocks and the stem use: one fused pass on the GPU (kernels/cuda/bn_act.cuh), the
 // unfused passes in a row on the CPU (kernels/cpu/bn_act.hpp), the same numbers as forward + add + relu.
-// Synchronised (torch.nn.SyncBatchNorm, docs/ARCHITECTURE.md D27): set_sync(reducer) -- what
+// Synchronised (torch.nn.SyncBatchNorm, docs/decisions/0027): set_sync(reducer) -- what
 // nn/sync_batchnorm.hpp's convert_sync_batchnorm(model, comm) does to every BatchNorm2d -- makes training
 // use the statistics of every rank's batch together (one all-reduce in forward, one in backward, also in
 // forward_act/backward_act); a rank's batch may then be empty. Eval and a single rank communicate nothing.

@@ -14,12 +14,12 @@
 // accepted; shorter sequences are fine (minGPT's mask[:, :, :T, :T]).
 // Dropout: attn_pdrop is minGPT's attn_dropout on the probabilities, inverted (kept ones scaled by
 // 1 / (1 - attn_pdrop)) in training mode; eval() or attn_pdrop = 0 compute exactly what no dropout does and draw
-// nothing. Its mask is nn::Dropout's (docs/ARCHITECTURE.md D43), a pure function of (seed, rank, stream, step) and
+// nothing. Its mask is nn::Dropout's (docs/decisions/0043), a pure function of (seed, rank, stream, step) and
 // the element of att (B, nh, T, T): step() counts training forwards (eval ones do not), set_step() restores it on
 // resume, and each attention of a model needs its own stream (GPT gives every one its own). resid_pdrop (minGPT's
 // dropout after c_proj) is not implemented: it must be 0 (GPT has that Dropout in its AttentionLayer instead).
 // Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output (B, T, C), which
-// c_proj reads in backward; att is kept rather than recomputed (docs/ARCHITECTURE.md D44). With dropout att stays
+// c_proj reads in backward; att is kept rather than recomputed (docs/decisions/0044). With dropout att stays
 // the undropped probabilities (the softmax backward needs them) and no mask is kept: backward draws it again from
 // the same Philox counters; the dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp).
 // Devices: Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh; the CUDA

@@ -5,7 +5,7 @@
 // dx = dy / (1 - p) where kept, 0 elsewhere (the forward's mask, kept as one byte per element). Evaluation
 // (eval()) or p = 0: y = x, no mask is drawn or kept, and backward returns dx = dy (the one copy a returned
 // Tensor needs).
-// The mask is a pure function of (seed, rank, stream, step) and the element index (docs/ARCHITECTURE.md D43):
+// The mask is a pure function of (seed, rank, stream, step) and the element index (docs/decisions/0043):
 // element i of the step-th training forward uses word i % 4 of block (step << 32) + i / 4 of Philox stream
 // Generator(seed, rank, stream) (tensor/random.hpp), dropped when (w + 0.5) / 2^32 < p. So
 //   - ranks draw different masks (rank is part of the counter), and one rank's mask does not depend on the

@@ -3,7 +3,7 @@
 //
 // The output has torch's element order for the twin torch module tree, so a Linear after it takes torch's weight
 // as is (docs/decisions/0065):
-//   - a rank-4 input is an NHWC image batch (docs/ARCHITECTURE.md D5), the twin of torch's NCHW: it is permuted
+//   - a rank-4 input is an NHWC image batch (docs/decisions/0005), the twin of torch's NCHW: it is permuted
 //     to NCHW order, then flattened as torch flattens NCHW. (N, H, W, C) -> (N, C * H * W) with element
 //     (n, c, h, w) at column (c * H + h) * W + w. A rank-4 result (start_dim == end_dim) is the input unchanged.
 //   - other ranks ((N, T, C) sequences, (N, F) features) are in torch's order already: a plain reshape.

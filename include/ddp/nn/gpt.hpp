@@ -1,5 +1,5 @@
 // GPT: the DDP tutorial's minGPT (pytorch/examples distributed/minGPT-ddp, mingpt/model.py), ids (B, T) -> logits
-// (B, T, vocab_size), with explicit forward and backward (docs/ARCHITECTURE.md D6).
+// (B, T, vocab_size), with explicit forward and backward (docs/decisions/0006).
 // SPDX-License-Identifier: MIT
 //
 // Structure and parameter names (the tutorial's modules, registered in its order, so parameters() and
@@ -38,21 +38,21 @@
 // MultiheadAttention's in_proj in the tutorial, a bare Parameter that its _init_weights (which handles Linear,
 // Embedding, LayerNorm) never sees, so it keeps torch's xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0;
 // and the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
-// attn.c_proj (its out_proj is not renamed). docs/ARCHITECTURE.md D45. Its layers skip their own default
+// attn.c_proj (its out_proj is not renamed). docs/decisions/0045. Its layers skip their own default
 // initialisation (nn/init.hpp's SkipDefaultInit: these draws replace it), so building a GPT leaves the default
 // generator (manual_seed) untouched.
 //
 // Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem plus, per block, the
 // two resid_pdrop Dropouts and the attention's dropout on its probabilities), each drawing on its own Philox stream
 // dropout_stream + k, k in model order: emb_stem.drop 0, blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn (its
-// attention dropout) 2 + 3i, blocks.i.mlp.3 3 + 3i (docs/ARCHITECTURE.md D43); the streams are assigned whatever
+// attention dropout) 2 + 3i, blocks.i.mlp.3 3 + 3i (docs/decisions/0043); the streams are assigned whatever
 // the probabilities, 0 included. set_dropout_step() restores every mask's step on resume.
 // Input: forward(exec, ids) with int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE IDS
 // ALIVE until backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every parameter's
 // gradient and returns an empty tensor (ids take no gradient). Module's forward with T values is a ValueError.
 // The Linears see (B*T, features) rows (Linear flattens everything after dim 0 into features).
-// Devices: any (Kernels<D>); GPT<float, Cuda> compiles but is unverified on a GPU so far (docs/ARCHITECTURE.md
-// D48). On the GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
+// Devices: any (Kernels<D>); GPT<float, Cuda> compiles but is unverified on a GPU so far (docs/decisions/0048). On the
+// GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
 #pragma once
 
 #include <cmath>
@@ -371,7 +371,7 @@ class GPT : public Module<T, D> {
   }
 
   // Restores the step (training forwards done so far) of every Dropout and every attention's dropout on resume:
-  // the masks then repeat those of an uninterrupted run (docs/ARCHITECTURE.md D43).
+  // the masks then repeat those of an uninterrupted run (docs/decisions/0043).
   void set_dropout_step(std::uint64_t step) {
     this->visit([&](Module<T, D>& m) {
       if (auto* d = dynamic_cast<Dropout<T, D>*>(&m)) d->set_step(step);

@@ -1,7 +1,7 @@
 // Module: the base of every layer; owns named parameters, buffers and child modules in registration order.
 // SPDX-License-Identifier: MIT
 //
-// Explicit forward and backward, no autograd (docs/ARCHITECTURE.md D6):
+// Explicit forward and backward, no autograd (docs/decisions/0006):
 //     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (masks, statistics, a VIEW of x)
 //     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills parameter grads
 // backward must follow a forward of the same module; calling it twice for one forward is an error.

@@ -1,7 +1,7 @@
 // Parameter: a trainable tensor with its gradient, its torchvision name, and the on_grad_ready hook DDP uses.
 // SPDX-License-Identifier: MIT
 //
-// Gradient protocol (docs/ARCHITECTURE.md D6). A module's backward computes each of its parameters' gradients and
+// Gradient protocol (docs/decisions/0006). A module's backward computes each of its parameters' gradients and
 // hands every one over as soon as it is final:
 //     auto dw = p.grad_dest(exec);     // where to write: grad() itself, or scratch when accumulating
 //     Kernels<D>::conv2d_backward(exec, {..., .dw = dw, ...});
@@ -114,7 +114,7 @@ class Parameter {
   bool grad_is_zero() const noexcept { return fresh_; }
   // False while the gradient is "None" in torch's terms: no backward and no DDP reduction has written it since
   // zero_grad() (or construction). Optimizers skip such parameters (weight decay and momentum leave them
-  // alone), and DDP leaves them so when no rank used them (find_unused_parameters, docs/ARCHITECTURE.md D25).
+  // alone), and DDP leaves them so when no rank used them (find_unused_parameters, docs/decisions/0025).
   bool has_grad() const noexcept { return !fresh_; }
   // Someone other than backward wrote all of grad() (DDP's reduced gradient for a parameter this rank did not
   // use): the gradient now exists, and the next backward accumulates into it.

@@ -6,7 +6,7 @@
 //   nn::convert_sync_batchnorm(model, comm);        // before wrapping it in DistributedDataParallel
 //   parallel::DistributedDataParallel ddp(model, comm, ...);
 //
-// What it does (docs/ARCHITECTURE.md D27): the layers stay BatchNorm2d objects (the blocks hold them as
+// What it does (docs/decisions/0027): the layers stay BatchNorm2d objects (the blocks hold them as
 // typed members); each gets a shared CommChannelSums, the kernels' ChannelSumReducer (kernels/args.hpp) over
 // `comm`. In training, forward all-reduces (Sum) this rank's [sum x, sum x^2, count] per channel (2C + 1
 // doubles) and normalises with the global mean and biased variance; running_var takes the unbiased variance

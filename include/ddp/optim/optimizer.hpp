@@ -1,5 +1,5 @@
 // The Optimizer concept: what snapshots (train/checkpoint.hpp) and device copies (train/device_state.hpp)
-// need from an optimizer, so both work with SGD and AdamW alike (docs/ARCHITECTURE.md D26).
+// need from an optimizer, so both work with SGD and AdamW alike (docs/decisions/0026).
 // SPDX-License-Identifier: MIT
 //
 // An optimizer's state is its learning rate, its step count, and per parameter i (an index into

@@ -14,7 +14,7 @@
 //   finish()                  after backward: a parameter that never reported is an Error naming every such
 //                             parameter (the transport is drained first, so no collective still writes into
 //                             a bucket while the error unwinds). With find_unused_parameters (torch >= 2.0's
-//                             reducer, docs/ARCHITECTURE.md D25): the ranks agree which parameters were used
+//                             reducer, docs/decisions/0025): the ranks agree which parameters were used
 //                             on some rank since the last synchronised step (no_sync passes included) with
 //                             one all-reduce (max) of a flag per parameter after the last bucket; a parameter
 //                             that was not reported is launched with its accumulated gradient in its slot, or
@@ -26,7 +26,7 @@
 //                             steps skip the flag all-reduce, and the parameters this rank did not use are
 //                             counted ready when the step starts, so their buckets need not wait for finish().
 //                             A later step that uses another set of parameters is an Error naming one.
-//   shadow_step()             a joined rank's part in the others' step (uneven inputs, docs/ARCHITECTURE.md D30):
+//   shadow_step()             a joined rank's part in the others' step (uneven inputs, docs/decisions/0030):
 //                             the same collectives with zeros, no grad() written
 // Example: 3 parameters p0 p1 p2 in buckets {p2} {p1, p0} (reverse order). Gradients arrive p1, p2, p0:
 // p1 completes nothing; p2 completes bucket 0 -> launch(0); p0 completes bucket 1 -> launch(1). Had p0 and
@@ -290,7 +290,7 @@ class BucketSchedule {
     end_step(missing);
   }
 
-  // A rank that ran out of data (DistributedDataParallel::join, docs/ARCHITECTURE.md D30) takes part in a
+  // A rank that ran out of data (DistributedDataParallel::join, docs/decisions/0030) takes part in a
   // synchronised step of the others: exactly the collectives a real step issues, in the same order -- every
   // bucket through the transport as zeros (the comm hook runs on them, so a hook's own collectives match
   // too; Avg then divides the others' sum by the full world size), the find_unused_parameters flags, each

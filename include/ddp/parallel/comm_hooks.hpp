@@ -22,7 +22,7 @@
 // A hook keeps its own state (compression buffers, error feedback) in its closure, or in a state object it
 // shares with the caller (PowerSgdState: the counters of bytes put on the wire); hooks are called from the
 // thread that drives DDP only, one bucket at a time.
-// PowerSGD (docs/ARCHITECTURE.md D29) compresses each large gradient matrix M into low-rank factors P Q^T:
+// PowerSGD (docs/decisions/0029) compresses each large gradient matrix M into low-rank factors P Q^T:
 // one all-reduce launched with the bucket (small tensors + P), one more (Q) in `then`, at finish.
 #pragma once
 

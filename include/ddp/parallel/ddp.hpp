@@ -9,7 +9,7 @@
 //   { auto guard = model.no_sync(); ... forward + backward ... }  // accumulate locally, no communication
 //   { auto guard = model.no_grad(); ... forward only ... }         // evaluation: no step, no buffer sync after
 //
-// Semantics (docs/ARCHITECTURE.md D8, PyTorch's):
+// Semantics (docs/decisions/0008, PyTorch's):
 // - Construction broadcasts every parameter and buffer from rank 0 (one flat broadcast per dtype), so
 //   ranks may initialise differently; every rank must construct it (it is collective).
 // - Construction also checks that every rank has the same parameter shapes in the same order; a mismatch is
@@ -30,14 +30,14 @@
 // - no_sync(): while the guard lives, forward/backward only accumulate gradients locally; the next
 //   synchronised backward all-reduces the accumulated sum (divided by world size, as in PyTorch).
 // - A parameter without a gradient in a synchronised step is an Error naming it, unless find_unused_parameters
-//   (then torch >= 2.0's rules, bucket_schedule.hpp, docs/ARCHITECTURE.md D25).
+//   (then torch >= 2.0's rules, bucket_schedule.hpp, docs/decisions/0025).
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
 //   CUDA models take the built-in allreduce, fp16, bf16 or powersgd through DdpOptions::comm_hook (run on the
 //   device; register_comm_hook is refused there).
 // - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp), by default on CPU
-//   (docs/ARCHITECTURE.md D54); static_graph: the first step's unused parameters are reused without the flag
-//   all-reduce (D33).
-// - Uneven inputs (torch's `with model.join():`, docs/ARCHITECTURE.md D30): ranks may run different numbers of
+//   (docs/decisions/0054); static_graph: the first step's unused parameters are reused without the flag
+//   all-reduce (docs/decisions/0033).
+// - Uneven inputs (torch's `with model.join():`, docs/decisions/0030): ranks may run different numbers of
 //   steps inside a join context; a rank out of data calls join(), which takes part in the others' collectives
 //   with zero gradients until every rank has joined, then gives every rank the model of the last rank to join:
 //     { auto joining = model.join_context();   // every forward now also counts the ranks still training
@@ -93,7 +93,7 @@ struct DdpOptions {
   // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the parameter's slot, so
   // no copy into the bucket before the all-reduce nor back after it (parallel/grad_views.hpp).
   // --gradient-as-bucket-view[=true|false]. Unset: on for CPU models, off for CUDA ones until a GPU run has
-  // verified it there (docs/ARCHITECTURE.md D54; torch's default is off because its users may replace or
+  // verified it there (docs/decisions/0054; torch's default is off because its users may replace or
   // detach .grad, which ddp's grad() does not allow).
   std::optional<bool> gradient_as_bucket_view;
 
@@ -197,7 +197,7 @@ class DistributedDataParallel {
   // next forward (torch.no_grad()). Keep the guard in a variable.
   [[nodiscard]] ModeGuard no_grad() { return ModeGuard(grad_); }
 
-  // Uneven inputs (docs/ARCHITECTURE.md D30): every rank enters the context before its loop (keep the guard in a
+  // Uneven inputs (docs/decisions/0030): every rank enters the context before its loop (keep the guard in a
   // variable) and calls join() after it. Collective: all ranks, the same forwards until one runs out of data.
   [[nodiscard]] JoinContext join_context() { return JoinContext(*this); }
 

@@ -1,6 +1,6 @@
 // gradient_as_bucket_view: every parameter's grad() is a view of its slot in its bucket's flat buffer, so DDP
 // reduces the gradients where backward wrote them, with no copy into the bucket and none back (torch's
-// DistributedDataParallel(gradient_as_bucket_view=True); docs/ARCHITECTURE.md D33). Both transports use it.
+// DistributedDataParallel(gradient_as_bucket_view=True); docs/decisions/0033). Both transports use it.
 // SPDX-License-Identifier: MIT
 //
 // Example: bucket {fc.bias (10), fc.weight (10 x 64)} with flat buffer F of 650 floats: fc.bias.grad() is

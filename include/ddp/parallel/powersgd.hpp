@@ -25,7 +25,7 @@
 // step (torch's maybe_increase_iter): iter = the number of steps whose last bucket completed.
 // Orthogonalisation as torch 1.13: Gram-Schmidt for r <= 2, Householder QR above (ours; torch calls LAPACK
 // through torch.linalg.qr). Column signs may differ from LAPACK's, and do not matter: flipping P's column j
-// flips Q's column j (Q = M^T P) and P Q^T keeps its value; likewise for Q's columns (docs/ARCHITECTURE.md D29).
+// flips Q's column j (Q = M^T P) and P Q^T keeps its value; likewise for Q's columns (docs/decisions/0029).
 // The column order of a matrix is ours (conv weights are KRSC: columns (kH, kW, C_in), torch's (C_in, kH, kW)):
 // the algorithm is equivariant under a column permutation (P = M Q is unchanged when Q's rows are permuted
 // alike), so only a test that feeds torch's initial Q has to permute its rows.
@@ -33,7 +33,7 @@
 // rows / cols / r and its offsets in the wire buffers; PowerSgdState's start_iter rule, initial Q and byte
 // counters; the element functors) is what the CPU hook here and the CUDA transport (parallel/cuda/
 // transport.cuh, --comm-hook powersgd on a CUDA model) both call; only the matrix products and the
-// orthogonalisation are written per device (docs/ARCHITECTURE.md D29).
+// orthogonalisation are written per device (docs/decisions/0029).
 #pragma once
 
 #include <algorithm>

@@ -64,8 +64,8 @@ class Broadcaster<Cpu> {
   // `comm` must outlive this object.
   explicit Broadcaster(comm::Communicator& comm) : comm_(&comm) {}
 
-  // Rank `root`'s values (0 but for DDP's join, D30) of every part on every rank, as one flat broadcast (one
-  // part: in place). The host always waits (host_wait is for the CUDA version, which can leave the broadcast on
+  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of every part on every rank, as one flat broadcast
+  // (one part: in place). The host always waits (host_wait is for the CUDA version, which can leave the broadcast on
   // the exec's stream).
   template <comm::CommElement V>
   void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cpu>& /*exec*/ = {}, bool /*host_wait*/ = true,
@@ -158,7 +158,7 @@ class Transport<T, Cpu> {
     r.work.wait();
     bk.completed = r.work.completed_at();
     if (r.then) r.then();
-    if (view_) return;  // the slots are the gradients (a parameter no rank used: see docs/ARCHITECTURE.md D33)
+    if (view_) return;  // the slots are the gradients (a parameter no rank used: see docs/decisions/0033)
     const BucketLayout& l = layouts_[b];
     for (std::size_t k = 0; k < l.params.size(); ++k) {
       if (keep[l.params[k]]) continue;

@@ -1,6 +1,6 @@
 // ZeroRedundancyOptimizer: ZeRO stage 1 (torch.distributed.optim.ZeroRedundancyOptimizer): every rank keeps the
 // optimizer state of its own partition of the parameters only, steps that partition, and the updated values
-// reach every rank by broadcasts from their owners (docs/ARCHITECTURE.md D31).
+// reach every rank by broadcasts from their owners (docs/decisions/0031).
 // SPDX-License-Identifier: MIT
 //
 //   parallel::DistributedDataParallel<float, D> model(net, comm);                      // all-reduces gradients
@@ -34,8 +34,8 @@
 // rank's state to rank `to`, which gets a full Inner over every parameter (torch's consolidate_state_dict +
 // state_dict); load_consolidated(full) keeps the own shard's state of a full Inner every rank loaded (torch's
 // load_state_dict).
-// Devices: CPU, and CUDA where the communicator reaches device memory (nccl, or tcp/mpi staged, D23); the
-// broadcasts and transfers are then enqueued on exec's stream. The CUDA path compiles but has not been run.
+// Devices: CPU, and CUDA where the communicator reaches device memory (nccl, or tcp/mpi staged, docs/decisions/0023);
+// the broadcasts and transfers are then enqueued on exec's stream. The CUDA path compiles but has not been run.
 // World 1: no communication at all. Not thread-safe; collective calls must be made on every rank in order.
 #pragma once
 

@@ -5,7 +5,7 @@
 //   auto store = ddp::store::make_store(info, 30s);            // rank 0 also hosts the server
 //   auto store = ddp::store::make_store(info, 30s, 29600);     // DDP_STORE_PORT / --store-port override
 //
-// The rules (docs/ARCHITECTURE.md D3):
+// The rules (docs/decisions/0003):
 //   - world_size == 1 and no master address: an in-process HashStore (nothing to rendezvous with).
 //   - launcher_owns_store (torchrun's agent already serves MASTER_ADDR:MASTER_PORT, signalled by
 //     TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client of that store; nobody binds the port.
@@ -18,7 +18,7 @@
 //     works under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env:// rendezvous does
 //     (torch/distributed/rendezvous.py): keys of an attempt that died half-way - a rank that never joined
 //     leaves the communicator's join count short - cannot shift or mislead the next attempt
-//     (docs/ARCHITECTURE.md D36). Every key a program writes there gets the prefix, as in torch.
+//     (docs/decisions/0036). Every key a program writes there gets the prefix, as in torch.
 #pragma once
 
 #include <chrono>

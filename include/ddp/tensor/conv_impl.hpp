@@ -11,7 +11,7 @@
 // of one program must agree. Both cuDNN modes keep to deterministic algorithms when Exec<Cuda>::deterministic is set. 1x1 stride-1 unpadded
 // convolutions are cuBLAS GEMMs in every mode (conv2d.cuh). Asking for a cuDNN mode in a program built without
 // cuDNN is a ConfigError (resolve_conv_impl) at the first convolution, or earlier where a program checks its flag.
-// docs/ARCHITECTURE.md D52.
+// docs/decisions/0052.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // A training step on the GPU reads its batch from device memory, and the batch comes from the loader in
 // pageable host memory. Copying it from there on the compute stream stalls the step for the copy. The CUDA
 // prefetcher instead copies the next batch into a pinned slot, uploads it on a copy stream while the current
-// step computes, and makes the compute stream wait for the upload's event (docs/ARCHITECTURE.md D50):
+// step computes, and makes the compute stream wait for the upload's event (docs/decisions/0050):
 //   Prefetcher<D, float, std::int64_t> uploads(exec);        // D = Cuda: tensor/cuda/prefetcher.hpp
 //   auto feed = prefetch_feed(uploads, [&] { return loader.next(); },
 //                             [](const data::Batch& b) { return std::tuple(b.images.cview(), b.labels.cview()); });

@@ -1,7 +1,7 @@
 // Shape: the extents of a tensor (rank 0 to 5), with int64 element counts and readable printing.
 // SPDX-License-Identifier: MIT
 //
-// Layout conventions (docs/ARCHITECTURE.md D5): activations are NHWC (N, H, W, C), conv weights are KRSC
+// Layout conventions (docs/decisions/0005): activations are NHWC (N, H, W, C), conv weights are KRSC
 // (C_out, kH, kW, C_in); the last dimension is contiguous. Shape only stores extents: every tensor
 // in ddp is dense and row-major, so strides follow from the shape (see TensorView::stride).
 #pragma once

@@ -17,7 +17,7 @@
 // Conversion (how it works): OIHW index ((o * C + c) * kH + r) * kW + s  <->  KRSC ((o * kH + r) * kW + s) * C + c.
 // Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is permuted.
 //
-// Snapshot (save_snapshot / load_snapshot, docs/ARCHITECTURE.md D10, D26): the model's state dict plus, in the
+// Snapshot (save_snapshot / load_snapshot, docs/decisions/0010, 0026): the model's state dict plus, in the
 // same file, the optimizer's per-parameter state (optim/optimizer.hpp) under torch's state names:
 //   optimizer.momentum_buffer.<param name>   SGD: each momentum buffer in the parameter's torch layout
 //   optimizer.exp_avg.<param name>           AdamW: the moments in the parameter's torch layout, and

@@ -12,7 +12,7 @@
 //   --device cpu     any backend but nccl (NCCL reduces GPU memory only).
 //   --device cuda    needs a build with CUDA and a visible GPU; nccl, gloo and tcp (tcp stages CUDA tensors
 //                    through pinned host memory, as PyTorch's gloo does); not mpi: our MPI backend reaches
-//                    host memory only (docs/ARCHITECTURE.md D24 lists it with the other GPU limits).
+//                    host memory only (docs/decisions/0024 lists it with the other GPU limits).
 //   no --device      the GPU when the build has CUDA and one is visible, except under --backend mpi; else the
 //                    CPU, which --backend nccl refuses. The reason is returned for a log line.
 //   GPU per rank     nccl: GPU LOCAL_RANK (NCCL refuses two ranks on one GPU); gloo/tcp: ranks share the visible

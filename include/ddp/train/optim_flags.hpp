@@ -13,7 +13,7 @@
 //   });
 // The optimizer kind is chosen at run time, but the training loop stays one template: with_optimizer builds
 // the chosen optimizer and calls the loop (a generic lambda) with it, so the loop is instantiated once per
-// kind and its inner step has no virtual call (docs/ARCHITECTURE.md D26, D32). A wrapper around the
+// kind and its inner step has no virtual call (docs/decisions/0026, 0032). A wrapper around the
 // optimizer (e.g. ZeRO) belongs in with_optimizer too: its type then flows into the same loop.
 //
 // What the flags mean, in torch's terms:

@@ -8,7 +8,7 @@
 // into a host view of its model and optimizer (train::state_on<Cpu>: the objects themselves on the CPU, a copy
 // pushed back to the GPU) and rank 0 saves from the same view. A parallel::ZeroRedundancyOptimizer holds only
 // its shard, so it goes through a full optimizer over every parameter: consolidated onto rank 0 before a save
-// (collective), filled from the file and cut back to the shard at resume (docs/ARCHITECTURE.md D31). The
+// (collective), filled from the file and cut back to the shard at resume (docs/decisions/0031). The
 // files are the same with or without ZeRO, so either kind of run resumes the other's snapshot.
 #pragma once
 

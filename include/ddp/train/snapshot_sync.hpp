@@ -5,13 +5,13 @@
 //   if (!bytes.empty()) info = ddp::train::load_snapshot_bytes<float>(bytes, net, opt, path);
 //   auto bytes = ddp::train::read_and_broadcast(*comm, path, cuda_exec);  // nccl: staged through the GPU
 // How it works: rank 0 reads the whole file (or nothing when it does not exist), broadcasts the length
-// as one int64, then, when non-zero, the bytes. Other ranks never touch the filesystem (docs/ARCHITECTURE.md
-// D10). The broadcasts go through parallel::Broadcaster<D>: on the CPU they are the communicator's host
-// broadcasts; with an Exec<Cuda> (--backend nccl, which moves device memory only) the values are staged
-// through a device buffer on the exec's stream, and that version needs nvcc (parallel/cuda/transport.cuh).
+// as one int64, then, when non-zero, the bytes. Other ranks never touch the filesystem (docs/decisions/0010). The
+// broadcasts go through parallel::Broadcaster<D>: on the CPU they are the communicator's host broadcasts; with an
+// Exec<Cuda> (--backend nccl, which moves device memory only) the values are staged through a device buffer on the
+// exec's stream, and that version needs nvcc (parallel/cuda/transport.cuh).
 // A file that exists but cannot be read is an IoError on rank 0; the other ranks then fail their
-// broadcast with a CommError within the timeout (D9), so no rank hangs. So is a path that is not a regular
-// file (a directory) and an empty file: an empty snapshot was cut short, and treating it as "no snapshot"
+// broadcast with a CommError within the timeout (docs/decisions/0009), so no rank hangs. So is a path that is not a
+// regular file (a directory) and an empty file: an empty snapshot was cut short, and treating it as "no snapshot"
 // would start from scratch and let the next save_snapshot rotate it over the good `<path>.prev`.
 #pragma once
 

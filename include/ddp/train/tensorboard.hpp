@@ -1,4 +1,4 @@
-// TensorBoard event files of scalars, written without a protobuf library (docs/ARCHITECTURE.md D40).
+// TensorBoard event files of scalars, written without a protobuf library (docs/decisions/0040).
 // SPDX-License-Identifier: MIT
 //
 //   ddp::train::TensorBoardWriter tb("runs/resnet18");      // creates the directory; empty: disabled

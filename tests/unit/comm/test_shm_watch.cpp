@@ -1,5 +1,5 @@
-// The mpi backend's watch over a shared-memory all-reduce (comm/mpi/shm_watch.hpp, D55), without MPI: this
-// process is rank 0 of a two-rank segment and a forked child plays rank 1 (it maps the segment through the
+// The mpi backend's watch over a shared-memory all-reduce (comm/mpi/shm_watch.hpp, docs/decisions/0055), without MPI:
+// this process is rank 0 of a two-rank segment and a forked child plays rank 1 (it maps the segment through the
 // fork), so each failure the watch must report is staged for real: a peer whose process exited, a peer that
 // announced another collective, a peer that never arrives.
 // SPDX-License-Identifier: MIT

@@ -1,4 +1,4 @@
-// Failures of the tcp backend are loud and bounded (docs/ARCHITECTURE.md D9): mismatched collectives, timeouts that name
+// Failures of the tcp backend are loud and bounded (docs/decisions/0009): mismatched collectives, timeouts that name
 // the missing rank, a broken communicator, the factory's errors.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>

@@ -117,7 +117,7 @@ TEST_SUITE("kernels_cuda") {
   }
 
   // Each implementation the build has (tensor/conv_impl.hpp): ddp's implicit-GEMM kernels always, cuDNN with its
-  // heuristics' algorithm and with the measured fastest where the program links ddp::cudnn (D52).
+  // heuristics' algorithm and with the measured fastest where the program links ddp::cudnn (docs/decisions/0052).
   TEST_CASE("conv2d forward and backward match the CPU for assorted geometries, in every implementation") {
     if (ddp::test::skip_without_gpu()) return;
     struct Geo {

@@ -8,7 +8,7 @@
 // against glibc's, a few ulps); Identity and Flatten are copies, exact. The CNN as tests/unit/nn/test_cuda_resnet.cu:
 // both fp32 paths against a float64 CPU model, the GPU's norm-wise relative error within 2x the CPU's plus 1e-4
 // per tensor (a wrong kernel or wiring is off by O(1)). Dropout is on (p = 0.5): its mask is a function of (seed,
-// rank, stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43). Skips (exit 77) without a GPU;
+// rank, stream, step, index), the same on both devices (docs/decisions/0043). Skips (exit 77) without a GPU;
 // without one CI compiles this file to PTX only (tests/CMakeLists.txt).
 #include <doctest/doctest.h>
 

@@ -8,7 +8,7 @@
 // max|cpu|) per tensor; the embedding's forward is a copy and its backward adds each token's dy rows in position
 // order like the CPU (sorted by id), so both are exact. Through the 2-block GPT the differences grow: 1e-3 for logits
 // and gradients, as tests/unit/nn/test_cuda_resnet.cu. Dropout is on (0.1, the attention's too): its masks are a
-// function of (seed, rank, stream, step, index), the same on both devices (docs/ARCHITECTURE.md D43); the attention
+// function of (seed, rank, stream, step, index), the same on both devices (docs/decisions/0043); the attention
 // kernels are also compared with dropout 0.3 on their probabilities, where the same mask means the same y and dqkv.
 // Skips (exit 77) without a GPU; without one CI compiles this file to PTX only (tests/CMakeLists.txt), and
 // tests/odr/main_cuda.cu instantiates GPT<float, Cuda> under the host compiler.

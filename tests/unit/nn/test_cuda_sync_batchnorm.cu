@@ -1,5 +1,5 @@
 // SyncBatchNorm on the GPU: two ranks as processes (support/rank_processes.hpp says why not threads) on device
-// 0 over tcp ("gloo") staged through pinned memory (docs/ARCHITECTURE.md D23), a resnet18 at width 4 with
+// 0 over tcp ("gloo") staged through pinned memory (docs/decisions/0023), a resnet18 at width 4 with
 // convert_sync_batchnorm, each rank on half the batch, against the CPU model (ordinary BatchNorm) on the whole
 // batch: logits, input gradient, DDP-averaged parameter gradients, running statistics. The fused BatchNorm +
 // ReLU kernels run synchronised here. Skips (exit 77) without a GPU; the check that a host-memory communicator

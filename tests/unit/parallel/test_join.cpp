@@ -1,4 +1,4 @@
-// DistributedDataParallel's join (uneven inputs, docs/ARCHITECTURE.md D30) with ranks as threads (HashStore + tcp
+// DistributedDataParallel's join (uneven inputs, docs/decisions/0030) with ranks as threads (HashStore + tcp
 // communicator): ranks run different numbers of steps, the joined ones shadow the others' collectives, and every rank
 // ends with the model of the last to join -- which must equal a single process that, at each step, sums the
 // gradients of the ranks still training and divides by the full world size (torch's divide_by_initial_world_size).

@@ -1,5 +1,5 @@
 // ZeroRedundancyOptimizer on CUDA: two ranks as processes (support/rank_processes.hpp says why not threads) on
-// device 0 over tcp ("gloo") staged through pinned memory (docs/ARCHITECTURE.md D23, D31), a resnet18 at width
+// device 0 over tcp ("gloo") staged through pinned memory (docs/decisions/0023, 0031), a resnet18 at width
 // 4, SGD (momentum) and AdamW: the parameters equal a plain optimizer on the same device and gradients bit for
 // bit after every step, and the state consolidated to rank 0 equals the plain optimizer's. Skips (exit 77)
 // without a GPU.

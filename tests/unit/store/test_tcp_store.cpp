@@ -277,8 +277,9 @@ TEST_SUITE("store") {
                             .launcher_owns_store = true, .source = "torchrun"};
     auto s0 = ddp::store::make_store(t0, 2s);
     // The launcher's store serves every restart, so the attempt's keys live under torch's
-    // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" (docs/ARCHITECTURE.md D36): make_store returns a
-    // PrefixStore over the client (before D36 it returned the client itself and "from0" was unprefixed).
+    // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" (docs/decisions/0036): make_store returns a
+    // PrefixStore over the client (before docs/decisions/0036 it returned the client itself and "from0" was
+    // unprefixed).
     auto* view = dynamic_cast<ddp::store::PrefixStore*>(s0.get());
     REQUIRE(view != nullptr);
     CHECK(view->prefix() == "/worker/attempt_0");
@@ -291,7 +292,7 @@ TEST_SUITE("store") {
     CHECK_FALSE(direct.check({"from0"}));
   }
 
-  // The bug D36 fixes: under a launcher that keeps its store across restarts (ddprun, torchrun's static
+  // The bug docs/decisions/0036 fixes: under a launcher that keeps its store across restarts (ddprun, torchrun's static
   // rendezvous), attempt 0's rank 1 died before its communicator joined, so only rank 0 counted itself in
   // "ddp/tcp/joined". With one shared count the restarted ranks drew joins 2 and 3 -> prefixes ddp/tcp/0/
   // and ddp/tcp/1/, and never met (ddprun --max-restarts 1 gave up after the mesh timeout). Each attempt

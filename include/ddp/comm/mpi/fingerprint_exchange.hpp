@@ -1,6 +1,6 @@
-// mpi::FingerprintExchange: one collective's fingerprint exchange on the mpi backend (docs/ARCHITECTURE.md D9,
-// D38): this rank's 32-byte fingerprint to every peer and theirs back, and for a small all-reduce its data in
-// the same exchange ("carried"). Driven by comm/mpi/mpi_communicator.hpp, which owns the ordering and timeouts.
+// mpi::FingerprintExchange: one collective's fingerprint exchange on the mpi backend (docs/decisions/0009, 0038): this
+// rank's 32-byte fingerprint to every peer and theirs back, and for a small all-reduce its data in the same exchange
+// ("carried"). Driven by comm/mpi/mpi_communicator.hpp, which owns the ordering and timeouts.
 // SPDX-License-Identifier: MIT
 //
 // Messages: per peer, message 0 is the fingerprint followed by the first kCarryBytes of carried data; a carried
@@ -35,7 +35,8 @@ inline constexpr std::size_t kFingerprintBytes = kFingerprintWords * sizeof(std:
 // (above it a message takes a rendezvous: one 4 KiB message 5.2 us, as a ring 1.3 us). A multiple of every
 // dtype's size, so chunks split on element boundaries.
 inline constexpr std::size_t kCarryBytes = 4096 - 128;
-// An all-reduce is carried when the bytes a rank receives, (size - 1) copies, fit here (D38's third pass:
+// An all-reduce is carried when the bytes a rank receives, (size - 1) copies, fit here (docs/decisions/0038's third
+// pass:
 // 2 ranks, 16 KiB 7.7-9.7 us carried against 14.6-17.3 us as a ring; 128 KiB slower carried).
 inline constexpr std::size_t kCarryMaxBytes = 64 << 10;
 inline constexpr std::size_t kMsgCap = kFingerprintBytes + kCarryBytes;  // the largest exchange message

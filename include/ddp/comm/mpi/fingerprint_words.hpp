@@ -1,6 +1,6 @@
 // How the mpi backend puts a Fingerprint on the wire: four 64-bit words (kind|dtype|op, root, count, seq),
-// the 32 bytes every rank sends every other before a collective (comm/mpi/mpi_communicator.hpp, D9), and the
-// message when they differ.
+// the 32 bytes every rank sends every other before a collective (comm/mpi/mpi_communicator.hpp, docs/decisions/0009),
+// and the message when they differ.
 // SPDX-License-Identifier: MIT
 #pragma once
 

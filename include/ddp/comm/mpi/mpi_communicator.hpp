@@ -2,14 +2,14 @@
 // (MPI_Isend/MPI_Irecv, MPI_Ibcast, ...), run in issue order, after a fingerprint check, by mpi/op_engine.hpp.
 // SPDX-License-Identifier: MIT
 //
-// All-reduce is ours, on MPI point-to-point calls (docs/ARCHITECTURE.md D38): Open MPI's MPI_Iallreduce
+// All-reduce is ours, on MPI point-to-point calls (docs/decisions/0038): Open MPI's MPI_Iallreduce
 // (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which ran at
 // 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies fit in
 // mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange of eager
 // messages; each rank reduces every rank's copy in rank order); a larger one runs mpi/ring_allreduce.hpp's
 // ring through a reused scratch. When every rank runs on one host (and CommOptions::shm), every all-reduce,
-// broadcast and barrier goes through shared memory instead (comm/shm/collectives.hpp, D55): the tcp backend's
-// shm collectives (its all-reduce is 1.1-3x Open MPI's own on one host).
+// broadcast and barrier goes through shared memory instead (comm/shm/collectives.hpp, docs/decisions/0055): the tcp
+// backend's shm collectives (its all-reduce is 1.1-3x Open MPI's own on one host).
 // Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
 // block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
 // and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
@@ -17,12 +17,12 @@
 // too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
 // Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator (MPI_Abort at
 // exit, op_engine.hpp). A rank that dies is handled by mpirun itself (it kills the job).
-// Fingerprints (docs/ARCHITECTURE.md D9): MPI matches collectives by posting order only, so rank 0's
+// Fingerprints (docs/decisions/0009): MPI matches collectives by posting order only, so rank 0's
 // all_reduce and rank 1's broadcast would meet and give garbage or hang. Before each collective's own
 // call, every rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every other rank on
 // a second communicator (proto_comm_, point-to-point, receives sized for the largest message any op
 // sends, so that a mismatch never truncates), and compares all of them: a difference fails the op on
-// every rank with the same message, before any data moves. Cost (D38): one small message exchange per
+// every rank with the same message, before any data moves. Cost (docs/decisions/0038): one small message exchange per
 // collective, about 1 us on one host, and for a carried all-reduce nothing, since its data travels in
 // the same exchange; CommOptions::check_fingerprints = false skips the comparison (and
 // the exchange, except for carried all-reduces). Send/recv are matched by tag and are not checked.

@@ -10,17 +10,16 @@
 // Routes (mpi_communicator.hpp picks one per op): Body, the op's own MPI call after the fingerprint
 // exchange; Carried, an all-reduce whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Ring, an
 // all-reduce on point-to-point calls after the exchange (mpi/ring_allreduce.hpp); Shm, an
-// all-reduce, broadcast or barrier through shared memory (comm/shm/collectives.hpp, docs/ARCHITECTURE.md
-// D55), which runs alone: after every earlier op completed, so that no MPI request of this rank waits for
-// progress while it spins. Every collective announces itself in the segment when it starts, so that a peer
-// waiting there sees a mismatch at once (mpi/shm_watch.hpp) and reports it through the fingerprint exchange
-// like any other.
+// all-reduce, broadcast or barrier through shared memory (comm/shm/collectives.hpp, docs/decisions/0055), which runs
+// alone: after every earlier op completed, so that no MPI request of this rank waits for progress while it spins. Every
+// collective announces itself in the segment when it starts, so that a peer waiting there sees a mismatch at once
+// (mpi/shm_watch.hpp) and reports it through the fingerprint exchange like any other.
 // Ordering: fingerprints go out on the protocol communicator in issue order; bodies go out in issue order
 // too, each only after its fingerprint matched and every earlier op's body was posted, so all ranks post
 // every communicator's calls in the same order (MPI matches collectives by posting order only).
 // Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process then
 // ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
-// (docs/ARCHITECTURE.md D9). A fingerprint mismatch leaves nothing pending: such a program can exit normally.
+// (docs/decisions/0009). A fingerprint mismatch leaves nothing pending: such a program can exit normally.
 #pragma once
 
 #include <mpi.h>

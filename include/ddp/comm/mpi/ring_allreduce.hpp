@@ -1,5 +1,5 @@
 // mpi::RingAllreduce: the mpi backend's all-reduce for payloads above its carry limit, on MPI point-to-point
-// calls (docs/ARCHITECTURE.md D38; driven by comm/mpi/mpi_communicator.hpp).
+// calls (docs/decisions/0038; driven by comm/mpi/mpi_communicator.hpp).
 // SPDX-License-Identifier: MIT
 #pragma once
 

@@ -1,5 +1,5 @@
 // mpi::ShmWatch: how the mpi backend's shared-memory all-reduce (comm/shm/collectives.hpp) watches its
-// peers (docs/ARCHITECTURE.md D55). There is no socket to poll: a peer is alive while its pid is, a
+// peers (docs/decisions/0055). There is no socket to poll: a peer is alive while its pid is, a
 // mismatch is handed back to the communicator as ShmMismatch (which reports it through the fingerprint
 // exchange, so that every rank raises the same message as for any other mismatch), a timeout is a
 // TimeoutError.

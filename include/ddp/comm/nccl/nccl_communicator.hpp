@@ -15,7 +15,7 @@
 //   sgd_step<<<..., compute>>>(...);   // enqueued at once, runs after the all-reduce; no host wait
 //   ... at the end of the step: w.wait() raises a failure of the op
 //
-// How failure is bounded (docs/ARCHITECTURE.md D9): communicators are created non-blocking
+// How failure is bounded (docs/decisions/0009): communicators are created non-blocking
 // (ncclConfig_t::blocking = 0), so neither init nor a collective can hang the host. The watcher thread polls
 // the pending events, ncclCommGetAsyncError and, every kStorePollInterval while ops are pending, whether
 // another rank published a failure (FailureReport, comm/failure_report.hpp). On a timeout, an asynchronous

@@ -1,6 +1,6 @@
 // shm::Collectives: all-reduce, broadcast, all-gather and barrier through one shared-memory segment, for a
 // communicator whose ranks all run on one host: the tcp backend (its TCP mesh stays open as the liveness
-// channel) and the mpi backend (all-reduce only; docs/ARCHITECTURE.md D55).
+// channel) and the mpi backend (all-reduce only; docs/decisions/0055).
 // SPDX-License-Identifier: MIT
 //
 // Segment layout (shm::Segment::create maps it on every rank):
@@ -81,7 +81,8 @@ inline constexpr auto kNapTime = std::chrono::milliseconds(1);
 // between spinning ranks). Each look at the peer is followed by one pause and a sched_yield, so a peer or a
 // compute thread that shares this core (more ranks than cores, the progress thread beside training threads)
 // runs at once; with nothing else runnable the yield returns in ~0.4 us. Yielding every 64 pauses instead was
-// 15-30% slower from 1 to 256 KiB at 2 and 4 ranks on this VM (D58), every 512 pauses 3x slower (D51).
+// 15-30% slower from 1 to 256 KiB at 2 and 4 ranks on this VM (docs/decisions/0058), every 512 pauses 3x slower
+// (docs/decisions/0051).
 inline constexpr auto kSpinTime = std::chrono::microseconds(100);
 
 // One rank's control line. Written only by its rank, except `sleepers`.

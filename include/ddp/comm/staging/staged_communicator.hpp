@@ -1,5 +1,5 @@
 // StagedCommunicator<D>: collectives on CUDA device memory over a host-memory backend (tcp, mpi), staged
-// through pinned host memory, with the nccl backend's stream semantics (docs/ARCHITECTURE.md D23).
+// through pinned host memory, with the nccl backend's stream semantics (docs/decisions/0023).
 // SPDX-License-Identifier: MIT
 //
 // Why: NCCL refuses two ranks on one GPU, and PyTorch's gloo takes CUDA tensors; so does `--backend gloo
@@ -24,7 +24,7 @@
 // call is ordered after our copies exactly as it is after the caller's kernels.
 // Pinned blocks (with their two events and gate) are cached by size and reused once their `done` passed:
 // a training step repeats its sizes, so the steady state allocates no pinned memory.
-// Failure (docs/ARCHITECTURE.md D9), bounded and loud: the inner communicator's errors and timeouts (its
+// Failure (docs/decisions/0009), bounded and loud: the inner communicator's errors and timeouts (its
 // failure report tells the other ranks) fail the Work with the inner op's exception; a stream that does not
 // reach the op within its timeout is a TimeoutError here. Either way the gate opens, so the stream is never
 // held past the op's timeout; the communicator is broken, and every later call returns a failed Work that

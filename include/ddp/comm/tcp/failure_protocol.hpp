@@ -1,5 +1,5 @@
 // FailureProtocol: how a failure spreads through a tcp communicator and what each rank's message says
-// (docs/ARCHITECTURE.md D9).
+// (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
 // How a failure spreads: the rank that sees a failure first (mismatched header, peer closed, timeout)

@@ -1,4 +1,4 @@
-// TcpCommunicator: the CPU backend over a full mesh of TCP sockets (docs/ARCHITECTURE.md D4, D9).
+// TcpCommunicator: the CPU backend over a full mesh of TCP sockets (docs/decisions/0004, 0009).
 // SPDX-License-Identifier: MIT
 //
 // This file holds the API and each op's algorithm; the rest lives beside it:

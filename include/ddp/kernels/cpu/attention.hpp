@@ -21,8 +21,8 @@
 // convolutions' per-image split; outputs of different pairs are disjoint, so the result does not depend on the
 // thread count. Fewer pairs than threads (generation with B = 1) leaves threads idle. The full T x T products are
 // computed although half is masked, as torch does; accumulation is in T (float), as torch's CPU softmax.
-// The CUDA version (kernels/cuda/attention.cuh: cuBLAS batched GEMMs and a causal softmax kernel, D48) keeps the
-// same state; it compiles but has not run on a GPU yet.
+// The CUDA version (kernels/cuda/attention.cuh: cuBLAS batched GEMMs and a causal softmax kernel, docs/decisions/0048)
+// keeps the same state; it compiles but has not run on a GPU yet.
 #pragma once
 
 #include <algorithm>

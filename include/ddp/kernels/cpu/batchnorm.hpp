@@ -67,7 +67,7 @@ void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* 
   });
 }
 
-// Synchronised training forward (docs/ARCHITECTURE.md D27, kernels/batchnorm_sync.hpp): this rank's sum x and
+// Synchronised training forward (docs/decisions/0027, kernels/batchnorm_sync.hpp): this rank's sum x and
 // sum x^2 in one pass, one all-reduce of (2C + 1) doubles, then the global statistics and the apply pass.
 template <class T>
 void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>& a) {

@@ -3,7 +3,7 @@
 // SPDX-License-Identifier: MIT
 //
 // The CPU's algorithm (kernels/cpu/attention.hpp) with the same saved state: forward writes the probabilities att
-// (B, nh, T, T), 0 above the diagonal, which backward reads (docs/ARCHITECTURE.md D44). The (batch, head) pairs
+// (B, nh, T, T), 0 above the diagonal, which backward reads (docs/decisions/0044). The (batch, head) pairs
 // are not one strided batch (b and h have different strides in qkv), so each op loops over the nh heads and
 // batches over b: in qkv, q of (b, h) starts at b*T*3C + h*hs (batch stride T*3C, leading dimension 3C); in att
 // at (b*nh + h)*T*T (batch stride nh*T*T); in y and dy at b*T*C + h*hs (batch stride T*C, leading dimension C).

@@ -16,7 +16,7 @@
 // Backward: bn_grad_sums_kernel (sum g, sum g xhat; same decomposition), bn_grad_finalize_kernel (dgamma,
 // dbeta, and k1..k3 of dx = k1 g + k2 (x - mean) + k3; k2 = k3 = 0 in eval), bn_act_backward_apply_kernel.
 // Every order of summation is fixed by the geometry: results repeat bit for bit (deterministic).
-// Synchronised (Args::sync, training; docs/ARCHITECTURE.md D27): the finalize kernels write this rank's
+// Synchronised (Args::sync, training; docs/decisions/0027): the finalize kernels write this rank's
 // (2C + 1) sums instead (sum x = n mean, sum x^2 = M2 + n mean^2; or sum g, sum g xhat; and M), the reducer
 // all-reduces them on the exec's stream, and the functors of kernels/batchnorm_sync.hpp finish. An empty
 // local batch (rows 0) launches no pass over x and contributes zeros.

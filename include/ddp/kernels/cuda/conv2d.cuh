@@ -13,10 +13,10 @@
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
 // 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
 // With cuDNN (the program links ddp::cudnn, DDP_WITH_CUDNN) the other convs go to cuDNN unless the exec's
-// ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/ARCHITECTURE.md D52); these kernels stay the
+// ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/decisions/0052); these kernels stay the
 // reference and what runs without cuDNN.
-// Element type float only (a double instantiation is a compile error, D24); accumulation is always fp32. The
-// exec's Precision (tensor/precision.hpp) picks the arithmetic:
+// Element type float only (a double instantiation is a compile error, docs/decisions/0024); accumulation is always
+// fp32. The exec's Precision (tensor/precision.hpp) picks the arithmetic:
 //   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
 //   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
 //   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
@@ -330,19 +330,20 @@ inline bool cublas_pointwise(const ConvGeometry& g) {
   return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
-// float only (docs/ARCHITECTURE.md D24): the tiles above stage operands in float registers and shared
+// float only (docs/decisions/0024): the tiles above stage operands in float registers and shared
 // memory and accumulate in float, so a double conv would silently compute in single precision, while its
 // 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry points.
 template <class T>
 constexpr void require_float() {
   static_assert(std::is_same_v<T, float>,
                 "ddp: conv2d on CUDA computes in float only: its implicit-GEMM kernels stage and accumulate in "
-                "float, so a double model would not get double precision (docs/ARCHITECTURE.md D24). Use float on "
+                "float, so a double model would not get double precision (docs/decisions/0024). Use float on "
                 "the GPU (Conv2d<float, Cuda>, ResNet<float, Cuda>); for double-precision references run the model "
                 "on the CPU (Cpu).");
 }
 
-// Whether conv g goes to cuDNN under e (D52): built with it, not asked for ddp's own kernels, and describable.
+// Whether conv g goes to cuDNN under e (docs/decisions/0052): built with it, not asked for ddp's own kernels, and
+// describable.
 inline bool use_cudnn(const Exec<Cuda>& e, [[maybe_unused]] const ConvGeometry& g) {
   if (resolve_conv_impl(e.conv) == ConvImpl::Own) return false;  // throws for a cuDNN mode without cuDNN
 #if DDP_WITH_CUDNN

@@ -1,4 +1,4 @@
-// Convolutions through cuDNN (docs/ARCHITECTURE.md D52): forward, backward-data and backward-weight of
+// Convolutions through cuDNN (docs/decisions/0052): forward, backward-data and backward-weight of
 // conv2d.cuh's problem, NHWC activations and KRSC weights as they are, fp32 in memory.
 // SPDX-License-Identifier: MIT
 //

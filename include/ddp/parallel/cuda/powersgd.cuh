@@ -12,7 +12,7 @@
 //            Q /= W; M = P Q^T into flat; e = input - flat (the CPU hook's `then`, after backward).
 // Orthogonalisation is one kernel per bucket, one block per matrix: Gram-Schmidt for r <= 2, Householder above,
 // the CPU's steps with block-tree sums, so the result follows the CPU hook to rounding, not bit for bit
-// (docs/ARCHITECTURE.md D29). The GEMMs use a cuBLAS handle of this object's own, bound to the comm stream, not
+// (docs/decisions/0029). The GEMMs use a cuBLAS handle of this object's own, bound to the comm stream, not
 // the thread's handle that backward uses on the compute stream. Unverified on a GPU.
 #pragma once
 

@@ -33,14 +33,14 @@
 // are not written again in the same backward), which is the overlap DDP exists for.
 // Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
 // and mpi made with CommOptions::cuda_device, which stage through pinned host memory: comm/staging/
-// staged_communicator.hpp, docs/ARCHITECTURE.md D23), all gradients in device memory, a hook from the list
+// staged_communicator.hpp, docs/decisions/0023), all gradients in device memory, a hook from the list
 // above (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
 // small device buffer (one host wait).
 // The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
 // device for the copies before it, and the copies after it wait for it; the host is never involved (staged
 // backends: the stream waits in a host function for the host collective, not the calling thread).
 // Nothing here keeps a stream in the communicator: the stream travels with each call, so the communicator
-// outlives this transport and its streams safely (docs/ARCHITECTURE.md D16).
+// outlives this transport and its streams safely (docs/decisions/0016).
 // Memory: nccl declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream), so a
 // flat buffer freed by a rebuild is reused only after NCCL has finished with it; a staged backend touches
 // device memory only on the caller's stream, in stream order like our own copies.
@@ -112,7 +112,7 @@ class Broadcaster<Cuda> {
   Broadcaster& operator=(const Broadcaster&) = delete;
   ~Broadcaster() { drain(); }
 
-  // Rank `root`'s values (0 but for DDP's join, D30) of `parts` (device memory) on every rank: one flat
+  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of `parts` (device memory) on every rank: one flat
   // broadcast ordered after exec's stream, with exec's stream waiting for it. host_wait also blocks the host
   // until it is done; otherwise retire() (the next synchronised step) raises its errors.
   template <comm::CommElement V>

@@ -16,6 +16,8 @@
 #include <ddp/tensor/random.hpp>
 #include <ddp/tensor/tensor.hpp>
 
+#include "support/same_bits.hpp"
+
 namespace test_conv_accumulate {
 
 using ddp::Cpu;
@@ -40,10 +42,7 @@ const Geo kGeos[] = {
     {37, 2, 2, 16, 9, 3, 2, 1},  // P = 1
 };
 
-template <class T>
-bool same_bits(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
+using ddp::test::same_bits;
 
 template <class T>
 void check_accumulate(const Geo& g, int threads) {

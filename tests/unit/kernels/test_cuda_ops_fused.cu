@@ -22,19 +22,13 @@
 #include <ddp/kernels/fused_args.hpp>
 
 #include "support/gpu.hpp"
+#include "support/same_bits.hpp"
 #include "unit/kernels/cuda_compare.hpp"
 
 using namespace ddp::test::cuda_kernels;  // NOLINT: test file
 namespace kn = ddp::kernels;
 
-namespace {
-
-// Bitwise equality of two host tensors (determinism checks).
-bool same_bits(const Tensor<float, Cpu>& a, const Tensor<float, Cpu>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
-
-}  // namespace
+using ddp::test::same_bits;
 
 TEST_SUITE("kernels_cuda_fused") {
   // ---- GPU against CPU ----

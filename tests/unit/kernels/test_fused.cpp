@@ -16,6 +16,8 @@
 #include <ddp/tensor/random.hpp>
 #include <ddp/tensor/tensor.hpp>
 
+#include "support/same_bits.hpp"
+
 using ddp::Cpu;
 using ddp::Exec;
 using ddp::Shape;
@@ -27,10 +29,7 @@ using CView = ddp::TensorView<const float, Cpu>;
 
 namespace {
 
-bool same_bits(const F& a, const F& b) {
-  // memcmp with an empty tensor's null data is undefined even for 0 bytes (UBSan says so): compare sizes first.
-  return a.shape() == b.shape() && (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
-}
+using ddp::test::same_bits;
 
 F random(ddp::Generator& g, const Shape& s, double lo = -1.0, double hi = 1.0) {
   F t(s);

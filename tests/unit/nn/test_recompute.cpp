@@ -16,15 +16,13 @@
 #include <ddp/tensor/storage.hpp>
 
 #include "random_tensor.hpp"
+#include "support/same_bits.hpp"
 
 namespace test_recompute {
 
 using namespace ddp;
 
-template <class T>
-bool same_bits(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
+using ddp::test::same_bits;
 
 struct Result {
   Tensor<float, Cpu> y, dx;

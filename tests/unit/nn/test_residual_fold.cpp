@@ -19,15 +19,13 @@
 #include <ddp/tensor/storage.hpp>
 
 #include "random_tensor.hpp"
+#include "support/same_bits.hpp"
 
 namespace test_residual_fold {
 
 using namespace ddp;
 
-template <class T>
-bool same_bits(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
+using ddp::test::same_bits;
 
 // A block's submodules, in registration order: (conv, bn) stages and the downsample (or nullptr).
 struct Parts {

@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include <ddp/comm/cuda/staging_device.hpp>
+#include <ddp/comm/staging/cuda/staging_device.hpp>
 #include <ddp/comm/factory.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/nn/loss.hpp>

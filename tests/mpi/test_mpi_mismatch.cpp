@@ -3,7 +3,7 @@
 // element; both again with payloads that travel as several messages; all of it once with all-reduce through
 // shared memory (every rank on this host) and once through MPI messages (CommOptions::shm off). Every rank must fail
 // with a CommError that names a rank whose op differs and quotes that op, well inside the op timeout (nothing may wait
-// for it), and the program must still exit normally. SPDX-License-Identifier: MIT
+// for it), refuse its next op quoting that error, and the program must still exit normally. SPDX-License-Identifier: MIT
 //
 // Run: mpirun --allow-run-as-root --oversubscribe -n 2 ./mpi_mismatch_test   (exit 0 = pass)
 #include <chrono>
@@ -50,6 +50,19 @@ int expect_mismatch(bool shm, const std::string& name, const std::function<void(
     }
   if (Clock::now() - t0 > kPromptly) {
     std::fprintf(stderr, "FAIL %s rank %d: took %.2f s\n", scenario, c.rank(), s);
+    ++failed;
+  }
+  // The communicator stays failed: its next op is refused at once, quoting the mismatch (comm/failure_state.hpp).
+  std::string after;
+  try {
+    c.barrier().wait();
+  } catch (const CommError& e) {
+    after = e.what();
+  }
+  if (after.find("barrier #") == std::string::npos ||
+      after.find(" was not run: this communicator failed earlier: " + msg) == std::string::npos) {
+    std::fprintf(stderr, "FAIL %s rank %d: the next barrier did not fail quoting the mismatch: \"%s\"\n", scenario,
+                 c.rank(), after.c_str());
     ++failed;
   }
   std::printf("%s rank %d (%.3f s): %s\n", scenario, c.rank(), s, msg.c_str());

@@ -31,7 +31,7 @@
 #  include "ddp/comm/nccl/nccl_communicator.hpp"
 #endif
 #if DDP_WITH_CUDA
-#  include "ddp/comm/cuda/staging_device.hpp"
+#  include "ddp/comm/staging/cuda/staging_device.hpp"
 #  include "ddp/tensor/cuda/current_device.hpp"  // the GPU train/init.hpp binds before the communicator exists
 #endif
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include <ddp/comm/cuda/staging_device.hpp>
+#include <ddp/comm/staging/cuda/staging_device.hpp>
 #include <ddp/comm/factory.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/nn/resnet.hpp>

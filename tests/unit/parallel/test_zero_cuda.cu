@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include <ddp/comm/cuda/staging_device.hpp>
+#include <ddp/comm/staging/cuda/staging_device.hpp>
 #include <ddp/comm/factory.hpp>
 #include <ddp/kernels/cuda/kernels.cuh>
 #include <ddp/nn/resnet.hpp>

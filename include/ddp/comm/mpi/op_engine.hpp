@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "ddp/comm/checks.hpp"
+#include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/mpi/fingerprint_exchange.hpp"
 #include "ddp/comm/mpi/mpi_check.hpp"
 #include "ddp/comm/mpi/ring_allreduce.hpp"
@@ -337,10 +338,13 @@ class OpEngine {
   // Once the communicator failed, every later op fails too, naming the first error (a peer may be stuck in
   // the failed op, so nothing more is posted). True when t was failed here.
   bool refused_after_failure(Task& t, const std::deque<Task>& in_flight) {
-    if (!failed_) return false;
-    fail(t, CommError(ddp::detail::str(t.state->label, " was not run: this communicator failed earlier: ", first_error_)),
-         in_flight);
-    return true;
+    try {
+      failure_.throw_if_failed(t.state->label);
+      return false;
+    } catch (const CommError& e) {
+      fail(t, e, in_flight);
+      return true;
+    }
   }
 
   // Posts the op's own MPI calls: its Body, or for Route::Ring a ring from the pool.
@@ -431,10 +435,7 @@ class OpEngine {
   // another in-flight one's), MPI cannot cancel it, so the runtime is marked broken (MPI_Abort at exit).
   template <class E>
   void fail(Task& t, const E& e, const std::deque<Task>& in_flight) {
-    if (!failed_) {
-      failed_ = true;
-      first_error_ = e.what();
-    }
+    failure_.fail(e.what());
     auto pending = [](const Task& x) {
       return !x.state->is_done() && (x.exchange.pending() || x.pending.req != MPI_REQUEST_NULL ||
                                      (x.pending.ring && x.pending.ring->in_flight()));
@@ -452,9 +453,8 @@ class OpEngine {
   std::unique_ptr<shm::Collectives> shm_;  // every rank on this host (CommOptions::shm): all-reduce, broadcast, barrier
   // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
   // progress thread has nothing; the hand-over goes through mu_).
-  bool failed_ = false;
+  FailureState failure_;
   bool broken_ = false;  // a request was left pending (see fail)
-  std::string first_error_;
   RingPool rings_;              // Route::Ring's rings: scratch reused, failed ones kept alive
   ExchangePool exchange_pool_;  // receive buffers of finished fingerprint exchanges
   std::vector<FingerprintExchange> orphans_;  // exchanges a mismatch left with requests pending (drain)

@@ -42,8 +42,8 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/cuda/device_guard.hpp"
 #include "ddp/comm/failure_report.hpp"
+#include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/nccl/nccl_check.hpp"
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
@@ -51,14 +51,13 @@
 #include "ddp/env/launch_info.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
+#include "ddp/tensor/cuda/current_device.hpp"
 
 namespace ddp::comm {
 
 namespace nccl {
 
 inline constexpr std::chrono::milliseconds kStorePollInterval{200};
-
-using DeviceGuard = CudaDeviceGuard;  // comm/cuda/device_guard.hpp
 
 }  // namespace nccl
 
@@ -71,7 +70,7 @@ class NcclCommunicator final : public Communicator {
       : rank_(check_setup(info.rank, info.world_size, opts)), size_(info.world_size), store_(store), opts_(opts),
         device_(usable_device(device >= 0 ? device : info.local_rank, info.rank, info.world_size)),
         prefix_(attempt_prefix(store, "nccl", size_)), report_(store, prefix_, rank_, size_), sequence_(rank_, size_) {
-    nccl::DeviceGuard g(device_);
+    CudaDeviceGuard g(device_);
     ncclUniqueId id{};
     const std::string key = prefix_ + "uid";
     if (rank_ == 0) {
@@ -94,12 +93,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    bool broken;
-    {
-      std::lock_guard lock(mu_);
-      broken = failed_;
-    }
-    if (!broken && size_ > 1) {
+    if (!failure_.failed() && size_ > 1) {
       try {  // bounded barrier: a peer must not tear down while we still need it; never throws
         barrier({.timeout = opts_.shutdown_timeout}).wait();
       } catch (const std::exception& e) {
@@ -114,7 +108,7 @@ class NcclCommunicator final : public Communicator {
     if (watcher_.joinable()) watcher_.join();
     std::lock_guard lock(mu_);
     try {
-      nccl::DeviceGuard g(device_);
+      CudaDeviceGuard g(device_);
       if (comm_ && !aborted_) destroy_comm();
       if (barrier_buf_) DDP_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
       if (ready_) DDP_CUDA_CHECK_NOTHROW(cudaEventDestroy(ready_));
@@ -201,9 +195,8 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t sub = nullptr;
     {
       std::lock_guard lock(mu_);
-      if (failed_)
-        throw CommError(ddp::detail::str(who(rank_, size_), ": new_group on a failed communicator: ", first_error_));
-      nccl::DeviceGuard g(device_);
+      failure_.throw_if_failed(ddp::detail::str(who(rank_, size_), ": new_group"));
+      CudaDeviceGuard g(device_);
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       const ncclResult_t rc = ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config);
@@ -280,7 +273,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void start() {
-    nccl::DeviceGuard g(device_);
+    CudaDeviceGuard g(device_);
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, 1));
@@ -306,16 +299,14 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);
     const Fingerprint& fp = call.fp;
-    if (failed_)
-      return Work::completed(label, std::make_exception_ptr(CommError(ddp::detail::str(
-                                        label, " was not run: this communicator failed earlier: ", first_error_))));
+    if (auto refused = failure_.not_run(label)) return Work::completed(label, refused);
     Pending p{std::make_shared<detail::WorkState>(label), fp,
               call.timeout.count() > 0 ? call.timeout : opts_.timeout, {}, nullptr};
     p.deadline = Clock::now() + p.timeout;
     Work work(p.state);
     const auto caller = static_cast<cudaStream_t>(call.stream);
     try {
-      nccl::DeviceGuard g(device_);
+      CudaDeviceGuard g(device_);
       DDP_CUDA_CHECK(cudaEventRecord(ready_, caller));
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       wait_in_progress(comm_, launch(stream_), fp.label(), p.deadline);
@@ -376,7 +367,7 @@ class NcclCommunicator final : public Communicator {
                                            "--timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.");
         const Fingerprint fp = f.fp;
         const auto timeout = f.timeout;
-        const bool publish = !failed_;
+        const bool publish = !failure_.failed();
         const std::uint64_t at = position(fp);
         lock.unlock();
         // Published before the report waits for the others' positions: seeing it, they stop and publish theirs.
@@ -414,11 +405,7 @@ class NcclCommunicator final : public Communicator {
   // unless the caller published already), aborts the NCCL communicator, fails `p` with msg and every other
   // pending op with a message quoting it. mu_ held.
   void fail_locked(const std::string& msg, bool timed_out, Pending& p, bool publish = true) {
-    if (!failed_) {
-      failed_ = true;
-      first_error_ = msg;
-      if (publish) report_.publish(msg, position(p.fp), p.fp, p.timeout);
-    }
+    if (failure_.fail(msg) && publish) report_.publish(msg, position(p.fp), p.fp, p.timeout);
     if (comm_ && !aborted_) {
       ncclCommAbort(comm_);  // stops the kernels of every pending op; comm_ is gone afterwards
       aborted_ = true;
@@ -460,9 +447,8 @@ class NcclCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   bool stop_ = false;
-  bool failed_ = false;
   bool aborted_ = false;
-  std::string first_error_;
+  FailureState failure_;  // written under mu_; its own lock lets the destructor read it without mu_
   std::thread watcher_;
 };
 

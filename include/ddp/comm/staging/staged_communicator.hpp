@@ -44,7 +44,7 @@
 //
 // The device side is a template parameter D (the "device ops") so that all of the above is tested on the
 // CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the CUDA one is
-// comm/cuda/staging_device.hpp. D provides:
+// comm/staging/cuda/staging_device.hpp. D provides:
 //   using Event = ...;                                  // a copyable handle
 //   using Pinned = ...;                                 // move-only page-locked block: std::byte* data(), bytes()
 //   Pinned alloc_pinned(std::size_t bytes);
@@ -78,6 +78,7 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
+#include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/core/error.hpp"
@@ -265,9 +266,7 @@ class StagedCommunicator final : public Communicator {
   Work stage(OpCall call, bool copy_in, bool copy_out) {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);
-    if (failed_)
-      return Work::completed(label, std::make_exception_ptr(CommError(ddp::detail::str(
-                                        label, " was not run: this communicator failed earlier: ", first_error_))));
+    if (auto refused = failure_.not_run(label)) return Work::completed(label, refused);
     auto state = std::make_shared<detail::WorkState>(label);
     Work work(state);
     const bool in_place = call.in.data == call.out.data && call.in.count == call.out.count;
@@ -301,8 +300,9 @@ class StagedCommunicator final : public Communicator {
         slot->gate->open();
         if (held) (void)slot.release();
       }
-      fail_locked(ddp::detail::str(label, " failed while enqueueing its device copies: ", e.what()));
-      state->complete(std::make_exception_ptr(CommError(first_error_)));
+      std::string msg = ddp::detail::str(label, " failed while enqueueing its device copies: ", e.what());
+      failure_.fail(msg);  // the first failure: failure_ was healthy above, and mu_ is held
+      state->complete(std::make_exception_ptr(CommError(msg)));
       return work;
     }
     lock.unlock();
@@ -365,14 +365,13 @@ class StagedCommunicator final : public Communicator {
         Op op = std::move(queue_.front());
         queue_.pop_front();
         running_ = true;
-        const bool was_failed = failed_;
-        const std::string first = first_error_;
+        const std::exception_ptr refused = failure_.not_run(op.state->label);
         lock.unlock();
-        std::exception_ptr error = run(op, was_failed, first);
+        std::exception_ptr error = run(op, refused);
         lock.lock();
         running_ = false;
         if (error) {
-          if (!failed_) fail_locked(message_of(error));
+          failure_.fail(message_of(error));
           op.state->complete(error);  // at once: the error needs no device
         }
         finishing_.push_back(std::move(op));
@@ -404,11 +403,10 @@ class StagedCommunicator final : public Communicator {
 
   // Waits for the stream to reach the op, runs it on the inner communicator, opens the gate. Never throws:
   // returns the op's failure. Called without mu_.
-  std::exception_ptr run(Op& op, bool was_failed, const std::string& first) {
+  std::exception_ptr run(Op& op, const std::exception_ptr& refused) {
     std::exception_ptr error;
     try {
-      if (was_failed)
-        throw CommError(ddp::detail::str(op.state->label, " was not run: this communicator failed earlier: ", first));
+      if (refused) std::rethrow_exception(refused);
       while (op.wait_ready && !dev_.query(op.slot->ready)) {
         if (Clock::now() > op.deadline)
           throw TimeoutError(ddp::detail::str(
@@ -432,7 +430,7 @@ class StagedCommunicator final : public Communicator {
       try {
         passed = dev_.query(it->slot->done);
       } catch (const std::exception& e) {
-        if (!failed_) fail_locked(ddp::detail::str(it->state->label, " failed: ", e.what()));
+        failure_.fail(ddp::detail::str(it->state->label, " failed: ", e.what()));
         it->state->complete(std::make_exception_ptr(CommError(ddp::detail::str(it->state->label, " failed: ", e.what()))));
         (void)it->slot.release();  // the device's state is unknown: never reuse the block
         it = finishing_.erase(it);
@@ -447,12 +445,6 @@ class StagedCommunicator final : public Communicator {
       free_.emplace(bytes, std::move(it->slot));
       it = finishing_.erase(it);
     }
-  }
-
-  void fail_locked(std::string msg) {
-    if (failed_) return;
-    failed_ = true;
-    first_error_ = std::move(msg);
   }
 
   static std::string message_of(const std::exception_ptr& e) {
@@ -478,8 +470,7 @@ class StagedCommunicator final : public Communicator {
   staging::StagingStats stats_;
   bool running_ = false;
   bool stop_ = false;
-  bool failed_ = false;
-  std::string first_error_;
+  FailureState failure_;
   std::thread worker_;
 };
 

@@ -7,7 +7,8 @@
 // its sockets down. Its peers see the close during whatever op they are in (every op polls every peer),
 // read the message from the store and fail with "rank r reported: ...", or, when there is no message,
 // "rank r closed its connection (process died?)". They spread it the same way, so every rank fails
-// promptly, and the communicator stays failed: later ops fail at once quoting the first error.
+// promptly, and the communicator stays failed: later ops fail at once quoting the first error
+// (FailureState, comm/failure_state.hpp).
 // With the store gone too (its host died), nobody's message can be read: a rank that sees a single peer close
 // watches the other connections for up to 250 ms and names every rank that closed, first-seen first.
 // A rank whose collective times out additionally collects the other ranks' positions for a short grace
@@ -22,12 +23,12 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ddp/comm/failure_report.hpp"
+#include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/tcp/mesh.hpp"
 #include "ddp/comm/tcp/op_queue.hpp"
 #include "ddp/core/error.hpp"
@@ -42,17 +43,9 @@ class FailureProtocol {
   FailureProtocol(store::Store& store, const std::string& prefix, int rank, int size, Mesh& mesh)
       : report_(store, prefix, rank, size), mesh_(mesh) {}
 
-  bool failed() const {
-    std::lock_guard lock(mu_);
-    return failed_;
-  }
+  bool failed() const { return state_.failed(); }
   // The error for an op that is not run because the communicator failed earlier; nullptr while healthy.
-  std::exception_ptr not_run(const std::string& label) const {
-    std::lock_guard lock(mu_);
-    if (!failed_) return nullptr;
-    return std::make_exception_ptr(
-        CommError(ddp::detail::str(label, " was not run: this communicator failed earlier: ", first_error_)));
-  }
+  std::exception_ptr not_run(const std::string& label) const { return state_.not_run(label); }
 
   // The user's message for a transfer failure of task t. Reads the peers' messages from the store.
   std::string describe(const Task& t, const PeerFailure& f) {
@@ -101,13 +94,7 @@ class FailureProtocol {
   // started), closes the sockets (telling every peer), and for a timed-out collective appends what the
   // other ranks were doing. Returns the exception for t's Work: TimeoutError or CommError.
   std::exception_ptr fail(const Task& t, std::string msg, bool timed_out, std::uint64_t seq) {
-    {
-      std::lock_guard lock(mu_);
-      if (!failed_) {
-        failed_ = true;
-        first_error_ = msg;
-      }
-    }
+    state_.fail(msg);
     report_.publish(msg, seq, t.fp, t.timeout);
     mesh_.close_all();
     if (timed_out && !t.fp.is_p2p()) msg += report_.timeout_report(t.fp, t.timeout);
@@ -122,9 +109,7 @@ class FailureProtocol {
 
   FailureReport report_;
   Mesh& mesh_;
-  mutable std::mutex mu_;  // guards failed_ and first_error_: any issuing thread reads them
-  bool failed_ = false;
-  std::string first_error_;
+  FailureState state_;  // any issuing thread reads it
 };
 
 }  // namespace ddp::comm::tcp

@@ -23,13 +23,13 @@
 
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/communicator.hpp"
-#include "ddp/comm/cuda/device_guard.hpp"
 #include "ddp/comm/staging/staged_communicator.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/tensor/cuda/current_device.hpp"
 #include "ddp/tensor/cuda/pinned.hpp"
 
 namespace ddp::comm {

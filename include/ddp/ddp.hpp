@@ -17,6 +17,8 @@
 #include "ddp/core/log.hpp"
 // defines: detail::str, detail::join
 #include "ddp/core/str.hpp"
+// defines: Clock (steady_clock: every timeout, deadline, step time and trace span)
+#include "ddp/core/clock.hpp"
 // defines: crc32c, crc32c_update, masked_crc32c (TFRecord framing)
 #include "ddp/core/crc32c.hpp"
 // defines: trace::Recorder, trace::Activation, trace::Span, trace::Event (spans of a step, train/trace.hpp writes them)
@@ -205,6 +207,8 @@
 #include "ddp/parallel/grad_views.hpp"
 // defines: parallel::DistributedDataParallel, parallel::DdpOptions
 #include "ddp/parallel/ddp.hpp"
+// defines: parallel::sum_over_ranks (host values summed over every rank, in place, through D's memory)
+#include "ddp/parallel/rank_sum.hpp"
 // defines: parallel::ZeroRedundancyOptimizer, parallel::optimizer_state_bytes
 #include "ddp/parallel/zero.hpp"
 #if DDP_CUDA_COMPILER

@@ -27,7 +27,7 @@
 namespace {
 
 using namespace std::chrono_literals;
-using ddp::store::Clock;
+using ddp::Clock;
 
 std::string g_python;
 std::string g_dir;

@@ -56,47 +56,47 @@ class CallChecks {
   CallChecks(int rank, int size, std::string_view backend, MemoryKind memory) noexcept
       : rank_(rank), size_(size), backend_(backend), memory_(memory) {}
 
-  OpCall send(Buffer b, int dst, const SendOptions& o) const {
+  OpCall send(BufferRef b, int dst, const SendOptions& o) const {
     peer(dst, "send to");
     reaches("send", b, o.stream);
     return p2p(OpKind::Send, b, dst, o);
   }
-  OpCall recv(Buffer b, int src, const SendOptions& o) const {
+  OpCall recv(BufferRef b, int src, const SendOptions& o) const {
     peer(src, "receive from");
     reaches("recv", b, o.stream);
     return p2p(OpKind::Recv, b, src, o);
   }
-  OpCall broadcast(Buffer b, const BroadcastOptions& o) const {
+  OpCall broadcast(BufferRef b, const BroadcastOptions& o) const {
     root("broadcast", o.root);
     reaches("broadcast", b, o.stream);
     return in_place({.kind = OpKind::Broadcast, .dtype = b.dtype, .root = o.root, .count = b.count}, b, o);
   }
-  OpCall all_reduce(Buffer b, const AllreduceOptions& o) const {
+  OpCall all_reduce(BufferRef b, const AllreduceOptions& o) const {
     reaches("all_reduce", b, o.stream);
     OpCall c = in_place({.kind = OpKind::AllReduce, .dtype = b.dtype, .op = o.op, .count = b.count}, b, o);
     c.blocking = o.blocking;
     return c;
   }
-  OpCall reduce(Buffer b, const ReduceOptions& o) const {
+  OpCall reduce(BufferRef b, const ReduceOptions& o) const {
     root("reduce", o.root);
     reaches("reduce", b, o.stream);
     return in_place({.kind = OpKind::Reduce, .dtype = b.dtype, .op = o.op, .root = o.root, .count = b.count}, b, o);
   }
   // Fingerprint count: what each rank contributes (in.count).
-  OpCall all_gather(Buffer in, Buffer out, const AllgatherOptions& o) const {
+  OpCall all_gather(BufferRef in, BufferRef out, const AllgatherOptions& o) const {
     reaches("all_gather", in, o.stream);
     reaches("all_gather", out, o.stream);
     blocks("all_gather", "out", out.count, "in", in.count);
     return in_out({.kind = OpKind::AllGather, .dtype = in.dtype, .count = in.count}, in, out, o);
   }
   // Fingerprint count: what each rank receives (out.count).
-  OpCall reduce_scatter(Buffer in, Buffer out, const ReduceScatterOptions& o) const {
+  OpCall reduce_scatter(BufferRef in, BufferRef out, const ReduceScatterOptions& o) const {
     reaches("reduce_scatter", in, o.stream);
     reaches("reduce_scatter", out, o.stream);
     blocks("reduce_scatter", "in", in.count, "out", out.count);
     return in_out({.kind = OpKind::ReduceScatter, .dtype = in.dtype, .op = o.op, .count = out.count}, in, out, o);
   }
-  OpCall all_to_all(Buffer in, Buffer out, const AlltoallOptions& o) const {
+  OpCall all_to_all(BufferRef in, BufferRef out, const AlltoallOptions& o) const {
     reaches("all_to_all", in, o.stream);
     reaches("all_to_all", out, o.stream);
     if (in.count != out.count || in.count % static_cast<std::size_t>(size_) != 0)
@@ -106,7 +106,7 @@ class CallChecks {
   }
   // A barrier is a one-byte max all-reduce on every backend that needs data to synchronise.
   OpCall barrier(const BarrierOptions& o) const {
-    reaches("barrier", Buffer{.memory = memory_}, o.stream);
+    reaches("barrier", BufferRef{.memory = memory_}, o.stream);
     return {.fp = {.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max}, .timeout = o.timeout,
             .stream = o.stream};
   }
@@ -127,20 +127,20 @@ class CallChecks {
 
  private:
   template <class Options>
-  static OpCall in_place(Fingerprint fp, Buffer b, const Options& o) {
+  static OpCall in_place(Fingerprint fp, BufferRef b, const Options& o) {
     return {.fp = fp, .in = b, .out = b, .timeout = o.timeout, .stream = o.stream};
   }
   template <class Options>
-  static OpCall in_out(Fingerprint fp, Buffer in, Buffer out, const Options& o) {
+  static OpCall in_out(Fingerprint fp, BufferRef in, BufferRef out, const Options& o) {
     return {.fp = fp, .in = in, .out = out, .timeout = o.timeout, .stream = o.stream};
   }
-  static OpCall p2p(OpKind kind, Buffer b, int peer, const SendOptions& o) {
+  static OpCall p2p(OpKind kind, BufferRef b, int peer, const SendOptions& o) {
     return {.fp = {.kind = kind, .dtype = b.dtype, .root = o.tag, .count = b.count}, .in = b, .out = b, .peer = peer,
             .timeout = o.timeout, .stream = o.stream};
   }
 
   // The buffer lives where this backend reaches, and a stream comes only with device memory.
-  void reaches(std::string_view op, const Buffer& b, void* stream) const {
+  void reaches(std::string_view op, const BufferRef& b, void* stream) const {
     if (b.memory != memory_) {
       const std::string_view fix = memory_ == MemoryKind::Cpu
                                        ? "copy the tensor to the host (ddp::to<Cpu>), or make the communicator for device memory "

@@ -80,47 +80,47 @@ class Communicator {
   }
   template <CommElement T, Device D>
   Work isend(TensorView<T, D> data, int dst, const SendOptions& o = {}) {
-    return send_impl(checks().send(Buffer::of(data), dst, o));
+    return send_impl(checks().send(BufferRef::of(data), dst, o));
   }
   template <WritableCommElement T, Device D>
   Work irecv(TensorView<T, D> data, int src, const SendOptions& o = {}) {
-    return recv_impl(checks().recv(Buffer::of(data), src, o));
+    return recv_impl(checks().recv(BufferRef::of(data), src, o));
   }
 
   // ---- collectives ----
   // In place: every rank ends with root's data.
   template <WritableCommElement T, Device D>
   Work broadcast(TensorView<T, D> data, const BroadcastOptions& o = {}) {
-    return broadcast_impl(checks().broadcast(Buffer::of(data), o));
+    return broadcast_impl(checks().broadcast(BufferRef::of(data), o));
   }
   // In place: every rank ends with the element-wise reduction over ranks. bfloat16/half reduce in float;
   // Avg divides the sum by size() (integer division for integer types).
   template <WritableCommElement T, Device D>
   Work all_reduce(TensorView<T, D> data, const AllreduceOptions& o = {}) {
-    return all_reduce_impl(checks().all_reduce(Buffer::of(data), o));
+    return all_reduce_impl(checks().all_reduce(BufferRef::of(data), o));
   }
   // In place on root; other ranks' buffers are left unchanged.
   template <WritableCommElement T, Device D>
   Work reduce(TensorView<T, D> data, const ReduceOptions& o = {}) {
-    return reduce_impl(checks().reduce(Buffer::of(data), o));
+    return reduce_impl(checks().reduce(BufferRef::of(data), o));
   }
   // out (size() * in.numel() elements) = concatenation of every rank's in, in rank order.
   template <CommElement In, WritableCommElement T, Device D>
     requires std::same_as<std::remove_const_t<In>, T>
   Work all_gather(TensorView<In, D> in, TensorView<T, D> out, const AllgatherOptions& o = {}) {
-    return all_gather_impl(checks().all_gather(Buffer::of(in), Buffer::of(out), o));
+    return all_gather_impl(checks().all_gather(BufferRef::of(in), BufferRef::of(out), o));
   }
   // in has size() * out.numel() elements; rank r receives the reduction of block r of every rank's in.
   template <CommElement In, WritableCommElement T, Device D>
     requires std::same_as<std::remove_const_t<In>, T>
   Work reduce_scatter(TensorView<In, D> in, TensorView<T, D> out, const ReduceScatterOptions& o = {}) {
-    return reduce_scatter_impl(checks().reduce_scatter(Buffer::of(in), Buffer::of(out), o));
+    return reduce_scatter_impl(checks().reduce_scatter(BufferRef::of(in), BufferRef::of(out), o));
   }
   // in and out have size() * k elements; block j of rank r's in lands in block r of rank j's out.
   template <CommElement In, WritableCommElement T, Device D>
     requires std::same_as<std::remove_const_t<In>, T>
   Work all_to_all(TensorView<In, D> in, TensorView<T, D> out, const AlltoallOptions& o = {}) {
-    return all_to_all_impl(checks().all_to_all(Buffer::of(in), Buffer::of(out), o));
+    return all_to_all_impl(checks().all_to_all(BufferRef::of(in), BufferRef::of(out), o));
   }
   Work barrier(const BarrierOptions& o = {}) { return barrier_impl(checks().barrier(o)); }
 

@@ -1,5 +1,5 @@
 // Vocabulary of the collectives: ReduceOp, the op kinds and their fingerprints, per-call option structs,
-// CommOptions, the type-erased Buffer, and OpCall: one checked call as every backend receives it.
+// CommOptions, the type-erased BufferRef, and OpCall: one checked call as every backend receives it.
 // SPDX-License-Identifier: MIT
 //
 // Options are filled with designated initializers; a timeout of 0 means "the communicator's default"
@@ -180,16 +180,17 @@ struct CommOptions {
   int cuda_device = -1;
 };
 
-// Where a Buffer's memory lives; Communicator::memory() says which one a backend reaches.
+// Where a BufferRef's memory lives; Communicator::memory() says which one a backend reaches.
 enum class MemoryKind : std::uint8_t { Cpu, Cuda };
 
 inline constexpr std::string_view memory_name(MemoryKind m) noexcept {
   return m == MemoryKind::Cpu ? "host memory" : "CUDA device memory";
 }
 
-// The type-erased view every backend receives: pointer + element count + dtype + memory kind.
-// Inputs that the op only reads are passed as Buffer too; backends never write them.
-struct Buffer {
+// The type-erased view every backend receives: pointer + element count + dtype + memory kind. A reference: the
+// caller owns the memory (unlike nn::Buffer, a module's own tensor).
+// Inputs that the op only reads are passed as BufferRef too; backends never write them.
+struct BufferRef {
   void* data = nullptr;
   std::size_t count = 0;  // elements
   DType dtype = DType::F32;
@@ -199,7 +200,7 @@ struct Buffer {
   std::byte* bytes_ptr() const noexcept { return static_cast<std::byte*>(data); }
 
   template <class T, Device D>
-  static Buffer of(TensorView<T, D> v) {
+  static BufferRef of(TensorView<T, D> v) {
     return {.data = const_cast<std::remove_const_t<T>*>(v.data()), .count = static_cast<std::size_t>(v.numel()),
             .dtype = dtype_of<std::remove_const_t<T>>,
             .memory = D::host_memory ? MemoryKind::Cpu : MemoryKind::Cuda};
@@ -211,8 +212,8 @@ struct Buffer {
 //   {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0}, .in = .out = the buffer, .peer = -1, .timeout = 0ms}
 struct OpCall {
   Fingerprint fp;  // kind, dtype, reduce op, root (send/recv: tag), count; seq 0 until the backend numbers it
-  Buffer in;       // the data of in-place ops (broadcast, all_reduce, reduce, send, recv), else the input
-  Buffer out;      // all_gather, reduce_scatter, all_to_all: the output; in-place ops: the same as `in`
+  BufferRef in;       // the data of in-place ops (broadcast, all_reduce, reduce, send, recv), else the input
+  BufferRef out;      // all_gather, reduce_scatter, all_to_all: the output; in-place ops: the same as `in`
   int peer = -1;   // send: the destination; recv: the source
   std::chrono::milliseconds timeout{0};  // 0: CommOptions::timeout
   void* stream = nullptr;                // cudaStream_t (device-memory backends); null: the legacy default stream

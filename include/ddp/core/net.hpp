@@ -36,13 +36,12 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/fd.hpp"
 #include "ddp/core/str.hpp"
 
 namespace ddp::net {
-
-using Clock = std::chrono::steady_clock;
 
 // "Connection refused (errno 111)".
 inline std::string errno_text(int err) { return ddp::detail::str(std::strerror(err), " (errno ", err, ")"); }

@@ -30,9 +30,9 @@
 #include <utility>
 #include <vector>
 
-namespace ddp::trace {
+#include "ddp/core/clock.hpp"
 
-using Clock = std::chrono::steady_clock;
+namespace ddp::trace {
 
 inline constexpr int kMainTrack = 0;  // the thread that drives forward, backward and the optimizer
 inline constexpr int kCommTrack = 1;  // collectives in flight (may overlap one another)

@@ -83,4 +83,17 @@ inline ValueError embedding_id_out_of_range(std::string_view who, std::int64_t i
                                 "): check the vocabulary size against the data"));
 }
 
+// Checks ids that the host can read (D::host_memory) and returns true, for Args::ids_checked; device ids are
+// left to the kernel (kernels/cuda/embedding.cuh) and it returns false. `who`, as embedding_id_out_of_range.
+template <Device D>
+bool check_ids_on_host(std::string_view who, TensorView<const std::int64_t, D> ids, std::int64_t num) {
+  if constexpr (D::host_memory) {
+    const std::int64_t bad = first_id_out_of_range(ids.data(), ids.numel(), num);
+    if (bad >= 0) throw embedding_id_out_of_range(who, ids.data()[bad], bad, ids.shape(), num);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 }  // namespace ddp::kernels

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/launch/line_prefixer.hpp"
@@ -132,8 +133,6 @@ inline bool group_alive(pid_t pgid) noexcept { return ::kill(-pgid, 0) == 0 || e
 
 class Supervisor {
  public:
-  using Clock = std::chrono::steady_clock;
-
   // `signals` must block SIGCHLD and the signals to forward (SIGINT, SIGTERM, SIGHUP, SIGQUIT).
   Supervisor(SupervisorOptions options, SignalChannel& signals)
       : o_(std::move(options)), signals_(signals), console_(o_.live_status, o_.stdout_fd) {}

@@ -93,18 +93,14 @@ class Embedding : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": no token ids (ids shape ", ids.shape(),
                                         "); check --batch-size and the loader"));
     const Shape out = detail::append_dim(ids.shape(), o_.embedding_dim);
-    if constexpr (std::is_same_v<D, Cpu>) {  // host ids; device ids are checked by the CUDA kernel itself
-      const std::int64_t bad = kernels::first_id_out_of_range(ids.data(), ids.numel(), o_.num_embeddings);
-      if (bad >= 0)
-        throw kernels::embedding_id_out_of_range(this->where(), ids.data()[bad], bad, ids.shape(), o_.num_embeddings);
-    }
+    const bool checked = kernels::check_ids_on_host(this->where(), ids, o_.num_embeddings);  // else the kernel does
     const std::int64_t n = ids.numel();
     Tensor<T, D> y(out);
     Kernels<D>::embedding_forward(
         exec, kernels::EmbeddingForwardArgs<T, D>{.ids = ids.reshape(Shape{n}),
                                                   .weight = weight_->value().cview(),
                                                   .y = y.view().reshape(Shape{n, o_.embedding_dim}),
-                                                  .ids_checked = std::is_same_v<D, Cpu>});  // checked above
+                                                  .ids_checked = checked});
     ids_ = ids;
     have_ids_ = true;
     return y;

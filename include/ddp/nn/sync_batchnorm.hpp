@@ -42,12 +42,6 @@
 
 namespace ddp::nn {
 
-namespace detail {
-// The stream a collective on exec's data is ordered on (comm/types.hpp: `.stream`); none on the host.
-inline void* comm_stream(const Exec<Cpu>&) noexcept { return nullptr; }
-inline void* comm_stream(const Exec<Cuda>& e) noexcept { return e.stream; }
-}  // namespace detail
-
 // The kernels' ChannelSumReducer over a communicator: one all-reduce (Sum) per call.
 template <Device D>
 class CommChannelSums final : public kernels::ChannelSumReducer<D> {
@@ -77,7 +71,7 @@ class CommChannelSums final : public kernels::ChannelSumReducer<D> {
 
   void all_reduce_sum(const Exec<D>& exec, TensorView<double, D> sums) override {
     retire_completed();
-    comm::Work w = comm_->all_reduce(sums, {.op = comm::ReduceOp::Sum, .stream = detail::comm_stream(exec)});
+    comm::Work w = comm_->all_reduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream_of(exec)});
     if (comm_->memory() == comm::MemoryKind::Cpu)
       w.wait();  // the kernel reads the sums next, on the host
     else

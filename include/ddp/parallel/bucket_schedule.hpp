@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/core/trace.hpp"
@@ -71,8 +72,6 @@ struct ReducerOptions {
   bool static_graph = false;            // the set of used parameters never changes: see finish()
   bool gradient_as_bucket_view = false;  // the transport's business (parallel/grad_views.hpp)
 };
-
-using Clock = std::chrono::steady_clock;
 
 struct BucketTrace {
   std::size_t index = 0;

@@ -58,6 +58,7 @@
 #include "ddp/nn/parameter.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"
+#include "ddp/parallel/rank_sum.hpp"
 #include "ddp/tensor/copy.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
@@ -147,7 +148,7 @@ class ZeroRedundancyOptimizer {
     const auto& params = full_.parameters();
     for (std::size_t i = 0; i < params.size(); ++i)
       pending_.push_back(comm_->broadcast(params[i]->value().view(), {.root = owner_[i], .stream = stream_of(exec)}));
-    if constexpr (std::same_as<D, Cpu>) retire(/*rethrow=*/true);
+    if constexpr (D::host_memory) retire(/*rethrow=*/true);  // no stream orders them: in place on return
   }
   // Clears every parameter's gradient (all of them, not only the shard's: DDP accumulates into all).
   void zero_grad() { full_.zero_grad(); }
@@ -262,30 +263,16 @@ class ZeroRedundancyOptimizer {
   }
 
  private:
-  static void* stream_of(const Exec<D>& exec) {
-    if constexpr (std::same_as<D, Cpu>)
-      return nullptr;  // host memory takes no stream (comm/communicator.hpp)
-    else
-      return exec.stream;
-  }
   // Shard parameter j: 0 without state, else its step count (HasParamSteps) or 1.
   std::int64_t state_mark(std::size_t j) const {
     if constexpr (optim::HasParamSteps<Inner>) return shard_->param_step(j);
     return shard_->state(Inner::state_tensors[0].name, j) ? 1 : 0;
   }
   static Tensor<T, D> to_device(const Tensor<T, D>& t, Exec<D>& exec) { return to<D>(t.cview(), exec); }
-  // Element-wise sum over ranks of host values (through D's memory when the communicator reaches only that).
+  // Element-wise sum over ranks of host values (parallel/rank_sum.hpp).
   void sum_over_ranks(std::vector<std::int64_t>& v, Exec<D>& exec) {
-    if (comm_->size() == 1 || v.empty()) return;
-    if constexpr (std::same_as<D, Cpu>) {
-      comm_->all_reduce(std::span<std::int64_t>(v)).wait();
-    } else {
-      const TensorView<const std::int64_t, Cpu> host(v.data(), Shape{static_cast<std::int64_t>(v.size())});
-      Tensor<std::int64_t, D> dev = to<D>(host, exec);
-      comm_->all_reduce(dev.view(), {.stream = stream_of(exec)}).wait();
-      const Tensor<std::int64_t, Cpu> back = to<Cpu>(dev.cview(), exec);  // waits for exec's stream
-      std::copy_n(back.data(), v.size(), v.data());
-    }
+    if (comm_->size() == 1) return;
+    parallel::sum_over_ranks(*comm_, std::span<std::int64_t>(v), exec);
   }
   // Waits for the broadcasts of the last step still in flight; rethrow false (destructor) drops failures.
   void retire(bool rethrow) {

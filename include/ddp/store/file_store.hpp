@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/net.hpp"
 #include "ddp/store/store.hpp"
 
@@ -99,20 +100,20 @@ class FileStore final : public Store {
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
     timeout = capped_timeout(timeout);
-    auto deadline = net::Clock::now() + timeout;
+    auto deadline = Clock::now() + timeout;
     std::chrono::milliseconds nap{1};
     for (;;) {
       {
         Locked l(*this);
         if (all_present(keys)) return;
       }
-      auto now = net::Clock::now();
+      auto now = Clock::now();
       if (now >= deadline)
         throw TimeoutError(detail::str("ddp: store wait([", detail::join(quoted_keys(keys), ", "), "]) timed out after ",
                                        timeout.count(), " ms on FileStore ", detail::quoted(path_),
                                        ". The process that sets these keys may not have started; raise "
                                        "--timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
-      std::this_thread::sleep_for(std::min<net::Clock::duration>(nap, deadline - now));
+      std::this_thread::sleep_for(std::min<Clock::duration>(nap, deadline - now));
       nap = std::min(nap * 2, std::chrono::milliseconds{50});
     }
   }

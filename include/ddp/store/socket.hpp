@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/fd.hpp"
 #include "ddp/core/net.hpp"
@@ -20,8 +21,6 @@
 #include "ddp/core/wait_report.hpp"
 
 namespace ddp::store {
-
-using Clock = net::Clock;
 
 // Listens on host:port for the store server (port 0 picks a free port; host "" or "0.0.0.0" means every
 // IPv4 interface, "::" every IPv6 one). The message for a port in use says what probably holds it.

@@ -59,4 +59,13 @@ struct Exec<Cuda> {
   bool deterministic = false;
 };
 
+// The stream that work on exec's data is ordered on, as comm's options take it (`.stream`, comm/types.hpp):
+// none on the host. Code written for any D passes stream_of(exec) and never names a device.
+inline void* stream_of(const Exec<Cpu>&) noexcept { return nullptr; }
+inline void* stream_of(const Exec<Cuda>& e) noexcept { return e.stream; }
+
+// Blocks the host until the work enqueued on exec has finished: CPU kernels have when they return (the CUDA
+// overload is in tensor/cuda/stream.hpp).
+inline void synchronize(const Exec<Cpu>&) noexcept {}
+
 }  // namespace ddp

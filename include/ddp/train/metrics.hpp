@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/parallel/bucket_schedule.hpp"
@@ -42,7 +43,6 @@ inline void add_comm_metrics(nlohmann::json& record, const parallel::StepTrace& 
 
 // When one training step began (before it waited for its batch), when its batch was there, and when it ended.
 struct StepTimes {
-  using Clock = std::chrono::steady_clock;
   Clock::time_point start;
   std::optional<Clock::time_point> got_batch;  // none: the record gets no data_ms (multinode builds its batch)
   Clock::time_point done;

@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/env/env.hpp"
@@ -91,7 +92,6 @@ inline std::string format_eta(double seconds) {
 
 class Progress {
  public:
-  using Clock = std::chrono::steady_clock;
   struct Options {
     long long total_steps = 0;  // steps this run will take (all epochs left); <= 0: no ETA
     long long log_every = 1;    // plain mode: a line every this many steps (and at an epoch's last step)

@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/core/trace.hpp"
@@ -84,9 +85,9 @@ namespace detail {
 
 // Microseconds on the system clock for a steady-clock time, given one reading of both clocks.
 struct ClockPair {
-  trace::Clock::time_point steady = trace::Clock::now();
+  Clock::time_point steady = Clock::now();
   std::chrono::system_clock::time_point system = std::chrono::system_clock::now();
-  double unix_us(trace::Clock::time_point t) const {
+  double unix_us(Clock::time_point t) const {
     const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(system.time_since_epoch()) +
                        std::chrono::duration_cast<std::chrono::nanoseconds>(t - steady);
     // ~1.8e18 ns does not fit a double's 53 bits (256 ns steps); whole microseconds (~1.8e12) and the rest do.
@@ -101,7 +102,7 @@ inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank, 
     return a.start != b.start ? a.start < b.start : a.end > b.end;  // parents before their children
   });
   nlohmann::json out = nlohmann::json::array();
-  std::vector<trace::Clock::time_point> lane_end;  // per communication lane: the end of its last event
+  std::vector<Clock::time_point> lane_end;  // per communication lane: the end of its last event
   for (const trace::Event& e : events) {
     int tid = 0;
     if (e.track == trace::kCommTrack) {
@@ -181,7 +182,7 @@ class StepTracer {
   // On a GPU every span of a traced step waits for exec's stream before it ends, so the trace shows device time
   // (at the cost of serialising those steps; core/trace.hpp). exec must outlive the tracer.
   StepTracer(comm::Communicator& comm, TraceOptions o, Exec<D>& exec) : comm_(&comm), o_(std::move(o)) {
-    if constexpr (!std::same_as<D, Cpu>) rec_.set_synchronize([&exec] { synchronize(exec); });
+    rec_.set_synchronize([&exec] { synchronize(exec); });  // a no-op on the CPU (tensor/device.hpp)
   }
   StepTracer(const StepTracer&) = delete;
   StepTracer& operator=(const StepTracer&) = delete;
@@ -195,9 +196,9 @@ class StepTracer {
   }
   // Step `step` ended: adds its "step" span (from `started`, the previous step's end, so that the data wait is
   // part of it) and its "data wait" (started .. got_batch); after o.last writes the trace (collective).
-  void end_step(long step, trace::Clock::time_point started, trace::Clock::time_point got_batch, const Exec<D>& exec) {
+  void end_step(long step, Clock::time_point started, Clock::time_point got_batch, const Exec<D>& exec) {
     if (!on_) return;
-    const trace::Clock::time_point now = trace::Clock::now();
+    const Clock::time_point now = Clock::now();
     const trace::Arg number = trace::number_arg("step", static_cast<double>(step));
     rec_.add({.name = ddp::detail::str("step ", step), .category = "step", .start = started, .end = now,
               .track = trace::kMainTrack, .args = {number}});

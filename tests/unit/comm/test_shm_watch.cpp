@@ -78,7 +78,7 @@ TEST_SUITE("comm") {
     comm::shm::Collectives me(std::move(seg), 0, 2, 0);
     std::vector<float> v(4, 1.0f);
     try {
-      me.all_reduce(comm::mpi::ShmWatch(kAllReduce, comm::shm::Clock::now() + 10s, me),
+      me.all_reduce(comm::mpi::ShmWatch(kAllReduce, ddp::Clock::now() + 10s, me),
                     reinterpret_cast<std::byte*>(v.data()), v.size());
       FAIL("the all-reduce returned");
     } catch (const CommError& e) {
@@ -100,7 +100,7 @@ TEST_SUITE("comm") {
       ::usleep(20'000);
       peer.announce(barrier);
       try {
-        peer.barrier_op(comm::mpi::ShmWatch(barrier, comm::shm::Clock::now() + 10s, peer));
+        peer.barrier_op(comm::mpi::ShmWatch(barrier, ddp::Clock::now() + 10s, peer));
       } catch (...) {
         ::_exit(1);
       }
@@ -116,7 +116,7 @@ TEST_SUITE("comm") {
         if (status == -1) ::waitpid(child, &status, 0);  // rank 1 is gone before its liveness is checked
         comm::mpi::ShmWatch::check(peer);
       }
-    } w(barrier, comm::shm::Clock::now() + 10s, me);
+    } w(barrier, ddp::Clock::now() + 10s, me);
     w.child = pid;
     CHECK_NOTHROW(me.barrier_op(w));
     if (w.status == -1) ::waitpid(pid, &w.status, 0);
@@ -131,7 +131,7 @@ TEST_SUITE("comm") {
     const pid_t pid = fork_peer(seg, broadcast, true);
     comm::shm::Collectives me(std::move(seg), 0, 2, 0);
     std::vector<float> v(4, 1.0f);
-    const auto t0 = comm::shm::Clock::now();
+    const auto t0 = ddp::Clock::now();
     try {
       me.all_reduce(comm::mpi::ShmWatch(kAllReduce, t0 + 10s, me), reinterpret_cast<std::byte*>(v.data()), v.size());
       FAIL("the all-reduce returned");
@@ -139,7 +139,7 @@ TEST_SUITE("comm") {
       CHECK(m.peer == 1);
       CHECK(m.theirs.kind == comm::OpKind::Broadcast);
       CHECK(m.theirs.seq == 1);
-      CHECK(comm::shm::Clock::now() - t0 < 2s);  // seen while waiting, not at the deadline
+      CHECK(ddp::Clock::now() - t0 < 2s);  // seen while waiting, not at the deadline
     }
     reap(pid, true);
   }
@@ -149,14 +149,14 @@ TEST_SUITE("comm") {
     const pid_t pid = fork_peer(seg, kAllReduce, true);
     comm::shm::Collectives me(std::move(seg), 0, 2, 0);
     std::vector<float> v(4, 1.0f);
-    const auto t0 = comm::shm::Clock::now();
+    const auto t0 = ddp::Clock::now();
     try {
       me.all_reduce(comm::mpi::ShmWatch(kAllReduce, t0 + 300ms, me), reinterpret_cast<std::byte*>(v.data()),
                     v.size());
       FAIL("the all-reduce returned");
     } catch (const TimeoutError& e) {
       CHECK(std::string(e.what()).find("waiting for rank 1 in shared memory") != std::string::npos);
-      const auto took = comm::shm::Clock::now() - t0;
+      const auto took = ddp::Clock::now() - t0;
       CHECK(took >= 300ms);
       CHECK(took < 5s);
     }
@@ -229,7 +229,7 @@ TEST_SUITE("comm") {
     ::close(ready[0]);
     comm::shm::Collectives me(std::move(seg), 0, 2, 0);
     std::string error;
-    const auto t0 = comm::shm::Clock::now();
+    const auto t0 = ddp::Clock::now();
     if (announced) {
       std::vector<float> v(4, 1.0f);
       try {
@@ -240,7 +240,7 @@ TEST_SUITE("comm") {
         error = e.what();
       }
     }
-    const auto took = comm::shm::Clock::now() - t0;
+    const auto took = ddp::Clock::now() - t0;
     ::kill(init, SIGKILL);  // the namespace's init: the kernel kills rank 1 with it
     int st = 0;
     ::waitpid(child, &st, 0);

@@ -26,22 +26,22 @@ namespace ddp_test {
 using LogCapture = ddp::test::LogCapture;
 
 inline ddp::Fd raw_connect(std::uint16_t port) {
-  return ddp::store::connect_tcp("127.0.0.1", port, ddp::store::Clock::now() + std::chrono::seconds(2));
+  return ddp::store::connect_tcp("127.0.0.1", port, ddp::Clock::now() + std::chrono::seconds(2));
 }
 
 inline void raw_send(const ddp::Fd& s, const ddp::store::Bytes& b) {
-  ddp::store::write_all(s, b, ddp::store::Clock::now() + std::chrono::seconds(2), "test");
+  ddp::store::write_all(s, b, ddp::Clock::now() + std::chrono::seconds(2), "test");
 }
 
 inline ddp::store::Bytes raw_read(const ddp::Fd& s, std::size_t n) {
   ddp::store::Bytes b(n);
-  ddp::store::read_exact(s, b, ddp::store::Clock::now() + std::chrono::seconds(2), "test");
+  ddp::store::read_exact(s, b, ddp::Clock::now() + std::chrono::seconds(2), "test");
   return b;
 }
 
 // True when the server closed this connection (EOF within 2 s).
 inline bool closed_by_peer(const ddp::Fd& s) {
-  if (!ddp::net::poll_until(s.get(), POLLIN, ddp::store::Clock::now() + std::chrono::seconds(2))) return false;
+  if (!ddp::net::poll_until(s.get(), POLLIN, ddp::Clock::now() + std::chrono::seconds(2))) return false;
   std::uint8_t b;
   return ::recv(s.get(), &b, 1, 0) <= 0;
 }

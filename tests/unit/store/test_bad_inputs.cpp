@@ -24,7 +24,7 @@
 
 using namespace std::chrono_literals;
 using ddp::store::Bytes;
-using ddp::store::Clock;
+using ddp::Clock;
 using Socket = ddp::Fd;
 using ddp::store::TcpStore;
 using ddp::store::TcpStoreServer;

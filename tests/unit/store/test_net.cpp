@@ -11,7 +11,7 @@
 #include <thread>
 
 using namespace std::chrono_literals;
-using ddp::net::Clock;
+using ddp::Clock;
 
 namespace {
 // True when this host can bind ::1 (containers without IPv6 skip those cases).

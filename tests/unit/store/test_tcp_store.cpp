@@ -21,7 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using ddp::store::Bytes;
-using ddp::store::Clock;
+using ddp::Clock;
 using Socket = ddp::Fd;
 using ddp::store::TcpProtocol;
 using ddp::store::TcpStore;

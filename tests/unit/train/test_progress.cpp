@@ -33,7 +33,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("plain lines every log_every steps and at the epoch's last step, with the ETA of the steps left") {
     std::ostringstream out;
-    const auto t0 = Progress::Clock::time_point{} + 1000s;
+    const auto t0 = ddp::Clock::time_point{} + 1000s;
     {
       Progress p(out, {.total_steps = 20, .log_every = 4, .live = false}, t0);
       // 2 s per step: after step k of 20, 2 * (20 - k) s are left.
@@ -48,7 +48,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("live: one line redrawn in place at most every redraw_every, the epoch's last step always, then kept") {
     std::ostringstream out;
-    const auto t0 = Progress::Clock::time_point{} + 1000s;
+    const auto t0 = ddp::Clock::time_point{} + 1000s;
     {
       Progress p(out, {.total_steps = 6, .live = true, .redraw_every = 100ms}, t0);
       p.step(0, 1, 3, 2.0, 10.0, {}, t0 + 10ms);   // first: drawn

@@ -197,7 +197,7 @@ ddp::MemoryStats fake_device_memory() { return {.current_bytes = 3u << 20, .peak
 
 TEST_CASE("step_record: the examples' common fields, from the step's times, its DDP trace and the device's memory") {
   using ms = std::chrono::milliseconds;
-  const ddp::train::StepTimes::Clock::time_point t0{};
+  const ddp::Clock::time_point t0{};
   ddp::parallel::StepTrace trace;  // one bucket in flight 2..6 ms; finish() waited 5..7 ms
   trace.step = 4;
   trace.completions_known = true;

@@ -31,7 +31,7 @@
 #include "../parallel/parallel_test_util.hpp"  // run_ranks, check_all_ok
 
 using namespace ddp;
-using trace_test_clock = trace::Clock;
+using trace_test_clock = ddp::Clock;
 
 namespace trace_test {
 
@@ -145,7 +145,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("StepTrace: communication time is the union of launch..completion, exposed time is finish()'s") {
     using std::chrono::milliseconds;
-    const parallel::Clock::time_point t0{};
+    const ddp::Clock::time_point t0{};
     parallel::StepTrace t;
     t.step = 0;
     t.backward_end = t0 + milliseconds(20);
@@ -212,9 +212,9 @@ TEST_SUITE("train") {
       nn::MSELoss<float, Cpu> mse;
       const auto target = Tensor<float, Cpu>::zeros(Shape{6, 4});
       for (long step = 1; step <= 5; ++step) {
-        const auto started = trace::Clock::now();
+        const auto started = ddp::Clock::now();
         const auto x = trace_test::random_input(static_cast<std::uint64_t>(step * 10 + c.rank()));
-        const auto got = trace::Clock::now();
+        const auto got = ddp::Clock::now();
         tracer.begin_step(step);
         const auto y = model.forward(exec, x.cview());
         mse.forward(exec, y.cview(), target.cview());

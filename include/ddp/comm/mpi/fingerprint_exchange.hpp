@@ -87,7 +87,7 @@ class FingerprintExchange {
  public:
   // Posts the exchange of `fp` (and of `carry`'s data when carry.count > 0) with every other rank of `comm`.
   // Returns MPI's code; on failure some requests may be in flight (pending()).
-  int start(const Fingerprint& fp, Buffer carry, MPI_Comm comm, int rank, int size, ExchangePool& pool) {
+  int start(const Fingerprint& fp, BufferRef carry, MPI_Comm comm, int rank, int size, ExchangePool& pool) {
     carry_ = carry;
     rank_ = rank;
     size_ = size;
@@ -132,7 +132,7 @@ class FingerprintExchange {
   // A carried all-reduce once the exchange completed: every rank reduces all copies in rank order, chunk by
   // chunk (the same chain everywhere, so the results are bit-identical), then divides for Avg.
   void reduce(ReduceOp op) const {
-    const Buffer& b = carry_;
+    const BufferRef& b = carry_;
     const std::size_t elem = dtype_size(b.dtype);
     alignas(64) std::byte mine[kCarryBytes];  // this rank's chunk k >= 1, before its place is overwritten
     for (std::size_t k = 0; size_ > 1 && k < chunks_; ++k) {
@@ -212,7 +212,7 @@ class FingerprintExchange {
     return MPI_Testall(static_cast<int>(n), reqs_.data(), &done, MPI_STATUSES_IGNORE);
   }
 
-  Buffer carry_;
+  BufferRef carry_;
   int rank_ = 0, size_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::size_t chunks_ = 1;

@@ -188,7 +188,7 @@ class MpiCommunicator final : public Communicator {
     return engine_->submit(c, std::move(body), route);
   }
 
-  static int count_of(const Buffer& b) { return static_cast<int>(b.count); }
+  static int count_of(const BufferRef& b) { return static_cast<int>(b.count); }
   static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -50,6 +50,7 @@
 #include "ddp/comm/shm/collectives.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/cpu_affinity.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -94,7 +95,7 @@ class OpEngine {
   // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit
   // MPI's int. Every route but Body takes call.in as its data (and call.fp.op as its reduction).
   Work submit(OpCall call, Body body, Route route = Route::Body) {
-    for (const Buffer* b : {&call.in, &call.out})
+    for (const BufferRef* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
         throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ", INT_MAX,
                                           " elements per call, got ", b->count, "; split the buffer."));
@@ -104,7 +105,7 @@ class OpEngine {
            .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout,
            .body = std::move(body),
            .fp = call.fp,
-           .data = route != Route::Body ? call.in : Buffer{},
+           .data = route != Route::Body ? call.in : BufferRef{},
            .route = route};
     Work work(t.state);
     const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 && !running_here_ &&
@@ -139,7 +140,6 @@ class OpEngine {
   bool broken() const noexcept { return broken_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
   // posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
@@ -148,7 +148,7 @@ class OpEngine {
     std::chrono::milliseconds timeout;
     Body body;
     Fingerprint fp;
-    Buffer data;  // the buffer of an op on any route but Body (count 0: none)
+    BufferRef data;  // the buffer of an op on any route but Body (count 0: none)
     Route route = Route::Body;
     bool fp_compared = false;  // every peer's fingerprint arrived and was compared
     Pending pending;

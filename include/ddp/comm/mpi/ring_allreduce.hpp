@@ -31,7 +31,7 @@ class RingAllreduce {
  public:
   static constexpr std::size_t kSegmentBytes = 1 << 20;
 
-  RingAllreduce(Buffer b, ReduceOp op, MPI_Comm comm, int rank, int size, int tag, std::vector<std::byte> scratch)
+  RingAllreduce(BufferRef b, ReduceOp op, MPI_Comm comm, int rank, int size, int tag, std::vector<std::byte> scratch)
       : b_(b), op_(op), comm_(comm), rank_(rank), size_(size), tag_(tag), scratch_(std::move(scratch)),
         seg_(std::max<std::size_t>(1, kSegmentBytes / dtype_size(b.dtype))) {
     if (scratch_.size() < 2 * seg_ * elem()) scratch_.resize(2 * seg_ * elem());
@@ -116,7 +116,7 @@ class RingAllreduce {
     return MPI_Isend(at(sb), static_cast<int>(block_len(sb)), t, next, tag_, comm_, &q_[1]);
   }
 
-  Buffer b_;
+  BufferRef b_;
   ReduceOp op_;
   MPI_Comm comm_;
   int rank_, size_, tag_;
@@ -136,7 +136,7 @@ class RingPool {
   // A ring over `comm` (the protocol communicator) for the op numbered seq: its messages carry tag
   // 1 + seq % 30000 (MPI guarantees tags up to 32767; 0 is the fingerprints'), so that rings in flight
   // together never meet.
-  std::unique_ptr<RingAllreduce> make(Buffer b, ReduceOp op, MPI_Comm comm, int rank, int size, std::uint64_t seq) {
+  std::unique_ptr<RingAllreduce> make(BufferRef b, ReduceOp op, MPI_Comm comm, int rank, int size, std::uint64_t seq) {
     std::vector<std::byte> scratch;
     if (!scratch_.empty()) {
       scratch = std::move(scratch_.back());

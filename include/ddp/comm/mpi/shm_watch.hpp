@@ -14,6 +14,7 @@
 
 #include "ddp/comm/shm/collectives.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 
@@ -27,11 +28,11 @@ struct ShmMismatch {
 
 class ShmWatch {
  public:
-  ShmWatch(const Fingerprint& fp, shm::Clock::time_point deadline, const shm::Collectives& shm)
+  ShmWatch(const Fingerprint& fp, Clock::time_point deadline, const shm::Collectives& shm)
       : fp_(fp), deadline_(deadline), shm_(shm) {}
 
   const Fingerprint& fp() const noexcept { return fp_; }
-  shm::Clock::time_point deadline() const noexcept { return deadline_; }
+  Clock::time_point deadline() const noexcept { return deadline_; }
 
   // The ranks share one kernel (shm::Segment checked the boot id); where they also share a pid namespace (as
   // under mpirun or srun) a pid that no longer exists is a rank that died (mpirun usually ends the job first).
@@ -47,7 +48,7 @@ class ShmWatch {
 
  private:
   const Fingerprint& fp_;
-  shm::Clock::time_point deadline_;
+  Clock::time_point deadline_;
   const shm::Collectives& shm_;
 };
 

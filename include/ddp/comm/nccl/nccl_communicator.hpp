@@ -45,6 +45,7 @@
 #include "ddp/comm/failure_report.hpp"
 #include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/nccl/nccl_check.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
@@ -218,7 +219,6 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using Launch = std::function<ncclResult_t(cudaStream_t)>;
   struct Pending {  // an enqueued op, owned by the watcher until its event completes
     std::shared_ptr<detail::WorkState> state;
@@ -311,7 +311,7 @@ class NcclCommunicator final : public Communicator {
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       wait_in_progress(comm_, launch(stream_), fp.label(), p.deadline);
       // NCCL reads and writes these blocks on stream_: the caching allocator reuses them only after it has.
-      for (const Buffer* b : {&call.in, &call.out})
+      for (const BufferRef* b : {&call.in, &call.out})
         if (b->memory == MemoryKind::Cuda) cuda_record_stream(b->data, stream_);
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventRecord(p.done, stream_));

@@ -61,12 +61,11 @@
 #include "ddp/comm/reduce.hpp"
 #include "ddp/comm/shm/segment.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/net.hpp"
 #include "ddp/core/str.hpp"
 
 namespace ddp::comm::shm {
-
-using Clock = net::Clock;
 
 inline constexpr std::size_t kSlotBytes = 1 << 20;
 inline constexpr std::size_t kControlBytes = 4096;

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/core/clock.hpp"
 #include "ddp/core/fd.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/core/net.hpp"
@@ -59,7 +60,7 @@ using AllGather = std::function<std::vector<std::string>(const std::string& step
 
 // AllGather through the store: keys <prefix>shm/<step>/<rank>, each wait bounded by `deadline`.
 inline AllGather store_all_gather(store::Store& store, std::string prefix, int rank, int size,
-                                  net::Clock::time_point deadline) {
+                                  Clock::time_point deadline) {
   return [&store, prefix = std::move(prefix), rank, size, deadline](const std::string& step, const std::string& mine) {
     const std::string p = ddp::detail::str(prefix, "shm/", step, '/');
     store.set(ddp::detail::str(p, rank), mine);

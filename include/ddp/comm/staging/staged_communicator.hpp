@@ -81,6 +81,7 @@
 #include "ddp/comm/failure_state.hpp"
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
@@ -230,7 +231,6 @@ class StagedCommunicator final : public Communicator {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using Event = typename D::Event;
 
   // A pinned block with what one op needs around it; reused whole.
@@ -284,8 +284,8 @@ class StagedCommunicator final : public Communicator {
       held = true;
       if (copy_out && call.out.bytes()) dev_.copy_to_device(call.out.data, host_out, call.out.bytes(), s);
       dev_.record(slot->done, s);
-      const Buffer in{.data = host_in, .count = call.in.count, .dtype = call.in.dtype, .memory = MemoryKind::Cpu};
-      const Buffer out{.data = host_out, .count = call.out.count, .dtype = call.out.dtype, .memory = MemoryKind::Cpu};
+      const BufferRef in{.data = host_in, .count = call.in.count, .dtype = call.in.dtype, .memory = MemoryKind::Cpu};
+      const BufferRef out{.data = host_out, .count = call.out.count, .dtype = call.out.dtype, .memory = MemoryKind::Cpu};
       Op op{.call = call, .state = state, .slot = std::move(slot), .wait_ready = copy_in,
             .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout};
       op.call.in = in;

@@ -44,6 +44,7 @@
 #include "ddp/comm/checks.hpp"
 #include "ddp/comm/reduce.hpp"
 #include "ddp/comm/types.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/fd.hpp"
 #include "ddp/core/net.hpp"
@@ -51,8 +52,6 @@
 #include "ddp/store/store.hpp"
 
 namespace ddp::comm::tcp {
-
-using Clock = net::Clock;
 
 inline constexpr std::uint32_t kFrameMagic = 0xDD9C0111u;
 inline constexpr std::uint32_t kHelloMagic = 0xDD9C4E11u;

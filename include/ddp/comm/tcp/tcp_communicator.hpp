@@ -29,6 +29,7 @@
 #include "ddp/comm/tcp/op_queue.hpp"
 #include "ddp/comm/tcp/p2p.hpp"
 #include "ddp/comm/tcp/shm_watch.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/log.hpp"
 #include "ddp/env/launch_info.hpp"
@@ -142,9 +143,9 @@ class TcpCommunicator final : public Communicator {
         mesh_(rank, size), failure_(store, prefix_, rank, size, mesh_),
         queue_(rank, size, opts.timeout, opts.inline_max_bytes) {
     try {
-      mesh_.connect(store_, prefix_, listen_ip_, tcp::Clock::now() + opts_.timeout);
+      mesh_.connect(store_, prefix_, listen_ip_, Clock::now() + opts_.timeout);
       if (size_ > 1 && size_ <= shm::kMaxRanks) {  // collective: every rank takes part, even with shm off
-        auto seg = shm::Segment::create(shm::store_all_gather(store_, prefix_, rank_, size_, tcp::Clock::now() + opts_.timeout),
+        auto seg = shm::Segment::create(shm::store_all_gather(store_, prefix_, rank_, size_, Clock::now() + opts_.timeout),
                                         rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_), "TCP");
         if (seg) shm_ = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
       }
@@ -178,7 +179,7 @@ class TcpCommunicator final : public Communicator {
     if (auto e = failure_.not_run(t.state->label)) return t.state->complete(e);
     position_ = t.fp.seq;
     if (shm_) shm_->announce(t.fp);
-    const tcp::OpContext ctx{.fp = t.fp, .deadline = tcp::Clock::now() + t.timeout, .strict_hangup = t.strict};
+    const tcp::OpContext ctx{.fp = t.fp, .deadline = Clock::now() + t.timeout, .strict_hangup = t.strict};
     try {
       t.body(ctx);
       t.state->complete();

@@ -201,8 +201,8 @@ if want perf; then
   conv_flags=""
   for c in ${DDP_GPU_PERF_CONVS:-cudnn_find cudnn}; do conv_flags+=" --conv $c"; done
   for b in ${DDP_GPU_PERF_BATCHES:-256 32}; do
-    # PyTorch eager first, then ddp per conv with activations fp32 and bf16 (the latter says why it cannot run
-    # until bf16 activation storage exists), each with its op-class profile (tables on stderr, in the log).
+    # PyTorch eager first, then ddp per conv with activations fp32 and bf16 (docs/decisions/0070), each with its
+    # op-class profile (tables on stderr, in the log).
     step "perf_r50_bf16_b$b" 300 bash -c "set -o pipefail; '$bench' --arch resnet50 --precision bf16 --batch $b \
       $conv_flags --activations fp32 --activations bf16 --steps 10 --warmup 3 --profile --profile-steps 3 \
       --torch-timeout 200 ${torch_flag[*]} | tee -a '$out/bench_resnet_gpu.jsonl'"

@@ -6,6 +6,9 @@
 //                                                                .stride = {2, 2}, .padding = {3, 3}});
 // Layouts (docs/decisions/0005): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
 // weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment says optional.
+// Element types: T is the parameters' (weights, their gradients, BatchNorm's statistics), A the activations' and
+// their gradients' (A = T by default; A = bfloat16 stores them in 16 bits, docs/decisions/0070). Arithmetic is in
+// float (double where a kernel says so) whatever A is.
 // validate(args) throws ValueError naming the op, the tensor, its shape and the expected one; every
 // kernel calls it first, so CPU and CUDA reject the same inputs with the same words.
 // The transformer modules' Args are beside this file, one header each: layer_norm_args.hpp, embedding_args.hpp,
@@ -14,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -36,23 +40,23 @@ inline std::int64_t conv_out_size(std::int64_t in, std::int64_t k, std::int64_t 
 }
 
 // ---- conv2d (no groups; optional bias) ----
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct Conv2dForwardArgs {
-  TensorView<const T, D> x;     // (N, H, W, C_in)
+  TensorView<const A, D> x;     // (N, H, W, C_in)
   TensorView<const T, D> w;     // (C_out, kH, kW, C_in)
   TensorView<const T, D> bias;  // (C_out), optional
-  TensorView<T, D> y;           // (N, H_out, W_out, C_out)
+  TensorView<A, D> y;           // (N, H_out, W_out, C_out)
   Size2 stride{1, 1};
   Size2 padding{0, 0};
   Size2 dilation{1, 1};
 };
 
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct Conv2dBackwardArgs {
-  TensorView<const T, D> x;   // (N, H, W, C_in), the forward input (needed for dw)
+  TensorView<const A, D> x;   // (N, H, W, C_in), the forward input (needed for dw)
   TensorView<const T, D> w;   // (C_out, kH, kW, C_in) (needed for dx)
-  TensorView<const T, D> dy;  // (N, H_out, W_out, C_out)
-  TensorView<T, D> dx;        // (N, H, W, C_in), optional (first layer needs none); overwritten, or see accumulate_dx
+  TensorView<const A, D> dy;  // (N, H_out, W_out, C_out)
+  TensorView<A, D> dx;        // (N, H, W, C_in), optional (first layer needs none); overwritten, or see accumulate_dx
   TensorView<T, D> dw;        // (C_out, kH, kW, C_in), optional; overwritten
   TensorView<T, D> dbias;     // (C_out), optional; overwritten
   Size2 stride{1, 1};
@@ -66,8 +70,11 @@ struct Conv2dBackwardArgs {
 };
 
 // The output shape of a conv: (N, H_out, W_out, C_out). Throws if the window does not fit.
-template <class T, Device D>
-Shape conv2d_output_shape(const TensorView<const T, D>& x, const TensorView<const T, D>& w, Size2 stride, Size2 padding,
+// W: the weight's element type when it differs from x's (bf16 activations, float weights); not deduced, so views of
+// non-const elements convert as they always did.
+template <class T, Device D, class W = T>
+Shape conv2d_output_shape(const TensorView<const T, D>& x, const std::type_identity_t<TensorView<const W, D>>& w,
+                          Size2 stride, Size2 padding,
                           Size2 dilation, const char* op = "conv2d") {
   if (x.rank() != 4)
     throw ValueError(detail::str("ddp: ", op, ": input x must be NHWC (N, H, W, C_in), got shape ", x.shape()));
@@ -98,16 +105,16 @@ inline void require_conv_precision(Precision math) {
                      "(--precision)");
 }
 
-template <class T, Device D>
-void validate(const Conv2dForwardArgs<T, D>& a) {
-  const Shape ys = conv2d_output_shape(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_forward");
+template <class T, Device D, class A>
+void validate(const Conv2dForwardArgs<T, D, A>& a) {
+  const Shape ys = conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_forward");
   expect_shape(a.y, ys, "output y", "conv2d_forward");
   if (!a.bias.empty()) expect_shape(a.bias, Shape{a.w.dim(0)}, "bias", "conv2d_forward");
 }
 
-template <class T, Device D>
-void validate(const Conv2dBackwardArgs<T, D>& a) {
-  const Shape ys = conv2d_output_shape(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_backward");
+template <class T, Device D, class A>
+void validate(const Conv2dBackwardArgs<T, D, A>& a) {
+  const Shape ys = conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_backward");
   expect_shape(a.dy, ys, "output gradient dy", "conv2d_backward");
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "conv2d_backward");
   if (!a.dw.empty()) expect_shape(a.dw, a.w.shape(), "weight gradient dw", "conv2d_backward");
@@ -133,14 +140,14 @@ class ChannelSumReducer {
   virtual void all_reduce_sum(const Exec<D>& exec, TensorView<double, D> sums) = 0;
 };
 
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct BatchNormForwardArgs {
-  TensorView<const T, D> x;       // (N, H, W, C) or (N, C)
+  TensorView<const A, D> x;       // (N, H, W, C) or (N, C)
   TensorView<const T, D> gamma;   // (C)
   TensorView<const T, D> beta;    // (C)
   TensorView<T, D> running_mean;  // (C): read in eval, updated in training
   TensorView<T, D> running_var;   // (C): unbiased batch variance enters the update, as in PyTorch
-  TensorView<T, D> y;             // same shape as x
+  TensorView<A, D> y;             // same shape as x
   TensorView<T, D> save_mean;     // (C) written: batch mean (training) or running mean (eval)
   TensorView<T, D> save_invstd;   // (C) written: 1 / sqrt(var + eps) of the statistics used
   bool training = true;
@@ -154,14 +161,14 @@ struct BatchNormForwardArgs {
   TensorView<std::int64_t, D> num_batches_tracked;
 };
 
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct BatchNormBackwardArgs {
-  TensorView<const T, D> x;            // forward input
-  TensorView<const T, D> dy;           // same shape as x
+  TensorView<const A, D> x;            // forward input
+  TensorView<const A, D> dy;           // same shape as x
   TensorView<const T, D> gamma;        // (C)
   TensorView<const T, D> save_mean;    // (C) from the forward call
   TensorView<const T, D> save_invstd;  // (C) from the forward call
-  TensorView<T, D> dx;                 // same shape as x, optional
+  TensorView<A, D> dx;                 // same shape as x, optional
   TensorView<T, D> dgamma;             // (C), optional; overwritten
   TensorView<T, D> dbeta;              // (C), optional; overwritten
   bool training = true;                // must match the forward call: batch statistics depend on x
@@ -187,8 +194,8 @@ inline void check_sync_count(double total_rows, const char* op) {
                                  "; use larger batches or eval mode"));
 }
 
-template <class T, Device D>
-void validate(const BatchNormForwardArgs<T, D>& a) {
+template <class T, Device D, class A>
+void validate(const BatchNormForwardArgs<T, D, A>& a) {
   const char* op = "batchnorm_forward";
   const bool synced = a.training && a.sync;
   const std::int64_t c = batchnorm_channels(a.x, op, synced);
@@ -206,8 +213,8 @@ void validate(const BatchNormForwardArgs<T, D>& a) {
                                  a.x.shape(), "; use a batch larger than 1 or eval mode"));
 }
 
-template <class T, Device D>
-void validate(const BatchNormBackwardArgs<T, D>& a) {
+template <class T, Device D, class A>
+void validate(const BatchNormBackwardArgs<T, D, A>& a) {
   const char* op = "batchnorm_backward";
   const std::int64_t c = batchnorm_channels(a.x, op, a.training && a.sync);
   const Shape cs{c};
@@ -309,26 +316,27 @@ void validate(const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
 }
 
 // ---- linear: y = x W^T + b ----
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct LinearForwardArgs {
-  TensorView<const T, D> x;     // (N, in)
+  TensorView<const A, D> x;     // (N, in)
   TensorView<const T, D> w;     // (out, in)
   TensorView<const T, D> bias;  // (out), optional
-  TensorView<T, D> y;           // (N, out)
+  TensorView<A, D> y;           // (N, out)
 };
 
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct LinearBackwardArgs {
-  TensorView<const T, D> x;   // (N, in)
+  TensorView<const A, D> x;   // (N, in)
   TensorView<const T, D> w;   // (out, in)
-  TensorView<const T, D> dy;  // (N, out)
-  TensorView<T, D> dx;        // (N, in), optional; overwritten
+  TensorView<const A, D> dy;  // (N, out)
+  TensorView<A, D> dx;        // (N, in), optional; overwritten
   TensorView<T, D> dw;        // (out, in), optional; overwritten
   TensorView<T, D> dbias;     // (out), optional; overwritten
 };
 
-template <class T, Device D>
-void validate_linear_xw(const TensorView<const T, D>& x, const TensorView<const T, D>& w, const char* op) {
+template <class T, Device D, class W = T>
+void validate_linear_xw(const TensorView<const T, D>& x, const std::type_identity_t<TensorView<const W, D>>& w,
+                        const char* op) {
   if (x.rank() != 2 || w.rank() != 2)
     throw ValueError(detail::str("ddp: ", op, ": x ", x.shape(), " must be (N, in) and w ", w.shape(),
                                  " (out, in); flatten NHWC activations to (N, H*W*C) first"));
@@ -339,16 +347,16 @@ void validate_linear_xw(const TensorView<const T, D>& x, const TensorView<const 
                                  " expects ", w.dim(1)));
 }
 
-template <class T, Device D>
-void validate(const LinearForwardArgs<T, D>& a) {
-  validate_linear_xw(a.x, a.w, "linear_forward");
+template <class T, Device D, class A>
+void validate(const LinearForwardArgs<T, D, A>& a) {
+  validate_linear_xw<A, D, T>(a.x, a.w, "linear_forward");
   expect_shape(a.y, Shape{a.x.dim(0), a.w.dim(0)}, "output y", "linear_forward");
   if (!a.bias.empty()) expect_shape(a.bias, Shape{a.w.dim(0)}, "bias", "linear_forward");
 }
 
-template <class T, Device D>
-void validate(const LinearBackwardArgs<T, D>& a) {
-  validate_linear_xw(a.x, a.w, "linear_backward");
+template <class T, Device D, class A>
+void validate(const LinearBackwardArgs<T, D, A>& a) {
+  validate_linear_xw<A, D, T>(a.x, a.w, "linear_backward");
   expect_shape(a.dy, Shape{a.x.dim(0), a.w.dim(0)}, "output gradient dy", "linear_backward");
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "linear_backward");
   if (!a.dw.empty()) expect_shape(a.dw, a.w.shape(), "weight gradient dw", "linear_backward");

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "ddp/config.hpp"
+#include "ddp/core/dtype.hpp"
 #include "ddp/tensor/random.hpp"
 
 namespace ddp::kernels {
@@ -68,6 +69,24 @@ struct Scale {
 };
 
 // x = value.
+// bf16 activation storage (kernels/bf16_storage.hpp): y = float(x) (exact), y = bf16(x) (nearest even), and
+// y = float(bf16(x)) (a float weight as a bf16 GEMM operand reads it).
+struct Bf16Widen {
+  const bfloat16* x;
+  float* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[i] = float(x[i]); }
+};
+struct Bf16Narrow {
+  const float* x;
+  bfloat16* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[i] = bfloat16(x[i]); }
+};
+struct Bf16RoundOperand {
+  const float* x;
+  float* y;
+  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[i] = float(bfloat16(x[i])); }
+};
+
 template <class T>
 struct Fill {
   T value;

@@ -27,29 +27,29 @@
 namespace ddp::kernels {
 
 // ---- BatchNorm + ReLU (+ residual add) ----
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct BatchNormActForwardArgs {
-  BatchNormForwardArgs<T, D> bn;    // as batchnorm_forward; bn.y receives relu(bn(x) + residual)
-  TensorView<const T, D> residual;  // optional, x's shape: the block's skip path, added before the ReLU
+  BatchNormForwardArgs<T, D, A> bn;  // as batchnorm_forward; bn.y receives relu(bn(x) + residual)
+  TensorView<const A, D> residual;  // optional, x's shape: the block's skip path, added before the ReLU
   bool relu = true;                 // false: y = bn(x) + residual
 };
 
-template <class T, Device D>
+template <class T, Device D, class A = T>
 struct BatchNormActBackwardArgs {
-  BatchNormBackwardArgs<T, D> bn;  // as batchnorm_backward, with bn.dy the gradient of the activated output
-  TensorView<const T, D> y;        // the forward's output (its sign is the ReLU mask); required when relu
-  TensorView<T, D> dresidual;      // optional, x's shape: receives dy * (y > 0), the residual's gradient
+  BatchNormBackwardArgs<T, D, A> bn;  // as batchnorm_backward, with bn.dy the gradient of the activated output
+  TensorView<const A, D> y;        // the forward's output (its sign is the ReLU mask); required when relu
+  TensorView<A, D> dresidual;      // optional, x's shape: receives dy * (y > 0), the residual's gradient
   bool relu = true;
 };
 
-template <class T, Device D>
-void validate(const BatchNormActForwardArgs<T, D>& a) {
+template <class T, Device D, class A>
+void validate(const BatchNormActForwardArgs<T, D, A>& a) {
   validate(a.bn);
   if (!a.residual.empty()) expect_shape(a.residual, a.bn.x.shape(), "residual", "batchnorm_act_forward");
 }
 
-template <class T, Device D>
-void validate(const BatchNormActBackwardArgs<T, D>& a) {
+template <class T, Device D, class A>
+void validate(const BatchNormActBackwardArgs<T, D, A>& a) {
   validate(a.bn);
   const char* op = "batchnorm_act_backward";
   if (a.relu && a.bn.x.numel() > 0) {  // a synchronised rank without rows has no mask to read

@@ -16,8 +16,8 @@
 
 namespace ddp::nn {
 
-template <class T, Device D>
-class AdaptiveAvgPool2d : public Module<T, D> {
+template <class T, Device D, class A = T>
+class AdaptiveAvgPool2d : public Module<T, D, A> {
  public:
   explicit AdaptiveAvgPool2d(std::int64_t out_h = 1, std::int64_t out_w = 1) : out_h_(out_h), out_w_(out_w) {
     if (out_h < 1 || out_w < 1)
@@ -29,23 +29,23 @@ class AdaptiveAvgPool2d : public Module<T, D> {
     return ddp::detail::str("AdaptiveAvgPool2d(output_size=(", out_h_, ", ", out_w_, "))");
   }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     if (x.rank() != 4 || x.dim(0) == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be a non-empty NHWC batch, got shape ",
                                         x.shape()));
-    Tensor<T, D> y(Shape{x.dim(0), out_h_, out_w_, x.dim(3)});
-    Kernels<D>::adaptive_avg_pool2d_forward(exec, kernels::AdaptiveAvgPool2dForwardArgs<T, D>{.x = x, .y = y.view()});
+    Tensor<A, D> y(Shape{x.dim(0), out_h_, out_w_, x.dim(3)});
+    Kernels<D>::adaptive_avg_pool2d_forward(exec, kernels::AdaptiveAvgPool2dForwardArgs<A, D>{.x = x, .y = y.view()});
     x_shape_ = x.shape();
     have_state_ = true;
     return y;
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_state_);
     have_state_ = false;
-    Tensor<T, D> dx(x_shape_);
+    Tensor<A, D> dx(x_shape_);
     Kernels<D>::adaptive_avg_pool2d_backward(exec,
-                                             kernels::AdaptiveAvgPool2dBackwardArgs<T, D>{.dy = dy, .dx = dx.view()});
+                                             kernels::AdaptiveAvgPool2dBackwardArgs<A, D>{.dy = dy, .dx = dx.view()});
     return dx;
   }
 

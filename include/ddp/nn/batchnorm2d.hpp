@@ -40,8 +40,8 @@ struct BatchNorm2dOptions {
   double momentum = 0.1;
 };
 
-template <class T, Device D>
-class BatchNorm2d : public Module<T, D> {
+template <class T, Device D, class A = T>
+class BatchNorm2d : public Module<T, D, A> {
  public:
   explicit BatchNorm2d(const BatchNorm2dOptions& o) : o_(o) {
     if (o.num_features < 1)
@@ -83,9 +83,9 @@ class BatchNorm2d : public Module<T, D> {
                             ", momentum=", o_.momentum, ")");
   }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     check_input(x);
-    Tensor<T, D> y(x.shape());
+    Tensor<A, D> y(x.shape());
     run_synced([&] { Kernels<D>::batchnorm_forward(exec, forward_args(x, y)); });
     after_forward(x);
     return y;
@@ -93,11 +93,11 @@ class BatchNorm2d : public Module<T, D> {
 
   // y = relu(bn(x) + residual) (residual optional: empty view; relu optional).
   // backward_act must follow (not backward): it needs y, the returned tensor, kept alive by the caller.
-  Tensor<T, D> forward_act(Exec<D>& exec, TensorView<const T, D> x, TensorView<const T, D> residual, bool relu) {
+  Tensor<A, D> forward_act(Exec<D>& exec, TensorView<const A, D> x, TensorView<const A, D> residual, bool relu) {
     const trace::Span span = this->trace_span("forward");  // the fused ReLU (and residual add) included
     check_input(x);
-    Tensor<T, D> y(x.shape());
-    const kernels::BatchNormActForwardArgs<T, D> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
+    Tensor<A, D> y(x.shape());
+    const kernels::BatchNormActForwardArgs<T, D, A> a{.bn = forward_args(x, y), .residual = residual, .relu = relu};
     run_synced([&] { Kernels<D>::batchnorm_act_forward(exec, a); });
     after_forward(x);
     act_relu_ = relu;
@@ -106,13 +106,13 @@ class BatchNorm2d : public Module<T, D> {
 
   // From dy = d(loss)/d(y) of forward_act (y its output): returns d(loss)/dx, writes dy * (y > 0) into
   // dresidual when it is not empty (the residual's gradient), and reports weight and bias as ready.
-  Tensor<T, D> backward_act(Exec<D>& exec, TensorView<const T, D> dy, TensorView<const T, D> y,
-                            TensorView<T, D> dresidual) {
+  Tensor<A, D> backward_act(Exec<D>& exec, TensorView<const A, D> dy, TensorView<const A, D> y,
+                            TensorView<A, D> dresidual) {
     const trace::Span span = this->trace_span("backward");
     this->require_forward_state(have_x_);
     have_x_ = false;
-    Tensor<T, D> dx(x_.shape());
-    const kernels::BatchNormActBackwardArgs<T, D> a{.bn = backward_args(dy, dx), .y = y, .dresidual = dresidual,
+    Tensor<A, D> dx(x_.shape());
+    const kernels::BatchNormActBackwardArgs<T, D, A> a{.bn = backward_args(dy, dx), .y = y, .dresidual = dresidual,
                                                     .relu = act_relu_};
     Kernels<D>::batchnorm_act_backward(exec, a);
     weight_->grad_done(exec);
@@ -125,13 +125,13 @@ class BatchNorm2d : public Module<T, D> {
   // Exec with the forward's threads. Leaves the layer as it was: a training forward's statistics are computed
   // again, their outputs (running statistics, save_mean/save_invstd) go to scratch, num_batches_tracked is not
   // counted. Between forward_act and backward_act only; not after a synchronised forward (it would communicate).
-  Tensor<T, D> recompute_act(Exec<D>& exec) {
+  Tensor<A, D> recompute_act(Exec<D>& exec) {
     this->require_forward_state(have_x_);
     if (forward_sync_)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": recompute_act after a synchronised forward would "
                                         "all-reduce again; keep forward_act's output instead"));
     const trace::Span span = this->trace_span("recompute");
-    Tensor<T, D> y(x_.shape());
+    Tensor<A, D> y(x_.shape());
     const Shape c{o_.num_features};
     // Training updates the running statistics it is given (scratch here, their values never reach y); eval reads
     // the layer's and writes none (BnChannelOutputs::finish with no rows).
@@ -140,7 +140,7 @@ class BatchNorm2d : public Module<T, D> {
       Kernels<D>::fill(exec, rm.view(), T(0));
       Kernels<D>::fill(exec, rv.view(), T(1));
     }
-    const kernels::BatchNormActForwardArgs<T, D> a{
+    const kernels::BatchNormActForwardArgs<T, D, A> a{
         .bn = {.x = x_, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
                .running_mean = forward_training_ ? rm.view() : running_mean_->real().view(),
                .running_var = forward_training_ ? rv.view() : running_var_->real().view(), .y = y.view(),
@@ -153,10 +153,10 @@ class BatchNorm2d : public Module<T, D> {
   // Whether the last forward synchronised its statistics (recompute_act cannot follow it).
   bool forward_synchronised() const noexcept { return forward_sync_; }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;
-    Tensor<T, D> dx(x_.shape());
+    Tensor<A, D> dx(x_.shape());
     Kernels<D>::batchnorm_backward(exec, backward_args(dy, dx));
     weight_->grad_done(exec);
     bias_->grad_done(exec);
@@ -164,7 +164,7 @@ class BatchNorm2d : public Module<T, D> {
   }
 
  private:
-  void check_input(TensorView<const T, D> x) const {
+  void check_input(TensorView<const A, D> x) const {
     if (x.rank() < 2)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be NHWC (N, H, W, C), got shape ",
                                         x.shape()));
@@ -190,21 +190,21 @@ class BatchNorm2d : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": ", what));
     }
   }
-  kernels::BatchNormForwardArgs<T, D> forward_args(TensorView<const T, D> x, Tensor<T, D>& y) {
+  kernels::BatchNormForwardArgs<T, D, A> forward_args(TensorView<const A, D> x, Tensor<A, D>& y) {
     return {.x = x, .gamma = weight_->value().cview(), .beta = bias_->value().cview(),
             .running_mean = running_mean_->real().view(), .running_var = running_var_->real().view(), .y = y.view(),
             .save_mean = save_mean_.view(), .save_invstd = save_invstd_.view(), .training = this->is_training(),
             .momentum = o_.momentum, .eps = o_.eps, .sync = syncing() ? sync_.get() : nullptr,
             .num_batches_tracked = num_batches_tracked_->count().view()};  // the kernel counts a training batch
   }
-  void after_forward(TensorView<const T, D> x) {
+  void after_forward(TensorView<const A, D> x) {
     const bool training = this->is_training();
     x_ = x;
     have_x_ = true;
     forward_training_ = training;
     forward_sync_ = syncing();
   }
-  kernels::BatchNormBackwardArgs<T, D> backward_args(TensorView<const T, D> dy, Tensor<T, D>& dx) {
+  kernels::BatchNormBackwardArgs<T, D, A> backward_args(TensorView<const A, D> dy, Tensor<A, D>& dx) {
     return {.x = x_, .dy = dy, .gamma = weight_->value().cview(), .save_mean = save_mean_.cview(),
             .save_invstd = save_invstd_.cview(), .dx = dx.view(), .dgamma = weight_->grad_dest(),
             .dbeta = bias_->grad_dest(), .training = forward_training_,
@@ -219,7 +219,7 @@ class BatchNorm2d : public Module<T, D> {
   Buffer<T, D>* num_batches_tracked_ = nullptr;  // () int64
   Tensor<T, D> save_mean_;    // (C) statistics of the last forward
   Tensor<T, D> save_invstd_;  // (C)
-  TensorView<const T, D> x_;  // forward input, owned by the caller
+  TensorView<const A, D> x_;  // forward input, owned by the caller
   bool have_x_ = false;
   bool forward_training_ = true;
   bool act_relu_ = true;  // the relu flag of the last forward_act

@@ -32,8 +32,8 @@ struct Conv2dOptions {
   bool bias = true;  // torch.nn.Conv2d's default; ResNet's convolutions, followed by BatchNorm, pass false
 };
 
-template <class T, Device D>
-class Conv2d : public Module<T, D> {
+template <class T, Device D, class A = T>
+class Conv2d : public Module<T, D, A> {
  public:
   explicit Conv2d(const Conv2dOptions& o) : o_(o) {
     if (o.in_channels < 1 || o.out_channels < 1 || o.kernel_size < 1 || o.stride < 1 || o.padding < 0 ||
@@ -82,9 +82,9 @@ class Conv2d : public Module<T, D> {
     return Shape{x[0], ho, wo, o_.out_channels};
   }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
-    Tensor<T, D> y(output_shape(x.shape()));
-    Kernels<D>::conv2d_forward(exec, kernels::Conv2dForwardArgs<T, D>{
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
+    Tensor<A, D> y(output_shape(x.shape()));
+    Kernels<D>::conv2d_forward(exec, kernels::Conv2dForwardArgs<T, D, A>{
                                          .x = x, .w = weight_->value().cview(),
                                          .bias = bias_ ? bias_->value().cview() : TensorView<const T, D>(),
                                          .y = y.view(), .stride = size2(o_.stride), .padding = size2(o_.padding),
@@ -94,26 +94,26 @@ class Conv2d : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_x_);
-    Tensor<T, D> dx = input_grad_ ? Tensor<T, D>(x_.shape()) : Tensor<T, D>();
-    run_backward(exec, dy, input_grad_ ? dx.view() : TensorView<T, D>(), false);
+    Tensor<A, D> dx = input_grad_ ? Tensor<A, D>(x_.shape()) : Tensor<A, D>();
+    run_backward(exec, dy, input_grad_ ? dx.view() : TensorView<A, D>(), false);
     return dx;
   }
   // backward() that adds d(loss)/dx into dx (x's shape) instead of returning it: a residual block's first conv adds
   // its input gradient to the skip path's in its dgrad (docs/decisions/0061).
-  void backward_accumulate(Exec<D>& exec, TensorView<const T, D> dy, TensorView<T, D> dx) {
+  void backward_accumulate(Exec<D>& exec, TensorView<const A, D> dy, TensorView<A, D> dx) {
     const trace::Span span = this->trace_span("backward");
     this->require_forward_state(have_x_);
     if (!(dx.shape() == x_.shape()))
       throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": the input gradient to add to has shape ",
                                         dx.shape(), " but the input has shape ", x_.shape()));
     this->check_input_kept();
-    run_backward(exec, dy, input_grad_ ? dx : TensorView<T, D>(), true);
+    run_backward(exec, dy, input_grad_ ? dx : TensorView<A, D>(), true);
   }
   // Points backward at x instead of the forward's input: the same values at another address (a residual block
   // freed the input after forward and recomputed it, docs/decisions/0068). Same shape; between forward and backward.
-  void rebind_input(TensorView<const T, D> x) {
+  void rebind_input(TensorView<const A, D> x) {
     this->require_forward_state(have_x_);
     if (!(x.shape() == x_.shape()))
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": rebind_input got shape ", x.shape(),
@@ -124,9 +124,9 @@ class Conv2d : public Module<T, D> {
 
  private:
   static kernels::Size2 size2(std::int64_t v) { return kernels::Size2{.h = v, .w = v}; }
-  void run_backward(Exec<D>& exec, TensorView<const T, D> dy, TensorView<T, D> dx, bool accumulate) {
+  void run_backward(Exec<D>& exec, TensorView<const A, D> dy, TensorView<A, D> dx, bool accumulate) {
     have_x_ = false;
-    Kernels<D>::conv2d_backward(exec, kernels::Conv2dBackwardArgs<T, D>{
+    Kernels<D>::conv2d_backward(exec, kernels::Conv2dBackwardArgs<T, D, A>{
                                           .x = x_, .w = weight_->value().cview(), .dy = dy, .dx = dx,
                                           .dw = weight_->grad_dest(),
                                           .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>(),
@@ -150,7 +150,7 @@ class Conv2d : public Module<T, D> {
   Conv2dOptions o_;
   Parameter<T, D>* weight_ = nullptr;  // (C_out, kH, kW, C_in)
   Parameter<T, D>* bias_ = nullptr;    // (C_out)
-  TensorView<const T, D> x_;           // forward input (N, H, W, C_in), owned by the caller
+  TensorView<const A, D> x_;           // forward input (N, H, W, C_in), owned by the caller
   bool have_x_ = false;
   bool input_grad_ = true;
 };

@@ -27,8 +27,8 @@ struct LinearOptions {
   bool bias = true;
 };
 
-template <class T, Device D>
-class Linear : public Module<T, D> {
+template <class T, Device D, class A = T>
+class Linear : public Module<T, D, A> {
  public:
   explicit Linear(const LinearOptions& o) : o_(o) {
     if (o.in_features < 1 || o.out_features < 1)
@@ -60,7 +60,7 @@ class Linear : public Module<T, D> {
                             ", bias=", o_.bias ? "True" : "False", ")");
   }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     if (x.rank() < 1 || x.dim(0) == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": batch of zero samples (input shape ", x.shape(),
                                         "); check --batch-size and the loader"));
@@ -71,8 +71,8 @@ class Linear : public Module<T, D> {
                                         "; the previous layer's output does not fit this one"));
     x_ = x.reshape(Shape{n, features});
     x_shape_ = x.shape();
-    Tensor<T, D> y(Shape{n, o_.out_features});
-    Kernels<D>::linear_forward(exec, kernels::LinearForwardArgs<T, D>{
+    Tensor<A, D> y(Shape{n, o_.out_features});
+    Kernels<D>::linear_forward(exec, kernels::LinearForwardArgs<T, D, A>{
                                          .x = x_, .w = weight_->value().cview(),
                                          .bias = bias_ ? bias_->value().cview() : TensorView<const T, D>(),
                                          .y = y.view()});
@@ -80,11 +80,11 @@ class Linear : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_x_);
     have_x_ = false;
-    Tensor<T, D> dx(x_.shape());
-    Kernels<D>::linear_backward(exec, kernels::LinearBackwardArgs<T, D>{
+    Tensor<A, D> dx(x_.shape());
+    Kernels<D>::linear_backward(exec, kernels::LinearBackwardArgs<T, D, A>{
                                           .x = x_, .w = weight_->value().cview(), .dy = dy, .dx = dx.view(),
                                           .dw = weight_->grad_dest(),
                                           .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>()});
@@ -98,7 +98,7 @@ class Linear : public Module<T, D> {
   LinearOptions o_;
   Parameter<T, D>* weight_ = nullptr;  // (out, in)
   Parameter<T, D>* bias_ = nullptr;    // (out)
-  TensorView<const T, D> x_;           // forward input seen as (N, in), owned by the caller
+  TensorView<const A, D> x_;           // forward input seen as (N, in), owned by the caller
   Shape x_shape_;
   bool have_x_ = false;
 };

@@ -24,8 +24,8 @@ struct MaxPool2dOptions {
   std::int64_t padding = 0;
 };
 
-template <class T, Device D>
-class MaxPool2d : public Module<T, D> {
+template <class T, Device D, class A = T>
+class MaxPool2d : public Module<T, D, A> {
  public:
   explicit MaxPool2d(const MaxPool2dOptions& o) : o_(o) {
     this->backward_reads_no_input();  // it keeps argmax
@@ -42,15 +42,15 @@ class MaxPool2d : public Module<T, D> {
                             o_.padding, ")");
   }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     if (x.rank() != 4 || x.dim(0) == 0)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be a non-empty NHWC batch, got shape ",
                                         x.shape()));
     const kernels::Size2 k{o_.kernel_size, o_.kernel_size}, s{o_.stride, o_.stride}, p{o_.padding, o_.padding};
     const Shape ys = kernels::maxpool2d_output_shape(x, k, s, p);
-    Tensor<T, D> y(ys);
+    Tensor<A, D> y(ys);
     argmax_ = Tensor<std::int32_t, D>(ys);
-    Kernels<D>::max_pool2d_forward(exec, kernels::MaxPool2dForwardArgs<T, D>{
+    Kernels<D>::max_pool2d_forward(exec, kernels::MaxPool2dForwardArgs<A, D>{
                                              .x = x, .y = y.view(), .argmax = argmax_.view(), .kernel = k,
                                              .stride = s, .padding = p});
     x_shape_ = x.shape();
@@ -58,11 +58,11 @@ class MaxPool2d : public Module<T, D> {
     return y;
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_state_);
     have_state_ = false;
-    Tensor<T, D> dx(x_shape_);
-    Kernels<D>::max_pool2d_backward(exec, kernels::MaxPool2dBackwardArgs<T, D>{
+    Tensor<A, D> dx(x_shape_);
+    Kernels<D>::max_pool2d_backward(exec, kernels::MaxPool2dBackwardArgs<A, D>{
                                               .dy = dy, .argmax = argmax_.cview(), .dx = dx.view(),
                                               .kernel = {o_.kernel_size, o_.kernel_size},
                                               .stride = {o_.stride, o_.stride}, .padding = {o_.padding, o_.padding}});

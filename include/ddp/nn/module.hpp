@@ -91,10 +91,14 @@ class Buffer {
   Tensor<std::int64_t, D> count_;    // () num_batches_tracked
 };
 
-template <class T, Device D>
+// T: the parameters' element type (their gradients', buffers', the optimizer's); A: the activations' and their
+// gradients' (what forward and backward take and return). A = T but for bf16 activation storage
+// (Module<float, D, bfloat16>, docs/decisions/0070), which the ResNet layers support.
+template <class T, Device D, class A = T>
 class Module {
  public:
   using value_type = T;
+  using activation_type = A;
   using device_type = D;
 
   Module() = default;
@@ -104,21 +108,21 @@ class Module {
 
   // y = f(x). Throws ValueError on inputs of the wrong shape (naming this module by its full name).
   // While a trace recorder is active (core/trace.hpp, --trace) each call is a span named by path().
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
+  Tensor<A, D> forward(Exec<D>& exec, TensorView<const A, D> x) {
     trace::Span span = trace_span("forward");
     remember_input(x.data());
     return forward_impl(exec, x);
   }
   // y = f(ids) for the modules whose input is int64 token ids (Embedding, GPT and its EmbeddingStem); the same
   // trace span. Every other module throws ValueError. Like x, THE CALLER KEEPS ids ALIVE until backward returns.
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
+  Tensor<A, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
     trace::Span span = trace_span("forward");
     remember_input(ids.data());
     return forward_ids_impl(exec, ids);
   }
   // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
   // each parameter's grad-ready hook as soon as its gradient is final.
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) {
+  Tensor<A, D> backward(Exec<D>& exec, TensorView<const A, D> dy) {
     trace::Span span = trace_span("backward");
     check_input_kept();
     return backward_impl(exec, dy);
@@ -199,11 +203,11 @@ class Module {
 
  protected:
   // What forward() and backward() run: every module implements these (the public calls add the trace span).
-  virtual Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) = 0;
-  virtual Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) = 0;
+  virtual Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) = 0;
+  virtual Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) = 0;
   // What forward(exec, ids) runs: modules that take token ids override it (and reject T values in forward_impl
   // with reject_values).
-  virtual Tensor<T, D> forward_ids_impl(Exec<D>&, TensorView<const std::int64_t, D> ids) {
+  virtual Tensor<A, D> forward_ids_impl(Exec<D>&, TensorView<const std::int64_t, D> ids) {
     throw ValueError(ddp::detail::str("ddp: ", where(), ": takes values of the model's floating-point type, got int64 "
                                       "token ids (shape ", ids.shape(), "); only modules with an embedding "
                                       "(Embedding, GPT) take ids"));

@@ -58,22 +58,22 @@ struct BlockOptions {
 namespace detail {
 // Sequential(Conv2d(inplanes, outplanes, 1, stride, bias=False), BatchNorm2d(outplanes)): torchvision's
 // downsample, named "downsample.0" / "downsample.1".
-template <class T, Device D>
-std::unique_ptr<Sequential<T, D>> make_downsample(std::int64_t inplanes, std::int64_t outplanes, std::int64_t stride) {
-  auto ds = std::make_unique<Sequential<T, D>>();
-  ds->push_back(std::make_unique<Conv2d<T, D>>(Conv2dOptions{
+template <class T, Device D, class A = T>
+std::unique_ptr<Sequential<T, D, A>> make_downsample(std::int64_t inplanes, std::int64_t outplanes, std::int64_t stride) {
+  auto ds = std::make_unique<Sequential<T, D, A>>();
+  ds->push_back(std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{
       .in_channels = inplanes, .out_channels = outplanes, .kernel_size = 1, .stride = stride, .padding = 0, .bias = false}));
-  ds->push_back(std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = outplanes}));
+  ds->push_back(std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = outplanes}));
   return ds;
 }
 }  // namespace detail
 
-template <class T, Device D>
-class ResidualBlock : public Module<T, D> {
+template <class T, Device D, class A = T>
+class ResidualBlock : public Module<T, D, A> {
  public:
   // x (N, H, W, inplanes) -> out (N, H', W', planes * expansion). x must stay alive until backward.
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
-    TensorView<const T, D> h = x;
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
+    TensorView<const A, D> h = x;
     for (std::size_t i = 0; i + 1 < stages_.size(); ++i) {
       Stage& st = stages_[i];
       st.c = st.conv->forward(exec, h);
@@ -84,8 +84,8 @@ class ResidualBlock : public Module<T, D> {
     Stage& last = stages_.back();
     last.c = last.conv->forward(exec, h);
     if (stages_.size() > 1) drop_input_of(stages_.size() - 1);
-    TensorView<const T, D> skip = x;
-    Tensor<T, D> id;  // downsample(x), dead once added below
+    TensorView<const A, D> skip = x;
+    Tensor<A, D> id;  // downsample(x), dead once added below
     if (downsample_) {
       id = downsample_->forward(exec, x);
       skip = id.cview();
@@ -93,23 +93,23 @@ class ResidualBlock : public Module<T, D> {
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " and main-path output ",
                                         last.c.shape(), " differ but the block has no downsample"));
     }
-    Tensor<T, D> out = last.bn->forward_act(exec, last.c.cview(), skip, true);
+    Tensor<A, D> out = last.bn->forward_act(exec, last.c.cview(), skip, true);
     y_ = out.cview();
     have_state_ = true;
     return out;
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(have_state_);
     have_state_ = false;
     if (!(dy.shape() == y_.shape()))
       throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": output gradient has shape ", dy.shape(),
                                         " but the output has shape ", y_.shape()));
-    Tensor<T, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
+    Tensor<A, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
     Stage& last = stages_.back();
-    Tensor<T, D> h = last.bn->backward_act(exec, dy, y_, g.view());
+    Tensor<A, D> h = last.bn->backward_act(exec, dy, y_, g.view());
     // dx starts as the skip gradient (x's shape); conv_1 adds the main path's into it.
-    Tensor<T, D> dx = downsample_ ? downsample_->backward(exec, g.cview()) : std::move(g);
+    Tensor<A, D> dx = downsample_ ? downsample_->backward(exec, g.cview()) : std::move(g);
     g = {};
     for (std::size_t i = stages_.size(); i-- > 0;) {
       Stage& st = stages_[i];
@@ -137,18 +137,18 @@ class ResidualBlock : public Module<T, D> {
 
  protected:
   // Appends (conv, bn) to the main path; a block calls it once per stage, first stage first.
-  void add_stage(Conv2d<T, D>* conv, BatchNorm2d<T, D>* bn) { stages_.push_back(Stage{.conv = conv, .bn = bn}); }
+  void add_stage(Conv2d<T, D, A>* conv, BatchNorm2d<T, D, A>* bn) { stages_.push_back(Stage{.conv = conv, .bn = bn}); }
   // The skip path's projection (nullptr: identity).
-  void set_downsample(Sequential<T, D>* downsample) { downsample_ = downsample; }
+  void set_downsample(Sequential<T, D, A>* downsample) { downsample_ = downsample; }
   // Whether forward frees the stages' relu(bn) outputs and backward recomputes them (BlockOptions::recompute_relu).
   void set_recompute_relu(bool on) noexcept { recompute_relu_ = on; }
 
  private:
   struct Stage {
-    Conv2d<T, D>* conv = nullptr;
-    BatchNorm2d<T, D>* bn = nullptr;
-    Tensor<T, D> c;  // conv output (N, H', W', C'), bn's input
-    Tensor<T, D> a;  // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+    Conv2d<T, D, A>* conv = nullptr;
+    BatchNorm2d<T, D, A>* bn = nullptr;
+    Tensor<A, D> c;  // conv output (N, H', W', C'), bn's input
+    Tensor<A, D> a;  // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
     bool recomputed = false;  // a was freed after forward; backward computes it again
   };
 
@@ -160,9 +160,9 @@ class ResidualBlock : public Module<T, D> {
   }
 
   std::vector<Stage> stages_;
-  Sequential<T, D>* downsample_ = nullptr;
+  Sequential<T, D, A>* downsample_ = nullptr;
   bool recompute_relu_ = false;
-  TensorView<const T, D> y_;  // the block's output, owned by the caller
+  TensorView<const A, D> y_;  // the block's output, owned by the caller
   bool have_state_ = false;
 };
 

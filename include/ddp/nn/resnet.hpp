@@ -73,8 +73,8 @@ inline ResNetSpec resnet_spec(const std::string& arch) {
                                     "; valid: resnet18, resnet34, resnet50, resnet101, resnet152 (--arch)"));
 }
 
-template <class T, Device D>
-class ResNet : public Module<T, D> {
+template <class T, Device D, class A = T>
+class ResNet : public Module<T, D, A> {
  public:
   explicit ResNet(const ResNetOptions& o) : o_(o), spec_(resnet_spec(o.arch)) {
     const SkipDefaultInit skip;  // reset_parameters() below draws every parameter
@@ -83,33 +83,33 @@ class ResNet : public Module<T, D> {
     if (o.in_channels < 1 || o.width < 1)
       throw ValueError(ddp::detail::str("ddp: ResNet needs in_channels >= 1 and width >= 1, got ", o.in_channels,
                                         " and ", o.width));
-    const std::int64_t expansion = spec_.bottleneck ? Bottleneck<T, D>::kExpansion : BasicBlock<T, D>::kExpansion;
-    conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D>>(Conv2dOptions{
+    const std::int64_t expansion = spec_.bottleneck ? Bottleneck<T, D, A>::kExpansion : BasicBlock<T, D, A>::kExpansion;
+    conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{
                                                  .in_channels = o.in_channels, .out_channels = o.width,
                                                  .kernel_size = 7, .stride = 2, .padding = 3, .bias = false}));
     conv1_->set_input_grad(false);  // nothing upstream of the image needs a gradient
-    bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D>>(BatchNorm2dOptions{.num_features = o.width}));
-    maxpool_ = std::make_unique<MaxPool2d<T, D>>(MaxPool2dOptions{.kernel_size = 3, .stride = 2, .padding = 1});
-    Module<T, D>::set_detached_path(*maxpool_, "maxpool");  // torchvision's attribute name
+    bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = o.width}));
+    maxpool_ = std::make_unique<MaxPool2d<T, D, A>>(MaxPool2dOptions{.kernel_size = 3, .stride = 2, .padding = 1});
+    Module<T, D, A>::set_detached_path(*maxpool_, "maxpool");  // torchvision's attribute name
     std::int64_t inplanes = o.width;
     for (int l = 0; l < 4; ++l) {
       const std::int64_t planes = o.width << l, stride = l == 0 ? 1 : 2;
-      auto seq = std::make_unique<Sequential<T, D>>();
+      auto seq = std::make_unique<Sequential<T, D, A>>();
       for (std::int64_t b = 0; b < spec_.layers[static_cast<std::size_t>(l)]; ++b) {
         const BlockOptions bo{.inplanes = inplanes, .planes = planes, .stride = b == 0 ? stride : 1,
                               .downsample = b == 0 && (stride != 1 || inplanes != planes * expansion),
                               .recompute_relu = o.recompute_relu};
         if (spec_.bottleneck)
-          last_bns_.push_back(&seq->push_back(std::make_unique<Bottleneck<T, D>>(bo)).last_bn());
+          last_bns_.push_back(&seq->push_back(std::make_unique<Bottleneck<T, D, A>>(bo)).last_bn());
         else
-          last_bns_.push_back(&seq->push_back(std::make_unique<BasicBlock<T, D>>(bo)).last_bn());
+          last_bns_.push_back(&seq->push_back(std::make_unique<BasicBlock<T, D, A>>(bo)).last_bn());
         inplanes = planes * expansion;
       }
       layers_[l] = &this->register_module(ddp::detail::str("layer", l + 1), std::move(seq));
     }
-    avgpool_ = std::make_unique<AdaptiveAvgPool2d<T, D>>(1, 1);
-    Module<T, D>::set_detached_path(*avgpool_, "avgpool");
-    fc_ = &this->register_module("fc", std::make_unique<Linear<T, D>>(LinearOptions{
+    avgpool_ = std::make_unique<AdaptiveAvgPool2d<T, D, A>>(1, 1);
+    Module<T, D, A>::set_detached_path(*avgpool_, "avgpool");
+    fc_ = &this->register_module("fc", std::make_unique<Linear<T, D, A>>(LinearOptions{
                                            .in_features = inplanes, .out_features = o.num_classes, .bias = true}));
     reset_parameters();
   }
@@ -117,14 +117,14 @@ class ResNet : public Module<T, D> {
   // torchvision's initialisation (see the file comment), deterministic in options().seed.
   void reset_parameters() {
     Generator gen(o_.seed, 0, kStreamInit);
-    this->visit([&](Module<T, D>& m) {
-      if (auto* c = dynamic_cast<Conv2d<T, D>*>(&m)) {
+    this->visit([&](Module<T, D, A>& m) {
+      if (auto* c = dynamic_cast<Conv2d<T, D, A>*>(&m)) {
         const auto& co = c->options();
         const double fan_out = static_cast<double>(co.out_channels * co.kernel_size * co.kernel_size);
         init_normal(c->weight(), gen, 0.0, std::sqrt(2.0 / fan_out));
-      } else if (auto* bn = dynamic_cast<BatchNorm2d<T, D>*>(&m)) {
+      } else if (auto* bn = dynamic_cast<BatchNorm2d<T, D, A>*>(&m)) {
         bn->reset_parameters();
-      } else if (auto* fc = dynamic_cast<Linear<T, D>*>(&m)) {
+      } else if (auto* fc = dynamic_cast<Linear<T, D, A>*>(&m)) {
         fc->reset_parameters(gen);
       }
     });
@@ -138,12 +138,12 @@ class ResNet : public Module<T, D> {
     return ddp::detail::str("ResNet(", o_.arch, ", num_classes=", o_.num_classes,
                             o_.width != 64 ? ddp::detail::str(", width=", o_.width) : std::string(), ")");
   }
-  Conv2d<T, D>& conv1() noexcept { return *conv1_; }
-  Linear<T, D>& fc() noexcept { return *fc_; }
-  Sequential<T, D>& layer(int i) { return *layers_.at(static_cast<std::size_t>(i - 1)); }  // i in 1..4
+  Conv2d<T, D, A>& conv1() noexcept { return *conv1_; }
+  Linear<T, D, A>& fc() noexcept { return *fc_; }
+  Sequential<T, D, A>& layer(int i) { return *layers_.at(static_cast<std::size_t>(i - 1)); }  // i in 1..4
 
   // x (N, H, W, in_channels) NHWC -> logits (N, num_classes). x must stay alive until backward.
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     if (x.rank() != 4)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be an NHWC batch (N, H, W, ",
                                         o_.in_channels, "), got shape ", x.shape()));
@@ -168,9 +168,9 @@ class ResNet : public Module<T, D> {
   }
 
   // dlogits (N, num_classes) -> empty tensor (the image needs no gradient); fills every parameter's grad.
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dlogits) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dlogits) override {
     this->require_forward_state(acts_.size() == 8);
-    Tensor<T, D> g = fc_->backward(exec, dlogits);
+    Tensor<A, D> g = fc_->backward(exec, dlogits);
     const Shape pooled = acts_[7].shape();
     g.reshape(pooled);
     g = avgpool_->backward(exec, g.cview());
@@ -178,7 +178,7 @@ class ResNet : public Module<T, D> {
     g = maxpool_->backward(exec, g.cview());
     if (stem_recomputed_) acts_[1] = bn1_->recompute_act(exec);
     g = bn1_->backward_act(exec, g.cview(), acts_[1].cview(), {});
-    Tensor<T, D> dx = conv1_->backward(exec, g.cview());
+    Tensor<A, D> dx = conv1_->backward(exec, g.cview());
     acts_.clear();
     return dx;
   }
@@ -186,15 +186,15 @@ class ResNet : public Module<T, D> {
  private:
   ResNetOptions o_;
   ResNetSpec spec_;
-  Conv2d<T, D>* conv1_ = nullptr;
-  BatchNorm2d<T, D>* bn1_ = nullptr;
-  std::unique_ptr<MaxPool2d<T, D>> maxpool_;          // no state_dict entries: kept outside the tree
-  std::array<Sequential<T, D>*, 4> layers_{};
-  std::unique_ptr<AdaptiveAvgPool2d<T, D>> avgpool_;  // likewise
-  Linear<T, D>* fc_ = nullptr;
-  std::vector<BatchNorm2d<T, D>*> last_bns_;          // zero_init_residual targets
+  Conv2d<T, D, A>* conv1_ = nullptr;
+  BatchNorm2d<T, D, A>* bn1_ = nullptr;
+  std::unique_ptr<MaxPool2d<T, D, A>> maxpool_;          // no state_dict entries: kept outside the tree
+  std::array<Sequential<T, D, A>*, 4> layers_{};
+  std::unique_ptr<AdaptiveAvgPool2d<T, D, A>> avgpool_;  // likewise
+  Linear<T, D, A>* fc_ = nullptr;
+  std::vector<BatchNorm2d<T, D, A>*> last_bns_;          // zero_init_residual targets
   // conv1, relu(bn1), maxpool, layer1..4, avgpool outputs: (N, H', W', C) each
-  std::vector<Tensor<T, D>> acts_;
+  std::vector<Tensor<A, D>> acts_;
   bool stem_recomputed_ = false;  // acts_[1] was freed after forward
 };
 

@@ -17,8 +17,8 @@
 
 namespace ddp::nn {
 
-template <class T, Device D>
-class Sequential : public Module<T, D> {
+template <class T, Device D, class A = T>
+class Sequential : public Module<T, D, A> {
  public:
   Sequential() = default;
 
@@ -30,15 +30,15 @@ class Sequential : public Module<T, D> {
     return ref;
   }
   std::size_t size() const noexcept { return layers_.size(); }
-  Module<T, D>& operator[](std::size_t i) { return *layers_.at(i); }
+  Module<T, D, A>& operator[](std::size_t i) { return *layers_.at(i); }
 
   std::string describe() const override { return ddp::detail::str("Sequential(", layers_.size(), " modules)"); }
 
-  Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
+  Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
     if (layers_.empty()) throw ValueError(ddp::detail::str("ddp: ", this->where(), " has no modules to run"));
     outputs_.clear();
     outputs_.reserve(layers_.size() - 1);
-    TensorView<const T, D> cur = x;
+    TensorView<const A, D> cur = x;
     for (std::size_t i = 0; i + 1 < layers_.size(); ++i) {
       outputs_.push_back(layers_[i]->forward(exec, cur));
       cur = outputs_.back().cview();
@@ -46,17 +46,17 @@ class Sequential : public Module<T, D> {
     return layers_.back()->forward(exec, cur);
   }
 
-  Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
+  Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) override {
     this->require_forward_state(!layers_.empty() && outputs_.size() + 1 == layers_.size());
-    Tensor<T, D> g = layers_.back()->backward(exec, dy);
+    Tensor<A, D> g = layers_.back()->backward(exec, dy);
     for (std::size_t i = layers_.size() - 1; i-- > 0;) g = layers_[i]->backward(exec, g.cview());
     outputs_.clear();
     return g;
   }
 
  private:
-  std::vector<Module<T, D>*> layers_;
-  std::vector<Tensor<T, D>> outputs_;  // outputs of layers_[0 .. n-2]
+  std::vector<Module<T, D, A>*> layers_;
+  std::vector<Tensor<A, D>> outputs_;  // outputs of layers_[0 .. n-2]
 };
 
 }  // namespace ddp::nn

@@ -73,7 +73,8 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
   // constructor.
   AdamW(std::initializer_list<nn::Parameter<T, D>*> params, const AdamwOptions& o)
       : AdamW(std::vector<nn::Parameter<T, D>*>(params), o) {}
-  AdamW(nn::Module<T, D>& model, const AdamwOptions& o) : AdamW(model.parameters(), o) {}
+  template <class A>  // any activation type: the parameters are T
+  AdamW(nn::Module<T, D, A>& model, const AdamwOptions& o) : AdamW(model.parameters(), o) {}
 
   // One update of every parameter that has a gradient, in one Kernels<D>::adamw_step_multi call.
   void step(Exec<D>& exec) {

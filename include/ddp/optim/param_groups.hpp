@@ -62,8 +62,8 @@ std::vector<ParamGroup<T, D>> weight_decay_groups(const std::vector<nn::Paramete
                                                   double weight_decay) {
   return detail::split_decay(params, weight_decay, [](const nn::Parameter<T, D>& p) { return p.shape().rank() >= 2; });
 }
-template <class T, Device D>
-std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D>& model, double weight_decay) {
+template <class T, Device D, class A>
+std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D, A>& model, double weight_decay) {
   return weight_decay_groups(model.parameters(), weight_decay);
 }
 

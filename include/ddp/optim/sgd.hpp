@@ -71,7 +71,9 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
   // constructor.
   SGD(std::initializer_list<nn::Parameter<T, D>*> params, const SgdOptions& o)
       : SGD(std::vector<nn::Parameter<T, D>*>(params), o) {}
-  SGD(nn::Module<T, D>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
+  // A model's parameters, whatever its activation type A (bf16 activations keep float parameters).
+  template <class A>
+  SGD(nn::Module<T, D, A>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
 
   // One update of every parameter that has a gradient: one Kernels<D>::sgd_step_multi call per group (one
   // launch per group on the GPU; on the CPU tensor after tensor, the same bits as one sgd_step each).

@@ -109,9 +109,15 @@ inline std::size_t bucket_cap_bytes_from_mb(double mb) {
   return static_cast<std::size_t>(mb * static_cast<double>(kMiB));
 }
 
-template <class T, Device D>
+// T: the parameters' type (buckets, hooks and broadcasts are T); A: the module's activations' (nn::Module<T, D, A>,
+// A = bfloat16 for bf16 activation storage, docs/decisions/0070).
+template <class T, Device D, class A = T>
 class DistributedDataParallel {
  public:
+  using value_type = T;
+  using activation_type = A;
+  using device_type = D;
+
   // RAII guard returned by no_sync() and no_grad(): clears one of the two mode flags and restores its previous
   // value when destroyed.
   class ModeGuard {
@@ -146,7 +152,7 @@ class DistributedDataParallel {
 
   // Collective: every rank constructs it with the same model structure. The module and communicator
   // must outlive this object.
-  DistributedDataParallel(nn::Module<T, D>& module, comm::Communicator& comm, const DdpOptions& o = {})
+  DistributedDataParallel(nn::Module<T, D, A>& module, comm::Communicator& comm, const DdpOptions& o = {})
       : module_(&module),
         comm_(&comm),
         o_(o),
@@ -169,19 +175,19 @@ class DistributedDataParallel {
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
   ~DistributedDataParallel() { module_->set_grad_ready_hook({}); }
 
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const T, D> x) {
+  Tensor<A, D> forward(Exec<D>& exec, TensorView<const A, D> x) {
     begin_forward(exec);
     return module_->forward(exec, x);
   }
   // The same for a module whose input is int64 token ids (nn::Embedding, nn::GPT).
-  Tensor<T, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
+  Tensor<A, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
     begin_forward(exec);
     return module_->forward(exec, ids);
   }
 
   // The module's backward, then finish(): gradients are averaged over ranks when it returns.
-  Tensor<T, D> backward(Exec<D>& exec, TensorView<const T, D> dy) {
-    Tensor<T, D> dx = module_->backward(exec, dy);
+  Tensor<A, D> backward(Exec<D>& exec, TensorView<const A, D> dy) {
+    Tensor<A, D> dx = module_->backward(exec, dy);
     finish();
     return dx;
   }
@@ -266,7 +272,7 @@ class DistributedDataParallel {
     bc.broadcast(counts, exec, /*host_wait=*/false, root);
   }
 
-  nn::Module<T, D>& module() noexcept { return *module_; }
+  nn::Module<T, D, A>& module() noexcept { return *module_; }
   comm::Communicator& communicator() noexcept { return *comm_; }
   const DdpOptions& options() const noexcept { return o_; }
   // The current buckets (parameter indices into module().parameters()).
@@ -283,7 +289,7 @@ class DistributedDataParallel {
     return std::span<V>(t.data(), static_cast<std::size_t>(t.numel()));
   }
 
-  nn::Module<T, D>* module_;
+  nn::Module<T, D, A>* module_;
   comm::Communicator* comm_;
   DdpOptions o_;
 

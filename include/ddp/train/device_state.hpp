@@ -193,11 +193,12 @@ class StateOn<M, M, Opt> {
 
 // The state of (model, opt) on To, current as of this call: a view on the same device, else a copy built
 // from model_args (M<T, To>(model_args...), the arguments the model was built with) and pulled with exec.
-template <Device To, template <class, Device> class M, class T, Device From, class E, optim::Optimizer Opt,
-          class... ModelArgs>
-StateOn<M<T, To>, M<T, From>, Opt> state_on(const E& exec, M<T, From>& model, Opt& opt,
-                                            const ModelArgs&... model_args) {
-  return StateOn<M<T, To>, M<T, From>, Opt>(exec, model, opt, model_args...);  // not movable: guaranteed elision
+// A: the model's activation type when it has one (nn::Module<T, D, A>), kept on To.
+template <Device To, template <class, Device, class...> class M, class T, Device From, class... A, class E,
+          optim::Optimizer Opt, class... ModelArgs>
+StateOn<M<T, To, A...>, M<T, From, A...>, Opt> state_on(const E& exec, M<T, From, A...>& model, Opt& opt,
+                                                        const ModelArgs&... model_args) {
+  return StateOn<M<T, To, A...>, M<T, From, A...>, Opt>(exec, model, opt, model_args...);  // guaranteed elision
 }
 
 // A tensor's data on device To: the source itself when it already lives there, else a copy made with exec.

@@ -53,7 +53,7 @@ struct Devices {
 };
 
 // Forward and backward of the same module type on both devices, on x and dy of the output's shape.
-template <template <class, ddp::Device> class M, class... A>
+template <template <class, ddp::Device, class...> class M, class... A>
 void check_module(Devices& d, const Tensor<float, Cpu>& x, double rtol, A... args) {
   M<float, Cpu> mc(args...);
   M<float, Cuda> mg(args...);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ddp/data/synthetic.hpp>
@@ -33,8 +34,23 @@ using ddp::parallel::DistributedDataParallel;
 namespace {
 
 // ---- the ResNet case: resnet18 at width 4, 16x16 images, 5 classes ----
-std::unique_ptr<nn::ResNet<float, Cpu>> small_resnet(std::uint64_t seed) {
-  return std::make_unique<nn::ResNet<float, Cpu>>(nn::ResNetOptions{.arch = "resnet18", .num_classes = 5, .seed = seed, .width = 4});
+// A: the activations' type (bfloat16: docs/decisions/0070).
+template <class A = float>
+std::unique_ptr<nn::ResNet<float, Cpu, A>> small_resnet(std::uint64_t seed) {
+  return std::make_unique<nn::ResNet<float, Cpu, A>>(nn::ResNetOptions{.arch = "resnet18", .num_classes = 5, .seed = seed, .width = 4});
+}
+// The batch's images as A.
+template <class A>
+Tensor<A, Cpu> images_as(const Tensor<float, Cpu>& x) {
+  if constexpr (std::is_same_v<A, float>) {
+    Tensor<float, Cpu> c(x.shape());
+    std::memcpy(c.data(), x.data(), x.bytes());
+    return c;
+  } else {
+    Tensor<A, Cpu> c(x.shape());
+    for (std::int64_t i = 0; i < x.numel(); ++i) c.data()[i] = A(x.data()[i]);
+    return c;
+  }
 }
 const data::SyntheticDataset& images() {
   static data::SyntheticDataset ds({.size = 256, .height = 16, .width = 16, .channels = 3, .num_classes = 5, .seed = 7});
@@ -51,31 +67,35 @@ constexpr optim::SgdOptions kSgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e
 // One step of a plain (non-DDP) model on samples `idx`; returns d(loss)/d(logits) scaled by `scale`.
 template <class M>
 void local_backward(Exec<Cpu>& exec, M& model, const std::vector<std::int64_t>& idx, float scale = 1.0f) {
+  using A = typename M::activation_type;
   auto batch = data::make_batch(images(), idx, 0);
-  nn::CrossEntropyLoss<float, Cpu> ce;
-  auto y = model.forward(exec, batch.images.cview());
+  const Tensor<A, Cpu> x = images_as<A>(batch.images);
+  nn::CrossEntropyLoss<A, Cpu> ce;
+  auto y = model.forward(exec, x.cview());
   ce.forward(exec, y.cview(), batch.labels.cview());
   auto dy = ce.backward(exec);
-  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] *= scale;
+  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = A(float(dy.data()[i]) * scale);
   model.backward(exec, dy.cview());
 }
 
 // World size W, per-rank batch B, k steps; rank r takes samples [s W B + r B, s W B + (r+1) B) in step s.
 // Ranks start from different seeds: DDP's construction broadcast must make them equal to rank 0's.
+template <class A = float>
 std::vector<Params> run_ddp_resnet(int world, std::int64_t B, int steps, bool eval_bn,
                                    const parallel::DdpOptions& options = {}) {
   std::vector<Params> out(static_cast<std::size_t>(world));
   auto errors = test::run_ranks(world, [&](comm::TcpCommunicator& c) {
     Exec<Cpu> exec;
-    auto net = small_resnet(100 + static_cast<std::uint64_t>(c.rank()));
+    auto net = small_resnet<A>(100 + static_cast<std::uint64_t>(c.rank()));
     if (eval_bn) net->eval();
-    DistributedDataParallel<float, Cpu> model(*net, c, options);
+    DistributedDataParallel<float, Cpu, A> model(*net, c, options);
     optim::SGD<float, Cpu> opt(net->parameters(), kSgd);
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
       auto batch = data::make_batch(images(), range(s * world * B + c.rank() * B, B), 0);
-      nn::CrossEntropyLoss<float, Cpu> ce;
-      auto y = model.forward(exec, batch.images.cview());
+      const Tensor<A, Cpu> x = images_as<A>(batch.images);
+      nn::CrossEntropyLoss<A, Cpu> ce;
+      auto y = model.forward(exec, x.cview());
       ce.forward(exec, y.cview(), batch.labels.cview());
       model.backward(exec, ce.backward(exec).cview());
       opt.step(exec);
@@ -245,6 +265,26 @@ TEST_SUITE("parallel") {
     const Params want = snapshot_params(*ref);
     CHECK(max_rel_diff(got[0], want) < 1e-5);
     CHECK(max_rel_diff(got[1], want) < 1e-5);
+  }
+
+  TEST_CASE("resnet18 with bf16 activations: world 2 equals accumulating W per-rank micro-batches") {
+    // As above with ResNet<float, Cpu, bfloat16> (docs/decisions/0070): buckets and parameters stay float, and
+    // halving a bf16 dlogits is exact, so DDP's average and the reference's accumulation agree to float rounding.
+    const int world = 2;
+    const std::int64_t B = 4;
+    const int steps = 2;
+    Exec<Cpu> exec;
+    auto ref = small_resnet<bfloat16>(100);
+    optim::SGD<float, Cpu> ropt(*ref, kSgd);
+    for (int s = 0; s < steps; ++s) {
+      ropt.zero_grad();
+      for (int r = 0; r < world; ++r) local_backward(exec, *ref, range(s * world * B + r * B, B), 1.0f / world);
+      ropt.step(exec);
+    }
+    auto got = run_ddp_resnet<bfloat16>(world, B, steps, /*eval_bn=*/false, {.bucket_cap_bytes = 16 << 10});
+    const Params want = snapshot_params(*ref);
+    CHECK(max_rel_diff(got[0], want) < 1e-5);
+    CHECK(got[0] == got[1]);
   }
 
   TEST_CASE("no_sync: m accumulated micro-batches equal one step on the concatenated batch") {

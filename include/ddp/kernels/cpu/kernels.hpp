@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "ddp/kernels/args.hpp"
+#include "ddp/kernels/bf16_storage.hpp"
 #include "ddp/kernels/cpu/attention.hpp"
 #include "ddp/kernels/cpu/batchnorm.hpp"
 #include "ddp/kernels/cpu/bn_act.hpp"
@@ -73,55 +74,67 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
     ElementwiseKernels<Cpu>::gelu_backward(e, x, dy, dx, tanh_form);
   }
 
-  // ---- layers ----
-  template <class T>
-  static void conv2d_forward(const Exec<Cpu>& e, const Conv2dForwardArgs<T, D>& a) {
-    cpu::conv2d_forward(e, a);
+  // ---- layers (bf16 activations, A = bfloat16: kernels/bf16_storage.hpp) ----
+  template <class T, class A>
+  static void conv2d_forward(const Exec<Cpu>& e, const Conv2dForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::conv2d_forward(e, a);
+    else cpu::conv2d_forward(e, a);
   }
-  template <class T>
-  static void conv2d_backward(const Exec<Cpu>& e, const Conv2dBackwardArgs<T, D>& a) {
-    cpu::conv2d_backward(e, a);
+  template <class T, class A>
+  static void conv2d_backward(const Exec<Cpu>& e, const Conv2dBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::conv2d_backward(e, a);
+    else cpu::conv2d_backward(e, a);
   }
-  template <class T>
-  static void batchnorm_forward(const Exec<Cpu>& e, const BatchNormForwardArgs<T, D>& a) {
-    cpu::batchnorm_forward(e, a);
+  template <class T, class A>
+  static void batchnorm_forward(const Exec<Cpu>& e, const BatchNormForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::batchnorm_forward(e, a);
+    else cpu::batchnorm_forward(e, a);
   }
-  template <class T>
-  static void batchnorm_backward(const Exec<Cpu>& e, const BatchNormBackwardArgs<T, D>& a) {
-    cpu::batchnorm_backward(e, a);
+  template <class T, class A>
+  static void batchnorm_backward(const Exec<Cpu>& e, const BatchNormBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::batchnorm_backward(e, a);
+    else cpu::batchnorm_backward(e, a);
   }
   // relu(bn(x) + residual), and its backward with the ReLU mask (bn_act.hpp: the unfused passes in a row).
-  template <class T>
-  static void batchnorm_act_forward(const Exec<Cpu>& e, const BatchNormActForwardArgs<T, D>& a) {
-    cpu::batchnorm_act_forward(e, a);
+  template <class T, class A>
+  static void batchnorm_act_forward(const Exec<Cpu>& e, const BatchNormActForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::batchnorm_act_forward(e, a);
+    else cpu::batchnorm_act_forward(e, a);
   }
-  template <class T>
-  static void batchnorm_act_backward(const Exec<Cpu>& e, const BatchNormActBackwardArgs<T, D>& a) {
-    cpu::batchnorm_act_backward(e, a);
+  template <class T, class A>
+  static void batchnorm_act_backward(const Exec<Cpu>& e, const BatchNormActBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::batchnorm_act_backward(e, a);
+    else cpu::batchnorm_act_backward(e, a);
   }
   template <class T>
   static void max_pool2d_forward(const Exec<Cpu>& e, const MaxPool2dForwardArgs<T, D>& a) {
-    cpu::max_pool2d_forward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) Bf16Storage<D>::max_pool2d_forward(e, a);
+    else cpu::max_pool2d_forward(e, a);
   }
   template <class T>
   static void max_pool2d_backward(const Exec<Cpu>& e, const MaxPool2dBackwardArgs<T, D>& a) {
-    cpu::max_pool2d_backward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) Bf16Storage<D>::max_pool2d_backward(e, a);
+    else cpu::max_pool2d_backward(e, a);
   }
   template <class T>
   static void adaptive_avg_pool2d_forward(const Exec<Cpu>& e, const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
-    cpu::adaptive_avg_pool2d_forward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) Bf16Storage<D>::adaptive_avg_pool2d_forward(e, a);
+    else cpu::adaptive_avg_pool2d_forward(e, a);
   }
   template <class T>
   static void adaptive_avg_pool2d_backward(const Exec<Cpu>& e, const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
-    cpu::adaptive_avg_pool2d_backward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) Bf16Storage<D>::adaptive_avg_pool2d_backward(e, a);
+    else cpu::adaptive_avg_pool2d_backward(e, a);
   }
-  template <class T>
-  static void linear_forward(const Exec<Cpu>& e, const LinearForwardArgs<T, D>& a) {
-    cpu::linear_forward(e, a);
+  template <class T, class A>
+  static void linear_forward(const Exec<Cpu>& e, const LinearForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::linear_forward(e, a);
+    else cpu::linear_forward(e, a);
   }
-  template <class T>
-  static void linear_backward(const Exec<Cpu>& e, const LinearBackwardArgs<T, D>& a) {
-    cpu::linear_backward(e, a);
+  template <class T, class A>
+  static void linear_backward(const Exec<Cpu>& e, const LinearBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) Bf16Storage<D>::linear_backward(e, a);
+    else cpu::linear_backward(e, a);
   }
 
   // ---- causal self-attention on the packed qkv (B, T, 3C) (kernels/cpu/attention.hpp; CUDA: kernels/cuda/attention.cuh) ----
@@ -155,7 +168,8 @@ struct Kernels<Cpu> : ElementwiseKernels<Cpu> {
   // ---- losses (return the mean loss; write the gradient when requested) ----
   template <class T>
   static double cross_entropy(const Exec<Cpu>& e, const CrossEntropyArgs<T, D>& a) {
-    return cpu::cross_entropy(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) return Bf16Storage<D>::cross_entropy(e, a);
+    else return cpu::cross_entropy(e, a);
   }
   template <class T>
   static double mse(const Exec<Cpu>& e, const MseArgs<T, D>& a) {

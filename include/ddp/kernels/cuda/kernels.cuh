@@ -19,9 +19,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/attention_args.hpp"
+#include "ddp/kernels/bf16_storage.hpp"
 #include "ddp/kernels/cuda/attention.cuh"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/bn_act.cuh"
@@ -96,67 +98,115 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     Base::fill(e, x, value);
   }
 
-  // ---- layers ----
-  template <class T>
-  static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "conv");
-    cuda::conv2d_forward(e, a);
+  // ---- layers (bf16 activations, A = bfloat16: kernels/bf16_storage.hpp) ----
+  template <class T, class A>
+  static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::conv2d_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "conv");
+      cuda::conv2d_forward(e, a);
+    }
   }
-  template <class T>
-  static void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "conv");
-    cuda::conv2d_backward(e, a);
+  template <class T, class A>
+  static void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::conv2d_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "conv");
+      cuda::conv2d_backward(e, a);
+    }
   }
-  template <class T>
-  static void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "bn_forward", "stats");
-    cuda::batchnorm_forward(e, a);
+  template <class T, class A>
+  static void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::batchnorm_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "bn_forward", "stats");
+      cuda::batchnorm_forward(e, a);
+    }
   }
-  template <class T>
-  static void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "bn_backward", "stats");
-    cuda::batchnorm_backward(e, a);
+  template <class T, class A>
+  static void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::batchnorm_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "bn_backward", "stats");
+      cuda::batchnorm_backward(e, a);
+    }
   }
   // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's passes.
-  template <class T>
-  static void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "bn_act_forward", "stats");
-    cuda::batchnorm_act_forward(e, a);
+  template <class T, class A>
+  static void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::batchnorm_act_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "bn_act_forward", "stats");
+      cuda::batchnorm_act_forward(e, a);
+    }
   }
-  template <class T>
-  static void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "bn_act_backward", "stats");
-    cuda::batchnorm_act_backward(e, a);
+  template <class T, class A>
+  static void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::batchnorm_act_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "bn_act_backward", "stats");
+      cuda::batchnorm_act_backward(e, a);
+    }
   }
   template <class T>
   static void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "pool", "max_forward");
-    cuda::max_pool2d_forward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      Bf16Storage<D>::max_pool2d_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "pool", "max_forward");
+      cuda::max_pool2d_forward(e, a);
+    }
   }
   template <class T>
   static void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "pool", "max_backward");
-    cuda::max_pool2d_backward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      Bf16Storage<D>::max_pool2d_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "pool", "max_backward");
+      cuda::max_pool2d_backward(e, a);
+    }
   }
   template <class T>
   static void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "pool", "avg_forward");
-    cuda::adaptive_avg_pool2d_forward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      Bf16Storage<D>::adaptive_avg_pool2d_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "pool", "avg_forward");
+      cuda::adaptive_avg_pool2d_forward(e, a);
+    }
   }
   template <class T>
   static void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "pool", "avg_backward");
-    cuda::adaptive_avg_pool2d_backward(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      Bf16Storage<D>::adaptive_avg_pool2d_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "pool", "avg_backward");
+      cuda::adaptive_avg_pool2d_backward(e, a);
+    }
   }
-  template <class T>
-  static void linear_forward(const Exec<Cuda>& e, const LinearForwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "linear", "forward");
-    cuda::linear_forward(e, a);
+  template <class T, class A>
+  static void linear_forward(const Exec<Cuda>& e, const LinearForwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::linear_forward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "linear", "forward");
+      cuda::linear_forward(e, a);
+    }
   }
-  template <class T>
-  static void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "linear", "backward");
-    cuda::linear_backward(e, a);
+  template <class T, class A>
+  static void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, D, A>& a) {
+    if constexpr (std::is_same_v<A, bfloat16>) {
+      Bf16Storage<D>::linear_backward(e, a);
+    } else {
+      const cuda::OpScope scope(e, "linear", "backward");
+      cuda::linear_backward(e, a);
+    }
   }
 
   // ---- causal self-attention on the packed qkv (B, T, 3C): cuBLAS batched GEMMs + causal softmax kernels ----
@@ -197,8 +247,12 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested) ----
   template <class T>
   static double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, D>& a) {
-    const cuda::OpScope scope(e, "loss", "cross_entropy");
-    return cuda::cross_entropy(e, a);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      return Bf16Storage<D>::cross_entropy(e, a);
+    } else {
+      const cuda::OpScope scope(e, "loss", "cross_entropy");
+      return cuda::cross_entropy(e, a);
+    }
   }
   template <class T>
   static double mse(const Exec<Cuda>& e, const MseArgs<T, D>& a) {

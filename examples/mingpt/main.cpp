@@ -23,8 +23,7 @@
 // (the tutorial's data_loader_workers and compile are accepted and ignored: batches are slices of the text).
 // Device (train/device_choice.hpp, the other examples' rules): --device cuda trains on GPU LOCAL_RANK with nccl (or
 // shares the visible GPUs with gloo/tcp); without --device a build with CUDA and a visible GPU trains on the GPU
-// (not with --backend mpi), anything else on the CPU. The GPU path (train_cuda.cu) is UNVERIFIED: GPT's CUDA
-// kernels have never run on a GPU (docs/decisions/0048).
+// (not with --backend mpi), anything else on the CPU. The GPU path is train_cuda.cu (docs/decisions/0048).
 // Mixed precision (--use_amp, GPU only; docs/decisions/0049): the GEMMs (Linear, attention) compute with --amp_dtype
 // operands (bf16, the default, or fp16: the tutorial's autocast dtype) and fp32 accumulation; everything else stays
 // fp32. fp16 adds the dynamic loss scaler (optim/grad_scaler.hpp, torch's GradScaler rule); --loss_scale turns that on
@@ -89,7 +88,7 @@ const Setting kSettings[] = {
     {"trainer_config", "save_every", "save_every", "write a snapshot every this many epochs (and after the last)",
      &Config::save_every},
     {"trainer_config", "use_amp", "use_amp",
-     "mixed precision on the GPU: GEMMs in --amp_dtype with fp32 accumulation (unverified: never run on a GPU)",
+     "mixed precision on the GPU: GEMMs in --amp_dtype with fp32 accumulation",
      &Config::use_amp},
     {"trainer_config", "amp_dtype", "amp_dtype",
      "bf16 or fp16 (the tutorial's autocast default; adds the dynamic loss scaler)", &Config::amp_dtype},

@@ -1,6 +1,6 @@
 // The mingpt example's training loop: the DDP tutorial's minGPT-ddp Trainer (pytorch/examples,
 // distributed/minGPT-ddp/mingpt/trainer.py) written once for every device (main.cpp runs it on the CPU, train_cuda.cu
-// on the GPU -- unverified there: GPT's CUDA kernels have never run, docs/decisions/0048).
+// on the GPU, docs/decisions/0048).
 // SPDX-License-Identifier: MIT
 //
 // Per epoch (1-based in its lines, as the tutorial's): the DistributedSampler over the training split

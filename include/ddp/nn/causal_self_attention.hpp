@@ -22,8 +22,7 @@
 // c_proj reads in backward; att is kept rather than recomputed (docs/decisions/0044). With dropout att stays
 // the undropped probabilities (the softmax backward needs them) and no mask is kept: backward draws it again from
 // the same Philox counters; the dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp).
-// Devices: Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh; the CUDA
-// path compiles but is unverified on a GPU so far).
+// Devices: Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh).
 #pragma once
 
 #include <cstdint>

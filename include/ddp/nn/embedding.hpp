@@ -13,8 +13,8 @@
 // Initialisation at construction (torch's reset_parameters, nn/init.hpp): weight ~ N(0, init_std^2) from the default
 // generator (tensor/random.hpp's manual_seed); reset_parameters(gen) draws from gen. init_std 1 is torch's default,
 // 0.02 minGPT's _init_weights (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx.
-// Devices: Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh; the
-// CUDA path compiles but is unverified on a GPU so far, docs/decisions/0048).
+// Devices: Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh;
+// docs/decisions/0048).
 #pragma once
 
 #include <cstdint>

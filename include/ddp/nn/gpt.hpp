@@ -51,8 +51,7 @@
 // ALIVE until backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every parameter's
 // gradient and returns an empty tensor (ids take no gradient). Module's forward with T values is a ValueError.
 // The Linears see (B*T, features) rows (Linear flattens everything after dim 0 into features).
-// Devices: any (Kernels<D>); GPT<float, Cuda> compiles but is unverified on a GPU so far (docs/decisions/0048). On the
-// GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
+// Devices: any (Kernels<D>; the CUDA kernels: docs/decisions/0048). On the GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
 #pragma once
 
 #include <cmath>

@@ -8,8 +8,7 @@
 // Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp) and the mean and
 // 1/std of every row (float for float, double for double: LayerNormStat<T>); backward returns dx and fills
 // the parameter gradients. In a (B, T, C) transformer activation the rows are the B*T token positions.
-// Devices: Kernels<D>::layer_norm_forward/backward (kernels/cpu/layer_norm.hpp, kernels/cuda/layer_norm.cuh; the
-// CUDA path compiles but is unverified on a GPU so far).
+// Devices: Kernels<D>::layer_norm_forward/backward (kernels/cpu/layer_norm.hpp, kernels/cuda/layer_norm.cuh).
 #pragma once
 
 #include <cstdint>

@@ -18,7 +18,7 @@
 // functors below (the same code and rounding as the CPU hook), all-reduce the 16-bit buffer and convert
 // back, all on its communication stream; PowerSGD runs the CPU hook's plan (parallel/powersgd.hpp) with
 // cuBLAS products and an orthogonalisation kernel on that stream. Hooks passed to register_comm_hook are host
-// code: a CUDA model refuses them (cuda_hook_refused). The CUDA path is unverified on a GPU.
+// code: a CUDA model refuses them (cuda_hook_refused).
 // A hook keeps its own state (compression buffers, error feedback) in its closure, or in a state object it
 // shares with the caller (PowerSgdState: the counters of bytes put on the wire); hooks are called from the
 // thread that drives DDP only, one bucket at a time.
@@ -139,7 +139,7 @@ inline std::string_view comm_hook_name(CommHookKind k) noexcept {
 // every backend that reaches device memory (nccl reduces F16/BF16 itself; tcp/gloo and mpi made with
 // CommOptions::cuda_device stage the 16-bit buffer and sum it on the host as for a CPU model). PowerSGD
 // shares its planning, initial Q, counters and element steps with the CPU hook (parallel/powersgd.hpp) and
-// does its products (cuBLAS) and orthogonalisation (a kernel) on the device; unverified on a GPU.
+// does its products (cuBLAS) and orthogonalisation (a kernel) on the device.
 inline constexpr bool runs_on_cuda(CommHookKind k) noexcept {
   return k == CommHookKind::Allreduce || k == CommHookKind::Fp16 || k == CommHookKind::Bf16 ||
          k == CommHookKind::PowerSgd;

@@ -27,7 +27,6 @@
 // compute at exec.precision (Fp32: CUBLAS_COMPUTE_32F, like linear.cuh); the softmax kernels use one warp per row
 // with float sums (expf, not the fast-math __expf), as the CPU sums in T. Example: minGPT (B 216, T 128, C 512,
 // nh 8): forward is 8 x 2 batched GEMMs of 216 128x128x64 products plus one softmax launch over 221,184 rows.
-// Unverified on a GPU so far.
 #pragma once
 
 #include <cublas_v2.h>

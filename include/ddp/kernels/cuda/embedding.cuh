@@ -19,7 +19,7 @@
 // (a few microseconds of idle GPU while the host queues the next kernels); unlike the other layers such a call
 // therefore blocks until its kernel has run. Args::ids_checked skips the device word, the read-back and the wait
 // (the kernels still never touch memory outside weight/dweight): nn::Embedding's backward sets it, since its
-// forward checked the same ids, so a training step waits once, in forward. Unverified on a GPU so far.
+// forward checked the same ids, so a training step waits once, in forward.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
 // for_each_index(exec, n, f) runs the shared element-wise functors of kernels/elementwise.hpp: one
 // thread per index in a grid-stride loop, so any n fits a bounded grid. Example: n = 12,845,056
 // (a 16x56x56x256 activation) with 256 threads per block gives 50,176 blocks, capped at kMaxBlocks =
-// 65,536, each thread handling one index per pass. Every kernel here is a template (STYLE.md 3: a
+// 65,536, each thread handling one index per pass. Every kernel here is a template (a
 // non-template __global__ in a header breaks the link once two .cu files include it), and every
 // launch is followed by check_launch(name, stream): a bad launch throws at once, and in the debug mode
 // DDP_CUDA_SYNC_CHECK=1 (sync_check.hpp) a fault inside the kernel throws there too, naming the kernel.

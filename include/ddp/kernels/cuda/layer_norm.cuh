@@ -13,7 +13,7 @@
 // rows: a (column tile x row chunk) grid writes one double partial per chunk and column, and a second kernel adds
 // the chunks in order, so both are deterministic (the same bits on every run; not the CPU's bits).
 // Example: minGPT's M = 216 * 128 = 27,648 rows of C = 512: 3,456 forward blocks; the parameter sums use 16
-// column tiles x 256 chunks of 108 rows. Unverified on a GPU so far.
+// column tiles x 256 chunks of 108 rows.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
 // The tensors' descriptors {param, grad, momentum buffer, numel, first_step} travel as one kernel parameter
 // (kernels/cuda/multi_tensor.cuh: up to kMultiSgdMaxTensors descriptors, ~22 KiB); each block updates one
 // chunk of kMultiSgdChunk elements of one tensor with the shared SgdStep functor of kernels/elementwise.hpp
-// (the CPU's arithmetic, STYLE.md 3).
+// (the CPU's arithmetic, written once).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -13,7 +13,7 @@
 // Orthogonalisation is one kernel per bucket, one block per matrix: Gram-Schmidt for r <= 2, Householder above,
 // the CPU's steps with block-tree sums, so the result follows the CPU hook to rounding, not bit for bit
 // (docs/decisions/0029). The GEMMs use a cuBLAS handle of this object's own, bound to the comm stream, not
-// the thread's handle that backward uses on the compute stream. Unverified on a GPU.
+// the thread's handle that backward uses on the compute stream.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -22,13 +22,12 @@
 //                      powersgd: before those copies, powersgd.cuh's finish (the CPU hook's `then`, with the
 //                      Q all-reduce), also on the comm stream.
 // gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so neither copy
-// runs (only the memset for parameters without a gradient); the all-reduce works in place. Unverified on a GPU.
+// runs (only the memset for parameters without a gradient); the all-reduce works in place.
 // Hooks: the built-ins allreduce, fp16, bf16 and powersgd (comm_hooks.hpp's runs_on_cuda); every backend that
 // reaches device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi sums them on the host as for a CPU
 // model, so the results equal the CPU hook's on the same backend bit for bit). PowerSGD: PowerSgdDevice
 // (parallel/cuda/powersgd.cuh), which follows the CPU hook to rounding; its state is powersgd_state().
-// register_comm_hook (host code) is refused with a ValueError saying what is supported. The fp16/bf16 and
-// powersgd paths are unverified on a GPU.
+// register_comm_hook (host code) is refused with a ValueError saying what is supported.
 // Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
 // are not written again in the same backward), which is the overlap DDP exists for.
 // Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo

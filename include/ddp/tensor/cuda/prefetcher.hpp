@@ -8,7 +8,7 @@
 // also orders after work on the legacy default stream), the compute stream of the Exec given, PinnedBuffer
 // staging and device buffers from the caching allocator (tensor/cuda/allocator.hpp). Every CUDA call is checked
 // (DDP_CUDA_CHECK: a CudaError naming the call). Construct it with the batches' device current (cudaSetDevice).
-// Unverified: this file has only been compiled, never run on a GPU (docs/decisions/0050).
+// Design: docs/decisions/0050.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -197,15 +197,17 @@
 // defines: parallel::GradBucket, parallel::HookResult, parallel::CommHook, parallel::allreduce_hook,
 //          parallel::fp16_compress_hook, parallel::bf16_compress_hook, parallel::CommHookKind, parallel::parse_comm_hook
 #include "ddp/parallel/comm_hooks.hpp"
-// defines: parallel::BucketSchedule, parallel::BucketTransport, parallel::ReducerOptions, parallel::StepTrace
-#include "ddp/parallel/bucket_schedule.hpp"
+// defines: parallel::DdpOptions, parallel::bucket_cap_bytes_from_mb, parallel::make_comm_hook
+#include "ddp/parallel/ddp_options.hpp"
+// defines: parallel::StepTrace, parallel::BucketTrace
+#include "ddp/parallel/step_trace.hpp"
+// defines: parallel::Reducer, parallel::BucketTransport
+#include "ddp/parallel/reducer.hpp"
 // defines: parallel::Broadcaster<Cpu>, parallel::Transport<T, Cpu>
 #include "ddp/parallel/transport.hpp"
-// defines: parallel::Reducer
-#include "ddp/parallel/reducer.hpp"
 // defines: parallel::view_grads_in_buckets, parallel::own_grads (gradient_as_bucket_view)
 #include "ddp/parallel/grad_views.hpp"
-// defines: parallel::DistributedDataParallel, parallel::DdpOptions
+// defines: parallel::DistributedDataParallel
 #include "ddp/parallel/ddp.hpp"
 // defines: parallel::sum_over_ranks (host values summed over every rank, in place, through D's memory)
 #include "ddp/parallel/rank_sum.hpp"

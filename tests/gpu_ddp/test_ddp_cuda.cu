@@ -47,7 +47,7 @@
 // Every member of the CUDA DDP and its bucket schedule compiles under nvcc, including the paths no test here
 // drives yet (join(), shadow_step(), static_graph, gradient_as_bucket_view).
 template class ddp::parallel::DistributedDataParallel<float, ddp::Cuda>;
-template class ddp::parallel::BucketSchedule<float, ddp::Cuda, ddp::parallel::Transport<float, ddp::Cuda>>;
+template class ddp::parallel::Reducer<float, ddp::Cuda>;
 #include <ddp/tensor/cuda/copy.hpp>
 #include <ddp/tensor/random.hpp>
 

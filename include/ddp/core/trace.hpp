@@ -14,7 +14,7 @@
 // its spans go on track kMainTrack (kernel pool threads and loader threads record nothing; several ranks in one
 // process, as in the unit tests, each trace their own thread). The
 // all-reduce of a bucket, which runs on the backend's progress thread, is recorded from its launch and its Work's
-// completion time as an event on track kCommTrack (parallel/bucket_schedule.hpp), so overlapping all-reduces need
+// completion time as an event on track kCommTrack (parallel/reducer.hpp), so overlapping all-reduces need
 // no thread of their own. Every event is thus added on the thread that activated the recorder, and a recorder needs
 // no lock. Times are steady_clock (CLOCK_MONOTONIC: one clock for every process of a host); the trace writer
 // (train/trace.hpp) pairs it with the system clock so that traces of several hosts can be laid side by side.

@@ -1,6 +1,7 @@
 // DDP communication hooks: what DistributedDataParallel does with a full gradient bucket
 // (torch.distributed.algorithms.ddp_comm_hooks), and the built-in ones: allreduce, fp16 and bf16 compression,
-// and PowerSGD (parallel/powersgd.hpp), selected by name with --comm-hook.
+// and PowerSGD (parallel/powersgd.hpp), selected by name with --comm-hook (make_comm_hook in
+// parallel/ddp_options.hpp).
 // SPDX-License-Identifier: MIT
 //
 // The contract (GradBucket in, HookResult out) is in parallel/grad_bucket.hpp.
@@ -44,7 +45,6 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/parallel/grad_bucket.hpp"
-#include "ddp/parallel/powersgd.hpp"
 
 namespace ddp::parallel {
 
@@ -135,16 +135,6 @@ inline std::string_view comm_hook_name(CommHookKind k) noexcept {
   return "?";
 }
 
-// Whether a CUDA model runs built-in hook k (parallel/cuda/transport.cuh): all four run on the device, on
-// every backend that reaches device memory (nccl reduces F16/BF16 itself; tcp/gloo and mpi made with
-// CommOptions::cuda_device stage the 16-bit buffer and sum it on the host as for a CPU model). PowerSGD
-// shares its planning, initial Q, counters and element steps with the CPU hook (parallel/powersgd.hpp) and
-// does its products (cuBLAS) and orthogonalisation (a kernel) on the device.
-inline constexpr bool runs_on_cuda(CommHookKind k) noexcept {
-  return k == CommHookKind::Allreduce || k == CommHookKind::Fp16 || k == CommHookKind::Bf16 ||
-         k == CommHookKind::PowerSgd;
-}
-
 // The ValueError of a CUDA model given a hook it does not run; `what` names it ("a hook passed to
 // register_comm_hook").
 inline ValueError cuda_hook_refused(std::string_view what) {
@@ -153,19 +143,6 @@ inline ValueError cuda_hook_refused(std::string_view what) {
       "powersgd on the device (--comm-hook allreduce|fp16|bf16|powersgd, DdpOptions::comm_hook; PowerSGD's "
       "options in DdpOptions::powersgd); a hook passed to register_comm_hook runs on host buffers, for CPU "
       "models only"));
-}
-
-// `powersgd`: the options of CommHookKind::PowerSgd (--powersgd-rank, --powersgd-start-iter); ValueError when
-// they are invalid (validate_powersgd_options).
-template <class T>
-CommHook<T> make_comm_hook(CommHookKind k, const PowerSgdOptions& powersgd = {}) {
-  switch (k) {
-    case CommHookKind::Fp16: return fp16_compress_hook<T>();
-    case CommHookKind::Bf16: return bf16_compress_hook<T>();
-    case CommHookKind::PowerSgd: return powersgd_hook<T>(powersgd);
-    case CommHookKind::Allreduce:
-    default: return allreduce_hook<T>();
-  }
 }
 
 }  // namespace ddp::parallel

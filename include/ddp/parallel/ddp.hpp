@@ -23,14 +23,14 @@
 // - no_grad(): torch.no_grad() for this wrapper: forwards under it do not start a synchronised step (no
 //   backward follows, e.g. evaluation) and count as gradient-free for the buffer rule.
 // - backward(): the module's backward; each parameter's grad-ready hook fills its bucket and launches
-//   the bucket's all-reduce (Avg) as soon as the bucket is complete (bucket_schedule.hpp); when backward
+//   the bucket's all-reduce (Avg) as soon as the bucket is complete (reducer.hpp); when backward
 //   returns, finish() waits for every bucket and writes the averaged gradients into grad(), exactly as
 //   torch's loss.backward() returns with averaged .grad. Call finish() yourself if you run the module's
 //   backward directly.
 // - no_sync(): while the guard lives, forward/backward only accumulate gradients locally; the next
 //   synchronised backward all-reduces the accumulated sum (divided by world size, as in PyTorch).
 // - A parameter without a gradient in a synchronised step is an Error naming it, unless find_unused_parameters
-//   (then torch >= 2.0's rules, bucket_schedule.hpp, docs/decisions/0025).
+//   (then torch >= 2.0's rules, reducer.hpp, docs/decisions/0025).
 // - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp; CPU models).
 //   CUDA models take the built-in allreduce, fp16, bf16 or powersgd through DdpOptions::comm_hook (run on the
 //   device; register_comm_hook is refused there).
@@ -46,7 +46,7 @@
 //   Inside the context buffers follow the highest rank still training (rank 0 may be done), and the average
 //   divides by the full world size (joined ranks add zeros: torch's divide_by_initial_world_size=True).
 // Not thread-safe: one thread drives forward/backward (the backend runs the all-reduces on its own thread).
-// Devices: the bucket schedule is the same on both (parallel/bucket_schedule.hpp); the data moves through
+// Devices: the bucket schedule is the same on both (parallel/reducer.hpp); the data moves through
 // the device's transport (parallel/transport.hpp, parallel/cuda/transport.cuh). CUDA models
 // (DistributedDataParallel<float, Cuda>, --backend nccl) need a .cu file that includes <ddp/ddp.hpp>: buckets
 // are reduced on a communication stream ordered by events and the compute stream waits for them (no host
@@ -70,44 +70,16 @@
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
-#include "ddp/parallel/bucket_schedule.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
+#include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/reducer.hpp"
+#include "ddp/parallel/step_trace.hpp"
+#include "ddp/parallel/transport.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
 #include "ddp/tensor/view.hpp"
 
 namespace ddp::parallel {
-
-struct DdpOptions {
-  std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;             // --bucket-cap-mb (25)
-  std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;  // 1 MiB
-  bool broadcast_buffers = true;        // rank 0's buffers before a forward that follows a synchronised one
-  bool find_unused_parameters = false;  // true: parameters without a gradient are allowed (bucket_schedule.hpp)
-  bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
-  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16|powersgd (CPU and CUDA)
-  PowerSgdOptions powersgd;  // comm_hook == PowerSgd: --powersgd-rank, --powersgd-start-iter (parallel/powersgd.hpp)
-  // Every step uses the same parameters (torch's static_graph): unused ones are found in the first synchronised
-  // step, then reused without the flag all-reduce (bucket_schedule.hpp). --static-graph
-  bool static_graph = false;
-  // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the parameter's slot, so
-  // no copy into the bucket before the all-reduce nor back after it (parallel/grad_views.hpp).
-  // --gradient-as-bucket-view[=true|false]. Unset: on for CPU models, off for CUDA ones until a GPU run has
-  // verified it there (docs/decisions/0054; torch's default is off because its users may replace or
-  // detach .grad, which ddp's grad() does not allow).
-  std::optional<bool> gradient_as_bucket_view;
-
-  template <Device D>
-  bool grads_in_buckets() const {
-    return gradient_as_bucket_view.value_or(std::same_as<D, Cpu>);
-  }
-};
-
-// Bytes from a --bucket-cap-mb value (fractions allowed: 0.25 = 256 KiB).
-inline std::size_t bucket_cap_bytes_from_mb(double mb) {
-  if (!(mb > 0.0)) throw ValueError(ddp::detail::str("ddp: --bucket-cap-mb must be > 0, got ", mb));
-  return static_cast<std::size_t>(mb * static_cast<double>(kMiB));
-}
 
 // T: the parameters' type (buckets, hooks and broadcasts are T); A: the module's activations' (nn::Module<T, D, A>,
 // A = bfloat16 for bf16 activation storage, docs/decisions/0070).
@@ -156,16 +128,7 @@ class DistributedDataParallel {
       : module_(&module),
         comm_(&comm),
         o_(o),
-        reducer_(module.parameters(),
-                 ReducerOptions{.bucket_cap_bytes = o.bucket_cap_bytes,
-                                .first_bucket_cap_bytes = o.first_bucket_cap_bytes,
-                                .comm_hook = o.comm_hook,
-                                .powersgd = o.powersgd,
-                                .find_unused_parameters = o.find_unused_parameters,
-                                .rebuild_buckets = o.rebuild_buckets,
-                                .static_graph = o.static_graph,
-                                .gradient_as_bucket_view = o.grads_in_buckets<D>()},
-                 comm) {
+        reducer_(module.parameters(), o, comm) {
     verify_shapes_across_ranks();
     broadcast_parameters();
     broadcast_buffers();
@@ -235,7 +198,7 @@ class DistributedDataParallel {
     const int world = comm_->size();
     std::vector<std::int64_t> lasts(static_cast<std::size_t>(world), 0);
     lasts[static_cast<std::size_t>(comm_->rank())] = last ? 1 : 0;
-    reducer_.transport().any_rank(std::span<std::int64_t>(lasts));
+    reducer_.any_rank(std::span<std::int64_t>(lasts));
     int root = world - 1;
     while (root > 0 && lasts[static_cast<std::size_t>(root)] == 0) --root;
     broadcast_parameters(root);
@@ -247,13 +210,13 @@ class DistributedDataParallel {
 
   // Replaces what a full bucket goes through (parallel/comm_hooks.hpp), e.g. parallel::fp16_compress_hook<float>()
   // or your own; call it between steps, on every rank. CUDA models take only the default (ValueError).
-  void register_comm_hook(CommHook<T> hook) { reducer_.transport().set_comm_hook(std::move(hook)); }
+  void register_comm_hook(CommHook<T> hook) { reducer_.set_comm_hook(std::move(hook)); }
 
   // Every parameter value from rank `root` (one flat broadcast; the host waits for it).
   void broadcast_parameters(int root = 0) {
     std::vector<std::span<T>> parts;
     for (auto* p : module_->parameters()) parts.push_back(span_of(p->value()));
-    reducer_.transport().broadcaster().broadcast(parts, Exec<D>{}, /*host_wait=*/true, root);
+    reducer_.broadcaster().broadcast(parts, Exec<D>{}, /*host_wait=*/true, root);
   }
 
   // Every buffer from rank `root`: one broadcast for the real-valued ones, one for the int64 counters. On
@@ -267,7 +230,7 @@ class DistributedDataParallel {
       else
         reals.push_back(span_of(b->real()));
     }
-    auto& bc = reducer_.transport().broadcaster();
+    auto& bc = reducer_.broadcaster();
     bc.broadcast(reals, exec, /*host_wait=*/false, root);
     bc.broadcast(counts, exec, /*host_wait=*/false, root);
   }
@@ -326,7 +289,7 @@ class DistributedDataParallel {
     f[static_cast<std::size_t>(comm_->rank())] = training ? 1 : 0;
     f[static_cast<std::size_t>(world)] = buffers ? 1 : 0;
     f[static_cast<std::size_t>(world) + 1] = synchronised ? 1 : 0;
-    reducer_.transport().any_rank(std::span<std::int64_t>(f));
+    reducer_.any_rank(std::span<std::int64_t>(f));
     JoinRound r;
     for (int q = 0; q < world; ++q)
       if (f[static_cast<std::size_t>(q)] != 0) ++r.training, r.buffer_root = q;
@@ -339,7 +302,6 @@ class DistributedDataParallel {
   void verify_shapes_across_ranks() {
     const int world = comm_->size();
     if (world == 1) return;
-    auto& tr = reducer_.transport();
     const auto params = module_->parameters();
     std::vector<std::int64_t> dims;  // per parameter: its rank, then its torch shape
     for (auto* p : params) {
@@ -350,15 +312,15 @@ class DistributedDataParallel {
     // 1. The counts, so that the shape lists have one length everywhere before they are compared.
     std::vector<std::int64_t> head{static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(dims.size())};
     std::vector<std::int64_t> mine = head;
-    tr.broadcaster().broadcast_host(std::span<std::int64_t>(head), Exec<D>{});
+    reducer_.broadcaster().broadcast_host(std::span<std::int64_t>(head), Exec<D>{});
     std::vector<std::int64_t> bad(static_cast<std::size_t>(world), 0);  // per rank: 0 fine, 1 + parameter index,
     const int me = comm_->rank();                                         // or kCountMismatch
     if (mine != head) bad[static_cast<std::size_t>(me)] = kCountMismatch;
-    tr.any_rank(std::span<std::int64_t>(bad));
+    reducer_.any_rank(std::span<std::int64_t>(bad));
     raise_shape_mismatch(bad, params, head[0]);
     // 2. The shapes.
     std::vector<std::int64_t> ref = dims;
-    tr.broadcaster().broadcast_host(std::span<std::int64_t>(ref), Exec<D>{});
+    reducer_.broadcaster().broadcast_host(std::span<std::int64_t>(ref), Exec<D>{});
     std::size_t at = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::size_t n = static_cast<std::size_t>(dims[at]) + 1;
@@ -369,7 +331,7 @@ class DistributedDataParallel {
       }
       at += n;
     }
-    tr.any_rank(std::span<std::int64_t>(bad));
+    reducer_.any_rank(std::span<std::int64_t>(bad));
     raise_shape_mismatch(bad, params, head[0]);
   }
 

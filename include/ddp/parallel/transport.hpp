@@ -1,8 +1,8 @@
 // DDP's data movement on the CPU: Broadcaster<Cpu> (rank 0's values on every rank) and Transport<T, Cpu> (the
-// gradient buckets' pack / all-reduce / unpack that BucketSchedule drives).
+// gradient buckets' pack / all-reduce / unpack that the Reducer drives).
 // SPDX-License-Identifier: MIT
 //
-// Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/bucket_schedule.hpp for the contract):
+// Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/reducer.hpp for the contract):
 //   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters without a
 //               gradient) and hand it to the communication hook with each parameter's torch shape
 //               (parallel/comm_hooks.hpp; by default an
@@ -28,13 +28,14 @@
 #include "ddp/comm/types.hpp"
 #include "ddp/comm/work.hpp"
 #include "ddp/config.hpp"
+#include "ddp/core/clock.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/host_memory.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
-#include "ddp/parallel/bucket_schedule.hpp"
-#include "ddp/parallel/comm_hooks.hpp"
+#include "ddp/parallel/ddp_options.hpp"
+#include "ddp/parallel/grad_bucket.hpp"
 #include "ddp/parallel/grad_views.hpp"
 #include "ddp/tensor/device.hpp"
 
@@ -50,7 +51,7 @@ class Broadcaster {
                 "ddp::cuda and ddp::nccl");
 };
 
-// Transport<T, D>: BucketSchedule's transport for device D (parallel/bucket_schedule.hpp).
+// Transport<T, D>: the Reducer's transport for device D (parallel/reducer.hpp).
 template <class T, Device D>
 class Transport {
   static_assert(ddp::detail::dependent_false<D>,
@@ -98,12 +99,12 @@ template <class T>
 class Transport<T, Cpu> {
  public:
   // `comm` and the parameters must outlive this object.
-  Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const ReducerOptions& o, comm::Communicator& comm)
+  Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const DdpOptions& o, comm::Communicator& comm)
       : params_(params),
         comm_(&comm),
         hook_(make_comm_hook<T>(o.comm_hook, o.powersgd)),
         bcast_(comm),
-        view_(o.gradient_as_bucket_view) {}
+        view_(o.grads_in_buckets<Cpu>()) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first. The

@@ -25,7 +25,7 @@
 #include "ddp/core/clock.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
-#include "ddp/parallel/bucket_schedule.hpp"
+#include "ddp/parallel/step_trace.hpp"
 #include "ddp/tensor/caching_pool.hpp"
 #include "ddp/train/tensorboard.hpp"
 

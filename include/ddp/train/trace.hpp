@@ -13,7 +13,7 @@
 // What a traced step shows, per rank (pid = rank): on thread 0 the step, its data wait, the forward and backward
 // of every module nested as the model nests them (nn::Module opens the spans; the root is "model"), the loss,
 // DDP's wait for the all-reduces after backward ("wait for all-reduces") and the optimizer; on the threads named
-// "all-reduce" each gradient bucket from its launch to its completion by the backend (parallel/bucket_schedule.hpp;
+// "all-reduce" each gradient bucket from its launch to its completion by the backend (parallel/reducer.hpp;
 // buckets whose all-reduces overlap in time go on separate lanes, so that each thread's spans nest). Args carry
 // the module's description, the bucket's index, step, parameter count and bytes.
 // Timestamps: every rank converts its steady-clock times to the system clock (microseconds since the Unix epoch,

@@ -10,9 +10,8 @@
 //            [uncompressed | every P]. Before start_iter: nothing (the transport runs the plain average).
 //   finish   uncompressed /= W back into flat; orthogonalise every P; Q = M^T P; all-reduce (Sum) of every Q;
 //            Q /= W; M = P Q^T into flat; e = input - flat (the CPU hook's `then`, after backward).
-// Orthogonalisation is one kernel per bucket, one block per matrix: Gram-Schmidt for r <= 2, Householder above,
-// the CPU's steps with block-tree sums, so the result follows the CPU hook to rounding, not bit for bit
-// (docs/decisions/0029). The GEMMs use a cuBLAS handle of this object's own, bound to the comm stream, not
+// Orthogonalisation is one kernel per bucket, one block per matrix (kernels/cuda/orthogonalize.cuh): the CPU's steps
+// with block-tree sums, so the result follows the CPU hook to rounding, not bit for bit (docs/decisions/0029). The GEMMs use a cuBLAS handle of this object's own, bound to the comm stream, not
 // the thread's handle that backward uses on the compute stream.
 #pragma once
 
@@ -33,6 +32,7 @@
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/orthogonalize.cuh"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/powersgd.hpp"
@@ -44,101 +44,6 @@
 #include "ddp/tensor/view.hpp"
 
 namespace ddp::parallel::detail {
-
-// ---- PowerSGD's orthogonalisation on the device (--comm-hook powersgd; the host planning, the element functors
-// and the byte counters are parallel/powersgd.hpp's, shared with the CPU hook) ----
-// One job per matrix, kPowerSgdJobFields int64 each: the (rows x cols) row-major matrix at `offset` in the
-// kernel's base buffer and, for cols > 2, its Householder scratch (2 rows cols doubles) at `work_offset`. A Q
-// job is (the PowerSGD matrix's cols x r), a P job (rows x r).
-inline constexpr int kPowerSgdJobFields = 4;  // offset, rows, cols, work_offset
-
-// Sum of v over the block, valid in every thread: a fixed tree (the same order every run). blockDim.x must be
-// kernels::cuda::kThreads (a power of two), red that many doubles of shared memory.
-template <class V>
-__device__ V powersgd_block_sum(V v, V* red) {
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
-  const V r = red[0];
-  __syncthreads();
-  return r;
-}
-
-// detail::gram_schmidt (powersgd.hpp) by one block: the same operations in the same order per column, each
-// sum over rows a block tree instead of a sequential loop (so equal to rounding, not bit for bit). Row j
-// belongs to thread j % blockDim.x throughout, so the only cross-thread data are the block sums.
-template <class T>
-__device__ void powersgd_gram_schmidt_block(T* a, std::int64_t rows, std::int64_t cols, double eps, double* red) {
-  const std::int64_t t0 = threadIdx.x, dt = blockDim.x;
-  for (std::int64_t i = 0; i < cols; ++i) {
-    double sq = 0;
-    for (std::int64_t j = t0; j < rows; j += dt) sq += double(a[j * cols + i]) * double(a[j * cols + i]);
-    const double norm = sqrt(powersgd_block_sum(sq, red)) + eps;
-    const double inv = norm > 0 ? 1.0 / norm : 0.0;
-    for (std::int64_t j = t0; j < rows; j += dt) a[j * cols + i] = static_cast<T>(double(a[j * cols + i]) * inv);
-    for (std::int64_t c = i + 1; c < cols; ++c) {
-      double dot = 0;
-      for (std::int64_t j = t0; j < rows; j += dt) dot += double(a[j * cols + i]) * double(a[j * cols + c]);
-      dot = powersgd_block_sum(dot, red);
-      for (std::int64_t j = t0; j < rows; j += dt)
-        a[j * cols + c] = static_cast<T>(double(a[j * cols + c]) - dot * double(a[j * cols + i]));
-    }
-  }
-}
-
-// detail::householder_orthonormalize (powersgd.hpp) by one block, in double in `work` (v: the reflectors, r:
-// the matrix being reduced, then the thin Q built in its place). Same steps as the CPU's; rows >= cols.
-template <class T>
-__device__ void powersgd_householder_block(T* a, std::int64_t rows, std::int64_t cols, double* work, double* red) {
-  const std::int64_t t0 = threadIdx.x, dt = blockDim.x;
-  double* v = work;
-  double* r = work + rows * cols;
-  for (std::int64_t i = t0; i < rows; i += dt)
-    for (std::int64_t j = 0; j < cols; ++j) {
-      r[i * cols + j] = double(a[i * cols + j]);
-      v[i * cols + j] = 0;
-    }
-  // Reflector k: v_k (column k of v, rows k..), H_k = I - 2 v_k v_k^T, zeroes r[k+1.., k].
-  for (std::int64_t k = 0; k < cols; ++k) {
-    // This thread's first row >= k (its rows are t0, t0 + dt, ...).
-    const std::int64_t first = t0 >= k ? t0 : t0 + ((k - t0 + dt - 1) / dt) * dt;
-    double sq = 0;
-    for (std::int64_t i = first; i < rows; i += dt) sq += r[i * cols + k] * r[i * cols + k];
-    const double norm = sqrt(powersgd_block_sum(sq, red));
-    if (norm == 0) continue;  // nothing to reflect: v_k = 0 (the same in every thread)
-    const double alpha = r[k * cols + k] > 0 ? -norm : norm;
-    double vsq = 0;
-    for (std::int64_t i = first; i < rows; i += dt) {
-      v[i * cols + k] = r[i * cols + k] - (i == k ? alpha : 0.0);
-      vsq += v[i * cols + k] * v[i * cols + k];
-    }
-    const double vnorm = sqrt(powersgd_block_sum(vsq, red));
-    for (std::int64_t i = first; i < rows; i += dt) v[i * cols + k] /= vnorm;
-    for (std::int64_t j = k; j < cols; ++j) {
-      double dot = 0;
-      for (std::int64_t i = first; i < rows; i += dt) dot += v[i * cols + k] * r[i * cols + j];
-      dot = powersgd_block_sum(dot, red);
-      for (std::int64_t i = first; i < rows; i += dt) r[i * cols + j] -= 2 * dot * v[i * cols + k];
-    }
-  }
-  // Thin Q = H_0 H_1 ... H_{cols-1} applied to the first cols columns of the identity (in r's place).
-  for (std::int64_t i = t0; i < rows; i += dt)
-    for (std::int64_t j = 0; j < cols; ++j) r[i * cols + j] = i == j ? 1.0 : 0.0;
-  for (std::int64_t k = cols - 1; k >= 0; --k) {
-    const std::int64_t first = t0 >= k ? t0 : t0 + ((k - t0 + dt - 1) / dt) * dt;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      double dot = 0;
-      for (std::int64_t i = first; i < rows; i += dt) dot += v[i * cols + k] * r[i * cols + j];
-      dot = powersgd_block_sum(dot, red);
-      for (std::int64_t i = first; i < rows; i += dt) r[i * cols + j] -= 2 * dot * v[i * cols + k];
-    }
-  }
-  for (std::int64_t i = t0; i < rows; i += dt)
-    for (std::int64_t j = 0; j < cols; ++j) a[i * cols + j] = static_cast<T>(r[i * cols + j]);
-}
 
 // PowerSGD's GEMMs on the comm stream go through a cuBLAS handle of the transport's own: the thread's handle
 // (kernels/cuda/blas.cuh) serves backward's GEMMs on the compute stream at the same time, and one handle's
@@ -178,19 +83,6 @@ class PowerSgdBlas {
  private:
   cublasHandle_t h_ = nullptr;
 };
-
-// detail::orthogonalize (powersgd.hpp) for every job, one block each: Gram-Schmidt for up to 2 columns,
-// Householder above, as the CPU hook and torch 1.13.
-template <class T>
-__global__ void powersgd_orthogonalize_kernel(T* base, const std::int64_t* jobs, double* work, double eps) {
-  __shared__ double red[kernels::cuda::kThreads];
-  const std::int64_t* job = jobs + static_cast<std::int64_t>(blockIdx.x) * kPowerSgdJobFields;
-  T* a = base + job[0];
-  if (job[2] <= 2)
-    powersgd_gram_schmidt_block(a, job[1], job[2], eps, red);
-  else
-    powersgd_householder_block(a, job[1], job[2], work + job[3], red);
-}
 
 // --comm-hook powersgd on a CUDA model: the state (counters, iter, the generator of initial Q) and, per bucket,
 // the device buffers. Driven by Transport<T, Cuda>: build at every bucket (re)build, launch and finish per bucket.
@@ -310,7 +202,7 @@ class PowerSgdDevice {
     Tensor<T, Cuda> input;     // (numel) the buffer after error feedback
     Tensor<T, Cuda> send;      // (n_unc + n_p) [uncompressed | every P]: the all-reduce launched with the bucket
     Tensor<T, Cuda> q;         // (n_q) every Q, back to back: the all-reduce at finish, kept for warm start
-    Tensor<std::int64_t, Cuda> q_jobs, p_jobs;  // (matrices x kPowerSgdJobFields) orthogonalisation jobs
+    Tensor<std::int64_t, Cuda> q_jobs, p_jobs;  // (matrices x kernels::cuda::kOrthogonalizeJobFields) orthogonalisation jobs
     Tensor<double, Cuda> work;                   // Householder scratch (matrices with r > 2)
     bool error_valid = false, q_valid = false;
     bool compressed = false;  // this step's launch compressed (false: a plain Avg all-reduce, before start_iter)
@@ -352,9 +244,8 @@ class PowerSgdDevice {
   // Orthonormalises the matrices `jobs` names in base (one block each), on exec's stream.
   void orthogonalize(const Exec<Cuda>& exec, T* base, const Tensor<std::int64_t, Cuda>& jobs, Bucket& ps) {
     const auto n = static_cast<unsigned>(ps.plan.matrices.size());
-    powersgd_orthogonalize_kernel<T><<<n, kernels::cuda::kThreads, 0, cuda_stream(exec)>>>(
-        base, jobs.data(), ps.work.data(), state_.options.orthogonalization_epsilon);
-    kernels::cuda::check_launch("powersgd_orthogonalize_kernel", cuda_stream(exec));
+    kernels::cuda::orthogonalize_columns(exec, base, jobs.data(), n, ps.work.data(),
+                                         state_.options.orthogonalization_epsilon);
   }
 
   PowerSgdState<T> state_;

@@ -2,7 +2,7 @@
 // stream ordered by events, no host synchronisation inside backward). Compiled only by nvcc.
 // SPDX-License-Identifier: MIT
 //
-// Transport<T, Cuda>, per bucket b (BucketSchedule drives it, parallel/bucket_schedule.hpp):
+// Transport<T, Cuda>, per bucket b (the Reducer drives it, parallel/reducer.hpp):
 //   begin_step(exec)   remembers exec (the compute stream backward runs on); waits for the previous step's
 //                      collectives (by then long complete) so that a failed one is raised
 //   launch(b)          enqueues, without blocking the host:
@@ -23,7 +23,7 @@
 //                      Q all-reduce), also on the comm stream.
 // gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so neither copy
 // runs (only the memset for parameters without a gradient); the all-reduce works in place.
-// Hooks: the built-ins allreduce, fp16, bf16 and powersgd (comm_hooks.hpp's runs_on_cuda); every backend that
+// Hooks: the built-ins allreduce, fp16, bf16 and powersgd (CommHookKind, comm_hooks.hpp); every backend that
 // reaches device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi sums them on the host as for a CPU
 // model, so the results equal the CPU hook's on the same backend bit for bit). PowerSGD: PowerSgdDevice
 // (parallel/cuda/powersgd.cuh), which follows the CPU hook to rounding; its state is powersgd_state().
@@ -65,8 +65,8 @@
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
-#include "ddp/parallel/bucket_schedule.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
+#include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/cuda/powersgd.cuh"
 #include "ddp/parallel/powersgd.hpp"
 #include "ddp/parallel/transport.hpp"
@@ -173,9 +173,8 @@ template <class T>
 class Transport<T, Cuda> {
  public:
   // `comm` and the parameters must outlive this object.
-  Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const ReducerOptions& o, comm::Communicator& comm)
-      : params_(params), bcast_(comm), comm_(&comm), hook_(o.comm_hook), view_(o.gradient_as_bucket_view) {
-    if (!runs_on_cuda(hook_)) throw cuda_hook_refused(ddp::detail::str("--comm-hook ", comm_hook_name(hook_)));
+  Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const DdpOptions& o, comm::Communicator& comm)
+      : params_(params), bcast_(comm), comm_(&comm), hook_(o.comm_hook), view_(o.grads_in_buckets<Cuda>()) {
     if (hook_ == CommHookKind::PowerSgd)
       psgd_ = std::make_unique<detail::PowerSgdDevice<T>>(o.powersgd, comm_stream_.get());  // validates the options
   }
@@ -327,7 +326,7 @@ class Transport<T, Cuda> {
   std::vector<nn::Parameter<T, Cuda>*> params_;
   Broadcaster<Cuda> bcast_;
   comm::Communicator* comm_;
-  CommHookKind hook_;  // Allreduce, Fp16, Bf16 or PowerSgd (runs_on_cuda)
+  CommHookKind hook_;  // Allreduce, Fp16, Bf16 or PowerSgd
   std::unique_ptr<detail::PowerSgdDevice<T>> psgd_;  // --comm-hook powersgd (parallel/cuda/powersgd.cuh)
   bool view_;  // gradient_as_bucket_view (parallel/grad_views.hpp)
   Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream

@@ -1,4 +1,4 @@
-// BucketSchedule over a recording transport: strictly in-order launches, the unused-parameter error (after
+// Reducer over a recording transport: strictly in-order launches, the unused-parameter error (after
 // draining), find_unused_parameters (zeros, the used-flag reduction, kept gradients, no_sync use), the rebuild
 // from rank 0's arrival order. The CUDA transport runs
 // this same schedule, so these cases cover its bookkeeping without a GPU.
@@ -15,7 +15,7 @@
 
 #include <ddp/core/str.hpp>
 #include <ddp/nn/parameter.hpp>
-#include <ddp/parallel/bucket_schedule.hpp>
+#include <ddp/parallel/reducer.hpp>
 #include <ddp/parallel/transport.hpp>
 
 using namespace ddp;
@@ -41,7 +41,7 @@ std::string list(const std::vector<std::size_t>& v) {
 
 class RecordingTransport {
  public:
-  RecordingTransport(const std::vector<Param*>& params, const parallel::ReducerOptions& /*o*/, Log& log)
+  RecordingTransport(const std::vector<Param*>& params, const parallel::DdpOptions& /*o*/, Log& log)
       : n_(params.size()), log_(&log) {}
 
   void build(const std::vector<parallel::BucketLayout>& layouts) {
@@ -96,7 +96,7 @@ class RecordingTransport {
 static_assert(parallel::BucketTransport<RecordingTransport, Cpu>);
 static_assert(parallel::BucketTransport<parallel::Transport<float, Cpu>, Cpu>);
 
-using Schedule = parallel::BucketSchedule<float, Cpu, RecordingTransport>;
+using Schedule = parallel::Reducer<float, Cpu, RecordingTransport>;
 
 // Four parameters p0..p3 of 4 floats (16 bytes) each. With a first cap of 16 bytes and a cap of 32 bytes the
 // initial (reverse) order 3,2,1,0 gives buckets {3} {2,1} {0}.
@@ -110,7 +110,7 @@ struct Fixture {
       params.push_back(owned.back().get());
     }
   }
-  std::unique_ptr<Schedule> schedule(parallel::ReducerOptions o = {}) {
+  std::unique_ptr<Schedule> schedule(parallel::DdpOptions o = {}) {
     o.bucket_cap_bytes = 32;
     o.first_bucket_cap_bytes = 16;
     return std::make_unique<Schedule>(params, o, log);

@@ -181,6 +181,42 @@ TEST_SUITE("cudnn_host") {
     CHECK_FALSE(dnn::describable(g));
   }
 
+  TEST_CASE("bf16 activations: x, y and the weight in bf16, the bias and the arithmetic in fp32, at Bf16 precision") {
+    const ConvGeometry g = geometries()[1];
+    CHECK(dnn::data_type<float> == CUDNN_DATA_FLOAT);
+    CHECK(dnn::data_type<ddp::bfloat16> == CUDNN_DATA_BFLOAT16);
+    for (const Precision p : {Precision::Fp32, Precision::Tf32, Precision::Bf16}) {
+      CHECK(dnn::plan_precision(p, CUDNN_DATA_BFLOAT16) == Precision::Bf16);  // the operands are bf16 already
+      CHECK(dnn::plan_precision(p, CUDNN_DATA_FLOAT) == p);
+    }
+    const dnn::Descriptors d(g, Precision::Bf16, CUDNN_DATA_BFLOAT16);
+    const auto tensor_type = [](cudnnTensorDescriptor_t t) {
+      cudnnDataType_t type{};
+      int v[8] = {};
+      REQUIRE(cudnnGetTensor4dDescriptor(t, &type, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) ==
+              CUDNN_STATUS_SUCCESS);
+      return type;
+    };
+    CHECK(tensor_type(d.x.get()) == CUDNN_DATA_BFLOAT16);
+    CHECK(tensor_type(d.y.get()) == CUDNN_DATA_BFLOAT16);
+    CHECK(tensor_type(d.bias.get()) == CUDNN_DATA_FLOAT);
+    cudnnDataType_t wtype{};
+    cudnnTensorFormat_t format{};
+    int k = 0, c = 0, r = 0, s = 0;
+    REQUIRE(cudnnGetFilter4dDescriptor(d.w.get(), &wtype, &format, &k, &c, &r, &s) == CUDNN_STATUS_SUCCESS);
+    CHECK(wtype == CUDNN_DATA_BFLOAT16);
+    CHECK(format == CUDNN_TENSOR_NHWC);
+    int ph = 0, pw = 0, sh = 0, sw = 0, dh = 0, dw = 0;
+    cudnnConvolutionMode_t mode{};
+    cudnnDataType_t compute{};
+    REQUIRE(cudnnGetConvolution2dDescriptor(d.conv.get(), &ph, &pw, &sh, &sw, &dh, &dw, &mode, &compute) ==
+            CUDNN_STATUS_SUCCESS);
+    CHECK(compute == CUDNN_DATA_FLOAT);
+    cudnnMathType_t m{};
+    REQUIRE(cudnnGetConvolutionMathType(d.conv.get(), &m) == CUDNN_STATUS_SUCCESS);
+    CHECK(m == CUDNN_TENSOR_OP_MATH);
+  }
+
   TEST_CASE("plan keys tell apart every field a plan depends on") {
     const ConvGeometry g = geometries()[2];
     std::set<dnn::PlanKey> keys;
@@ -191,6 +227,7 @@ TEST_SUITE("cudnn_host") {
     keys.insert(dnn::plan_key(dnn::Op::Forward, g, Precision::Tf32, true, false, 0));
     keys.insert(dnn::plan_key(dnn::Op::Forward, g, Precision::Tf32, false, true, 0));
     keys.insert(dnn::plan_key(dnn::Op::Forward, g, Precision::Tf32, false, false, 1));
+    keys.insert(dnn::plan_key(dnn::Op::Forward, g, Precision::Tf32, false, false, 0, CUDNN_DATA_BFLOAT16));
     for (auto field : {&ConvGeometry::n, &ConvGeometry::h, &ConvGeometry::w, &ConvGeometry::c, &ConvGeometry::k,
                        &ConvGeometry::r, &ConvGeometry::s, &ConvGeometry::ho, &ConvGeometry::wo}) {
       ConvGeometry h = g;
@@ -204,7 +241,7 @@ TEST_SUITE("cudnn_host") {
       keys.insert(dnn::plan_key(dnn::Op::Forward, h, Precision::Tf32, false, false, 0));
       keys.insert(dnn::plan_key(dnn::Op::Forward, v, Precision::Tf32, false, false, 0));
     }
-    CHECK(keys.size() == 7 + 9 + 6);
+    CHECK(keys.size() == 8 + 9 + 6);
     CHECK(dnn::plan_key(dnn::Op::Forward, g, Precision::Tf32, false, false, 0) ==
           dnn::plan_key(dnn::Op::Forward, geometries()[2], Precision::Tf32, false, false, 0));
   }
@@ -231,9 +268,11 @@ TEST_SUITE("cudnn_host") {
     if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return;  // unit_kernels_cuda runs the real thing
     CHECK_THROWS_AS(dnn::handle(ddp::Exec<ddp::Cuda>{}), ddp::CudaError);
     // The ops reach the handle before touching any pointer.
-    CHECK_THROWS_AS(dnn::forward(ddp::Exec<ddp::Cuda>{}, geometries()[1], nullptr, nullptr, nullptr, nullptr),
+    CHECK_THROWS_AS(dnn::forward<float>(ddp::Exec<ddp::Cuda>{}, geometries()[1], nullptr, nullptr, nullptr, nullptr),
                     ddp::CudaError);
-    CHECK_THROWS_AS(dnn::backward_filter(ddp::Exec<ddp::Cuda>{}, geometries()[1], nullptr, nullptr, nullptr),
+    CHECK_THROWS_AS(dnn::backward_filter<float>(ddp::Exec<ddp::Cuda>{}, geometries()[1], nullptr, nullptr, nullptr),
+                    ddp::CudaError);
+    CHECK_THROWS_AS(dnn::has_algorithm(ddp::Exec<ddp::Cuda>{}, dnn::Op::Forward, geometries()[1], CUDNN_DATA_BFLOAT16),
                     ddp::CudaError);
   }
 }

@@ -7,8 +7,9 @@
 // tensor cores read it; bias, weight and bias gradients, and BatchNorm's parameters, statistics and gradients stay
 // float. So the CPU instance is the host model of the GPU's, rounding for rounding.
 // Cost: a float copy of each operand for the length of one op (what is kept between forward and backward is bf16).
-// Kernels<Cpu> and Kernels<Cuda> send their members' bf16 calls here; the name Kernels<D> is looked up when a member
-// is instantiated, as for ElementwiseKernels.
+// Kernels<Cpu> sends its members' bf16 calls here, Kernels<Cuda> those without a native bf16 kernel (docs/decisions/
+// 0072; this stays their reference); the name Kernels<D> is looked up when a member is instantiated, as for
+// ElementwiseKernels.
 #pragma once
 
 #include <cstddef>

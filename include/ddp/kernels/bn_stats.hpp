@@ -40,7 +40,8 @@ inline constexpr int kBnSegment = 16;        // rows summed in Acc before a doub
 inline constexpr std::int64_t kBnMaxChunks = 1024;   // chunks (blocks along the rows) of a statistics pass
 inline constexpr int kBnFinCols = 32, kBnFinLanes = 16;  // finalize block: channels x chunk lanes
 
-// Per-thread accumulator type: float for float (and narrower) x, double for double.
+// Per-thread accumulator type: float for float (and narrower: bf16 x is widened exactly as it is loaded), double
+// for double. Values of x are read only through static_cast<BnAcc<T>>, so a storage-only type (bfloat16) works.
 template <class T>
 using BnAcc = std::conditional_t<(sizeof(T) > sizeof(float)), double, float>;
 
@@ -149,7 +150,8 @@ DDP_HOST_DEVICE void bn_thread_moments(const T* x, std::int64_t c, std::int64_t 
     for (int l = 0; l < V; ++l) {
       const double a1 = static_cast<double>(s1[l]), a2 = static_cast<double>(s2[l]);
       const double sm2 = a2 - a1 * a1 * inv;  // >= 0 in exact arithmetic; rounding may dip below
-      bn_merge_into(mean[l], m2[l], n, static_cast<double>(k.v[l]) + a1 * inv, sm2 > 0.0 ? sm2 : 0.0, wb);
+      bn_merge_into(mean[l], m2[l], n, static_cast<double>(static_cast<A>(k.v[l])) + a1 * inv, sm2 > 0.0 ? sm2 : 0.0,
+                    wb);
     }
     n += nsd;
   }
@@ -173,7 +175,7 @@ DDP_HOST_DEVICE void bn_thread_grad_sums(const T* x, const T* dy, const T* ymask
       if (ymask) mv = bn_load<T, V>(ymask + m * c);
       for (int l = 0; l < V; ++l) {
         A g = static_cast<A>(gv.v[l]);
-        if (ymask && !(mv.v[l] > T(0))) g = A(0);
+        if (ymask && !(static_cast<A>(mv.v[l]) > A(0))) g = A(0);
         s0[l] += g;
         s1[l] += g * ((static_cast<A>(xv.v[l]) - mean[l]) * invstd[l]);
       }

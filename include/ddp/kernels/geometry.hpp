@@ -29,8 +29,9 @@ struct ConvGeometry {
   }
 };
 
-template <class T, Device D>
-ConvGeometry conv_geometry(const TensorView<const T, D>& x, const TensorView<const T, D>& w, Size2 stride, Size2 pad,
+// x and w may differ in element type (bf16 activations, float weights).
+template <class T, class W, Device D>
+ConvGeometry conv_geometry(const TensorView<const T, D>& x, const TensorView<const W, D>& w, Size2 stride, Size2 pad,
                            Size2 dil) {
   return {.n = x.dim(0), .h = x.dim(1), .w = x.dim(2), .c = x.dim(3), .k = w.dim(0), .r = w.dim(1), .s = w.dim(2),
           .ho = conv_out_size(x.dim(1), w.dim(1), stride.h, pad.h, dil.h),

@@ -13,6 +13,9 @@
 // Cases: C = 3, 5, 64, 2048; row counts that no chunk or lane divides; a chunk count at kBnMaxChunks; a
 // slice one float off 16-byte alignment (scalar path); channels with |mean| / std = 1e3, a constant channel
 // (variance exactly 0), and a channel whose outliers sit at segment starts (the shift K far from the mean).
+// bf16 inputs (bf16 activations, docs/decisions/0072: the kernels widen each value as they load it, 8 per 16-byte
+// vector) against the same long-double references of the widened values, with the same bounds: the float
+// arithmetic after the load is the same.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <ddp/core/dtype.hpp>
 #include <ddp/kernels/bn_stats.hpp>
 #include <ddp/kernels/cpu/kernels.hpp>
 #include <ddp/tensor/tensor.hpp>
@@ -87,8 +91,8 @@ std::vector<BnMoments> emulate_moments(const T* x, const BnGeometry& g) {
 }
 
 // bn_grad_sums_kernel then bn_grad_finalize_kernel's sums, as loops: (sum g, sum g xhat) per channel.
-template <int V>
-std::vector<double> emulate_grad_sums_v(const float* x, const float* dy, const float* ymask, const float* mean,
+template <class T, int V>
+std::vector<double> emulate_grad_sums_v(const T* x, const T* dy, const T* ymask, const float* mean,
                                         const float* invstd, const BnGeometry& g) {
   const std::int64_t c = g.c;
   std::vector<double> partial(static_cast<std::size_t>(2 * g.chunks * c));
@@ -106,7 +110,7 @@ std::vector<double> emulate_grad_sums_v(const float* x, const float* dy, const f
               mu[l] = mean[ch0 + l];
               is[l] = invstd[ch0 + l];
             }
-            kn::bn_thread_grad_sums<float, V>(x + ch0, dy + ch0, ymask ? ymask + ch0 : nullptr, mu, is, c,
+            kn::bn_thread_grad_sums<T, V>(x + ch0, dy + ch0, ymask ? ymask + ch0 : nullptr, mu, is, c,
                                               g.chunk_begin(chunk) + lane, g.chunk_end(chunk), g.lanes, sg, sgx);
           }
           for (int l = 0; l < V; ++l) {
@@ -195,14 +199,16 @@ Ref two_pass(const float* x, std::int64_t rows, std::int64_t c, std::int64_t k) 
 }
 
 // Checks every channel against the bounds; returns the largest error / bound seen (for the message).
-double check_moments(const float* x, std::int64_t rows, std::int64_t c, const BnGeometry& g) {
+// x: the kernels' input; xf: its values as floats (x itself for float), the reference's.
+template <class T>
+double check_moments(const T* x, const float* xf, std::int64_t rows, std::int64_t c, const BnGeometry& g) {
   const auto got = emulate_moments(x, g);
   constexpr int S = kn::kBnSegment;
   const double mean_rel = std::sqrt(double(S)) * gamma_n(S);
   const double var_rel = (3.0 * S + 2.0 * std::sqrt(double(S))) * gamma_n(S + 2);
   double worst = 0.0;
   for (std::int64_t k = 0; k < c; ++k) {
-    const Ref r = two_pass(x, rows, c, k);
+    const Ref r = two_pass(xf, rows, c, k);
     const BnMoments& m = got[static_cast<std::size_t>(k)];
     const double sd = std::sqrt(r.var), var = m.m2 / m.n;
     INFO("channel ", k, " of ", c, ": rows ", rows, " vec ", g.vec, " chunks ", g.chunks, "; ref mean ", r.mean,
@@ -263,7 +269,7 @@ TEST_CASE("one-pass moments in the GPU's decomposition match a two-pass long-dou
     std::memcpy(base, data.data(), data.size() * sizeof(float));
     REQUIRE((reinterpret_cast<std::uintptr_t>(x) % 16 == 0) == !cs.misalign);
     CHECK(g.vec == (!cs.misalign && cs.c % 4 == 0 ? 4 : 1));
-    const double worst = check_moments(x, cs.rows, cs.c, g);
+    const double worst = check_moments(x, x, cs.rows, cs.c, g);
     MESSAGE("rows ", cs.rows, " C ", cs.c, " vec ", g.vec, " chunks ", g.chunks, ": largest error / bound ", worst);
   }
 }
@@ -287,8 +293,9 @@ TEST_CASE("backward sums in the GPU's decomposition match a long-double referenc
                                                              reinterpret_cast<std::uintptr_t>(ymask.data()) % 16 == 0);
     for (const bool masked : {false, true}) {
       const float* mk = masked ? ymask.data() : nullptr;
-      const auto got = g.vec == 4 ? emulate_grad_sums_v<4>(x.data(), dy.data(), mk, mean.data(), invstd.data(), g)
-                                  : emulate_grad_sums_v<1>(x.data(), dy.data(), mk, mean.data(), invstd.data(), g);
+      const auto got = g.vec == 4
+                           ? emulate_grad_sums_v<float, 4>(x.data(), dy.data(), mk, mean.data(), invstd.data(), g)
+                           : emulate_grad_sums_v<float, 1>(x.data(), dy.data(), mk, mean.data(), invstd.data(), g);
       constexpr int S = kn::kBnSegment;
       for (std::int64_t k = 0; k < c; ++k) {
         long double sg = 0.0L, sgx = 0.0L, ag = 0.0L, agx = 0.0L;
@@ -306,6 +313,77 @@ TEST_CASE("backward sums in the GPU's decomposition match a long-double referenc
         CHECK(std::fabs(got[static_cast<std::size_t>(k)] - static_cast<double>(sg)) <=
               (gamma_n(S) + 1e-12) * static_cast<double>(ag));
         CHECK(std::fabs(got[static_cast<std::size_t>(c + k)] - static_cast<double>(sgx)) <=
+              (gamma_n(S + 2) + 1e-12) * static_cast<double>(agx));
+      }
+    }
+  }
+}
+
+// bf16 copies of v in a 16-byte aligned buffer, starting `offset` elements in; `widened` receives their values.
+struct Bf16Buffer {
+  std::vector<ddp::bfloat16> buf;
+  const ddp::bfloat16* p = nullptr;
+  std::vector<float> widened;
+  Bf16Buffer(const std::vector<float>& v, int offset) : buf(v.size() + 16), widened(v.size()) {
+    ddp::bfloat16* base = buf.data();
+    while (reinterpret_cast<std::uintptr_t>(base) % 16 != 0) ++base;
+    base += offset;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      base[i] = ddp::bfloat16(v[i]);
+      widened[i] = float(base[i]);
+    }
+    p = base;
+  }
+};
+
+TEST_CASE("bf16 inputs: moments and backward sums in the GPU's decomposition match long-double references") {
+  struct Case {
+    std::int64_t rows, c;
+    bool misalign;
+  };
+  for (const Case cs : {Case{4099, 5, false}, Case{20011, 64, false}, Case{20011, 64, true}, Case{77, 2048, false},
+                        Case{2, 64, false}}) {
+    const BnGeometry g = kn::bn_geometry<ddp::bfloat16>(cs.rows, cs.c, !cs.misalign);
+    CHECK(g.vec == (!cs.misalign && cs.c % 8 == 0 ? 8 : 1));  // 8 bf16 values per 16-byte load
+    const Bf16Buffer x(make_input(cs.rows, cs.c, 4321 + static_cast<std::uint64_t>(cs.rows), &g), cs.misalign ? 1 : 0);
+    REQUIRE((reinterpret_cast<std::uintptr_t>(x.p) % 16 == 0) == !cs.misalign);
+    const double worst = check_moments(x.p, x.widened.data(), cs.rows, cs.c, g);
+    MESSAGE("bf16: rows ", cs.rows, " C ", cs.c, " vec ", g.vec, ": largest error / bound ", worst);
+
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::vector<float> dyv(x.widened.size()), maskv(x.widened.size()), mean(static_cast<std::size_t>(cs.c)),
+        invstd(mean.size());
+    for (auto& v : dyv) v = static_cast<float>(nd(rng));
+    for (auto& v : maskv) v = static_cast<float>(nd(rng));
+    const Bf16Buffer dy(dyv, cs.misalign ? 1 : 0), ymask(maskv, cs.misalign ? 1 : 0);
+    for (std::int64_t k = 0; k < cs.c; ++k) {
+      const Ref r = two_pass(x.widened.data(), cs.rows, cs.c, k);
+      mean[static_cast<std::size_t>(k)] = static_cast<float>(r.mean);
+      invstd[static_cast<std::size_t>(k)] = static_cast<float>(1.0 / std::sqrt(r.var + 1e-5));
+    }
+    for (const bool masked : {false, true}) {
+      const ddp::bfloat16* mk = masked ? ymask.p : nullptr;
+      const auto got =
+          g.vec == 8 ? emulate_grad_sums_v<ddp::bfloat16, 8>(x.p, dy.p, mk, mean.data(), invstd.data(), g)
+                     : emulate_grad_sums_v<ddp::bfloat16, 1>(x.p, dy.p, mk, mean.data(), invstd.data(), g);
+      constexpr int S = kn::kBnSegment;
+      for (std::int64_t k = 0; k < cs.c; ++k) {
+        long double sg = 0.0L, sgx = 0.0L, ag = 0.0L, agx = 0.0L;
+        for (std::int64_t m = 0; m < cs.rows; ++m) {
+          const auto i = static_cast<std::size_t>(m * cs.c + k);
+          const long double gv = (masked && !(ymask.widened[i] > 0.0f)) ? 0.0L : dy.widened[i];
+          const long double t = gv * (static_cast<long double>(x.widened[i]) - mean[static_cast<std::size_t>(k)]) *
+                                invstd[static_cast<std::size_t>(k)];
+          sg += gv;
+          sgx += t;
+          ag += std::fabs(gv);
+          agx += std::fabs(t);
+        }
+        INFO("bf16: C ", cs.c, " channel ", k, " masked ", masked, " vec ", g.vec);
+        CHECK(std::fabs(got[static_cast<std::size_t>(k)] - static_cast<double>(sg)) <=
+              (gamma_n(S) + 1e-12) * static_cast<double>(ag));
+        CHECK(std::fabs(got[static_cast<std::size_t>(cs.c + k)] - static_cast<double>(sgx)) <=
               (gamma_n(S + 2) + 1e-12) * static_cast<double>(agx));
       }
     }

@@ -105,10 +105,11 @@ struct BnEvalFinish {
 };
 
 // Backward sums pass: partial (2, chunks, C) = sum g, sum g (x - mean) invstd per chunk; g = dy, or
-// dy * (ymask > 0) when ymask is given (the ReLU that follows the BatchNorm in bn_act.cuh).
-template <class T, int V>
+// dy * (ymask > 0) when ymask is given (the ReLU that follows the BatchNorm in bn_act.cuh). T: the statistics'
+// type, A: the activations' (bf16 ones are widened as they are loaded).
+template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
-    bn_grad_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ ymask,
+    bn_grad_sums_kernel(const A* __restrict__ x, const A* __restrict__ dy, const A* __restrict__ ymask,
                         const T* __restrict__ save_mean, const T* __restrict__ save_invstd, BnGeometry g,
                         double* __restrict__ partial) {
   __shared__ double s0[kBnBlockThreads * V], s1[kBnBlockThreads * V];
@@ -117,12 +118,12 @@ __global__ void __launch_bounds__(kBnBlockThreads)
   double sg[V], sgx[V];
   for (int l = 0; l < V; ++l) sg[l] = sgx[l] = 0.0;
   if (ch0 < g.c) {
-    BnAcc<T> mu[V], is[V];
+    BnAcc<A> mu[V], is[V];
     for (int l = 0; l < V; ++l) {
-      mu[l] = static_cast<BnAcc<T>>(save_mean[ch0 + l]);
-      is[l] = static_cast<BnAcc<T>>(save_invstd[ch0 + l]);
+      mu[l] = static_cast<BnAcc<A>>(save_mean[ch0 + l]);
+      is[l] = static_cast<BnAcc<A>>(save_invstd[ch0 + l]);
     }
-    bn_thread_grad_sums<T, V>(x + ch0, dy + ch0, ymask ? ymask + ch0 : nullptr, mu, is, g.c,
+    bn_thread_grad_sums<A, V>(x + ch0, dy + ch0, ymask ? ymask + ch0 : nullptr, mu, is, g.c,
                               g.chunk_begin(chunk) + lane, g.chunk_end(chunk), g.lanes, sg, sgx);
   }
   for (int l = 0; l < V; ++l) {
@@ -185,10 +186,11 @@ __global__ void __launch_bounds__(kBnFinCols* kBnFinLanes)
 
 // y = act(x scale + shift + residual) on a 2-D grid (tiles, row blocks): coef = [scale (C), shift (C)];
 // residual nullable; act = ReLU (NaN stays) when relu, else identity. Plain batchnorm: no residual, no relu.
-// y may be x (each element is read before it is written, by the same thread).
-template <class T, int V>
+// y may be x (each element is read before it is written, by the same thread). Arithmetic in T (the parameters'
+// type); x, residual and y of type A, so bf16 ones are widened as loaded and y rounded once, after the ReLU.
+template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
-    bn_act_apply_kernel(BnGeometry g, const T* x, const T* __restrict__ coef, const T* residual, T* y, bool relu) {
+    bn_act_apply_kernel(BnGeometry g, const A* x, const T* __restrict__ coef, const A* residual, A* y, bool relu) {
   const std::int64_t ch0 = g.channel(blockIdx.x, static_cast<int>(threadIdx.x));
   if (ch0 >= g.c) return;
   T sc[V], sh[V];
@@ -199,25 +201,26 @@ __global__ void __launch_bounds__(kBnBlockThreads)
   const std::int64_t step = static_cast<std::int64_t>(gridDim.y) * g.lanes;
   for (std::int64_t m = static_cast<std::int64_t>(blockIdx.y) * g.lanes + threadIdx.y; m < g.rows; m += step) {
     const std::int64_t i = m * g.c + ch0;
-    BnVec<T, V> v = bn_load<T, V>(x + i);
-    BnVec<T, V> r{};
-    if (residual) r = bn_load<T, V>(residual + i);
+    BnVec<A, V> v = bn_load<A, V>(x + i);
+    BnVec<A, V> r{};
+    if (residual) r = bn_load<A, V>(residual + i);
     for (int l = 0; l < V; ++l) {
-      T u = v.v[l] * sc[l] + sh[l];
-      if (residual) u = u + r.v[l];
+      T u = static_cast<T>(v.v[l]) * sc[l] + sh[l];
+      if (residual) u = u + static_cast<T>(r.v[l]);
       if (relu) u = ((u > T(0)) | (u != u)) ? u : T(0);
-      v.v[l] = u;
+      v.v[l] = static_cast<A>(u);
     }
-    bn_store<T, V>(y + i, v);
+    bn_store<A, V>(y + i, v);
   }
 }
 
 // g = y ? (y > 0 ? dy : 0) : dy;  dres = g (nullable);  dx = k1 g + k2 (x - mean) + k3 (nullable), with
 // coef = [k1, k2, k3] (C each). Same grid as the apply. dx may be dy (read before written, same thread).
-template <class T, int V>
+// Arithmetic in T; x, dy, y, dx and dres of type A (dres = g needs no rounding: it is dy or 0).
+template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
-    bn_act_backward_apply_kernel(BnGeometry g, const T* x, const T* dy, const T* y, const T* __restrict__ mean,
-                                 const T* __restrict__ coef, T* dx, T* dres) {
+    bn_act_backward_apply_kernel(BnGeometry g, const A* x, const A* dy, const A* y, const T* __restrict__ mean,
+                                 const T* __restrict__ coef, A* dx, A* dres) {
   const std::int64_t ch0 = g.channel(blockIdx.x, static_cast<int>(threadIdx.x));
   if (ch0 >= g.c) return;
   T k1[V], k2[V], k3[V], mu[V];
@@ -230,17 +233,18 @@ __global__ void __launch_bounds__(kBnBlockThreads)
   const std::int64_t step = static_cast<std::int64_t>(gridDim.y) * g.lanes;
   for (std::int64_t m = static_cast<std::int64_t>(blockIdx.y) * g.lanes + threadIdx.y; m < g.rows; m += step) {
     const std::int64_t i = m * g.c + ch0;
-    BnVec<T, V> gv = bn_load<T, V>(dy + i);
+    BnVec<A, V> gv = bn_load<A, V>(dy + i);
     if (y) {
-      const BnVec<T, V> yv = bn_load<T, V>(y + i);
-      for (int l = 0; l < V; ++l) gv.v[l] = yv.v[l] > T(0) ? gv.v[l] : T(0);
+      const BnVec<A, V> yv = bn_load<A, V>(y + i);
+      for (int l = 0; l < V; ++l) gv.v[l] = static_cast<T>(yv.v[l]) > T(0) ? gv.v[l] : static_cast<A>(T(0));
     }
-    if (dres) bn_store<T, V>(dres + i, gv);
+    if (dres) bn_store<A, V>(dres + i, gv);
     if (dx) {
-      const BnVec<T, V> xv = bn_load<T, V>(x + i);
-      BnVec<T, V> o;
-      for (int l = 0; l < V; ++l) o.v[l] = k1[l] * gv.v[l] + k2[l] * (xv.v[l] - mu[l]) + k3[l];
-      bn_store<T, V>(dx + i, o);
+      const BnVec<A, V> xv = bn_load<A, V>(x + i);
+      BnVec<A, V> o;
+      for (int l = 0; l < V; ++l)
+        o.v[l] = static_cast<A>(k1[l] * static_cast<T>(gv.v[l]) + k2[l] * (static_cast<T>(xv.v[l]) - mu[l]) + k3[l]);
+      bn_store<A, V>(dx + i, o);
     }
   }
 }
@@ -318,8 +322,8 @@ namespace detail {
 // num_batches_tracked when training, and writes coef = [scale (C), shift (C)] for y = x scale + shift.
 // Synchronised training: this rank's sums, the reducer's all-reduce, then BnSyncStatistics. Enqueued on e's
 // stream (the synchronised one waits for the host only when its local batch has fewer than 2 rows).
-template <class T>
-void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a, Tensor<T, Cuda>& coef) {
+template <class T, class A>
+void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda, A>& a, Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
@@ -331,13 +335,13 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
     return;
   }
   const bool synced = a.sync != nullptr;
-  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data()}));
+  const BnGeometry g = bn_geometry<A>(rows, c, bn_aligned({a.x.data()}));
   Tensor<double, Cuda> partial(Shape{3 * std::max<std::int64_t>(g.chunks, 1) * c});  // (chunks, C) BnMoments
   auto* moments = reinterpret_cast<BnMoments*>(partial.data());
   if (rows > 0)
-    bn_with_vec<T>(g, [&](auto v) {
+    bn_with_vec<A>(g, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      bn_moments_kernel<T, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
+      bn_moments_kernel<A, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
                                 dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
           a.x.data(), g, moments);
       check_launch("bn_moments_kernel", s);
@@ -360,16 +364,16 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
 }
 
 // y = act(x scale + shift + residual) with coef = [scale, shift] (bn_act_apply_kernel).
-template <class T>
-void batchnorm_apply(const Exec<Cuda>& e, TensorView<const T, Cuda> x, const Tensor<T, Cuda>& coef, const T* residual,
-                     T* y, bool relu) {
+template <class T, class A>
+void batchnorm_apply(const Exec<Cuda>& e, TensorView<const A, Cuda> x, const Tensor<T, Cuda>& coef, const A* residual,
+                     A* y, bool relu) {
   const std::int64_t c = x.dim(-1), rows = x.numel() / c;
   if (rows == 0) return;
   const cudaStream_t s = cuda_stream(e);
-  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({x.data(), residual, y}));
-  bn_with_vec<T>(g, [&](auto v) {
+  const BnGeometry g = bn_geometry<A>(rows, c, bn_aligned({x.data(), residual, y}));
+  bn_with_vec<A>(g, [&](auto v) {
     constexpr int V = decltype(v)::value;
-    bn_act_apply_kernel<T, V><<<bn_apply_grid(g), dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)),
+    bn_act_apply_kernel<T, A, V><<<bn_apply_grid(g), dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)),
                                 0, s>>>(g, x.data(), coef.data(), residual, y, relu);
     check_launch("bn_act_apply_kernel", s);
   });
@@ -377,13 +381,13 @@ void batchnorm_apply(const Exec<Cuda>& e, TensorView<const T, Cuda> x, const Ten
 
 }  // namespace detail
 
-template <class T>
-void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda>& a) {
+template <class T, class A>
+void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda, A>& a) {
   validate(a);
   Tensor<T, Cuda> coef;
   detail::batchnorm_coefficients(e, a, coef);
   op_phase(e, "apply");
-  detail::batchnorm_apply(e, a.x, coef, static_cast<const T*>(nullptr), a.y.data(), false);
+  detail::batchnorm_apply(e, a.x, coef, static_cast<const A*>(nullptr), a.y.data(), false);
 }
 
 namespace detail {
@@ -391,20 +395,20 @@ namespace detail {
 // dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3 for a (validated)
 // backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused ReLU). Synchronised
 // training: dgamma and dbeta from this rank's sums, k1..k3 from every rank's (BnSyncBackwardCoefficients).
-template <class T>
-void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const T* ymask,
+template <class T, class A>
+void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda, A>& a, const A* ymask,
                                      Tensor<T, Cuda>& coef) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // temporaries (and coef) are reused in the order of e's stream
   coef = Tensor<T, Cuda>(Shape{3, c});  // k1, k2, k3
   const bool synced = a.training && a.sync;
-  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data(), a.dy.data(), ymask}));
+  const BnGeometry g = bn_geometry<A>(rows, c, bn_aligned({a.x.data(), a.dy.data(), ymask}));
   Tensor<double, Cuda> partial(Shape{2 * std::max<std::int64_t>(g.chunks, 1) * c});  // (2, chunks, C)
   if (rows > 0)
-    bn_with_vec<T>(g, [&](auto v) {
+    bn_with_vec<A>(g, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      bn_grad_sums_kernel<T, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
+      bn_grad_sums_kernel<T, A, V><<<dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.chunks)),
                                   dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
           a.x.data(), a.dy.data(), ymask, a.save_mean.data(), a.save_invstd.data(), g, partial.data());
       check_launch("bn_grad_sums_kernel", s, ymask ? "masked" : "");
@@ -427,16 +431,16 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e, const BatchNormBackwar
 }
 
 // dres = g and dx = k1 g + k2 (x - mean) + k3 (either nullable), g = dy or dy * (y > 0) when y is given.
-template <class T>
-void batchnorm_backward_apply(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a, const T* y,
-                              const Tensor<T, Cuda>& coef, T* dx, T* dres) {
+template <class T, class A>
+void batchnorm_backward_apply(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda, A>& a, const A* y,
+                              const Tensor<T, Cuda>& coef, A* dx, A* dres) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
   if (rows == 0 || (!dx && !dres)) return;
   const cudaStream_t s = cuda_stream(e);
-  const BnGeometry g = bn_geometry<T>(rows, c, bn_aligned({a.x.data(), a.dy.data(), y, dx, dres}));
-  bn_with_vec<T>(g, [&](auto v) {
+  const BnGeometry g = bn_geometry<A>(rows, c, bn_aligned({a.x.data(), a.dy.data(), y, dx, dres}));
+  bn_with_vec<A>(g, [&](auto v) {
     constexpr int V = decltype(v)::value;
-    bn_act_backward_apply_kernel<T, V><<<bn_apply_grid(g),
+    bn_act_backward_apply_kernel<T, A, V><<<bn_apply_grid(g),
                                          dim3(static_cast<unsigned>(g.cols), static_cast<unsigned>(g.lanes)), 0, s>>>(
         g, a.x.data(), a.dy.data(), y, a.save_mean.data(), coef.data(), dx, dres);
     check_launch("bn_act_backward_apply_kernel", s);
@@ -445,14 +449,14 @@ void batchnorm_backward_apply(const Exec<Cuda>& e, const BatchNormBackwardArgs<T
 
 }  // namespace detail
 
-template <class T>
-void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda>& a) {
+template <class T, class A>
+void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda, A>& a) {
   validate(a);
   Tensor<T, Cuda> coef;
-  detail::batchnorm_backward_coefficients(e, a, static_cast<const T*>(nullptr), coef);
+  detail::batchnorm_backward_coefficients(e, a, static_cast<const A*>(nullptr), coef);
   if (a.dx.empty()) return;
   op_phase(e, "apply");
-  detail::batchnorm_backward_apply(e, a, static_cast<const T*>(nullptr), coef, a.dx.data(), static_cast<T*>(nullptr));
+  detail::batchnorm_backward_apply(e, a, static_cast<const A*>(nullptr), coef, a.dx.data(), static_cast<A*>(nullptr));
 }
 
 }  // namespace ddp::kernels::cuda

@@ -19,8 +19,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cuda/launch.cuh"
@@ -53,6 +55,8 @@ template <class T>
 inline constexpr cudaDataType_t cuda_data_type = CUDA_R_32F;
 template <>
 inline constexpr cudaDataType_t cuda_data_type<double> = CUDA_R_64F;
+template <>
+inline constexpr cudaDataType_t cuda_data_type<bfloat16> = CUDA_R_16BF;
 
 // cuBLAS compute type for element type T at precision p (doubles are always exact).
 template <class T>
@@ -71,20 +75,42 @@ cublasComputeType_t compute_type(Precision p) {
 }
 
 // Column-major C (m x n) = alpha op(A) op(B) + beta C, int64 sizes checked against cuBLAS's int.
-template <class T>
-void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
-          std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
-          Precision precision = Precision::Fp32) {
+inline void require_gemm_sizes(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                               std::int64_t ldc) {
   constexpr std::int64_t kIntMax = 2147483647;
   if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
     throw ValueError(ddp::detail::str("ddp: linear: GEMM sizes m=", m, " n=", n, " k=", k,
                                       " exceed cuBLAS's 32-bit limit; split the batch"));
+}
+
+template <class T>
+void gemm(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
+          std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+          Precision precision = Precision::Fp32) {
+  require_gemm_sizes(m, n, k, lda, ldb, ldc);
   const T alpha = T(1);
   const cublasComputeType_t compute = compute_type<T>(precision);
   DDP_CUBLAS_CHECK(cublasGemmEx(cublas_handle(e), ta, tb, static_cast<int>(m), static_cast<int>(n),
                                 static_cast<int>(k), &alpha, a, cuda_data_type<T>, static_cast<int>(lda), b,
                                 cuda_data_type<T>, static_cast<int>(ldb), &beta, c, cuda_data_type<T>,
                                 static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+  sync_check_after("cublasGemmEx", cuda_stream(e));  // DDP_CUDA_SYNC_CHECK=1 only
+}
+
+// The same product with bf16 A and B (bf16 activations, docs/decisions/0072): CUBLAS_COMPUTE_32F, so products of
+// bf16 operands are exact and accumulate in fp32 whatever the exec's precision; C is Out: bfloat16 (alpha AB +
+// beta C formed in fp32, rounded once to nearest even as it is stored) or float (a weight gradient).
+template <class Out>
+void gemm_bf16(const Exec<Cuda>& e, cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n,
+               std::int64_t k, const bfloat16* a, std::int64_t lda, const bfloat16* b, std::int64_t ldb, float beta,
+               Out* c, std::int64_t ldc) {
+  static_assert(std::is_same_v<Out, bfloat16> || std::is_same_v<Out, float>, "ddp: gemm_bf16 writes bf16 or float");
+  require_gemm_sizes(m, n, k, lda, ldb, ldc);
+  const float alpha = 1.f;
+  DDP_CUBLAS_CHECK(cublasGemmEx(cublas_handle(e), ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                static_cast<int>(k), &alpha, a, CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF,
+                                static_cast<int>(ldb), &beta, c, cuda_data_type<Out>, static_cast<int>(ldc),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   sync_check_after("cublasGemmEx", cuda_stream(e));  // DDP_CUDA_SYNC_CHECK=1 only
 }
 

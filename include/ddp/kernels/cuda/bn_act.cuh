@@ -29,8 +29,8 @@
 
 namespace ddp::kernels::cuda {
 
-template <class T>
-void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, Cuda>& a) {
+template <class T, class A>
+void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, Cuda, A>& a) {
   validate(a);
   Tensor<T, Cuda> coef;
   detail::batchnorm_coefficients(e, a.bn, coef);
@@ -38,10 +38,10 @@ void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T,
   detail::batchnorm_apply(e, a.bn.x, coef, a.residual.empty() ? nullptr : a.residual.data(), a.bn.y.data(), a.relu);
 }
 
-template <class T>
-void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, Cuda>& a) {
+template <class T, class A>
+void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, Cuda, A>& a) {
   validate(a);
-  const T* mask = a.relu ? a.y.data() : nullptr;
+  const A* mask = a.relu ? a.y.data() : nullptr;
   Tensor<T, Cuda> coef;
   detail::batchnorm_backward_coefficients(e, a.bn, mask, coef);
   if (a.bn.dx.empty() && a.dresidual.empty()) return;

@@ -20,7 +20,10 @@
 //   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
 //   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
 //   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
-// Mixed precision, as far as it goes in this version: operands are rounded to tf32/bf16 only as they are
+// bf16 activations (Conv2dForwardArgs<float, Cuda, bfloat16>, docs/decisions/0072): the cuBLAS 1x1 and the cuDNN
+// convs run on the bf16 tensors as they are, with the weight rounded to a bf16 copy per call; the rest (a bias,
+// ddp's own kernels) goes through kernels/bf16_storage.hpp (conv2d_bf16_native says which).
+// Mixed precision of the float path, as far as it goes: operands are rounded to tf32/bf16 only as they are
 // staged in shared memory; activations, weights (the float32 master copy) and gradients stay float32 in
 // global memory, so Bf16 saves tensor-core time but not memory bandwidth or capacity (bf16 activation
 // storage is future work).
@@ -38,8 +41,10 @@
 
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/config.hpp"
+#include "ddp/core/dtype.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/conv_gemm_maps.hpp"
+#include "ddp/kernels/elementwise.hpp"
 #include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
@@ -432,6 +437,106 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a) {
 template <class T>
 void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a) {
   conv2d_backward(e, a, e.precision);
+}
+
+}  // namespace ddp::kernels::cuda
+
+namespace ddp::kernels::cuda {
+
+namespace detail {
+
+// w rounded to bf16 (nearest even) in a temporary from the caching allocator: the values Bf16Storage's operand()
+// rounds the weight to, as the bf16 operand cuDNN and cuBLAS read. Once per call (a per-step cache would save the
+// cast pass of every forward and backward after the first).
+inline Tensor<bfloat16, Cuda> bf16_weight(const Exec<Cuda>& e, TensorView<const float, Cuda> w) {
+  const CudaAllocStream on_stream(e);
+  Tensor<bfloat16, Cuda> out(w.shape());
+  for_each_index(e, static_cast<std::size_t>(w.numel()), Bf16Narrow{.x = w.data(), .y = out.data()});
+  return out;
+}
+
+// Whether conv g on bf16 tensors runs natively under e: no bias (cuDNN adds it in y's type, after its rounding,
+// where the host model rounds once after the add), and a cuBLAS 1x1, or a cuDNN conv for whose wanted passes
+// (forward; or backward-data, backward-filter) cuDNN offers a bf16 algorithm: a shape it has none for stays on
+// the widening path rather than failing.
+inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias, [[maybe_unused]] bool fprop,
+                        [[maybe_unused]] bool dgrad, [[maybe_unused]] bool wgrad) {
+  if (bias) return false;
+  if (cublas_pointwise(g)) return true;
+  if (!use_cudnn(e, g)) return false;
+#if DDP_WITH_CUDNN
+  const auto has = [&](cudnn::Op op) { return cudnn::has_algorithm(e, op, g, CUDNN_DATA_BFLOAT16); };
+  return (!fprop || has(cudnn::Op::Forward)) && (!dgrad || has(cudnn::Op::BackwardData)) &&
+         (!wgrad || has(cudnn::Op::BackwardFilter));
+#else
+  return false;  // not reached: use_cudnn is false without cuDNN
+#endif
+}
+
+}  // namespace detail
+
+// Whether Kernels<Cuda> runs a bf16-activation conv natively (the overloads below) or through Bf16Storage.
+inline bool conv2d_bf16_native(const Exec<Cuda>& e, const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
+  validate(a);
+  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation), !a.bias.empty(), true,
+                             false, false);
+}
+inline bool conv2d_bf16_native(const Exec<Cuda>& e, const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
+  validate(a);
+  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation), !a.dbias.empty(), false,
+                             !a.dx.empty(), !a.dw.empty());
+}
+
+// y (bf16) = conv(x, bf16(w)): fp32 accumulation, one rounding at the store. Requires conv2d_bf16_native(e, a).
+inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
+  validate(a);
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
+  const CudaAllocStream on_stream(e);  // the weight copy is reused in the order of e's stream
+  const Tensor<bfloat16, Cuda> w = detail::bf16_weight(e, a.w);
+  if (detail::cublas_pointwise(g)) {  // y (NP x K) = x (NP x C) w^T
+    op_phase(e, "fprop.cublas");
+    detail::gemm_bf16(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, w.data(), g.c, a.x.data(), g.c, 0.f,
+                      a.y.data(), g.k);
+    return;
+  }
+#if DDP_WITH_CUDNN
+  op_phase(e, "fprop.cudnn");
+  cudnn::forward(e, g, a.x.data(), w.data(), static_cast<const float*>(nullptr), a.y.data());
+#endif
+}
+
+// dx (bf16; with accumulate_dx, dx + the product formed in fp32 and rounded once) from dy and bf16(w); dw (float).
+// The cuBLAS 1x1 writes dw in fp32 straight from the bf16 operands; cuDNN's legacy backward-filter has no mixed
+// types, so its dw is bf16 (fp32 accumulation, one rounding) widened into the parameter's gradient.
+// Requires conv2d_bf16_native(e, a).
+inline void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
+  validate(a);
+  const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
+  const std::int64_t np = g.n * g.ho * g.wo;
+  const CudaAllocStream on_stream(e);  // temporaries are reused in the order of e's stream
+  Tensor<bfloat16, Cuda> w;
+  if (!a.dx.empty()) w = detail::bf16_weight(e, a.w);
+  if (detail::cublas_pointwise(g)) {
+    op_phase(e, "dgrad.cublas");
+    if (!a.dx.empty())  // dx (NP x C) = dy (NP x K) w (K x C)
+      detail::gemm_bf16(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, w.data(), g.c, a.dy.data(), g.k,
+                        a.accumulate_dx ? 1.f : 0.f, a.dx.data(), g.c);
+    op_phase(e, "wgrad.cublas");
+    if (!a.dw.empty())  // dw (K x C) = dy^T (K x NP) x (NP x C)
+      detail::gemm_bf16(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, 0.f,
+                        a.dw.data(), g.c);
+    return;
+  }
+#if DDP_WITH_CUDNN
+  op_phase(e, "dgrad.cudnn");
+  if (!a.dx.empty()) cudnn::backward_data(e, g, a.dy.data(), w.data(), a.dx.data(), a.accumulate_dx);
+  op_phase(e, "wgrad.cudnn");
+  if (!a.dw.empty()) {
+    Tensor<bfloat16, Cuda> dw(a.dw.shape());
+    cudnn::backward_filter(e, g, a.x.data(), a.dy.data(), dw.data());
+    for_each_index(e, static_cast<std::size_t>(dw.numel()), Bf16Widen{.x = dw.data(), .y = a.dw.data()});
+  }
+#endif
 }
 
 }  // namespace ddp::kernels::cuda

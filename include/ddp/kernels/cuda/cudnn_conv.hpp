@@ -3,7 +3,7 @@
 // SPDX-License-Identifier: MIT
 //
 // Host code only (cuDNN is a host API): compiles without nvcc, so its host-side logic is tested on machines
-// without a GPU (tests/cudnn). Used by conv2d.cuh when the program links ddp::cudnn (DDP_WITH_CUDNN) and the
+// without a GPU (tests/gpu/cudnn). Used by conv2d.cuh when the program links ddp::cudnn (DDP_WITH_CUDNN) and the
 // exec's ConvImpl (tensor/conv_impl.hpp) is not Own.
 //
 // Per convolution shape a Plan is made once per thread and kept: the cuDNN descriptors (x and y as NHWC 4-d
@@ -20,6 +20,11 @@
 // Handles, one per thread and device like cuBLAS's (blas.cuh), are bound to the exec's stream before each call
 // and never destroyed (destroying them after the CUDA context is gone crashes some drivers). The workspace comes
 // from ddp's caching allocator on the exec's stream, so it costs no cudaMalloc after the first steps.
+// bf16 activations (docs/decisions/0072): x, y, dx and dy as CUDNN_DATA_BFLOAT16 tensors, the weight as a bf16
+// filter (the caller's rounded copy of the fp32 parameter), FLOAT compute type; their plans run at Precision::Bf16
+// whatever the exec's (the operands are bf16 already, so any math type but ALLOW_CONVERSION computes exact products
+// accumulated in fp32) and are kept apart from the fp32 plans by the data type in the key. cuDNN's legacy API has
+// no mixed-type backward-filter (x, dy and dw share a data type), so the bf16 weight gradient is bf16.
 // Shapes cuDNN's int descriptors cannot hold (a dimension or a tensor of 2^31 elements or more) are not
 // describable(); conv2d.cuh runs them on ddp's own kernels.
 #pragma once
@@ -40,6 +45,7 @@
 #include <vector>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
@@ -162,20 +168,32 @@ using ConvDesc =
 
 inline int to_int(std::int64_t v) { return static_cast<int>(v); }  // callers check describable() first
 
+// cuDNN's name for the element type E of x, y and w in memory (float or bfloat16).
+template <class E>
+inline constexpr cudnnDataType_t data_type = CUDNN_DATA_FLOAT;
+template <>
+inline constexpr cudnnDataType_t data_type<bfloat16> = CUDNN_DATA_BFLOAT16;
+
+// The precision a plan computes at: the exec's for fp32 tensors, Bf16 for bf16 ones (see the header comment).
+inline Precision plan_precision(Precision p, cudnnDataType_t dt) {
+  return dt == CUDNN_DATA_BFLOAT16 ? Precision::Bf16 : p;
+}
+
 // The descriptors of geometry g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in NHWC
-// order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC; the bias as (1, k, 1, 1).
+// order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC, all of data type dt; the bias as
+// (1, k, 1, 1) in float. The convolution computes in float whatever dt.
 struct Descriptors {
   TensorDesc x, y, bias;
   FilterDesc w;
   ConvDesc conv;
-  Descriptors(const ConvGeometry& g, Precision p) {
-    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, to_int(g.n), to_int(g.c),
+  Descriptors(const ConvGeometry& g, Precision p, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n), to_int(g.c),
                                                to_int(g.h), to_int(g.w)));
-    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, to_int(g.n), to_int(g.k),
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n), to_int(g.k),
                                                to_int(g.ho), to_int(g.wo)));
     DDP_CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(bias.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, to_int(g.k), 1, 1));
-    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, to_int(g.k), to_int(g.c),
+    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), dt, CUDNN_TENSOR_NHWC, to_int(g.k), to_int(g.c),
                                                to_int(g.r), to_int(g.s)));
     // Cross-correlation is what deep-learning frameworks call convolution (no kernel flip), as our CPU kernel.
     DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.get(), to_int(g.pad.h), to_int(g.pad.w), to_int(g.stride.h),
@@ -209,18 +227,20 @@ inline cudnnHandle_t handle(const Exec<Cuda>& e, int device = current_device()) 
   return h;
 }
 
-// What a plan is keyed by: the op, the geometry, how the algorithm is chosen and the device.
-using PlanKey = std::array<std::int64_t, 20>;
-inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic, int device) {
+// What a plan is keyed by: the op, the geometry, how the algorithm is chosen, the device and the tensors' data type.
+using PlanKey = std::array<std::int64_t, 21>;
+inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic, int device,
+                        cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
   return {static_cast<std::int64_t>(op), g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w,
           g.pad.h, g.pad.w, g.dil.h, g.dil.w, static_cast<std::int64_t>(p), find ? 1 : 0, deterministic ? 1 : 0,
-          device};
+          device, static_cast<std::int64_t>(dt)};
 }
 
 struct Plan {
   Descriptors d;
-  AlgoChoice algo;
-  Plan(const ConvGeometry& g, Precision p) : d(g, p) {}
+  AlgoChoice algo;               // algo -1: cuDNN offered none acceptable
+  std::size_t candidates = 0;    // how many it offered
+  Plan(const ConvGeometry& g, Precision p, cudnnDataType_t dt) : d(g, p, dt) {}
 };
 
 namespace detail {
@@ -276,25 +296,45 @@ inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors&
 
 }  // namespace detail
 
-// This thread's plan for (op, g) under e on `device` (h's), made on first use.
-inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device) {
+// This thread's plan for (op, g) on tensors of data type dt under e on `device` (h's), made on first use and kept,
+// also when cuDNN offers no acceptable algorithm (then algo.algo is -1).
+inline const Plan& find_plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device,
+                             cudnnDataType_t dt) {
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
   const bool find = e.conv == ConvImpl::CudnnFind;
-  std::unique_ptr<Plan>& slot = plans[plan_key(op, g, e.precision, find, e.deterministic, device)];
+  const Precision precision = plan_precision(e.precision, dt);
+  std::unique_ptr<Plan>& slot = plans[plan_key(op, g, precision, find, e.deterministic, device, dt)];
   if (slot) return *slot;
-  auto p = std::make_unique<Plan>(g, e.precision);
+  auto p = std::make_unique<Plan>(g, precision, dt);
   const std::vector<AlgoChoice> list = detail::ranked(h, op, p->d, find);
-  p->algo = choose(list, e.precision, e.deterministic);
-  if (p->algo.algo < 0)
-    throw CudaError(ddp::detail::str(
-        "ddp: cuDNN ", cudnnGetVersion(), " offers no ", op_name(op), " algorithm for conv2d with ",
-        detail::geometry_text(g), " at precision ", precision_name(e.precision),
-        e.deterministic ? ", deterministic" : "", " and a workspace of at most ", kMaxWorkspaceBytes >> 20, " MiB (",
-        list.size(), " candidates); --conv own runs ddp's own kernels"));
+  p->algo = choose(list, precision, e.deterministic);
+  p->candidates = list.size();
   // Run with the math type the chosen algorithm was ranked under (cuDNN's advice for the _v7 and Find lists).
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
+  if (p->algo.algo >= 0) DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
   slot = std::move(p);
   return *slot;
+}
+
+// The same, throwing when there is no acceptable algorithm.
+inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device,
+                        cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+  const Plan& p = find_plan(e, h, op, g, device, dt);
+  const Precision precision = plan_precision(e.precision, dt);
+  if (p.algo.algo < 0)
+    throw CudaError(ddp::detail::str(
+        "ddp: cuDNN ", cudnnGetVersion(), " offers no ", op_name(op), " algorithm for conv2d with ",
+        detail::geometry_text(g), dt == CUDNN_DATA_BFLOAT16 ? " on bf16 tensors" : "", " at precision ",
+        precision_name(precision),
+        e.deterministic ? ", deterministic" : "", " and a workspace of at most ", kMaxWorkspaceBytes >> 20, " MiB (",
+        p.candidates, " candidates); --conv own runs ddp's own kernels"));
+  return p;
+}
+
+// Whether cuDNN offers an acceptable algorithm for op of conv g on tensors of data type dt under e (the plan is
+// made, and kept, on first ask).
+inline bool has_algorithm(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt) {
+  const int device = current_device();
+  return find_plan(e, handle(e, device), op, g, device, dt).algo.algo >= 0;
 }
 
 // A workspace of `bytes` from ddp's caching allocator, reused in the order of e's stream.
@@ -304,22 +344,24 @@ inline Tensor<float, Cuda> workspace(const Exec<Cuda>& e, std::size_t bytes) {
   return Tensor<float, Cuda>(Shape{static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
 }
 
-// Runs one op of conv g under e: call(handle, plan, workspace) issues the cuDNN call with the plan's algorithm.
+// Runs one op of conv g on tensors of data type dt under e: call(handle, plan, workspace) issues the cuDNN call
+// with the plan's algorithm.
 template <class Call>
-void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, Call&& call) {
+void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt, Call&& call) {
   const int device = current_device();
   const cudnnHandle_t h = handle(e, device);
-  const Plan& p = plan(e, h, op, g, device);
+  const Plan& p = plan(e, h, op, g, device, dt);
   Tensor<float, Cuda> ws = workspace(e, p.algo.workspace);
   call(h, p, static_cast<void*>(ws.data()));
 }
 
 inline constexpr float kOne = 1.f, kZero = 0.f;  // cuDNN's alpha and beta (y = alpha op(...) + beta y)
 
-// y = conv(x, w) (+ bias when bias != nullptr).
-inline void forward(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, const float* w, const float* bias,
-                    float* y) {
-  run(e, Op::Forward, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+// y = conv(x, w) (+ bias when bias != nullptr; fp32 tensors only: cudnnAddTensor adds in y's type). E: float, or
+// bfloat16 with w the bf16 copy of the weight.
+template <class E>
+void forward(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* w, const float* bias, E* y) {
+  run(e, Op::Forward, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
     DDP_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.d.x.get(), x, p.d.w.get(), w, p.d.conv.get(),
                                             static_cast<cudnnConvolutionFwdAlgo_t>(p.algo.algo), ws,
                                             p.algo.workspace, &kZero, p.d.y.get(), y));
@@ -327,19 +369,21 @@ inline void forward(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, 
   });
 }
 
-// dx = conv's gradient with respect to x, from dy and w; with `accumulate`, dx += it (beta = 1).
-inline void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const float* dy, const float* w, float* dx,
-                          bool accumulate = false) {
-  run(e, Op::BackwardData, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+// dx = conv's gradient with respect to x, from dy and w; with `accumulate`, dx += it (beta = 1: cuDNN blends in
+// its float compute type and stores once).
+template <class E>
+void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const E* dy, const E* w, E* dx, bool accumulate = false) {
+  run(e, Op::BackwardData, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
     DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.d.w.get(), w, p.d.y.get(), dy, p.d.conv.get(),
                                                  static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo.algo), ws,
                                                  p.algo.workspace, accumulate ? &kOne : &kZero, p.d.x.get(), dx));
   });
 }
 
-// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated).
-inline void backward_filter(const Exec<Cuda>& e, const ConvGeometry& g, const float* x, const float* dy, float* dw) {
-  run(e, Op::BackwardFilter, g, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated), of x's type.
+template <class E>
+void backward_filter(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* dy, E* dw) {
+  run(e, Op::BackwardFilter, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
     DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.d.x.get(), x, p.d.y.get(), dy, p.d.conv.get(),
                                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo.algo), ws,
                                                    p.algo.workspace, &kZero, p.d.w.get(), dw));

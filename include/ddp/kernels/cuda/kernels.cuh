@@ -98,11 +98,18 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     Base::fill(e, x, value);
   }
 
-  // ---- layers (bf16 activations, A = bfloat16: kernels/bf16_storage.hpp) ----
+  // ---- layers. bf16 activations (A = bfloat16, docs/decisions/0072): convs on cuBLAS or cuDNN, BatchNorm (+ReLU,
+  // +residual) and pooling run natively on the bf16 tensors; a conv with a bias or on ddp's own kernels, linear
+  // and cross-entropy through kernels/bf16_storage.hpp (widen, float kernel, round), their host model's path. ----
   template <class T, class A>
   static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D, A>& a) {
     if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::conv2d_forward(e, a);
+      if (cuda::conv2d_bf16_native(e, a)) {
+        const cuda::OpScope scope(e, "conv");
+        cuda::conv2d_forward(e, a);
+      } else {
+        Bf16Storage<D>::conv2d_forward(e, a);
+      }
     } else {
       const cuda::OpScope scope(e, "conv");
       cuda::conv2d_forward(e, a);
@@ -111,7 +118,12 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   template <class T, class A>
   static void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, D, A>& a) {
     if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::conv2d_backward(e, a);
+      if (cuda::conv2d_bf16_native(e, a)) {
+        const cuda::OpScope scope(e, "conv");
+        cuda::conv2d_backward(e, a);
+      } else {
+        Bf16Storage<D>::conv2d_backward(e, a);
+      }
     } else {
       const cuda::OpScope scope(e, "conv");
       cuda::conv2d_backward(e, a);
@@ -119,76 +131,44 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   }
   template <class T, class A>
   static void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, D, A>& a) {
-    if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::batchnorm_forward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "bn_forward", "stats");
-      cuda::batchnorm_forward(e, a);
-    }
+    const cuda::OpScope scope(e, "bn_forward", "stats");
+    cuda::batchnorm_forward(e, a);
   }
   template <class T, class A>
   static void batchnorm_backward(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, D, A>& a) {
-    if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::batchnorm_backward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "bn_backward", "stats");
-      cuda::batchnorm_backward(e, a);
-    }
+    const cuda::OpScope scope(e, "bn_backward", "stats");
+    cuda::batchnorm_backward(e, a);
   }
   // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's passes.
   template <class T, class A>
   static void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, D, A>& a) {
-    if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::batchnorm_act_forward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "bn_act_forward", "stats");
-      cuda::batchnorm_act_forward(e, a);
-    }
+    const cuda::OpScope scope(e, "bn_act_forward", "stats");
+    cuda::batchnorm_act_forward(e, a);
   }
   template <class T, class A>
   static void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, D, A>& a) {
-    if constexpr (std::is_same_v<A, bfloat16>) {
-      Bf16Storage<D>::batchnorm_act_backward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "bn_act_backward", "stats");
-      cuda::batchnorm_act_backward(e, a);
-    }
+    const cuda::OpScope scope(e, "bn_act_backward", "stats");
+    cuda::batchnorm_act_backward(e, a);
   }
   template <class T>
   static void max_pool2d_forward(const Exec<Cuda>& e, const MaxPool2dForwardArgs<T, D>& a) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      Bf16Storage<D>::max_pool2d_forward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "pool", "max_forward");
-      cuda::max_pool2d_forward(e, a);
-    }
+    const cuda::OpScope scope(e, "pool", "max_forward");
+    cuda::max_pool2d_forward(e, a);
   }
   template <class T>
   static void max_pool2d_backward(const Exec<Cuda>& e, const MaxPool2dBackwardArgs<T, D>& a) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      Bf16Storage<D>::max_pool2d_backward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "pool", "max_backward");
-      cuda::max_pool2d_backward(e, a);
-    }
+    const cuda::OpScope scope(e, "pool", "max_backward");
+    cuda::max_pool2d_backward(e, a);
   }
   template <class T>
   static void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      Bf16Storage<D>::adaptive_avg_pool2d_forward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "pool", "avg_forward");
-      cuda::adaptive_avg_pool2d_forward(e, a);
-    }
+    const cuda::OpScope scope(e, "pool", "avg_forward");
+    cuda::adaptive_avg_pool2d_forward(e, a);
   }
   template <class T>
   static void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      Bf16Storage<D>::adaptive_avg_pool2d_backward(e, a);
-    } else {
-      const cuda::OpScope scope(e, "pool", "avg_backward");
-      cuda::adaptive_avg_pool2d_backward(e, a);
-    }
+    const cuda::OpScope scope(e, "pool", "avg_backward");
+    cuda::adaptive_avg_pool2d_backward(e, a);
   }
   template <class T, class A>
   static void linear_forward(const Exec<Cuda>& e, const LinearForwardArgs<T, D, A>& a) {

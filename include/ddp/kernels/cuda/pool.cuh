@@ -15,8 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ddp/core/cuda_check.hpp"
+#include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/args.hpp"
@@ -29,6 +31,10 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
+// Arithmetic type of pooling over T: bf16 values are widened as loaded (exact) and each output rounded once.
+template <class T>
+using PoolAcc = std::conditional_t<std::is_same_v<T, bfloat16>, float, T>;
+
 template <class T>
 __global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::int32_t* __restrict__ am,
                                           PoolGeometry g) {
@@ -39,17 +45,18 @@ __global__ void max_pool2d_forward_kernel(const T* __restrict__ x, T* __restrict
     const std::int64_t h0 = oh * g.stride.h - g.pad.h, w0 = ow * g.stride.w - g.pad.w;
     const std::int64_t hb = h0 > 0 ? h0 : 0, he = h0 + g.kernel.h < g.h ? h0 + g.kernel.h : g.h;
     const std::int64_t wb = w0 > 0 ? w0 : 0, we = w0 + g.kernel.w < g.w ? w0 + g.kernel.w : g.w;
-    T best = -INFINITY;
+    using C = PoolAcc<T>;
+    C best = -INFINITY;
     auto arg = static_cast<std::int32_t>(hb * g.w + wb);
     for (std::int64_t hi = hb; hi < he; ++hi)
       for (std::int64_t wi = wb; wi < we; ++wi) {
-        const T v = x[((n * g.h + hi) * g.w + wi) * g.c + k];
+        const C v = static_cast<C>(x[((n * g.h + hi) * g.w + wi) * g.c + k]);
         if ((v > best) || ((v != v) && (best == best))) {
           best = v;
           arg = static_cast<std::int32_t>(hi * g.w + wi);
         }
       }
-    y[i] = best;
+    y[i] = static_cast<T>(best);
     if (am) am[i] = arg;
   }
 }
@@ -71,13 +78,13 @@ __global__ void max_pool2d_backward_kernel(const T* __restrict__ dy, const std::
     if (oh1 > g.ho - 1) oh1 = g.ho - 1;
     if (ow1 > g.wo - 1) ow1 = g.wo - 1;
     const auto self = static_cast<std::int32_t>(hi * g.w + wi);
-    T acc = T(0);
+    PoolAcc<T> acc = 0;
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
         const std::int64_t o = ((n * g.ho + oh) * g.wo + ow) * g.c + k;
-        if (am[o] == self) acc += dy[o];
+        if (am[o] == self) acc += static_cast<PoolAcc<T>>(dy[o]);
       }
-    dx[i] = acc;
+    dx[i] = static_cast<T>(acc);
   }
 }
 
@@ -89,10 +96,11 @@ __global__ void adaptive_avg_pool2d_forward_kernel(const T* __restrict__ x, T* _
     const std::int64_t k = i % g.c, j = (i / g.c) % g.wo, r = (i / (g.c * g.wo)) % g.ho, n = i / (g.c * g.wo * g.ho);
     const std::int64_t hb = pool_start(r, g.h, g.ho), he = pool_end(r, g.h, g.ho);
     const std::int64_t wb = pool_start(j, g.w, g.wo), we = pool_end(j, g.w, g.wo);
-    T acc = T(0);
+    using C = PoolAcc<T>;
+    C acc = C(0);
     for (std::int64_t hi = hb; hi < he; ++hi)
-      for (std::int64_t wi = wb; wi < we; ++wi) acc += x[((n * g.h + hi) * g.w + wi) * g.c + k];
-    y[i] = acc * (T(1) / static_cast<T>((he - hb) * (we - wb)));
+      for (std::int64_t wi = wb; wi < we; ++wi) acc += static_cast<C>(x[((n * g.h + hi) * g.w + wi) * g.c + k]);
+    y[i] = static_cast<T>(acc * (C(1) / static_cast<C>((he - hb) * (we - wb))));
   }
 }
 
@@ -118,14 +126,15 @@ __global__ void adaptive_avg_pool2d_backward_kernel(const T* __restrict__ dy, T*
     std::int64_t r0, r1, j0, j1;
     cells_covering(hi, g.h, g.ho, r0, r1);
     cells_covering(wi, g.w, g.wo, j0, j1);
-    T acc = T(0);
+    using C = PoolAcc<T>;
+    C acc = C(0);
     for (std::int64_t r = r0; r < r1; ++r)
       for (std::int64_t j = j0; j < j1; ++j) {
         const std::int64_t cell = (pool_end(r, g.h, g.ho) - pool_start(r, g.h, g.ho)) *
                                   (pool_end(j, g.w, g.wo) - pool_start(j, g.w, g.wo));
-        acc += dy[((n * g.ho + r) * g.wo + j) * g.c + k] * (T(1) / static_cast<T>(cell));
+        acc += static_cast<C>(dy[((n * g.ho + r) * g.wo + j) * g.c + k]) * (C(1) / static_cast<C>(cell));
       }
-    dx[i] = acc;
+    dx[i] = static_cast<T>(acc);
   }
 }
 

@@ -9,7 +9,6 @@
 // Rank 0 prints, per epoch, the accuracy of the whole test set and the time of the training pass.
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <iostream>
 
 #include <ddp/ddp.hpp>
@@ -62,17 +61,24 @@ int main(int argc, char** argv) try {
   optim::SGD<float, Cpu> opt(*net, {.lr = 0.05, .momentum = 0.9});
   nn::CrossEntropyLoss<float, Cpu> loss;
   Exec<Cpu> exec;  // kernels on this thread: one thread per process, as the launchers ask (OMP_NUM_THREADS=1)
-  for (int epoch = 0; epoch < args["epochs"].as<int>(); ++epoch) {
-    const auto start = std::chrono::steady_clock::now();
+  const int epochs = args["epochs"].as<int>();
+  // Step timing and throughput; on a terminal rank 0 redraws a progress line (train/bookkeeper.hpp).
+  train::Bookkeeper<Cpu> book(job->communicator(), exec,
+                              {.steps_per_epoch = static_cast<long long>(loader.num_batches()),
+                               .last_epoch = epochs - 1, .progress_lines = false});
+  for (int epoch = 0; epoch < epochs; ++epoch) {
     net->train();
     loader.start_epoch(epoch);
+    book.start_epoch(epoch);
     while (auto batch = loader.next()) {
+      book.got_batch();
       opt.zero_grad();
-      loss.forward(exec, model.forward(exec, batch->images.cview()).cview(), batch->labels.cview());
+      const double l = loss.forward(exec, model.forward(exec, batch->images.cview()).cview(), batch->labels.cview());
       model.backward(exec, loss.backward(exec).cview());  // gradients averaged over the ranks
       opt.step(exec);
+      book.end_step({.loss = l, .lr = opt.lr(), .samples = batch->size()}, model.last_trace());
     }
-    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    const double seconds = book.end_epoch(epoch);  // the training pass
 
     net->eval();
     std::array<double, 2> counts{};  // correct, images
@@ -87,7 +93,7 @@ int main(int argc, char** argv) try {
     const auto [correct, images] = train::sum_over_ranks(job->communicator(), exec, counts);
     if (rank == 0)
       std::cout << "epoch " << epoch << " test accuracy " << correct / images << " (" << correct << "/" << images
-                << ") train time " << seconds.count() << " s" << std::endl;
+                << ") train time " << seconds << " s" << std::endl;
   }
 } catch (const std::exception& e) {
   std::cerr << e.what() << '\n';

@@ -224,9 +224,7 @@ int main(int argc, char** argv) {
         "temperature", "generate: logits are divided by this (0: always the most likely)",
         cxxopts::value<double>()->default_value("1.0"))(
         "top_k", "generate: sample among this many most likely characters (0: all)",
-        cxxopts::value<long>()->default_value("10"))(
-        "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the first "
-        "attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))("h,help", "this help");
+        cxxopts::value<long>()->default_value("10"))("h,help", "this help");
     init.add_options(options);  // --backend, --device, --timeout-ms, ... (train/init.hpp)
     options.parse_positional({"mode"});
     const auto args = ddp::train::parse_args(options, argc, argv);
@@ -259,8 +257,7 @@ int main(int argc, char** argv) {
                         "every GEMM runs in fp32; drop it there");
 
     train::Job job = train::init_process_group(init);
-    const mingpt_example::Setup setup{.cfg = c, .die_after_epoch = args["die-after-epoch"].as<long>(),
-                                      .restart_count = job.info().restart_count, .metrics_file = dist.metrics_file,
+    const mingpt_example::Setup setup{.cfg = c, .metrics_file = dist.metrics_file,
                                       .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace, .ddp = dist.ddp,
                                       .comm = &job.communicator()};
     if constexpr (BuildConfig::with_cuda)

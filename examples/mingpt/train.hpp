@@ -22,9 +22,7 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <iomanip>
@@ -51,13 +49,11 @@
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/precision.hpp>
 #include <ddp/tensor/prefetch.hpp>
+#include <ddp/train/bookkeeper.hpp>
 #include <ddp/train/device_state.hpp>
-#include <ddp/train/metrics.hpp>
-#include <ddp/train/progress.hpp>
 #include <ddp/train/rank_sum.hpp>
 #include <ddp/train/safetensors.hpp>
 #include <ddp/train/snapshot_io.hpp>
-#include <ddp/train/trace.hpp>
 
 namespace mingpt_example {
 
@@ -107,8 +103,6 @@ inline optim::GradScalerOptions scaler_options(const Config& c) {
 // Everything the loop needs besides the configuration.
 struct Setup {
   Config cfg;
-  long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot (attempt 0)
-  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT
   std::string metrics_file, tensorboard_dir;  // rank 0's (empty: none)
   train::TraceOptions trace;
   MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
@@ -231,14 +225,14 @@ int train(const Setup& s, Exec<D>& exec) {
               << std::endl;
 
   nn::CrossEntropyLoss<float, D> ce;
-  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
-                               rank == 0 ? s.tensorboard_dir : std::string());
-  train::StepTracer<D> tracer(comm, s.trace, exec);
-  const bool live = train::live_progress_wanted() && rank == 0;
-  train::Progress progress(std::cout, {.total_steps = (c.max_epochs - epochs_run) * static_cast<long long>(steps),
-                                       .live = live});
-  const auto t0 = std::chrono::steady_clock::now();
-  std::size_t tokens_seen = 0;  // by every rank since t0
+  // Timing, tokens/s, --metrics-file, --tensorboard-dir, --trace and the snapshot cadence (train/bookkeeper.hpp);
+  // on a terminal rank 0 also redraws one progress line with an ETA. Epochs count from 1, as the tutorial's.
+  train::Bookkeeper<D> book(comm, exec,
+                            {.steps_per_epoch = static_cast<long long>(steps), .first_epoch = epochs_run + 1,
+                             .last_epoch = static_cast<long>(c.max_epochs), .epoch_base = 1,
+                             .save_every = static_cast<long>(c.save_every), .progress_lines = false,
+                             .metrics_file = s.metrics_file, .tensorboard_dir = s.tensorboard_dir, .trace = s.trace,
+                             .device_memory = s.device_memory});
   const auto loss_text = [](double loss) {
     std::ostringstream o;
     o << std::fixed << std::setprecision(5) << loss;  // the tutorial's {batch_loss:.5f}
@@ -259,13 +253,10 @@ int train(const Setup& s, Exec<D>& exec) {
           return batch_at(text, train_idx, mine, assembled++, c.batch_size);
         },
         [](const data::TokenBatch& b) { return std::tuple(b.x.cview(), b.y.cview()); });
+    book.start_epoch(epoch);
     for (std::size_t it = 0; it < steps; ++it) {
-      const auto ts = std::chrono::steady_clock::now();
       const auto* batch = feed.next();  // never nullptr (the source makes `steps`); valid until the next next()
-      const data::TokenBatch& b = batch->host;
-      const auto got_batch = std::chrono::steady_clock::now();
-      const long global_step = iterations() + 1;
-      tracer.begin_step(global_step);
+      book.got_batch();
       const auto& [x, y] = batch->input;  // (B, block_size) token ids and targets on D
       opt.zero_grad();
       const Tensor<float, D> logits = model.forward(exec, x);
@@ -294,57 +285,31 @@ int train(const Setup& s, Exec<D>& exec) {
       if (skipped && rank == 0 && c.log_every > 0)
         std::cout << "[GPU0] Epoch " << epoch << " | Iter " << it << " | gradients overflowed at loss scale " << scale
                   << ": step skipped, scale now " << scaler.scale() << std::endl;
-      tracer.end_step(global_step, ts, got_batch, exec);
-      tokens_seen += static_cast<std::size_t>(b.x.numel()) * static_cast<std::size_t>(world);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (c.log_every > 0 && it % static_cast<std::size_t>(c.log_every) == 0)
         std::cout << "[GPU" << rank << "] Epoch " << epoch << " | Iter " << it << " | Train Loss " << loss_text(loss)
                   << std::endl;
-      if (live)
-        progress.step(epoch, static_cast<long long>(it) + 1, static_cast<long long>(steps), loss,
-                      static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs,
-                      ddp::detail::str("tokens/s ", static_cast<long long>(static_cast<double>(tokens_seen) / secs)));
-      if (metrics.enabled()) {
-        const auto done = std::chrono::steady_clock::now();
-        nlohmann::json record{
-            {"epoch", epoch},
-            {"step", it},
-            {"global_step", global_step},
-            {"loss", loss},
-            {"lr", opt.lr()},
-            {"grad_norm", grad_norm},
-            {"samples_per_sec", static_cast<double>(tokens_seen) / static_cast<double>(c.block_size) / secs},
-            {"tokens_per_sec", static_cast<double>(tokens_seen) / secs}};
-        if (scaler.enabled()) {
-          record["loss_scale"] = scale;
-          record["skipped"] = skipped;
-        }
-        metrics.write(train::step_record(std::move(record), {.start = ts, .got_batch = got_batch, .done = done},
-                                         model.last_trace(), s.device_memory));
-      }
+      const data::TokenBatch& b = batch->host;
+      book.end_step({.loss = loss, .lr = opt.lr(), .samples = static_cast<std::size_t>(b.x.dim(0)),
+                     .tokens = static_cast<std::size_t>(b.x.numel()), .grad_norm = grad_norm,
+                     .extra = scaler.enabled() ? nlohmann::json{{"loss_scale", scale}, {"skipped", skipped}}
+                                               : nlohmann::json::object()},
+                    model.last_trace());
     }
-    progress.end_epoch();
-    if (epoch % c.save_every == 0 || epoch == c.max_epochs) {
+    book.end_epoch(epoch, [&] {
       train::SnapshotInfo info{.epoch = epoch, .metadata = model_metadata(mo, text)};
       if (scaler.enabled() || scaler.skipped_steps() > 0) info.metadata.merge(scaler.state());
       train::save_snapshot_on_rank0(comm, c.snapshot_path, exec, net, opt, info, mo);
       if (rank == 0) std::cout << "Snapshot saved at epoch " << epoch << std::endl;
-      if (epoch == s.die_after_epoch && s.restart_count == 0) {
-        comm.barrier().wait();  // the snapshot is on disk before the simulated crash
-        if (rank == 1) std::raise(SIGKILL);
-      }
-    }
+    });
     if (!test_idx.empty()) {
       const auto [sum, positions] =
           train::sum_over_ranks(comm, exec, eval_share(net, exec, text, test_idx, c.batch_size, world, rank));
       if (rank == 0) std::cout << "[GPU0] Epoch " << epoch << " | Eval Loss " << loss_text(sum / positions) << std::endl;
     }
   }
-  tracer.close(exec);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const train::RunTotals t = book.finish();  // collective with --trace
   if (rank == 0)
-    std::cout << "Training took " << secs << " s (" << static_cast<double>(tokens_seen) / secs << " tokens/s)"
-              << std::endl;
+    std::cout << "Training took " << t.seconds << " s (" << t.tokens_per_sec() << " tokens/s)" << std::endl;
   return 0;
 }
 

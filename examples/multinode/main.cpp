@@ -56,8 +56,6 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>()->default_value("mse"))(
         "seed", "data and initialisation seed", cxxopts::value<long>()->default_value("0"))(
         "lr", "learning rate (with --lr-schedule: its base)", cxxopts::value<double>()->default_value("0.001"))(
-        "die-after-epoch", "testing: global rank 1 kills itself (SIGKILL) after this epoch's snapshot on the "
-        "first attempt (TORCHELASTIC_RESTART_COUNT=0)", cxxopts::value<long>()->default_value("-1"))(
         "await-join-after-epoch", "testing: when the job has one rank, wait after this epoch's snapshot (60 s at "
         "most) for an elastic launcher to restart it with more", cxxopts::value<long>()->default_value("-1"))(
         "h,help", "this help");
@@ -86,8 +84,7 @@ int main(int argc, char** argv) {
     const multinode_example::Setup setup{
         .total_epochs = total_epochs, .save_every = save_every, .batch_size = batch_size,
         .snapshot_path = snapshot_path, .loss = loss_name, .seed = seed, .lr = args["lr"].as<double>(), .optim = optim,
-        .die_after_epoch = args["die-after-epoch"].as<long>(),
-        .await_join_after_epoch = args["await-join-after-epoch"].as<long>(), .restart_count = job.info().restart_count,
+        .await_join_after_epoch = args["await-join-after-epoch"].as<long>(),
         .metrics_file = dist.metrics_file, .tensorboard_dir = dist.tensorboard_dir, .trace = dist.trace,
         .ddp = dist.ddp, .comm = &job.communicator()};
     if constexpr (BuildConfig::with_cuda)

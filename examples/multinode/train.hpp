@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -32,13 +31,11 @@
 #include <ddp/optim/optimizer.hpp>
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/random.hpp>
+#include <ddp/train/bookkeeper.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/device_state.hpp>
-#include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/progress.hpp>
 #include <ddp/train/snapshot_io.hpp>
-#include <ddp/train/trace.hpp>
 
 namespace multinode_example {
 
@@ -55,9 +52,7 @@ struct Setup {
   std::uint64_t seed = 0;
   double lr = 0.001;           // the schedule's base
   train::OptimFlags optim;     // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, ...
-  long die_after_epoch = -1;  // testing: global rank 1 SIGKILLs itself after this epoch's snapshot
   long await_join_after_epoch = -1;  // testing: a lone rank waits here for an elastic launcher to add a node
-  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: the simulated crash happens on attempt 0 only
   std::string metrics_file;   // rank 0's JSON lines (empty: none)
   std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
   train::TraceOptions trace;    // --trace FILE, --trace-steps (train/trace.hpp; path empty: none)
@@ -101,27 +96,24 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
 
   nn::MSELoss<float, D> mse;
   nn::CrossEntropyLoss<float, D> ce;
-  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
-                               rank == 0 ? s.tensorboard_dir : std::string());  // per-step JSON lines, TensorBoard
-  std::size_t samples_seen = 0;  // by every rank since t0 (this run), for samples_per_sec
   const std::size_t steps = (sampler.size() + s.batch_size - 1) / s.batch_size;  // per epoch
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
-  // --trace (train/trace.hpp): on the GPU every span waits for the stream, so traced steps show device time.
-  train::StepTracer<D> tracer(comm, s.trace, exec);
-  const auto t0 = std::chrono::steady_clock::now();
-  // On a terminal rank 0 also redraws one progress line with an ETA (train/progress.hpp); in a log the output
-  // stays the tutorial's lines. Every rank reads DDP_PROGRESS, so a bad value stops them all.
-  const bool live = train::live_progress_wanted() && rank == 0;
-  train::Progress progress(std::cout, {.total_steps = (s.total_epochs - start_epoch) * static_cast<long long>(steps),
-                                       .live = live});
+  // Timing, --metrics-file, --tensorboard-dir, --trace and the snapshot cadence (train/bookkeeper.hpp). On a
+  // terminal rank 0 also redraws one progress line with an ETA; in a log the output stays the tutorial's lines.
+  // No data_ms: the batch is copied out of host arrays (tools/plot_metrics.py skips its step-time chart).
+  train::Bookkeeper<D> book(comm, exec,
+                            {.steps_per_epoch = static_cast<long long>(steps), .first_epoch = start_epoch,
+                             .last_epoch = s.total_epochs - 1, .save_every = s.save_every, .progress_lines = false,
+                             .data_ms = false, .metrics_file = s.metrics_file, .tensorboard_dir = s.tensorboard_dir,
+                             .trace = s.trace, .device_memory = s.device_memory});
   for (long epoch = start_epoch; epoch < s.total_epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto idx = sampler.indices();
     std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << s.batch_size << " | Steps: " << steps
               << std::endl;
+    book.start_epoch(epoch);
     for (std::size_t step = 0; step < steps; ++step) {
-      const auto ts = std::chrono::steady_clock::now();
       const std::size_t b0 = step * s.batch_size, n = std::min(s.batch_size, idx.size() - b0);
       Tensor<float, Cpu> x(Shape{static_cast<std::int64_t>(n), kIn}), y(Shape{static_cast<std::int64_t>(n), 1});
       for (std::size_t k = 0; k < n; ++k) {
@@ -129,9 +121,7 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         std::copy_n(xs.data() + i * kIn, kIn, x.data() + k * kIn);
         y.data()[k] = ys.data()[i];
       }
-      const auto got_batch = std::chrono::steady_clock::now();
-      const long global_step = epoch * static_cast<long>(steps) + static_cast<long>(step) + 1;
-      tracer.begin_step(global_step);
+      book.got_batch();
       const auto xd = train::on_device<D>(x.cview(), exec);  // alive until backward returns
       opt.zero_grad();
       auto out = model.forward(exec, xd.cview());
@@ -157,43 +147,18 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         schedule.apply(opt);  // this step's lr, from the optimizer's step count
         opt.step(exec);
       }
-      tracer.end_step(global_step, ts, got_batch, exec);  // collective after --trace-steps' last
-      samples_seen += n * static_cast<std::size_t>(comm.size());  // the last batch may be short on every rank alike
-      if (live)
-        progress.step(epoch, static_cast<long long>(step) + 1, static_cast<long long>(steps), loss,
-                      static_cast<double>(samples_seen) /
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                      ddp::detail::str("lr ", opt.lr()));
-      if (metrics.enabled()) {
-        const auto done = std::chrono::steady_clock::now();
-        nlohmann::json record{
-            {"epoch", epoch},
-            {"step", step},
-            {"global_step", static_cast<std::size_t>(epoch) * steps + step},
-            {"loss", loss},
-            {"lr", opt.lr()},
-            {"samples_per_sec", static_cast<double>(samples_seen) / std::chrono::duration<double>(done - t0).count()}};
-        if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
-        // No data_ms: the batch is copied out of host arrays (tools/plot_metrics.py skips its step-time chart).
-        metrics.write(
-            train::step_record(std::move(record), {.start = ts, .done = done}, model.last_trace(), s.device_memory));
-      }
+      // n: the last batch may be short on every rank alike.
+      book.end_step({.loss = loss, .lr = opt.lr(), .samples = n, .grad_norm = grad_norm}, model.last_trace());
     }
-    progress.end_epoch();
-    if (epoch % s.save_every == 0 || epoch + 1 == s.total_epochs) {
+    book.end_epoch(epoch, [&] {  // collective with --zero (the shards are consolidated on rank 0)
       train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()},
-                                    mo);  // collective with --zero (the shards are consolidated on rank 0)
+                                    mo);
       if (rank == 0) std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
       if (epoch == s.await_join_after_epoch && comm.size() == 1) await_join(epoch);
-      if (epoch == s.die_after_epoch && s.restart_count == 0) {
-        comm.barrier().wait();  // the snapshot is on disk before the simulated crash
-        if (rank == 1) std::raise(SIGKILL);
-      }
-    }
+    });
   }
-  tracer.close(exec);  // a --trace-steps range past the last step is cut here (collective)
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (rank == 0) std::cout << "Training took " << took << " s" << std::endl;
+  const train::RunTotals t = book.finish();  // a --trace-steps range past the last step is cut here (collective)
+  if (rank == 0) std::cout << "Training took " << t.seconds << " s" << std::endl;
   return 0;
 }
 

@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
@@ -43,14 +42,12 @@
 #include <ddp/parallel/ddp.hpp>
 #include <ddp/tensor/copy.hpp>
 #include <ddp/tensor/prefetch.hpp>
+#include <ddp/train/bookkeeper.hpp>
 #include <ddp/train/checkpoint.hpp>
 #include <ddp/train/device_state.hpp>
-#include <ddp/train/metrics.hpp>
 #include <ddp/train/optim_flags.hpp>
-#include <ddp/train/progress.hpp>
 #include <ddp/train/rank_sum.hpp>
 #include <ddp/train/snapshot_io.hpp>
-#include <ddp/train/trace.hpp>
 
 namespace resnet_example {
 
@@ -126,23 +123,15 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     if (rank == 0) std::cout << "resumed from " << s.path << " at epoch " << start_epoch << std::endl;
   }
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
-  train::MetricsWriter metrics(rank == 0 ? s.metrics_file : std::string(),
-                               rank == 0 ? s.tensorboard_dir : std::string());  // JSON lines and TensorBoard
   nn::CrossEntropyLoss<float, D> ce;
-  // --trace: the chosen steps of every rank as one Chrome trace (train/trace.hpp). On the GPU every span waits for
-  // the stream before it ends, so traced steps show device time (and run serialised).
-  train::StepTracer<D> tracer(comm, s.trace, exec);
   const auto steps = static_cast<long>(s.loader->num_batches());
   const optim::LrSchedule schedule = train::lr_schedule(s.optim, s.learning_rate, steps, s.num_epochs);
-
-  std::size_t total_steps = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  // Rank 0's progress with an ETA: one line redrawn in place on a terminal, a line every --log_every steps in a
-  // log (train/progress.hpp; DDP_PROGRESS=live|lines overrides). Every rank reads DDP_PROGRESS, so a bad value
-  // stops them all.
-  const bool live = train::live_progress_wanted();
-  train::Progress progress(std::cout, {.total_steps = (s.num_epochs - start_epoch) * steps, .log_every = s.log_every,
-                                       .live = live});
+  // Timing, rank 0's progress line (every --log_every steps in a log, redrawn on a terminal), --metrics-file,
+  // --tensorboard-dir, --trace (on the GPU every traced span waits for the stream) and a snapshot every epoch.
+  train::Bookkeeper<D> book(comm, exec,
+                            {.steps_per_epoch = steps, .first_epoch = start_epoch, .last_epoch = s.num_epochs - 1,
+                             .log_every = s.log_every, .metrics_file = s.metrics_file,
+                             .tensorboard_dir = s.tensorboard_dir, .trace = s.trace, .device_memory = s.device_memory});
   // The batches on D (tensor/prefetch.hpp): the loader's host tensors themselves on the CPU; on the GPU pinned
   // slots uploaded on a copy stream, the next batch's upload overlapping this step (docs/decisions/0050).
   Prefetcher<D, float, std::int64_t> uploads(exec);
@@ -152,13 +141,11 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
     auto feed = prefetch_feed(
         uploads, [&] { return s.loader->next(); },
         [](const data::Batch& b) { return std::tuple(b.images.cview(), b.labels.cview()); });
-    auto last = std::chrono::steady_clock::now();  // the previous step's end: step time includes the data wait
+    book.start_epoch(epoch);
     while (const auto* batch = feed.next()) {  // its tensors stay valid until the next feed.next()
-      const auto got_batch = std::chrono::steady_clock::now();
-      const long step = static_cast<long>(batch->host.step) + 1;
-      tracer.begin_step(epoch * steps + step);
-      opt.zero_grad();
+      book.got_batch();
       const auto& [images, labels] = batch->input;  // (B, H, W, C) float and (B) int64 on D
+      opt.zero_grad();
       auto logits = model.forward(exec, images);
       double loss = 0.0;
       Tensor<float, D> dlogits;
@@ -175,23 +162,12 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
         schedule.apply(opt);  // this step's lr, from the optimizer's step count
         opt.step(exec);
       }
-      ++total_steps;
-      tracer.end_step(epoch * steps + step, last, got_batch, exec);  // collective after --trace-steps' last
-      const auto done = std::chrono::steady_clock::now();
-      const double secs = std::chrono::duration<double>(done - t0).count();
-      const double sps = static_cast<double>(total_steps * s.batch_size * static_cast<std::size_t>(world)) / secs;
-      if (rank == 0) progress.step(epoch, step, steps, loss, sps, ddp::detail::str("lr ", opt.lr()));
-      if (metrics.enabled()) {
-        nlohmann::json record{{"epoch", epoch}, {"step", step},   {"global_step", epoch * steps + step},
-                              {"loss", loss},   {"lr", opt.lr()}, {"samples_per_sec", sps}};
-        if (grad_norm >= 0.0) record["grad_norm"] = grad_norm;
-        metrics.write(train::step_record(std::move(record), {.start = last, .got_batch = got_batch, .done = done},
-                                         model.last_trace(), s.device_memory));
-      }
-      last = std::chrono::steady_clock::now();
+      book.end_step({.loss = loss, .lr = opt.lr(), .samples = s.batch_size, .grad_norm = grad_norm},
+                    model.last_trace());
     }
-    progress.end_epoch();
-    train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);  // collective with --zero
+    book.end_epoch(epoch, [&] {  // collective with --zero
+      train::save_snapshot_on_rank0(comm, s.path, exec, net, opt, {.epoch = epoch + 1}, mo);
+    });
     if (s.test_set) {
       const auto [correct, correct5, samples] =
           train::sum_over_ranks(comm, exec, evaluate_share(net, exec, *s.test_set, world, rank, s.workers));
@@ -201,12 +177,10 @@ int run(Setup& s, Exec<D>& exec, nn::ResNet<float, D>& net, Opt& opt, const nn::
                   << static_cast<long>(correct5) << "/" << static_cast<long>(samples) << ")" << std::endl;
     }
   }
-  tracer.close(exec);  // a --trace-steps range past the last step is cut here (collective)
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const train::RunTotals t = book.finish();  // a --trace-steps range past the last step is cut here (collective)
   if (rank == 0)
-    std::cout << "samples_per_sec: " << static_cast<double>(total_steps * s.batch_size * world) / secs << " (" << world
-              << " ranks x " << s.batch_size << " samples x " << total_steps << " steps in " << secs << " s)"
-              << std::endl;
+    std::cout << "samples_per_sec: " << t.samples_per_sec() << " (" << world << " ranks x " << s.batch_size
+              << " samples x " << t.steps << " steps in " << t.seconds << " s)" << std::endl;
   return 0;
 }
 

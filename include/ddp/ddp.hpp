@@ -233,6 +233,9 @@
 // defines: train::Progress (progress with an ETA, live on a terminal), train::progress_line, train::live_progress_wanted,
 //          train::stdout_shared_by, train::format_eta
 #include "ddp/train/progress.hpp"
+// defines: train::Bookkeeper, train::StepStats, train::RunTotals, train::after_snapshot_hook (a training loop's
+//          timing, progress, metrics, trace and snapshot cadence)
+#include "ddp/train/bookkeeper.hpp"
 // defines: train::sum_over_ranks (a few host numbers summed over every rank: evaluation metrics)
 #include "ddp/train/rank_sum.hpp"
 // defines: train::read_and_broadcast

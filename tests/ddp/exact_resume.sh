@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Exact resume: a multinode run whose rank 1 dies (SIGKILL) right after the epoch-2 snapshot, restarted once by
-# the launcher, must end with a final snapshot byte-identical to an uninterrupted run's.
-# Usage: exact_resume.sh ddprun|torchrun <ddprun binary> <multinode binary>
+# the launcher, must end with a final snapshot byte-identical to an uninterrupted run's. The kill is the fault
+# hook of the test build (die_after_epoch.cpp: DDP_TEST_DIE_AFTER_EPOCH, first attempt only).
+# Usage: exact_resume.sh ddprun|torchrun <ddprun binary> <multinode_faults binary>
 # SPDX-License-Identifier: MIT
 set -u
 mode=$1 ddprun=$2 prog=$3
@@ -22,7 +23,7 @@ launch() {  # launch <max restarts> <args...>
 }
 
 launch 0 6 2 --snapshot_path "$work/a.safetensors" > "$work/a.log" 2>&1 || { echo "FAIL: uninterrupted run"; cat "$work/a.log"; exit 1; }
-launch 1 6 2 --snapshot_path "$work/b.safetensors" --die-after-epoch 2 > "$work/b.log" 2>&1 \
+DDP_TEST_DIE_AFTER_EPOCH=2 launch 1 6 2 --snapshot_path "$work/b.safetensors" > "$work/b.log" 2>&1 \
   || { echo "FAIL: interrupted run did not recover"; cat "$work/b.log"; exit 1; }
 grep -q "Resuming training from snapshot at Epoch 3" "$work/b.log" || { echo "FAIL: no resume at epoch 3"; cat "$work/b.log"; exit 1; }
 # After the restart, epoch 3 (the first unfinished one) runs exactly once; epoch 2 is not re-run.

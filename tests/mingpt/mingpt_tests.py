@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """The mingpt example as a user runs it: several ranks under a real launcher (issue 19's must-shows 2 and 3).
 
-Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN
+Usage: mingpt_tests.py world|resume|learn|gpu --mingpt BIN --ddprun BIN [--mingpt-faults BIN]
   world   world 1, 2 and 4 (ddprun, global batch 8, dropout 0) train on the same samples: the final parameters
           agree to a relative 5e-5 per tensor (the gradient all-reduce sums in another order, which AdamW
           magnifies; the attention's key bias, whose exact gradient is 0, is bounded by AdamW's step instead).
-  resume  under torchrun --max_restarts=1, rank 1 SIGKILLs itself after epoch 1's snapshot; the restarted job
+  resume  under torchrun --max_restarts=1, rank 1 SIGKILLs itself after epoch 1's snapshot (--mingpt-faults: the
+          program with the test hook tests/ddp/die_after_epoch.cpp, DDP_TEST_DIE_AFTER_EPOCH=1); the restarted job
           resumes at epoch 2 and its final snapshot is byte-identical to an uninterrupted run's (dropout on, 0.1 on
           the embeddings, the residual branches and the attention probabilities, so every mask's step is restored
           too). Exits 77 when torchrun (python3-torch) is missing.
@@ -42,8 +43,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(cmd, timeout=120):
-    env = dict(os.environ, DDP_TIMEOUT_MS="20000")  # a lost peer ends every rank within seconds
+def run(cmd, timeout=120, extra_env=None):
+    env = dict(os.environ, DDP_TIMEOUT_MS="20000", **(extra_env or {}))  # a lost peer ends every rank within seconds
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env)
     if p.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout}")
@@ -176,19 +177,22 @@ def resume(args, work):
         print("skip: no torchrun (python3-torch)")
         sys.exit(77)
 
-    def torchrun(restarts, snap, extra):
+    if not args.mingpt_faults:
+        sys.exit("FAIL: the resume case needs --mingpt-faults (the mingpt_faults test build)")
+
+    def torchrun(restarts, snap, env=None):
         # --redirects/--tee: Debian's torch 1.13 torchrun fails without them (tests/ddp/exact_resume.sh).
         return run([sys.executable, "-m", "torch.distributed.run", "--redirects", "9:1", "--tee", "9:1",
                     "--max_restarts", str(restarts),
                     "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                    "--no_python", args.mingpt] + SMALL +
+                    "--no_python", args.mingpt_faults] + SMALL +
                    ["--data_path", TEXT, "--truncate", "0.1", "--max_epochs", "3", "--max_iters", "3",
                     "--save_every", "1", "--batch_size", "4", "--embd_pdrop", "0.1", "--resid_pdrop", "0.1",
-                    "--attn_pdrop", "0.1", "--snapshot_path", snap] + extra)
+                    "--attn_pdrop", "0.1", "--snapshot_path", snap], extra_env=env)
 
     a, b = os.path.join(work, "a.safetensors"), os.path.join(work, "b.safetensors")
-    torchrun(0, a, [])
-    log = torchrun(1, b, ["--die-after-epoch", "1"])
+    torchrun(0, a)
+    log = torchrun(1, b, {"DDP_TEST_DIE_AFTER_EPOCH": "1"})
     if "Resuming training from snapshot at Epoch 1" not in log:
         sys.exit(f"FAIL: the restarted job did not resume at epoch 1:\n{log}")
     after = log[log.index("Resuming training"):]
@@ -272,6 +276,7 @@ def main():
     ap.add_argument("case", choices=["world", "resume", "learn", "gpu"])
     ap.add_argument("--mingpt", required=True)
     ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--mingpt-faults", default="")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddp_mingpt_") as work:
         {"world": world, "resume": resume, "learn": learn, "gpu": gpu}[args.case](args, work)

@@ -11,15 +11,15 @@
 # run passes its environment to gpu_check.sh (DDP_GPU_BUDGET_S, DDP_GPU_SKIP, DDP_GPU_BENCH_ROWS, ...; default
 # phases: test and bench, DDP_GPU_PHASES to change, e.g. "perf test": one gpu_check.sh call for them all, so
 # that DDP_GPU_BUDGET_S covers the whole call) and packs the logs into OUT/gpu_check_logs.tgz, since the
-# device tool brings back at most 8 files. tests/gpu_check/dry_run.sh runs `run` here with stub binaries.
+# device tool brings back at most 8 files. tests/gpu/check/dry_run.sh runs `run` here with stub binaries.
 # Environment (pack): DDP_GPU_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90a), DDP_GPU_JOBS (default nproc).
 # SPDX-License-Identifier: MIT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 carry=.gpu_carry
-targets=(unit_kernels_cuda unit_nn_cuda unit_parallel_cuda unit_tensor_cuda gpu_smoke gpu_sync_check gpu_ddp
-         gpu_staged gpu_nccl ddprun resnet multinode mingpt bench_resnet_gpu)
+targets=(unit_kernels_cuda unit_nn_cuda unit_parallel_cuda unit_tensor_cuda unit_autograd_cuda gpu_smoke gpu_sync_check
+         gpu_ddp gpu_staged gpu_nccl ddprun resnet multinode mingpt bench_resnet_gpu)
 
 case ${1:-} in
   pack)

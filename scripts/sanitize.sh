@@ -5,7 +5,7 @@
 # SPDX-License-Identifier: MIT
 #
 #   address,undefined (ASan + UBSan): unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train
-#                     unit_optim unit_kernels unit_nn unit_parallel (every unit test), multiproc_comm, multiproc_shm
+#                     unit_optim unit_kernels unit_autograd unit_nn unit_parallel (every unit test), multiproc_comm, multiproc_shm
 #   thread (TSan):    unit_store, unit_parallel, multiproc_comm, multiproc_shm (ctest), and unit_comm without its
 #                     "every collective matches the reference" cases (run directly with a doctest filter):
 #                     those check arithmetic over every dtype and size, take ~4 min per dtype under TSan, and
@@ -34,8 +34,8 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_UNITY_TESTS=ON
 
 # The targets each build compiles, and the ctest names it runs (exactly these; nothing else is built).
 asan_targets=(unit_core unit_env unit_store unit_comm unit_tensor unit_data unit_train unit_optim unit_kernels
-              unit_nn unit_parallel multiproc_comm multiproc_shm comm_worker)
-asan_tests='^(unit_(core|env|store|comm|tensor|data|train|optim|kernels|nn|parallel)|multiproc_(comm|shm))$'
+              unit_autograd unit_nn unit_parallel multiproc_comm multiproc_shm comm_worker)
+asan_tests='^(unit_(core|env|store|comm|tensor|data|train|optim|kernels|autograd|nn|parallel)|multiproc_(comm|shm))$'
 tsan_targets=(unit_store unit_comm unit_parallel multiproc_comm multiproc_shm comm_worker)
 tsan_tests='^(unit_(store|parallel)|multiproc_(comm|shm))$'
 tsan_unit_comm_filter='-tce=*every collective matches the reference*'

@@ -105,6 +105,13 @@
 #include "ddp/kernels/bn_stats.hpp"
 #include "ddp/kernels/conv_gemm_maps.hpp"
 #include "ddp/kernels/op_profile.hpp"
+// defines: kernels::StridedIndex, kernels::BroadcastBinary, kernels::ReduceSum, ... (broadcasting element-wise
+//          functors of the autograd ops, both devices)
+#include "ddp/kernels/broadcast.hpp"
+
+// ---- autograd: reverse-mode autodiff for models written with ops (docs/decisions/0071) ----
+// defines: autograd::Var, autograd::NoGradGuard, autograd::GradSink and the ops (matmul, linear, softmax, ...)
+#include "ddp/autograd/autograd.hpp"
 
 // ---- CUDA runtime and kernels: only when nvcc compiles the including file (link ddp::cuda) ----
 #if DDP_CUDA_COMPILER
@@ -122,6 +129,8 @@
 #  include "ddp/tensor/cuda/prefetcher.hpp"
 // defines: Kernels<Cuda>, kernels::cuda::ConvMath
 #  include "ddp/kernels/cuda/kernels.cuh"
+// defines: autograd::detail::Gemm<Cuda> (the autograd ops' matrix products on cuBLAS)
+#  include "ddp/autograd/cuda/gemm.cuh"
 #endif
 
 // ---- nn, optim: modules with explicit backward, ResNet, losses, SGD, AdamW ----
@@ -165,6 +174,8 @@
 #include "ddp/nn/sigmoid.hpp"
 #include "ddp/nn/silu.hpp"
 #include "ddp/nn/tanh.hpp"
+// defines: nn::OpsModule, nn::OpsGraph (modules whose forward is written with autograd ops, docs/decisions/0076)
+#include "ddp/nn/ops_module.hpp"
 // defines: optim::Optimizer, optim::HasParamSteps, optim::StateTensor, optim::ParamGroup, optim::weight_decay_groups
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/optim/param_groups.hpp"

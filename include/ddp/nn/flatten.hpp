@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "ddp/core/error.hpp"
@@ -53,7 +54,7 @@ class Flatten : public Module<T, D> {
       else
         dims[k - 1] *= t[i];
     }
-    return make_shape(dims, k);
+    return Shape(std::span<const std::int64_t>(dims, static_cast<std::size_t>(k)));
   }
 
  protected:
@@ -94,20 +95,6 @@ class Flatten : public Module<T, D> {
                                         "of rank ",
                                         rank, " (dims -", rank, " .. ", rank - 1, ")"));
     return d;
-  }
-  static Shape make_shape(const std::int64_t* d, int rank) {
-    switch (rank) {
-      case 1:
-        return Shape{d[0]};
-      case 2:
-        return Shape{d[0], d[1]};
-      case 3:
-        return Shape{d[0], d[1], d[2]};
-      case 4:
-        return Shape{d[0], d[1], d[2], d[3]};
-      default:
-        return Shape{d[0], d[1], d[2], d[3], d[4]};
-    }
   }
 
   int start_dim_, end_dim_;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <ostream>
+#include <span>
 #include <string>
 
 #include "ddp/core/check.hpp"
@@ -23,7 +24,9 @@ class Shape {
   static constexpr int kMaxRank = 5;
 
   Shape() = default;  // rank 0: a scalar with numel() == 1
-  Shape(std::initializer_list<std::int64_t> dims) {
+  Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+  // The extents listed in dims (a shape computed at run time: permuted, broadcast, flattened).
+  explicit Shape(std::span<const std::int64_t> dims) {
     if (dims.size() > static_cast<std::size_t>(kMaxRank))
       throw ValueError(detail::str("ddp: a Shape has at most ", kMaxRank, " dimensions, got ", dims.size()));
     for (std::int64_t d : dims) {

@@ -219,7 +219,7 @@ if want test; then
   ddprun=$(bin tools/ddprun) resnet=$(bin examples/resnet/resnet) multinode=$(bin examples/multinode/multinode)
   work=$(mktemp -d /tmp/ddp_gpu_check.XXXXXX)
   syn=(--use_syn --steps_syn 5 --arch resnet18 --batch_size 16 --image_size 64 --model_dir "$work/m")
-  step tutorial_ddprun_torchrun 600 env TORCHRUN="$(command -v torchrun || true)" bash tests/gpu_resnet/tutorial.sh "$ddprun" "$resnet"
+  step tutorial_ddprun_torchrun 600 env TORCHRUN="$(command -v torchrun || true)" bash tests/gpu/resnet/tutorial.sh "$ddprun" "$resnet"
   for n in 2 4; do
     step "gloo_cuda_world$n" 300 "$ddprun" --nproc-per-node "$n" --standalone "$resnet" --backend gloo --device cuda "${syn[@]}"
   done
@@ -274,7 +274,7 @@ if want test; then
   # The sanitizers last: they are the slowest steps (a budget may leave them out).
   sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$nvcc")"/compute-sanitizer 2>/dev/null)
   if [ -n "$sanitizer" ]; then
-    for t in unit_kernels_cuda unit_nn_cuda gpu_ddp/gpu_ddp; do
+    for t in unit_kernels_cuda unit_nn_cuda gpu/ddp/gpu_ddp; do
       step "memcheck_${t##*/}" 600 "$sanitizer" --tool memcheck --error-exitcode 3 "$(bin tests/$t)"
     done
     # racecheck on ddp's own kernels: cuDNN's (names containing "cudnn") are not ours to fix, and the first GPU

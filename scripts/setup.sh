@@ -7,11 +7,11 @@ debian_packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev python3
   doctest-dev libcxxopts-dev nlohmann-json3-dev libopenblas-dev
   openmpi-bin libopenmpi-dev
-  mpich libmpich-dev          # beside Open MPI, which stays the default mpirun (tests/mpich, docs/MPICH.md)
-  slurm-wlm munge util-linux  # a real Slurm cluster per test (tests/slurm, docs/SLURM.md)
-  libturbojpeg0-dev libpng-dev python3-pil  # ImageFolder decoding; PIL writes the test images (tests/image_folder)
+  mpich libmpich-dev          # beside Open MPI, which stays the default mpirun (tests/integration/mpich, docs/MPICH.md)
+  slurm-wlm munge util-linux  # a real Slurm cluster per test (tests/integration/slurm, docs/SLURM.md)
+  libturbojpeg0-dev libpng-dev python3-pil  # ImageFolder decoding; PIL writes the test images (tests/interop/image_folder)
   python3-torch python3-torchvision python3-numpy python3-sklearn
-  python3-matplotlib          # tools/plot_metrics.py, bench/plot_all.py (tests/tensorboard draws a run)
+  python3-matplotlib          # tools/plot_metrics.py, bench/plot_all.py (tests/interop/tensorboard draws a run)
   iproute2 procps psmisc
 )
 
@@ -27,7 +27,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# TensorBoard's own reader checks our event files (tests/tensorboard); Debian has no tensorboard package.
+# TensorBoard's own reader checks our event files (tests/interop/tensorboard); Debian has no tensorboard package.
 if ! /usr/bin/python3 -c 'import tensorboard' 2>/dev/null; then
   echo "setup: installing tensorboard from PyPI into /usr/bin/python3"
   /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "tensorboard==2.21.0"

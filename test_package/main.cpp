@@ -1,4 +1,4 @@
-// Consumer of an installed ddp (Conan test_package and tests/package): includes the umbrella header and uses a store.
+// Consumer of an installed ddp (Conan test_package and tests/package/install): includes the umbrella header and uses a store.
 // SPDX-License-Identifier: MIT
 #include <ddp/ddp.hpp>
 

@@ -3,7 +3,7 @@
 //
 // Written from MVAPICH2's user guide, never met for real: MVAPICH is not packaged in Debian (there is no
 // mvapich or mvapich2 package; it is built from source on the clusters that use it), so unlike Hydra's
-// (tests/mpich) this table could not be captured here. tests/unit/env keeps the doc-based table.
+// (tests/integration/mpich) this table could not be captured here. tests/unit/env keeps the doc-based table.
 // What MVAPICH2 2.3 exports to each process, per that guide:
 //   MV2_COMM_WORLD_RANK=1 MV2_COMM_WORLD_SIZE=4 MV2_COMM_WORLD_LOCAL_RANK=1 MV2_COMM_WORLD_LOCAL_SIZE=2
 // (plus MPIRUN_RANK / MPIRUN_NPROCS from mpirun_rsh; with Hydra's mpiexec also PMI_RANK and

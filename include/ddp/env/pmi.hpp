@@ -1,7 +1,7 @@
 // Pmi: launcher policy for PMI-based process managers: MPICH's and Intel MPI's Hydra mpiexec, and Cray PALS.
 // SPDX-License-Identifier: MIT
 //
-// What Hydra exports to each process, captured from Debian's MPICH 4.0.2 (tests/mpich, docs/MPICH.md):
+// What Hydra exports to each process, captured from Debian's MPICH 4.0.2 (tests/integration/mpich, docs/MPICH.md):
 //   PMI_RANK=3 PMI_SIZE=4 MPI_LOCALRANKID=1 MPI_LOCALNRANKS=2 PMI_FD=7 HYDI_CONTROL_FD=9
 //   MPIR_CVAR_CH3_INTERFACE_HOSTNAME=<this rank's name in -hosts> GFORTRAN_UNBUFFERED_PRECONNECTED=y
 // (`mpiexec.mpich -launcher fork -hosts ddp-node-a,ddp-node-b -ppn 2 -n 4 env`, rank 3). Intel MPI's Hydra

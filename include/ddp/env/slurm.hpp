@@ -1,7 +1,7 @@
 // Slurm: launcher policy for tasks started by srun (one process per task), recognised by SLURM_PROCID.
 // SPDX-License-Identifier: MIT
 //
-// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/slurm, `srun -N1 -n2 env`, task 1;
+// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/integration/slurm, `srun -N1 -n2 env`, task 1;
 // tests/unit/env/launch_envs.hpp keeps the whole set as srun_captured_task1()):
 //   SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_GTIDS=0,1 SLURM_TASK_PID=12
 //   SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=vm

@@ -1,6 +1,6 @@
 // FailureState (comm/failure_state.hpp): the first failure wins, including when threads race to fail, and every
 // later op's error quotes it. The backends' use of it is tested end to end in test_tcp_failures.cpp,
-// test_staged.cpp and tests/mpi/test_mpi_mismatch.cpp.
+// test_staged.cpp and tests/integration/mpi/test_mpi_mismatch.cpp.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

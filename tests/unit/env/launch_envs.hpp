@@ -72,7 +72,7 @@ inline Env openmpi_two_nodes_rank2() {
                     {"OMPI_UNIVERSE_SIZE", "4"}, {"PMIX_RANK", "2"}});
 }
 
-// MPICH 4.0.2 Hydra (Debian's mpich), captured here; tests/mpich/hydra_env_test.cpp checks these tables
+// MPICH 4.0.2 Hydra (Debian's mpich), captured here; tests/integration/mpich/hydra_env_test.cpp checks these tables
 // against the real mpiexec.mpich on every run (the same names; the same values but the descriptors).
 // Two "hosts" on one machine: `mpiexec.mpich -launcher fork -hosts ddp-node-a,ddp-node-b -ppn 2 -n 4 env`,
 // rank 3 (on ddp-node-b).
@@ -118,7 +118,7 @@ inline Env mvapich_rank2() {
                     {"MPIRUN_ID", "12345"}, {"MASTER_ADDR", "h1"}, {"MASTER_PORT", "29500"}});
 }
 
-// Real srun, captured: `srun -N1 -n2 -l env` on tests/slurm's one-node cluster (Debian's Slurm 22.05.8, node
+// Real srun, captured: `srun -N1 -n2 -l env` on tests/integration/slurm's one-node cluster (Debian's Slurm 22.05.8, node
 // vm, job 1), task 1, every SLURM_* variable (SLURM_LABELIO=1 comes from -l; SLURM_CONF and SLURM_SUBMIT_DIR
 // named the test's temporary directory). The policy must read this as is.
 inline Env srun_captured_task1() {
@@ -138,7 +138,7 @@ inline Env srun_captured_task1() {
                     {"SLURM_UMASK", "0022"}, {"SLURM_WORKING_CLUSTER", "ddptest:127.0.0.1:36817:9728:109"}});
 }
 
-// Real srun on two nodes, captured: `srun -N2 -n3 -l env` on tests/slurm's two-node cluster (network
+// Real srun on two nodes, captured: `srun -N2 -n3 -l env` on tests/integration/slurm's two-node cluster (network
 // namespaces ddpnode0/1 at 10.213.7.1/2, job 956467), task 2: the second node's only task (2,1 per node).
 inline Env srun_captured_node1_task2() {
   return Env::from({{"SLURMD_NODENAME", "ddpnode1"}, {"SLURM_CLUSTER_NAME", "ddptest"},

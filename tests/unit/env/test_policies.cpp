@@ -145,14 +145,14 @@ TEST_SUITE("env") {
     CHECK(de::Slurm::port_for_job(999) == 30499);
   }
 
-  TEST_CASE("Slurm: the environment real srun gave task 1 of `srun -N1 -n2` (tests/slurm)") {
+  TEST_CASE("Slurm: the environment real srun gave task 1 of `srun -N1 -n2` (tests/integration/slurm)") {
     REQUIRE(de::Slurm::detected(srun_captured_task1()));
     check_info(de::Slurm::read(srun_captured_task1()),
                {.rank = 1, .world_size = 2, .local_rank = 1, .local_world_size = 2, .node_rank = 0, .nnodes = 1,
                 .master_addr = "vm", .master_port = 29500 + 1, .run_id = "1", .source = "slurm"});
   }
 
-  TEST_CASE("Slurm: the environment real srun gave task 2 of `srun -N2 -n3` on the second node (tests/slurm)") {
+  TEST_CASE("Slurm: the environment real srun gave task 2 of `srun -N2 -n3` on the second node (tests/integration/slurm)") {
     // 2,1 tasks per node: the second node's only task; the store is on the first host of ddpnode[0-1].
     check_info(de::Slurm::read(srun_captured_node1_task2()),
                {.rank = 2, .world_size = 3, .local_rank = 0, .local_world_size = 1, .node_rank = 1, .nnodes = 2,

@@ -1,6 +1,6 @@
 // kernels: DDP_CUDA_SYNC_CHECK, the debug mode that waits for the stream after every CUDA kernel launch
 // (kernels/cuda/sync_check.hpp): the values it takes and the error for any other, on the host (the
-// launch-side behaviour runs on a GPU in tests/gpu/test_cuda_sync_check.cu).
+// launch-side behaviour runs on a GPU in tests/gpu/smoke/test_cuda_sync_check.cu).
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -11,7 +11,7 @@
 // function of (seed, rank, stream, step, index), the same on both devices (docs/decisions/0043); the attention
 // kernels are also compared with dropout 0.3 on their probabilities, where the same mask means the same y and dqkv.
 // Skips (exit 77) without a GPU; without one CI compiles this file to PTX only (tests/CMakeLists.txt), and
-// tests/odr/main_cuda.cu instantiates GPT<float, Cuda> under the host compiler.
+// tests/package/odr/main_cuda.cu instantiates GPT<float, Cuda> under the host compiler.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // AdamW, parameter groups, skipping parameters without a gradient and clip_grad_norm: the worked examples of
-// the headers and the errors. (The comparisons with torch.optim itself are in tests/optim_torch.)
+// the headers and the errors. (The comparisons with torch.optim itself are in tests/interop/torch_optim.)
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

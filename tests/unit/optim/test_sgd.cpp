@@ -99,7 +99,7 @@ TEST_SUITE("optim") {
                          "ddp: SGD got an empty parameter list; pass model.parameters()", ValueError);
   }
 
-  // The per-step schedules against torch itself are in tests/optim_torch; these pin the closed forms.
+  // The per-step schedules against torch itself are in tests/interop/torch_optim; these pin the closed forms.
   TEST_CASE("step, multistep and cosine schedules with per-step linear warmup") {
     const optim::LrSchedule step({.policy = optim::LrPolicy::Step, .base_lr = 0.1, .step_size = 30, .gamma = 0.1});
     CHECK(step.lr_at(0) == doctest::Approx(0.1));

@@ -2,7 +2,7 @@
 // option validation, plain all-reduce before start_iter, the error-feedback identity, exact recovery of a
 // rank-1 gradient, the byte counters, the bucket plan and state rules the CUDA transport shares, and DDP with
 // --comm-hook powersgd. Ranks are threads (tcp over loopback).
-// The comparison with torch's own powerSGD_hook is tests/torch_powersgd.
+// The comparison with torch's own powerSGD_hook is tests/interop/torch_powersgd.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

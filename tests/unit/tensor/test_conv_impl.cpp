@@ -1,5 +1,5 @@
 // ConvImpl (tensor/conv_impl.hpp): the --conv flag's words, and the refusal of a cuDNN mode in a program built
-// without cuDNN (this executable does not link ddp::cudnn; tests/cudnn checks the other side).
+// without cuDNN (this executable does not link ddp::cudnn; tests/gpu/cudnn checks the other side).
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

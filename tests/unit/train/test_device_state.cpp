@@ -1,6 +1,6 @@
 // train: device_state.hpp on the CPU: state_on<Cpu> of a CPU model is a view, copy_state mirrors parameters,
 // buffers, momentum buffers, learning rate and steps, on_device<Cpu> of a host tensor is the tensor itself.
-// (The GPU directions run in tests/gpu_ddp/test_ddp_umbrella.cu.)
+// (The GPU directions run in tests/gpu/ddp/test_ddp_umbrella.cu.)
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // train: the TensorBoard event-file writer: CRC32C against published vectors, the protobuf bytes of an Event and the
 // TFRecord framing against what protobuf and TensorBoard's own code produce, the flush policy, and MetricsWriter's
-// mapping of a metrics record to scalars. tests/tensorboard reads real runs back with TensorBoard itself.
+// mapping of a metrics record to scalars. tests/interop/tensorboard reads real runs back with TensorBoard itself.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -1,6 +1,8 @@
 // bench_gpt_cpu: one training step of the DDP tutorial's minGPT (nn::GPT) on the CPU, timed for ddp and, in the
 // same run, for PyTorch (torch_step.py under /usr/bin/python3: the same model, init, batch and threads), with the
-// ratio.
+// ratio; and, as a third row of the same rounds, the same GPT's forward written with autograd ops (gpt_ops.hpp:
+// Var::parameter over the explicit model's parameters, backward by the tape) with the same optimizer step: what
+// writing a model with ops costs against the explicit forward/backward (issue 41).
 // SPDX-License-Identifier: MIT
 //
 // One step is the tutorial trainer's (minGPT-ddp trainer.py): zero the gradients, forward on int64 ids (B, T),
@@ -10,7 +12,7 @@
 // attention dropout; the tutorial's is 0.1).
 // T = block_size.
 // Usage: bench_gpt_cpu [--quick] [--repeats N] [--rounds N] [--threads N] [--config NAME] [--no-torch] [--profile]
-//                      [--torch-active-wait]
+//                      [--torch-active-wait] [--no-ops]
 //   configurations (vocab 65, the tutorial's character-level data):
 //     small     n_layer 2, n_head 4, n_embd 64,  block 64,  batch 16
 //     medium    n_layer 4, n_head 4, n_embd 256, block 128, batch 8
@@ -24,7 +26,15 @@
 //   only (for profiling ours, e.g. under perf record). --profile: one more step of ours under a trace recorder
 //   (core/trace.hpp), "ours_profile_ms": the exclusive milliseconds of each module over every block
 //   ("blocks.*.mlp.1/backward": GELU's backward summed over the n_layer blocks). --torch-active-wait: PyTorch with
-//   libgomp's default wait policy instead of OMP_WAIT_POLICY=PASSIVE (run_torch)
+//   libgomp's default wait policy instead of OMP_WAIT_POLICY=PASSIVE (run_torch). --no-ops: leave out the ops row.
+// Memory: "*_peak_step_mib" is the most tensor memory a step holds on top of what the model had before its first
+// step (parameters, ids): gradients, optimizer state, activations, temporaries. Ours: the CPU caching pool's
+// peak_bytes (size classes) minus current_bytes before the warm-up step, the largest over the rounds. PyTorch:
+// ru_maxrss after its steps minus ru_maxrss before them (resident pages, so also allocator slack; torch_step.py),
+// so ops/explicit compares like with like and ops/torch only roughly.
+// The ops row: ops_step_s, ops_forward_s (the forward and loss, recording the tape), ops_backward_s, ops_optim_s,
+// ops_peak_step_mib, ..., and the ratios ratio_ops_over_ours_time, ratio_ops_over_ours_memory (ops / explicit:
+// > 1 means ops costs more), ratio_ops_over_torch_time, ratio_ops_over_torch_memory.
 // Expected output: one JSON object per line, e.g.
 //   {"config":"small","n_layer":2,...,"threads":2,"ours_step_s":0.05,"ours_forward_s":...,"ours_backward_s":...,
 //    "ours_optim_s":...,"ours_tokens_per_s":20000,"torch_step_s":0.1,"torch_tokens_per_s":10000,
@@ -55,6 +65,9 @@
 #include <ddp/optim/clip.hpp>
 #include <ddp/optim/param_groups.hpp>
 #include <ddp/tensor/random.hpp>
+#include <ddp/tensor/storage.hpp>
+
+#include "gpt_cpu/gpt_ops.hpp"
 
 using namespace ddp;
 using Clock = std::chrono::steady_clock;
@@ -97,12 +110,13 @@ nlohmann::json exclusive_ms(const std::vector<trace::Event>& events) {
 
 struct OursTimes {
   std::vector<double> fwd, bwd, optim, total;  // seconds per timed step
+  double peak_step_mib = 0;                    // the largest round's step peak (file comment)
   nlohmann::json profile;                      // exclusive_ms of the profiled step, if any
 };
 
 // Builds the model and times `repeats` steps of ours after one warm-up step (and one more under the trace
-// recorder when `profile`), appending to `out`.
-void run_ours(const Config& c, int threads, int repeats, bool profile, OursTimes& out) {
+// recorder when `profile`), appending to `out`. ops: the forward and backward are gpt_ops_loss's (autograd).
+void run_ours(const Config& c, int threads, int repeats, bool profile, bool ops, OursTimes& out) {
   kernels::cpu::ThreadPool pool(threads);
   Exec<Cpu> exec{.pool = &pool};
   nn::GPT<float, Cpu> model({.vocab_size = c.vocab,
@@ -124,18 +138,28 @@ void run_ours(const Config& c, int threads, int repeats, bool profile, OursTimes
   }
   nn::CrossEntropyLoss<float, Cpu> ce;
   trace::Recorder rec;
+  const std::size_t before = cpu_memory_stats().current_bytes;
+  reset_peak_cpu_memory();
   for (int r = 0; r <= repeats + (profile ? 1 : 0); ++r) {  // r == 0: warm-up; r > repeats: the profiled step
     std::optional<trace::Activation> on;
     if (r > repeats) on.emplace(rec);
     const auto t0 = Clock::now();
     opt.zero_grad();
-    auto logits = model.forward(exec, ids.cview());
-    ce.forward(exec, logits.cview().reshape(Shape{b * t, c.vocab}), targets.cview());
-    const auto t1 = Clock::now();
-    Tensor<float, Cpu> dlogits = ce.backward(exec);
-    dlogits.reshape(Shape{b, t, c.vocab});
-    model.backward(exec, dlogits.cview());
-    const auto t2 = Clock::now();
+    Clock::time_point t1, t2;
+    if (ops) {
+      auto loss = bench_gpt_ops::gpt_ops_loss(model, exec, ids, targets, static_cast<std::uint64_t>(r));
+      t1 = Clock::now();
+      loss.backward();
+      t2 = Clock::now();
+    } else {
+      auto logits = model.forward(exec, ids.cview());
+      ce.forward(exec, logits.cview().reshape(Shape{b * t, c.vocab}), targets.cview());
+      t1 = Clock::now();
+      Tensor<float, Cpu> dlogits = ce.backward(exec);
+      dlogits.reshape(Shape{b, t, c.vocab});
+      model.backward(exec, dlogits.cview());
+      t2 = Clock::now();
+    }
     {
       trace::Span span("optimizer", "clip_grad_norm + AdamW");
       optim::clip_grad_norm(exec, params, 1.0);
@@ -148,6 +172,8 @@ void run_ours(const Config& c, int threads, int repeats, bool profile, OursTimes
     out.optim.push_back(seconds(t2, t3));
     out.total.push_back(seconds(t0, t3));
   }
+  out.peak_step_mib =
+      std::max(out.peak_step_mib, static_cast<double>(cpu_memory_stats().peak_bytes - before) / (1 << 20));
   if (profile) out.profile = exclusive_ms(rec.take());
 }
 
@@ -169,7 +195,7 @@ nlohmann::json run_torch(const Config& c, int threads, int repeats, bool active_
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, torch = true, profile = false, active_wait = false;
+  bool quick = false, torch = true, profile = false, active_wait = false, with_ops = true;
   std::string only;
   int repeats = 5, threads = 2, rounds = 3;
   for (int i = 1; i < argc; ++i) {
@@ -189,10 +215,12 @@ int main(int argc, char** argv) {
       profile = true;
     } else if (!std::strcmp(argv[i], "--torch-active-wait")) {
       active_wait = true;
+    } else if (!std::strcmp(argv[i], "--no-ops")) {
+      with_ops = false;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--repeats N] [--rounds N] [--threads N] [--config small|medium|tutorial] "
-                   "[--no-torch] [--profile] [--torch-active-wait]\n",
+                   "[--no-torch] [--profile] [--torch-active-wait] [--no-ops]\n",
                    argv[0]);
       return 2;
     }
@@ -216,10 +244,12 @@ int main(int argc, char** argv) {
       nlohmann::json j = {{"config", c.name},   {"n_layer", c.n_layer},       {"n_head", c.n_head},
                           {"n_embd", c.n_embd}, {"block_size", c.block_size}, {"vocab_size", c.vocab},
                           {"batch", c.batch},   {"threads", threads}};
-      OursTimes ours;
+      OursTimes ours, ops;
       std::vector<double> torch_times;
-      for (int round = 0; round < rounds; ++round) {  // alternating, so that a neighbour's load hits both alike
-        run_ours(c, threads, repeats * c.repeat_scale, profile && round == 0, ours);
+      double torch_peak_mib = 0;
+      for (int round = 0; round < rounds; ++round) {  // alternating, so that a neighbour's load hits all alike
+        run_ours(c, threads, repeats * c.repeat_scale, profile && round == 0, false, ours);
+        if (with_ops) run_ours(c, threads, repeats * c.repeat_scale, false, true, ops);
         if (!torch) continue;
         nlohmann::json tj = run_torch(c, threads, repeats * c.repeat_scale, active_wait);
         if (!tj.contains("torch_step_times")) {
@@ -227,6 +257,8 @@ int main(int argc, char** argv) {
           break;
         }
         for (double s : tj["torch_step_times"]) torch_times.push_back(s);
+        if (tj.contains("torch_peak_step_mib"))
+          torch_peak_mib = std::max(torch_peak_mib, tj["torch_peak_step_mib"].get<double>());
         j["torch_version"] = tj["torch_version"];
       }
       const double step = median(ours.total);
@@ -237,8 +269,22 @@ int main(int argc, char** argv) {
                 {"ours_tokens_per_s", static_cast<double>(c.batch * c.block_size) / step},
                 {"ours_min_step_s", *std::min_element(ours.total.begin(), ours.total.end())},
                 {"ours_step_times", ours.total},
+                {"ours_peak_step_mib", ours.peak_step_mib},
                 {"steps_per_side", ours.total.size()}});
       if (profile) j["ours_profile_ms"] = ours.profile;
+      if (with_ops) {
+        const double ops_step = median(ops.total);
+        j.update({{"ops_step_s", ops_step},
+                  {"ops_forward_s", median(ops.fwd)},
+                  {"ops_backward_s", median(ops.bwd)},
+                  {"ops_optim_s", median(ops.optim)},
+                  {"ops_tokens_per_s", static_cast<double>(c.batch * c.block_size) / ops_step},
+                  {"ops_min_step_s", *std::min_element(ops.total.begin(), ops.total.end())},
+                  {"ops_step_times", ops.total},
+                  {"ops_peak_step_mib", ops.peak_step_mib},
+                  {"ratio_ops_over_ours_time", ops_step / step},
+                  {"ratio_ops_over_ours_memory", ops.peak_step_mib / ours.peak_step_mib}});
+      }
       if (!torch_times.empty()) {
         const double torch_s = median(torch_times);
         j["torch_step_s"] = torch_s;
@@ -246,6 +292,11 @@ int main(int argc, char** argv) {
         j["torch_step_times"] = torch_times;
         j["torch_tokens_per_s"] = static_cast<double>(c.batch * c.block_size) / torch_s;
         j["ratio_torch_over_ours"] = torch_s / j["ours_step_s"].get<double>();
+        if (torch_peak_mib > 0) j["torch_peak_step_mib"] = torch_peak_mib;
+        if (with_ops) {
+          j["ratio_ops_over_torch_time"] = j["ops_step_s"].get<double>() / torch_s;
+          if (torch_peak_mib > 0) j["ratio_ops_over_torch_memory"] = ops.peak_step_mib / torch_peak_mib;
+        }
       }
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);

@@ -5,10 +5,13 @@
 # positions, backward, clip_grad_norm_(1.0), AdamW(lr 3e-4, betas (0.9, 0.95)) with its decay groups (0.1).
 # Dropout embd_pdrop = resid_pdrop = 0.1 as the tutorial's; attn_pdrop = 0 (the tutorial's is 0.1, but the
 # published numbers predate ddp's attention dropout, so both sides leave it out).
+# "torch_peak_step_mib": ru_maxrss after the steps minus ru_maxrss before the first (warm-up) step, MiB: what the
+# steps added to the process's peak resident memory (gradients, AdamW state, activations, allocator slack).
 # Usage: torch_step.py N_LAYER N_HEAD N_EMBD BLOCK_SIZE VOCAB BATCH THREADS REPEATS   (exits 77 without torch)
 # SPDX-License-Identifier: MIT
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -51,11 +54,13 @@ def step():
     opt.step()
 
 
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 step()  # warm-up (allocations, optimizer state)
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter()
     step()
     times.append(time.perf_counter() - t0)
+rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"torch_step_s": statistics.median(times), "torch_step_times": times,
-                  "torch_version": torch.__version__}))
+                  "torch_peak_step_mib": (rss1 - rss0) / 1024, "torch_version": torch.__version__}))

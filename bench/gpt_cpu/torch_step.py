@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # PyTorch side of bench_gpt_cpu: times one training step of the DDP tutorial's minGPT (the model of
-# tests/reference/gpt_torch_model.py) for one configuration and prints {"torch_step_s": median, ...} as one JSON
+# tests/interop/reference/gpt_torch_model.py) for one configuration and prints {"torch_step_s": median, ...} as one JSON
 # line. The step is the tutorial trainer's: forward on int64 ids (B, T), mean cross-entropy over the B*T
 # positions, backward, clip_grad_norm_(1.0), AdamW(lr 3e-4, betas (0.9, 0.95)) with its decay groups (0.1).
 # Dropout embd_pdrop = resid_pdrop = 0.1 as the tutorial's; attn_pdrop = 0 (the tutorial's is 0.1, but the
@@ -23,7 +23,7 @@ except Exception as e:  # depends on the machine
     print(json.dumps({"error": f"torch not importable: {e}"}))
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "interop", "reference"))
 from gpt_torch_model import GPT, optimizer_groups  # noqa: E402  (the model make_gpt_reference.py checks against)
 
 n_layer, n_head, n_embd, block_size, vocab, batch, threads, repeats = map(int, sys.argv[1:9])

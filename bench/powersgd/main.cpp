@@ -8,7 +8,7 @@
 //       hook's own counters (PowerSgdState::bytes_last_step) after a real compressed step of the hook on
 //       random gradients in DDP's default buckets (25 MiB, first 1 MiB); plain all-reduce = every gradient.
 //   {"kind":"loss", "hook":..., "losses":[...], "final_loss":...}  the training loss per step (mean over ranks)
-//       of a width-16 resnet18 on sklearn's 8x8 digits at 16x16 (tests/reference/digits_to_cifar_format.py),
+//       of a width-16 resnet18 on sklearn's 8x8 digits at 16x16 (tests/interop/reference/digits_to_cifar_format.py),
 //       DDP world 2, batch --batch per rank, SGD lr 0.05 momentum 0.9, same seed for both hooks;
 //       final_loss = the mean of the last 10 steps.
 //   {"kind":"loss_diff", "allreduce":..., "powersgd":..., "difference":...}

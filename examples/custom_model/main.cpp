@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: MIT
 //
 // twin.py beside it is the same program in PyTorch. Prepare the data once (1438 training, 359 test images):
-//   /usr/bin/python3 tests/reference/digits_to_cifar_format.py digits
+//   /usr/bin/python3 tests/interop/reference/digits_to_cifar_format.py digits
 // then run 2 processes with either launcher:
 //   ddprun --nproc-per-node 2 --standalone build/examples/custom_model/custom_model --data-dir digits
 //   torchrun --standalone --nproc_per_node 2 --no-python build/examples/custom_model/custom_model --data-dir digits

@@ -5,7 +5,7 @@
 // Format (https://www.cs.toronto.edu/~kriz/cifar.html, "binary version"): a file is a sequence of records
 //   <1 label byte><C*H*W pixel bytes, channel-major: all of R, then G, then B, each row-major H x W>
 // CIFAR-10 has C = 3, H = W = 32, so a record is 3073 bytes; data_batch_1..5.bin (train) and test_batch.bin
-// hold 10000 records each. RecordFormat allows other sizes (tests/reference/digits_to_cifar_format.py
+// hold 10000 records each. RecordFormat allows other sizes (tests/interop/reference/digits_to_cifar_format.py
 // writes scikit-learn's digits this way). Files are read whole at construction (CIFAR-10: 180 MB).
 //
 // get_into() produces channels-last floats: out(y, x, c) = (pixel / 255 - mean[c]) / std[c], exactly

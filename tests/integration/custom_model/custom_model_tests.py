@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # The guide's first program under two launchers: examples/custom_model (C++) and its PyTorch twin (twin.py), each
 # on 2 processes under ddprun and under torchrun, on scikit-learn's digits exported by
-# tests/reference/digits_to_cifar_format.py. Each run must print every epoch, evaluate the whole test set (359
+# tests/interop/reference/digits_to_cifar_format.py. Each run must print every epoch, evaluate the whole test set (359
 # images, split over the ranks) and end at a test accuracy of at least BOUND. Chance is 0.1; a model whose layers
 # start at zero stays near it (only the last bias learns).
 # Usage: custom_model_tests.py {ddp,twin} {ddprun,torchrun} --ddprun PATH --program PATH --twin PATH
@@ -17,7 +17,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
 from driver import PY, SKIP, Skip, expect, free_port, run  # noqa: E402
 
-EXPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference", "digits_to_cifar_format.py")
+EXPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop", "reference", "digits_to_cifar_format.py")
 EPOCHS = 3
 BOUND = 0.9  # both programs reach 0.96-0.99 after 3 epochs (examples/custom_model/README.md)
 EPOCH_LINE = re.compile(r"epoch (\d+) test accuracy ([0-9.]+) \((\d+)/(\d+)\) train time ([0-9.e+-]+) s$")

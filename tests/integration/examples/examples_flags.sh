@@ -5,7 +5,7 @@
 # step) read back from the metrics file, the gradient norm when clipping, one accuracy line per epoch over the
 # whole test set, a resume that continues the schedule and refuses another --optimizer, and bad flag values
 # that fail with a message naming the flag.
-# Usage: examples_flags.sh ddprun|torch <ddprun> <multinode> <resnet> <tests/reference dir>
+# Usage: examples_flags.sh ddprun|torch <ddprun> <multinode> <resnet> <tests/interop/reference dir>
 # Exit 77 (skipped) when torchrun is not installed (torch mode).
 # SPDX-License-Identifier: MIT
 set -u

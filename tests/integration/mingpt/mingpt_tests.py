@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop", "reference"))
 
 TEXT = "/usr/share/common-licenses/GPL-3"
 SMALL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--log_every", "1"]

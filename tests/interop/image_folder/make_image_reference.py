@@ -6,7 +6,7 @@
 # Usage: /usr/bin/python3 make_image_reference.py TREE_DIR OUT_FILE   (exits 77 when torch/torchvision/PIL
 # are not importable). TREE_DIR gets good/<class>/... (a valid ImageFolder) and bad/<class>/... (one good
 # JPEG, a truncated JPEG, garbage named .png, a truncated PNG).
-# OUT_FILE: tests/reference/make_op_reference.py's record format (name, kind 0 float64 / 1 int64, dims, values):
+# OUT_FILE: tests/interop/reference/make_op_reference.py's record format (name, kind 0 float64 / 1 int64, dims, values):
 #   classes/<k>            UTF-8 bytes of class name k (torchvision's ImageFolder.classes)
 #   sample/<i>             UTF-8 bytes of sample i's path relative to TREE_DIR/good; label/<i> its class index
 #   decoded/<i>            (H, W, 3) uint8 of Image.open(path).convert("RGB")

@@ -24,7 +24,7 @@
 #include <ddp/data/image_folder.hpp>
 #include <ddp/data/loader.hpp>
 
-#include "reference/reference_file.hpp"
+#include "interop/reference/reference_file.hpp"
 
 using namespace ddp;
 using namespace ddp::data;

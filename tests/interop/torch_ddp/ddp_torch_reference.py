@@ -36,7 +36,7 @@ import warnings
 os.environ.setdefault("GLOG_minloglevel", "2")  # gloo's "Logging before InitGoogleLogging" lines
 warnings.filterwarnings("ignore")  # torch 1.13's deprecation notes on every import
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 try:
     import torch
     import torch.distributed as dist

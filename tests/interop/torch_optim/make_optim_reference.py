@@ -4,7 +4,7 @@
 #
 # Usage: /usr/bin/python3 make_optim_reference.py OUT_FILE      (exits 77 when torch is not importable)
 #
-# File format: tests/reference/make_op_reference.py's (records of name, kind, dims, float64 or int64 values).
+# File format: tests/interop/reference/make_op_reference.py's (records of name, kind, dims, float64 or int64 values).
 # Parameters w (4, 3), u (2, 2), b (3,), v (5,) start from "init/<p>" and get gradient "grad/<k>/<p>" at step k;
 # a parameter whose gradient is missing at step k has .grad = None there (u at steps 0 and 2, v at step 3), so
 # the optimizer must skip it. Groups: A = [w, u] with the optimizer's weight decay, B = [b, v] with weight

@@ -25,7 +25,7 @@
 #include <ddp/optim/lr_schedule.hpp>
 #include <ddp/optim/sgd.hpp>
 
-#include "reference/reference_file.hpp"
+#include "interop/reference/reference_file.hpp"
 
 using namespace ddp;
 

@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "torch_ddp"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "reference"))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 try:
     import torch
     import torch.distributed as dist

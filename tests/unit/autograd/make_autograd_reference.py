@@ -5,14 +5,14 @@
 #
 # Usage: /usr/bin/python3 make_autograd_reference.py OUT_FILE      (exits 77 when torch is not importable)
 #
-# File format: tests/reference/reference_records.py's. Per case "<case>/in<k>" (inputs), "<case>/seed" (the
+# File format: tests/interop/reference/reference_records.py's. Per case "<case>/in<k>" (inputs), "<case>/seed" (the
 # gradient fed to backward, the output's shape), "<case>/out" and "<case>/grad<k>"; "<case>/idx" holds int64
 # indices or targets where the op takes them. "cases" lists the case names in order (as int64 code points,
 # separated by 10).
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop", "reference"))
 from reference_records import Records, import_torch  # noqa: E402
 
 torch, F = import_torch(seed=4171)

@@ -6,7 +6,7 @@
 #
 # Usage: /usr/bin/python3 make_ops_model_reference.py OUT_FILE      (exits 77 when torch is not importable)
 #
-# File format: tests/reference/reference_records.py's. Per model m: "m/p/<name>" (parameter values in ddp's
+# File format: tests/interop/reference/reference_records.py's. Per model m: "m/p/<name>" (parameter values in ddp's
 # layout: conv weights KRSC), "m/g/<name>" (their gradients, same layout), "m/x" (input: NHWC images, features or
 # int64 token ids), "m/t" (int64 targets), "m/loss"; "m/names" lists the parameter names (code points, separated
 # by 10) in the model's parameters() order.
@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop", "reference"))
 from reference_records import Records, import_torch  # noqa: E402
 
 torch, F = import_torch(seed=4176)

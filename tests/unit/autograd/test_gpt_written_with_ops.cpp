@@ -1,5 +1,5 @@
 // The minGPT forward written with autograd ops (bench/gpt_cpu/gpt_ops.hpp, what bench_gpt_cpu times) against the
-// explicit nn::GPT (itself checked against the tutorial's PyTorch model, tests/reference/gpt_torch_model.py) over
+// explicit nn::GPT (itself checked against the tutorial's PyTorch model, tests/interop/reference/gpt_torch_model.py) over
 // the same float64 parameters, ids, targets and dropout masks: the loss and every parameter's gradient agree to
 // |ops - explicit| <= 1e-11 + 1e-9 |explicit| (float64 rounding of two summation orders).
 // SPDX-License-Identifier: MIT

@@ -24,10 +24,10 @@
 #  define DDP_TEST_PYTHON "/usr/bin/python3"
 #endif
 #ifndef DDP_REFERENCE_DIR
-#  define DDP_REFERENCE_DIR "tests/reference"
+#  define DDP_REFERENCE_DIR "tests/interop/reference"
 #  define DDP_REFERENCE_OUT "."
 #endif
-#include "reference/reference_file.hpp"
+#include "interop/reference/reference_file.hpp"
 #include "support/skip.hpp"
 #include "support/temp_dir.hpp"
 #include "unit/autograd/ops_models.hpp"

@@ -1,5 +1,5 @@
 // data: the CIFAR-10 binary reader on generated files, normalisation, crop+flip augmentation (bad files:
-// test_bad_inputs.cpp), and scikit-learn's digits converted by tests/reference/digits_to_cifar_format.py.
+// test_bad_inputs.cpp), and scikit-learn's digits converted by tests/interop/reference/digits_to_cifar_format.py.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -158,7 +158,7 @@ TEST_SUITE("data") {
     }
     CifarDir dir;
     write_cifar(dir.file("t.bin"), 4, 3);
-    const fs::path ref = fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference";
+    const fs::path ref = fs::path(__FILE__).parent_path().parent_path().parent_path() / "interop" / "reference";
     // torchvision's CIFAR10 turns each record into a PIL image (HWC uint8); the tutorial's transforms
     // then pad/crop/flip it and ToTensor + Normalize it. Every crop/flip view of record 0 is saved.
     const std::string py =
@@ -210,7 +210,7 @@ TEST_SUITE("data") {
     }
     CifarDir dir;
     const fs::path script =
-        fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference" / "digits_to_cifar_format.py";
+        fs::path(__FILE__).parent_path().parent_path().parent_path() / "interop" / "reference" / "digits_to_cifar_format.py";
     const std::string cmd =
         "/usr/bin/python3 " + script.string() + " " + dir.path.string() + " --size 16 --channels 3 > /dev/null";
     REQUIRE(std::system(cmd.c_str()) == 0);

@@ -1,5 +1,5 @@
 // The residual CNN of the composition tests (issue 39), built only from modules without backward code of its own:
-// the twin of the torch model in tests/reference/make_compose_reference.py, module for module and name for name.
+// the twin of the torch model in tests/interop/reference/make_compose_reference.py, module for module and name for name.
 // SPDX-License-Identifier: MIT
 //
 //   0 Conv2d(3, 4, 3, padding=1)  1 BatchNorm2d(4)  2 ReLU

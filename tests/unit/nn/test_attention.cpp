@@ -1,7 +1,7 @@
 // CausalSelfAttention: finite differences (double) for dx and every parameter, without and with attention dropout
 // (the mask held by the step), causality, T < block_size, the state_dict names and hook order, the attention
 // dropout's mask against nn::Dropout's kernel (the same counter layout, docs/decisions/0043) and its reproducibility,
-// and the errors (messages pinned). Equality with PyTorch is in tests/reference/test_attention_ops.cpp.
+// and the errors (messages pinned). Equality with PyTorch is in tests/interop/reference/test_attention_ops.cpp.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

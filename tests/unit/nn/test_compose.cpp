@@ -2,7 +2,7 @@
 // Residual, nested Sequentials, Dropout inside them, and a user module with its own backward among them. Every
 // gradient against central finite differences in double; names and train/eval against what torch does.
 // Equality with PyTorch on the same inputs (single modules and the residual CNN of compose_model.hpp, its state_dict
-// keys included): tests/reference/test_compose_ops.cpp. The GPU against the CPU: test_cuda_compose.cu.
+// keys included): tests/interop/reference/test_compose_ops.cpp. The GPU against the CPU: test_cuda_compose.cu.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

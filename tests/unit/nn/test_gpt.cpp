@@ -1,6 +1,6 @@
 // GPT (issue 19, nn/gpt.hpp): parameter names, shapes and initialisation of a 2-layer model, every parameter
 // reporting its gradient once per backward, finite differences in double through the whole model, causality, and
-// the errors for bad inputs. Equality with PyTorch: tests/reference/test_gpt_ops.cpp.
+// the errors for bad inputs. Equality with PyTorch: tests/interop/reference/test_gpt_ops.cpp.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // Transformer modules (issue 19): Embedding, LayerNorm, GELU and Dropout. Finite differences in double for every
 // input and parameter gradient, Dropout's mask statistics and reproducibility (docs/decisions/0043), and
-// the errors for bad inputs (messages pinned). Equality with PyTorch: tests/reference/test_transformer_ops.cpp.
+// the errors for bad inputs (messages pinned). Equality with PyTorch: tests/interop/reference/test_transformer_ops.cpp.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // train: snapshots and copy_state of AdamW (moments, per-parameter step counts) and of parameter groups'
 // learning rates; the learning rate is restored; an AdamW snapshot does not load into SGD. State dicts under
 // another implementation's names (StateDictKeys): the DDP tutorial's minGPT names of nn::GPT and the errors that
-// name both keys. (PyTorch's own file of the tutorial's model loads in tests/reference/test_gpt_ops.cpp.)
+// name both keys. (PyTorch's own file of the tutorial's model loads in tests/interop/reference/test_gpt_ops.cpp.)
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// train: the torchvision reference files of tests/reference/make_resnet_reference.py read here (names,
+// train: the torchvision reference files of tests/interop/reference/make_resnet_reference.py read here (names,
 // shapes, dtypes, the SGD relation, the loss), and a state dict re-written here loads into torchvision.
 // SPDX-License-Identifier: MIT
 #include <doctest/doctest.h>
@@ -36,7 +36,7 @@ struct RefDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
-const fs::path kReferenceDir = fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference";
+const fs::path kReferenceDir = fs::path(__FILE__).parent_path().parent_path().parent_path() / "interop" / "reference";
 
 }  // namespace
 

@@ -366,7 +366,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("safetensors: files written here load in PyTorch and files written by PyTorch load here") {
     const fs::path script =
-        fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference" / "safetensors_py.py";
+        fs::path(__FILE__).parent_path().parent_path().parent_path() / "interop" / "reference" / "safetensors_py.py";
     if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
       MESSAGE("skipped: /usr/bin/python3 cannot import torch (apt install python3-torch)");
       return;

@@ -9,7 +9,7 @@
 //   forward   y  = x Phi(x)
 //   backward  dx = dy (Phi(x) + x phi(x)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
 // Both are at float rounding level: over x in [-20, 20], |error| / (|exact| + 1) is at most 7e-8 forward and
-// 1.3e-7 backward (the erff functors: 8e-8 and 7e-8), and tests/reference's GELU case (x ~ N(0, 9)) is within
+// 1.3e-7 backward (the erff functors: 8e-8 and 7e-8), and tests/interop/reference's GELU case (x ~ N(0, 9)) is within
 // 1.2e-7 (y) and 3.1e-7 (dx) of torch 1.13, whose CPU kernel uses its own vectorised erf approximation. Phi keeps
 // its relative accuracy in the far negative tail (erfc, no 1 + erf cancellation). double and the tanh form keep
 // the functors. Speed (one thread, 2 M floats): functors 10.6 ms forward / 20.8 ms backward, SSE2 loops 6.9 /

@@ -2,7 +2,7 @@
 """Load a safetensors state dict into torchvision's model (strict) and compare its logits with a reference.
 
 Usage: resnet_state_dict_check.py ARCH NUM_CLASSES STATE_DICT IO_FILE [--mode train|eval] [--key logits]
-Reads STATE_DICT with tests/reference/safetensors_py.py (the file ddp wrote), calls
+Reads STATE_DICT with tests/interop/reference/safetensors_py.py (the file ddp wrote), calls
 model.load_state_dict(..., strict=True), runs the forward on IO_FILE's "input" (NCHW) in the given mode and
 prints {"max_abs": ..., "max_rel": ..., "missing": [], "unexpected": []} as JSON; exits 1 when the
 relative error (max |a-b| / max |b|) exceeds 1e-5 or keys do not match.

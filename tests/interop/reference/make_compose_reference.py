@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # Writes PyTorch reference data for the modules that compose without backward code (issue 39): SiLU, Tanh, Sigmoid,
 # Identity, Flatten, and a residual CNN built from Sequential, a generic Residual (the twin of ddp's nn::Residual),
-# Conv2d, BatchNorm2d, ReLU, Dropout, Flatten and Linear. Read by tests/reference/test_compose_ops.cpp.
+# Conv2d, BatchNorm2d, ReLU, Dropout, Flatten and Linear. Read by tests/interop/reference/test_compose_ops.cpp.
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_compose_reference.py OUT_FILE      (exits 77 when torch is not importable)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes numpy/PyTorch reference conversions for ddp::half and ddp::bfloat16 (tests/reference/test_torch_ops.cpp).
+# Writes numpy/PyTorch reference conversions for ddp::half and ddp::bfloat16 (tests/interop/reference/test_torch_ops.cpp).
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_dtype_reference.py OUT_FILE      (exits 77 without numpy and torch)

@@ -1,4 +1,4 @@
-"""The reference file the make_*_reference.py scripts write and tests/reference/reference_file.hpp reads.
+"""The reference file the make_*_reference.py scripts write and tests/interop/reference/reference_file.hpp reads.
 
 File format (little-endian), a sequence of records until end of file:
   u32 name_length, name (utf-8), u8 kind (0: float64 values, 1: int64 values), u32 rank, i64 dims[rank],

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # Writes PyTorch reference data for the transformer modules (LayerNorm, GELU in both forms, Embedding), read by
-# tests/reference/test_transformer_ops.cpp. Dropout is not here: torch's mask comes from its own generator.
+# tests/interop/reference/test_transformer_ops.cpp. Dropout is not here: torch's mask comes from its own generator.
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_transformer_reference.py OUT_FILE      (exits 77 when torch is not importable)

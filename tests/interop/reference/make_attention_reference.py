@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes PyTorch reference data for nn::CausalSelfAttention, read by tests/reference/test_attention_ops.cpp.
+# Writes PyTorch reference data for nn::CausalSelfAttention, read by tests/interop/reference/test_attention_ops.cpp.
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_attention_reference.py OUT_FILE      (exits 77 when torch is not importable)

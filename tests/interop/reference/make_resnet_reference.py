@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Reference data for ddp's ResNet: torchvision resnet18/resnet50 forward, backward and one SGD step.
 
-Run with Debian's PyTorch (1.13 here): /usr/bin/python3 tests/reference/make_resnet_reference.py OUT_DIR
+Run with Debian's PyTorch (1.13 here): /usr/bin/python3 tests/interop/reference/make_resnet_reference.py OUT_DIR
   [--archs resnet18,resnet50] [--batch 2] [--size 64] [--num-classes 10] [--seed 0]
 
-For each arch it writes, with tests/reference/safetensors_py.py (names = torchvision state_dict keys,
+For each arch it writes, with tests/interop/reference/safetensors_py.py (names = torchvision state_dict keys,
 conv weights OIHW, activations NCHW, float32; num_batches_tracked int64):
   <arch>_init.safetensors       state_dict before anything runs (params + buffers)
   <arch>_io.safetensors         input (N,3,H,W), input_nhwc (N,H,W,3), labels (N) int64, logits (N,K) from the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes PyTorch reference data for nn::GPT, read by tests/reference/test_gpt_ops.cpp.
+# Writes PyTorch reference data for nn::GPT, read by tests/interop/reference/test_gpt_ops.cpp.
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_gpt_reference.py OUT_FILE INIT_F32 INIT_F64   (exits 77 when torch is not importable)

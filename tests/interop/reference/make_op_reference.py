@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes PyTorch reference data for every ddp CPU kernel to one file, read by tests/reference/test_torch_ops.cpp.
+# Writes PyTorch reference data for every ddp CPU kernel to one file, read by tests/interop/reference/test_torch_ops.cpp.
 # SPDX-License-Identifier: MIT
 #
 # Usage: /usr/bin/python3 make_op_reference.py OUT_FILE      (exits 77 when torch is not importable)

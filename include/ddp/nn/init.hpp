@@ -40,6 +40,18 @@ void init_normal(Parameter<T, D>& p, Generator& gen, double mean, double std) {
   detail::fill_via_host(p.value(), [&](TensorView<T, Cpu> v) { gen.fill_normal(v, mean, std); });
 }
 
+// The same two draws from the process-wide default generator (torch.nn.init.uniform_ / normal_): what a module of
+// one's own calls in its constructor for the parameters it registers (they start at zero, nn/parameter.hpp);
+// manual_seed(s) before building the model repeats them.
+template <class T, Device D>
+void init_uniform(Parameter<T, D>& p, double lo, double hi) {
+  with_default_generator([&](Generator& gen) { init_uniform(p, gen, lo, hi); });
+}
+template <class T, Device D>
+void init_normal(Parameter<T, D>& p, double mean, double std) {
+  with_default_generator([&](Generator& gen) { init_normal(p, gen, mean, std); });
+}
+
 // While one lives on this thread, layers constructed on it skip their random default initialisation: they draw
 // nothing (their parameters stay zero, nn/parameter.hpp) and leave the default generator where it was. For models
 // whose own reset_parameters() overwrites every parameter right after construction (ResNet, GPT): it saves the

@@ -28,6 +28,7 @@
 // as an explicit Module and called from ops with g(layer, x).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@
 
 #include "ddp/autograd/var.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/nn/module.hpp"
 #include "ddp/nn/parameter.hpp"
@@ -175,12 +177,14 @@ class OpsModule : public Module<T, D> {
   // Module's interface: x becomes a leaf (its gradient is backward's dx), the output Var is kept for backward.
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     reset();
+    warn_zero_weights_once(exec);
     Graph g(exec, *this);
     in_ = Var::leaf(Tensor<T, D>::borrow(const_cast<T*>(x.data()), x.shape()), true, exec);
     return keep_output(exec, forward_ops(g, in_));
   }
   Tensor<T, D> forward_ids_impl(Exec<D>& exec, TensorView<const std::int64_t, D> ids) override {
     reset();
+    warn_zero_weights_once(exec);
     Graph g(exec, *this);
     const auto t = Tensor<std::int64_t, D>::borrow(const_cast<std::int64_t*>(ids.data()), ids.shape());
     return keep_output(exec, forward_ops_ids(g, t));
@@ -208,6 +212,22 @@ class OpsModule : public Module<T, D> {
     out_ = Var();
     in_ = Var();
   }
+  // Once, at the first forward: a weight (rank >= 2) still all zeros was most likely never initialised (a
+  // parameter from register_parameter starts at zero, and a zero weight often passes no gradient, so the loss
+  // stays where it is). A warning, not an error: some weights start at zero on purpose (LoRA's B).
+  void warn_zero_weights_once(Exec<D>& exec) {
+    if (zero_weights_checked_) return;
+    zero_weights_checked_ = true;
+    for (Parameter<T, D>* p : this->parameters()) {
+      if (p->value().rank() < 2 || p->value().numel() == 0) continue;
+      const Tensor<T, Cpu> host = to<Cpu>(p->value().cview(), exec);
+      if (std::all_of(host.data(), host.data() + host.numel(), [](T v) { return v == T(0); }))
+        DDP_LOG_WARN("ddp: ", this->where(), ": parameter '", p->name(), "' ", p->value().shape(),
+                     " is all zeros at the first forward: a parameter made with register_parameter starts at zero. "
+                     "Initialise it in the constructor, e.g. nn::init_normal(p, 0.0, 0.02) or nn::init_uniform(p, "
+                     "-b, b) with b = nn::fan_in_bound(fan_in) (<ddp/nn/init.hpp>), unless zeros are meant");
+    }
+  }
   Tensor<T, D> keep_output(Exec<D>& exec, Var out) {
     if (!out.defined())
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": forward_ops returned an empty Var"));
@@ -227,6 +247,7 @@ class OpsModule : public Module<T, D> {
   }
 
   Var in_, out_;  // the last forward's input leaf and output, until backward
+  bool zero_weights_checked_ = false;
 };
 
 }  // namespace ddp::nn

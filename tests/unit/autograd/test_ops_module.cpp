@@ -277,7 +277,10 @@ class Block : public nn::OpsModule<float, Cpu> {
   explicit Block(std::int64_t c)
       : conv1_(register_module("conv1", std::make_unique<nn::Conv2d<float, Cpu>>(
                                             nn::Conv2dOptions{.in_channels = c, .out_channels = c, .padding = 1}))),
-        w_(register_parameter("weight", Shape{c, 3, 3, c}, nn::Layout::Krsc)) {}
+        w_(register_parameter("weight", Shape{c, 3, 3, c}, nn::Layout::Krsc)) {
+    const double bound = nn::fan_in_bound(9 * c);  // as Conv2d's default; a registered parameter starts at zero
+    nn::init_uniform(w_, -bound, bound);
+  }
   std::string describe() const override { return "Block"; }
 
  protected:

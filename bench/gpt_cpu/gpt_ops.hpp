@@ -5,18 +5,16 @@
 // SPDX-License-Identifier: MIT
 //
 // Per block, the explicit modules' computation written out (nn/gpt.hpp, nn/causal_self_attention.hpp):
-//   a = ln1(x); q, k, v = c_attn(a) (B, T, C) each -> (B, nh, T, hs)
-//   att = softmax(q / sqrt(hs) @ k^T + mask) (B, nh, T, T), mask -1e9 above the diagonal (exp gives exactly 0)
-//   y = (att @ v) -> (B, T, C); y = resid_drop(c_proj(attn.c_proj(y))); x1 = x + y
+//   a = ln1(x); qkv = c_attn(a) (B, T, 3C)
+//   y = causal_attention(qkv, nh) (B, T, C): softmax(q k^T / sqrt(hs) + causal mask) v per head, one fused op
+//   y = resid_drop(c_proj(attn.c_proj(y))); x1 = x + y
 //   x = x1 + mlp_drop(mlp.2(gelu(mlp.0(ln2(x1)))))
 // then ln_f, head (no bias), cross_entropy over the B*T rows. Dropout draws the explicit modules' masks: each
 // nn::Dropout's (p, seed, rank, stream) with the given step (the explicit modules' step() before their forward).
 // Attention dropout (attn_pdrop > 0) is not written here: ValueError.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include <ddp/autograd/autograd.hpp>
 #include <ddp/core/error.hpp>
@@ -54,32 +52,15 @@ V<T> gpt_ops_loss(nn::GPT<T, Cpu>& model, const Exec<Cpu>& exec, const Tensor<st
   const nn::GPTOptions& o = model.options();
   if (o.attn_pdrop != 0.0)
     throw ValueError("ddp: gpt_ops_loss: attention dropout is not written with ops; build the GPT with attn_pdrop 0");
-  const std::int64_t b = ids.shape()[0], t = ids.shape()[1], c = o.n_embd, nh = o.n_head, hs = c / nh;
+  const std::int64_t b = ids.shape()[0], t = ids.shape()[1];
   auto& stem = model.emb_stem();
   V<T> pos = autograd::narrow(param(stem.pos_emb(), exec), 1, 0, t);                // (1, T, C)
   V<T> x = dropout(stem.drop(), autograd::embedding(ids, param(stem.tok_emb().weight(), exec)) + pos, dropout_step);
-  Tensor<T, Cpu> mask_t(Shape{t, t});
-  for (std::int64_t i = 0; i < t; ++i)
-    for (std::int64_t j = 0; j < t; ++j) mask_t.data()[i * t + j] = j > i ? T(-1e9) : T(0);
-  const V<T> mask = V<T>::leaf(std::move(mask_t), false, exec);
-  const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
-  // (B, T, C) -> (B, nh, T, hs), or with `perm` {0, 2, 3, 1} k^T (B, nh, hs, T) in one permute.
-  auto heads = [&](const V<T>& u, std::vector<int> perm) {
-    return autograd::permute(autograd::reshape(u, Shape{b, t, nh, hs}), std::move(perm));
-  };
   for (std::int64_t i = 0; i < o.n_layer; ++i) {
     auto& blk = model.block(static_cast<std::size_t>(i));
     auto& csa = blk.attn().attn();
-    // q, k, v from c_attn's weight and bias split by rows (copies of (C, C) weights, not of (B, T, 3C)
-    // activations), the score scale folded into q's rows.
-    auto w = autograd::split(param(csa.c_attn().weight(), exec), {c, c, c}, 0);
-    auto bias = autograd::split(param(*csa.c_attn().bias(), exec), {c, c, c}, 0);
-    const V<T> a = layer_norm(blk.ln1(), x, exec);
-    V<T> q = heads(autograd::linear(a, w[0] * scale, bias[0] * scale), {0, 2, 1, 3});  // (B, nh, T, hs)
-    V<T> kt = heads(autograd::linear(a, w[1], bias[1]), {0, 2, 3, 1});                 // (B, nh, hs, T)
-    V<T> v = heads(autograd::linear(a, w[2], bias[2]), {0, 2, 1, 3});                  // (B, nh, T, hs)
-    V<T> att = autograd::softmax(autograd::matmul(q, kt) + mask, 3);
-    V<T> y = autograd::reshape(autograd::transpose(autograd::matmul(att, v), 1, 2), Shape{b, t, c});
+    const V<T> qkv = linear(csa.c_attn(), layer_norm(blk.ln1(), x, exec), exec);  // (B, T, 3C)
+    V<T> y = autograd::causal_attention(qkv, o.n_head);                         // (B, T, C)
     y = linear(blk.attn().c_proj(), linear(csa.c_proj(), y, exec), exec);
     x = x + dropout(blk.attn().resid_drop(), y, dropout_step);
     V<T> m = linear(blk.mlp_proj(), autograd::gelu(linear(blk.mlp_fc(), layer_norm(blk.ln2(), x, exec), exec)), exec);

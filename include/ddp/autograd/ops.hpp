@@ -253,43 +253,48 @@ Var<T, D> binary(const Var<T, D>& a, const Var<T, D>& b, BinKind kind) {
     const Exec<D>& e = n.exec;
     const auto dy = n.grad.cview();
     const Shape& s = n.value.shape();
+    const bool add_sub = kind == BinKind::Add || kind == BinKind::Sub;
+    // An operand of the output's shape takes its gradient as computed (no reduce_to copy); add/sub pass dy on
+    // unchanged, so the last operand that takes it gets the node's own grad (dropped after this backward anyway).
+    auto give = [&](int i, Tensor<T, D>&& g) {
+      Node<T, D>& in = *n.inputs[static_cast<std::size_t>(i)];
+      if (in.value.shape() == s)
+        in.accumulate(std::move(g));
+      else
+        in.accumulate(reduce_to(e, g.cview(), in.value.shape()));
+    };
     if (A.requires_grad) {
-      Tensor<T, D> g;
-      switch (kind) {
-        case BinKind::Add:
-        case BinKind::Sub:
-          g = clone(e, dy);
-          break;
-        case BinKind::Mul:
-          g = broadcast_binary(e, dy, B.value.cview(), s, kernels::MulOp<T>{});
-          break;
-        case BinKind::Div:
-          g = broadcast_binary(e, dy, B.value.cview(), s, kernels::DivOp<T>{});
-          break;
+      if (add_sub) {
+        if (!(A.value.shape() == s))
+          n.inputs[0]->accumulate(reduce_to(e, dy, A.value.shape()));
+        else if (B.requires_grad)
+          n.inputs[0]->accumulate(clone(e, dy));
+        else
+          n.inputs[0]->accumulate(std::move(n.grad));
+      } else if (kind == BinKind::Mul) {
+        give(0, broadcast_binary(e, dy, B.value.cview(), s, kernels::MulOp<T>{}));
+      } else {
+        give(0, broadcast_binary(e, dy, B.value.cview(), s, kernels::DivOp<T>{}));
       }
-      n.inputs[0]->accumulate(reduce_to(e, g.cview(), A.value.shape()));
     }
     if (B.requires_grad) {
-      Tensor<T, D> g;
-      switch (kind) {
-        case BinKind::Add:
-          g = clone(e, dy);
-          break;
-        case BinKind::Sub:
-          g = clone(e, dy);
-          Kernels<D>::scale(e, T(-1), g.view());
-          break;
-        case BinKind::Mul:
-          g = broadcast_binary(e, dy, A.value.cview(), s, kernels::MulOp<T>{});
-          break;
-        case BinKind::Div: {
-          Tensor<T, D> dya = broadcast_binary(e, dy, A.value.cview(), s, kernels::MulOp<T>{});
-          g = broadcast_binary(e, dya.cview(), B.value.cview(), s, kernels::DivGradDenOp<T>{});
-          break;
+      const double sign = kind == BinKind::Sub ? -1.0 : 1.0;
+      if (add_sub) {
+        if (!(B.value.shape() == s)) {
+          n.inputs[1]->accumulate(reduce_to(e, dy, B.value.shape(), sign));
+        } else {
+          Tensor<T, D> g = std::move(n.grad);
+          if (kind == BinKind::Sub) Kernels<D>::scale(e, T(-1), g.view());
+          n.inputs[1]->accumulate(std::move(g));
         }
+      } else if (kind == BinKind::Mul) {
+        give(1, broadcast_binary(e, dy, A.value.cview(), s, kernels::MulOp<T>{}));
+      } else {
+        Tensor<T, D> dya = broadcast_binary(e, dy, A.value.cview(), s, kernels::MulOp<T>{});
+        give(1, broadcast_binary(e, dya.cview(), B.value.cview(), s, kernels::DivGradDenOp<T>{}));
       }
-      n.inputs[1]->accumulate(reduce_to(e, g.cview(), B.value.shape()));
     }
+    n.has_grad = false;
   });
 }
 
@@ -567,7 +572,10 @@ Var<T, D> matmul(const Var<T, D>& a, const Var<T, D>& b) {
       for (std::int64_t i = 0; i < bt.count; ++i)
         detail::gemm(nd.exec, false, true, m, k, n, nd.grad.data() + i * m * n, n, B.value.data() + bt.ib(i), n,
                      full.data() + i * m * k, k);
-      nd.inputs[0]->accumulate(detail::reduce_to(nd.exec, full.cview(), A.value.shape()));
+      if (A.value.shape() == full.shape())  // no broadcast batch dim: full is da
+        nd.inputs[0]->accumulate(std::move(full));
+      else
+        nd.inputs[0]->accumulate(detail::reduce_to(nd.exec, full.cview(), A.value.shape()));
     }
     if (B.requires_grad) {  // db (batch, k, n) = a^T (k, m) dy (m, n)
       std::vector<std::int64_t> fd = batch_dims;
@@ -577,7 +585,10 @@ Var<T, D> matmul(const Var<T, D>& a, const Var<T, D>& b) {
       for (std::int64_t i = 0; i < bt.count; ++i)
         detail::gemm(nd.exec, true, false, k, n, m, A.value.data() + bt.ia(i), k, nd.grad.data() + i * m * n, n,
                      full.data() + i * k * n, n);
-      nd.inputs[1]->accumulate(detail::reduce_to(nd.exec, full.cview(), B.value.shape()));
+      if (B.value.shape() == full.shape())
+        nd.inputs[1]->accumulate(std::move(full));
+      else
+        nd.inputs[1]->accumulate(detail::reduce_to(nd.exec, full.cview(), B.value.shape()));
     }
   });
 }
@@ -902,6 +913,35 @@ Var<T, D> embedding(const Tensor<std::int64_t, D>& ids, const Var<T, D>& weight)
                                                 .dweight = dw.view(),
                                                 .ids_checked = true});  // forward checked these very ids
     nd.inputs[0]->accumulate(std::move(dw));
+  });
+}
+
+// Causal multi-head self-attention on the packed projection qkv (B, T, 3C) (q, k, v side by side, minGPT's
+// c_attn output; head h is columns h * hs .. (h + 1) * hs of each, hs = C / n_head) -> y (B, T, C), the heads side
+// by side: torch's (softmax(q k^T / sqrt(hs) + causal mask) v).transpose(1, 2).reshape(B, T, C) per head, in one op
+// on Kernels<D>::attention_forward/backward (nn::CausalSelfAttention's kernels, kernels/attention_args.hpp). Keeps
+// the probabilities (B, nh, T, T) for backward: one such tensor, and no (B, nh, T, hs) copies of q, k, v or y.
+template <class T, Device D>
+Var<T, D> causal_attention(const Var<T, D>& qkv, std::int64_t n_head) {
+  const Shape& s = qkv.shape();
+  if (s.rank() != 3 || s[2] % 3 != 0 || n_head < 1 || (s[2] / 3) % n_head != 0)
+    throw ValueError(ddp::detail::str("ddp: autograd: causal_attention: qkv ", s, " must be (B, T, 3C) with C ",
+                                      "divisible by n_head = ", n_head));
+  const std::int64_t b = s[0], t = s[1], c = s[2] / 3;
+  auto att = std::make_shared<Tensor<T, D>>(Shape{b, n_head, t, t});
+  Tensor<T, D> y(Shape{b, t, c});
+  Kernels<D>::attention_forward(qkv.exec(), kernels::AttentionForwardArgs<T, D>{.qkv = qkv.value().cview(),
+                                                                                .att = att->view(),
+                                                                                .y = y.view(),
+                                                                                .n_head = n_head});
+  return detail::record<T, D>("causal_attention", std::move(y), {qkv.node_ptr()}, [att, n_head](Node<T, D>& nd) {
+    Tensor<T, D> dqkv(nd.inputs[0]->value.shape());
+    Kernels<D>::attention_backward(nd.exec, kernels::AttentionBackwardArgs<T, D>{.qkv = nd.inputs[0]->value.cview(),
+                                                                                 .att = att->cview(),
+                                                                                 .dy = nd.grad.cview(),
+                                                                                 .dqkv = dqkv.view(),
+                                                                                 .n_head = n_head});
+    nd.inputs[0]->accumulate(std::move(dqkv));
   });
 }
 

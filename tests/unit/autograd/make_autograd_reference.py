@@ -9,6 +9,7 @@
 # gradient fed to backward, the output's shape), "<case>/out" and "<case>/grad<k>"; "<case>/idx" holds int64
 # indices or targets where the op takes them. "cases" lists the case names in order (as int64 code points,
 # separated by 10).
+import math
 import os
 import sys
 
@@ -82,6 +83,18 @@ case("mlp", [(4, 3), (5, 3), (5,), (2, 5)],  # a small model: linear, gelu, line
 case("embedding", [(6, 3)], lambda w, i: F.embedding(i, w), idx=torch.tensor([[1, 5, 1], [0, 1, 2]]))
 case("layer_norm", [(2, 3, 5), (5,), (5,)], lambda x, w, b: F.layer_norm(x, (5,), w, b, eps=1e-5), lo=-2, hi=2)
 case("layer_norm_plain", [(4, 6)], lambda x: F.layer_norm(x, (6,), eps=1e-6) * 1.0, lo=-2, hi=2)
+
+
+def causal_attention(qkv, n_head):  # minGPT's CausalSelfAttention core, written out (no F.scaled_dot_product_attention in 1.13)
+    b, t, c3 = qkv.shape
+    c = c3 // 3
+    q, k, v = (u.reshape(b, t, n_head, c // n_head).transpose(1, 2) for u in qkv.split(c, dim=2))
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // n_head))
+    att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
+    return (F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+case("causal_attention", [(2, 5, 24)], lambda a: causal_attention(a, 2), lo=-2, hi=2)
 # NHWC activations and KRSC weights (ddp's layout); torch runs on the NCHW / OIHW permutations.
 nchw = lambda t: t.permute(0, 3, 1, 2)  # noqa: E731
 nhwc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731

@@ -54,6 +54,9 @@ TEST_CASE("autograd gradcheck: add, sub, mul, div with broadcasting") {
             [](std::vector<Vd>& v) { return v[0] / v[1]; });
   gradcheck("scalar ops", {rand(rng, {2, 3})},
             [](std::vector<Vd>& v) { return (2.0 * v[0] + 1.0) / 3.0 - (1.0 - v[0]) * 0.5 + 1.0 / (v[0] + 3.0); });
+  // One value as both operands (its gradient arrives twice from one node), and chains of same-shape add/sub.
+  gradcheck("x + x, x - x * 3 - x", {rand(rng, {2, 3})},
+            [](std::vector<Vd>& v) { return (v[0] + v[0]) * (v[0] - v[0] * 3.0 - v[0]); });
 }
 
 TEST_CASE("autograd gradcheck: neg, exp, log, pow, sqrt, rsqrt, abs, clamp") {
@@ -153,6 +156,16 @@ TEST_CASE("autograd gradcheck: embedding, layer_norm, dropout") {
   CHECK(dropped > 1000);
   CHECK(dropped < 1400);
   CHECK(dropout(x, DropoutOptions{.p = 0.3, .training = false}).value().data()[7] == x.value().data()[7]);
+}
+
+TEST_CASE("autograd gradcheck: causal_attention on packed qkv") {
+  std::mt19937_64 rng(29);
+  // (B, T, 3C) = (2, 4, 3 * 6) with 2 heads of 3, and one head of a single position.
+  gradcheck("causal_attention", {rand(rng, {2, 4, 18}, -2, 2)},
+            [](std::vector<Vd>& v) { return causal_attention(v[0], 2); });
+  gradcheck("causal_attention T=1", {rand(rng, {1, 1, 6}, -2, 2)},
+            [](std::vector<Vd>& v) { return causal_attention(v[0], 1); });
+  CHECK_THROWS_AS(causal_attention(Vd::leaf(rand(rng, {2, 4, 18}), true), 4), ValueError);  // C = 6, 4 heads
 }
 
 TEST_CASE("autograd gradcheck: conv2d, max_pool2d, adaptive_avg_pool2d, batch_norm (NHWC)") {

@@ -90,6 +90,7 @@ const std::map<std::string, Op>& ops() {
       {"embedding", [](V& v, const I64& i) { return embedding(i, v[0]); }},
       {"layer_norm", [](V& v, const I64&) { return layer_norm(v[0], v[1], v[2], 1e-5); }},
       {"layer_norm_plain", [](V& v, const I64&) { return layer_norm(v[0], {}, {}, 1e-6); }},
+      {"causal_attention", [](V& v, const I64&) { return causal_attention(v[0], 2); }},
       {"conv2d",
        [](V& v, const I64&) {
          return conv2d(v[0], v[1], v[2], {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}});

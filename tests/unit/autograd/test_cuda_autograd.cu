@@ -236,7 +236,7 @@ TEST_CASE("autograd on CUDA: reshape, permute, transpose, narrow, concat, split,
   CHECK_THROWS_WITH_AS(index_select(x, 1, bad), doctest::Contains("index 4 at position 1 is out of range"), ValueError);
 }
 
-TEST_CASE("autograd on CUDA: softmax, log_softmax, cross_entropy, mse_loss, embedding, layer_norm, dropout") {
+TEST_CASE("autograd on CUDA: softmax, log_softmax, cross_entropy, mse_loss, embedding, layer_norm, causal_attention, dropout") {
   if (test::skip_without_gpu()) return;
   Env env;
   compare(
@@ -265,6 +265,10 @@ TEST_CASE("autograd on CUDA: softmax, log_softmax, cross_entropy, mse_loss, embe
   compare(
       env, "layer_norm no affine", inputs(env.rand({5, 6}, -2, 2)), [](auto& v) { return layer_norm(v[0]); },
       rtol(6, 16), rtol(6, 16));
+  // Packed qkv (B 2, T 5, 3C 24), 2 heads of 4: each output sums T softmax-weighted values of hs products.
+  compare(
+      env, "causal_attention", inputs(env.rand({2, 5, 24}, -1, 1)),
+      [](auto& v) { return causal_attention(v[0], 2); }, rtol(20, 16), rtol(20, 16));
   // The mask is a function of (seed, rank, stream, step) and the index on both devices: the same elements drop.
   const DropoutOptions o{.p = 0.3, .seed = 42, .step = 3};
   compare(

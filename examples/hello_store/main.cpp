@@ -1,9 +1,11 @@
-// hello_store: N ranks (threads) meet through a Store, sum their ranks with add(), and check the result.
+// hello_store: N ranks (threads) meet through a Store, sum their ranks with add(), and check the
+// result.
 // SPDX-License-Identifier: MIT
 //
 // Usage:           hello_store [--ranks N]
-// Expected output: one line per rank, then "sum of ranks = N*(N-1)/2 (expected ...)": e.g. for 4 ranks
-//                  "ddp[rank 0/4] INFO: joined; 4 ranks present" ... "sum of ranks = 6 (expected 6)"
+// Expected output: one line per rank, then "sum of ranks = N*(N-1)/2 (expected ...)": e.g. for 4
+//                  ranks "ddp[rank 0/4] INFO: joined; 4 ranks present" ... "sum of ranks = 6
+//                  (expected 6)"
 #include <cxxopts.hpp>
 #include <ddp/ddp.hpp>
 #include <ddp/train/parse_args.hpp>
@@ -12,8 +14,10 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-  cxxopts::Options options("hello_store", "Ranks as threads rendezvous through an in-process store");
-  options.add_options()("ranks", "number of ranks", cxxopts::value<int>()->default_value("4"))("h,help", "help");
+  cxxopts::Options options("hello_store",
+                           "Ranks as threads rendezvous through an in-process store");
+  options.add_options()("ranks", "number of ranks", cxxopts::value<int>()->default_value("4"))(
+      "h,help", "help");
   try {
     auto args = ddp::train::parse_args(options, argc, argv);
     if (args.count("help")) {

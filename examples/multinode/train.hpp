@@ -1,16 +1,18 @@
-// The multinode example's training loop, written once for both devices (main.cpp runs it on the CPU,
-// train_cuda.cu on the GPU) and once for every optimizer (train/optim_flags.hpp's with_optimizer calls it with
-// the SGD or AdamW that --optimizer chose).
+// The multinode example's training loop, written once for both devices (main.cpp runs it on the
+// CPU, train_cuda.cu on the GPU) and once for every optimizer (train/optim_flags.hpp's
+// with_optimizer calls it with the SGD or AdamW that --optimizer chose).
 // SPDX-License-Identifier: MIT
 //
-// Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from the seed on the host, the same on every rank.
-// One step gathers the sampler's batch on the host (x (n, 20), y (n, 1), zero labels (n) for cross_entropy),
-// uses it in place on the CPU or uploads it for Cuda (alive until backward returns: Linear keeps a view of
-// its input), then DDP forward, the loss (its value read on the host), DDP backward, the optional gradient
-// clipping (--clip-grad-norm), this step's learning rate (--lr-schedule, --warmup-epochs) and the optimizer step.
-// Snapshots are read and written on the host (train/checkpoint.hpp works on host tensors; train/snapshot_io.hpp) through
-// train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads the file
-// and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it (docs/decisions/0010, 0021).
+// Data: 2048 samples (x in [-1,1)^20, y in [-1,1)) drawn from the seed on the host, the same on
+// every rank. One step gathers the sampler's batch on the host (x (n, 20), y (n, 1), zero labels
+// (n) for cross_entropy), uses it in place on the CPU or uploads it for Cuda (alive until backward
+// returns: Linear keeps a view of its input), then DDP forward, the loss (its value read on the
+// host), DDP backward, the optional gradient clipping (--clip-grad-norm), this step's learning rate
+// (--lr-schedule, --warmup-epochs) and the optimizer step. Snapshots are read and written on the
+// host (train/checkpoint.hpp works on host tensors; train/snapshot_io.hpp) through
+// train::state_on<Cpu>: the model itself on the CPU, a host copy on the GPU. Resume: rank 0 reads
+// the file and broadcasts its bytes (through the GPU for nccl), so only rank 0's node needs it
+// (docs/decisions/0010, 0021).
 #pragma once
 
 #include <algorithm>
@@ -50,33 +52,39 @@ struct Setup {
   std::string snapshot_path;
   std::string loss = "mse";  // mse | cross_entropy
   std::uint64_t seed = 0;
-  double lr = 0.001;           // the schedule's base
-  train::OptimFlags optim;     // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, ...
-  long await_join_after_epoch = -1;  // testing: a lone rank waits here for an elastic launcher to add a node
-  std::string metrics_file;   // rank 0's JSON lines (empty: none)
+  double lr = 0.001;        // the schedule's base
+  train::OptimFlags optim;  // --optimizer, --weight-decay, --clip-grad-norm, --lr-schedule, ...
+  // testing: a lone rank waits here for an elastic launcher to add a node
+  long await_join_after_epoch = -1;
+  std::string metrics_file;     // rank 0's JSON lines (empty: none)
   std::string tensorboard_dir;  // rank 0's TensorBoard event file, the same records (empty: none)
   train::TraceOptions trace;    // --trace FILE, --trace-steps (train/trace.hpp; path empty: none)
-  MemoryStats (*device_memory)() = nullptr;  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
+  // the GPU's tensor memory (train_cuda.cu); nullptr on the CPU
+  MemoryStats (*device_memory)() = nullptr;
   parallel::DdpOptions ddp;
   comm::Communicator* comm = nullptr;
 };
 
-// --await-join-after-epoch (testing elastic membership): the job's only rank stops after this epoch's
-// snapshot until its launcher restarts it with more ranks (torchrun stops the worker with SIGTERM when a node
-// joins), so a test knows training cannot end before the join; bounded, never a hang.
+// --await-join-after-epoch (testing elastic membership): the job's only rank stops after this
+// epoch's snapshot until its launcher restarts it with more ranks (torchrun stops the worker with
+// SIGTERM when a node joins), so a test knows training cannot end before the join; bounded, never a
+// hang.
 [[noreturn]] inline void await_join(long epoch) {
   using namespace std::chrono_literals;
   std::cout << "Epoch " << epoch << " | waiting for a node to join" << std::endl;
   const auto until = std::chrono::steady_clock::now() + 60s;
   while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-  throw Error(ddp::detail::str("ddp: --await-join-after-epoch ", epoch, ": no node joined within 60 s (the launcher "
-                               "did not restart this rank with more ranks; it needs torchrun --nnodes=MIN:MAX)"));
+  throw Error(ddp::detail::str(
+      "ddp: --await-join-after-epoch ", epoch,
+      ": no node joined within 60 s (the launcher "
+      "did not restart this rank with more ranks; it needs torchrun --nnodes=MIN:MAX)"));
 }
 
-// The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or (--zero) a
-// parallel::ZeroRedundancyOptimizer over one of them.
+// The training loop for one optimizer type: optim::SGD or optim::AdamW over net's parameters, or
+// (--zero) a parallel::ZeroRedundancyOptimizer over one of them.
 template <Device D, class Opt>
-int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, const nn::LinearOptions& mo) {
+int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt,
+        const nn::LinearOptions& mo) {
   comm::Communicator& comm = *s.comm;
   const int rank = comm.rank();
 
@@ -85,13 +93,15 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
   Generator data_gen(s.seed, 0, kStreamData);
   data_gen.fill_uniform(xs.view(), -1.0, 1.0);
   data_gen.fill_uniform(ys.view(), -1.0, 1.0);
-  data::DistributedSampler sampler(kSamples,
-                                   {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
+  data::DistributedSampler sampler(
+      kSamples, {.num_replicas = comm.size(), .rank = rank, .shuffle = true, .seed = s.seed});
 
   // Resume: rank 0 reads the snapshot (if any) and broadcasts its bytes.
-  train::prepare_snapshot_path(s.snapshot_path, "--snapshot_path", comm.rank(), comm.size());  // fails now, not later
+  // fails now, not later
+  train::prepare_snapshot_path(s.snapshot_path, "--snapshot_path", comm.rank(), comm.size());
   const long start_epoch = train::resume_snapshot(comm, s.snapshot_path, exec, net, opt, mo).epoch;
-  if (start_epoch > 0 && rank == 0) std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
+  if (start_epoch > 0 && rank == 0)
+    std::cout << "Resuming training from snapshot at Epoch " << start_epoch << std::endl;
   parallel::DistributedDataParallel<float, D> model(net, comm, s.ddp);
 
   nn::MSELoss<float, D> mse;
@@ -99,23 +109,31 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
   const std::size_t steps = (sampler.size() + s.batch_size - 1) / s.batch_size;  // per epoch
   const optim::LrSchedule schedule =
       train::lr_schedule(s.optim, s.lr, static_cast<std::int64_t>(steps), s.total_epochs);
-  // Timing, --metrics-file, --tensorboard-dir, --trace and the snapshot cadence (train/bookkeeper.hpp). On a
-  // terminal rank 0 also redraws one progress line with an ETA; in a log the output stays the tutorial's lines.
-  // No data_ms: the batch is copied out of host arrays (tools/plot_metrics.py skips its step-time chart).
+  // Timing, --metrics-file, --tensorboard-dir, --trace and the snapshot cadence
+  // (train/bookkeeper.hpp). On a terminal rank 0 also redraws one progress line with an ETA; in a
+  // log the output stays the tutorial's lines. No data_ms: the batch is copied out of host arrays
+  // (tools/plot_metrics.py skips its step-time chart).
   train::Bookkeeper<D> book(comm, exec,
-                            {.steps_per_epoch = static_cast<long long>(steps), .first_epoch = start_epoch,
-                             .last_epoch = s.total_epochs - 1, .save_every = s.save_every, .progress_lines = false,
-                             .data_ms = false, .metrics_file = s.metrics_file, .tensorboard_dir = s.tensorboard_dir,
-                             .trace = s.trace, .device_memory = s.device_memory});
+                            {.steps_per_epoch = static_cast<long long>(steps),
+                             .first_epoch = start_epoch,
+                             .last_epoch = s.total_epochs - 1,
+                             .save_every = s.save_every,
+                             .progress_lines = false,
+                             .data_ms = false,
+                             .metrics_file = s.metrics_file,
+                             .tensorboard_dir = s.tensorboard_dir,
+                             .trace = s.trace,
+                             .device_memory = s.device_memory});
   for (long epoch = start_epoch; epoch < s.total_epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto idx = sampler.indices();
-    std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << s.batch_size << " | Steps: " << steps
-              << std::endl;
+    std::cout << "[Rank " << rank << "] Epoch " << epoch << " | Batchsize: " << s.batch_size
+              << " | Steps: " << steps << std::endl;
     book.start_epoch(epoch);
     for (std::size_t step = 0; step < steps; ++step) {
       const std::size_t b0 = step * s.batch_size, n = std::min(s.batch_size, idx.size() - b0);
-      Tensor<float, Cpu> x(Shape{static_cast<std::int64_t>(n), kIn}), y(Shape{static_cast<std::int64_t>(n), 1});
+      Tensor<float, Cpu> x(Shape{static_cast<std::int64_t>(n), kIn}),
+          y(Shape{static_cast<std::int64_t>(n), 1});
       for (std::size_t k = 0; k < n; ++k) {
         const auto i = idx[b0 + k];
         std::copy_n(xs.data() + i * kIn, kIn, x.data() + k * kIn);
@@ -148,16 +166,20 @@ int run(const Setup& s, Exec<D>& exec, nn::Linear<float, D>& net, Opt& opt, cons
         opt.step(exec);
       }
       // n: the last batch may be short on every rank alike.
-      book.end_step({.loss = loss, .lr = opt.lr(), .samples = n, .grad_norm = grad_norm}, model.last_trace());
+      book.end_step({.loss = loss, .lr = opt.lr(), .samples = n, .grad_norm = grad_norm},
+                    model.last_trace());
     }
     book.end_epoch(epoch, [&] {  // collective with --zero (the shards are consolidated on rank 0)
-      train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt, {.epoch = epoch + 1, .rng = data_gen.state()},
-                                    mo);
-      if (rank == 0) std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path << std::endl;
+      train::save_snapshot_on_rank0(comm, s.snapshot_path, exec, net, opt,
+                                    {.epoch = epoch + 1, .rng = data_gen.state()}, mo);
+      if (rank == 0)
+        std::cout << "Epoch " << epoch << " | Training snapshot saved at " << s.snapshot_path
+                  << std::endl;
       if (epoch == s.await_join_after_epoch && comm.size() == 1) await_join(epoch);
     });
   }
-  const train::RunTotals t = book.finish();  // a --trace-steps range past the last step is cut here (collective)
+  // a --trace-steps range past the last step is cut here (collective)
+  const train::RunTotals t = book.finish();
   if (rank == 0) std::cout << "Training took " << t.seconds << " s" << std::endl;
   return 0;
 }
@@ -167,9 +189,12 @@ int train(const Setup& s, Exec<D>& exec) {
   const nn::LinearOptions mo{.in_features = kIn, .out_features = 1};
   nn::Linear<float, D> net(mo);
   Generator init(s.seed, 0, kStreamInit);
-  net.reset_parameters(init);                       // drawn on the host: the same values on every device
-  train::sync_batchnorm_if(s.optim, net, *s.comm);  // --sync-bn: Linear has no BatchNorm (a warning says so)
-  return train::with_optimizer(s.optim, s.lr, net, *s.comm, [&](auto& opt) { return run(s, exec, net, opt, mo); });
+  // drawn on the host: the same values on every device
+  net.reset_parameters(init);
+  // --sync-bn: Linear has no BatchNorm (a warning says so)
+  train::sync_batchnorm_if(s.optim, net, *s.comm);
+  return train::with_optimizer(s.optim, s.lr, net, *s.comm,
+                               [&](auto& opt) { return run(s, exec, net, opt, mo); });
 }
 
 }  // namespace multinode_example

@@ -1,23 +1,28 @@
-// Var<T, D>: a differentiable value (a Tensor<T, D> and the op that made it), reverse-mode autodiff over a tape.
+// Var<T, D>: a differentiable value (a Tensor<T, D> and the op that made it), reverse-mode autodiff
+// over a tape.
 // SPDX-License-Identifier: MIT
 //
-//   auto w = Var<double, Cpu>::leaf(Tensor<double, Cpu>::from({2, 2}, {1, 2, 3, 4}), /*requires_grad=*/true);
+//   auto w = Var<double, Cpu>::leaf(Tensor<double, Cpu>::from({2, 2}, {1, 2, 3, 4}),
+//     /*requires_grad=*/true);
 //   auto x = Var<double, Cpu>::leaf(Tensor<double, Cpu>::from({1, 2}, {5, 6}));
 //   auto loss = sum(relu(matmul(x, w)) * 2.0);
 //   loss.backward();          // w.grad(): d(loss)/d(w), shape (2, 2)
 //
-// The tape (docs/decisions/0071). Every op whose inputs require a gradient records a Node: its output value, its
-// inputs and a backward function. Nodes are numbered in creation order, so the nodes reachable from the root,
-// run from the highest number down, are the tape replayed backwards (a node's consumers were all created after
-// it). Each backward function reads its node's gradient and adds one contribution per input edge, so a value
-// used twice (y = x * x + x, a weight in two matmuls) gets the sum. A leaf's gradient is final when its last
-// consumer has run (counted per edge): a leaf with a GradSink hands it over at that moment, interleaved with the
-// rest of backward, which is when DDP wants a parameter marked ready (Var::parameter, nn::Parameter's protocol).
+// The tape (docs/decisions/0071). Every op whose inputs require a gradient records a Node: its
+// output value, its inputs and a backward function. Nodes are numbered in creation order, so the
+// nodes reachable from the root, run from the highest number down, are the tape replayed backwards
+// (a node's consumers were all created after it). Each backward function reads its node's gradient
+// and adds one contribution per input edge, so a value used twice (y = x * x + x, a weight in two
+// matmuls) gets the sum. A leaf's gradient is final when its last consumer has run (counted per
+// edge): a leaf with a GradSink hands it over at that moment, interleaved with the rest of
+// backward, which is when DDP wants a parameter marked ready (Var::parameter, nn::Parameter's
+// protocol).
 //
-// Leaves without a sink keep their gradient and add later backward calls' into it, as torch's .grad (zero_grad()
-// drops it). Intermediate gradients are freed as soon as their node has run. backward() frees the graph (inputs
-// and backward functions) unless retain_graph is asked; a second backward through a freed graph throws.
-// Ops run on their first operand's Exec<D> (carried by every Var); no_grad scopes (NoGradGuard) record nothing.
+// Leaves without a sink keep their gradient and add later backward calls' into it, as torch's .grad
+// (zero_grad() drops it). Intermediate gradients are freed as soon as their node has run.
+// backward() frees the graph (inputs and backward functions) unless retain_graph is asked; a second
+// backward through a freed graph throws. Ops run on their first operand's Exec<D> (carried by every
+// Var); no_grad scopes (NoGradGuard) record nothing.
 #pragma once
 
 #include <algorithm>
@@ -57,7 +62,8 @@ inline std::uint64_t next_seq() {
 // True unless a NoGradGuard is alive on this thread.
 inline bool grad_enabled() noexcept { return detail::no_grad_depth() == 0; }
 
-// torch.no_grad(): ops run while one is alive on this thread record nothing, and their results require no grad.
+// torch.no_grad(): ops run while one is alive on this thread record nothing, and their results
+// require no grad.
 class NoGradGuard {
  public:
   NoGradGuard() noexcept { ++detail::no_grad_depth(); }
@@ -66,17 +72,18 @@ class NoGradGuard {
   NoGradGuard& operator=(const NoGradGuard&) = delete;
 };
 
-// Where a leaf's gradient goes when backward has finished with it (all its uses accumulated): dest() is written
-// with every element of this backward's gradient, then done(exec) runs. nn::Parameter's grad_dest()/grad_done()
-// are exactly this (Var::parameter), so DDP's per-parameter readiness fires from done().
+// Where a leaf's gradient goes when backward has finished with it (all its uses accumulated):
+// dest() is written with every element of this backward's gradient, then done(exec) runs.
+// nn::Parameter's grad_dest()/grad_done() are exactly this (Var::parameter), so DDP's per-parameter
+// readiness fires from done().
 template <class T, Device D>
 struct GradSink {
   std::function<TensorView<T, D>()> dest;
   std::function<void(Exec<D>&)> done;
 };
 
-// What Var::parameter() accepts: anything with nn::Parameter's value()/grad_dest()/grad_done(exec) (duck-typed,
-// so this layer does not depend on nn/).
+// What Var::parameter() accepts: anything with nn::Parameter's value()/grad_dest()/grad_done(exec)
+// (duck-typed, so this layer does not depend on nn/).
 template <class P, class T, class D>
 concept GradParameter = requires(P& p, Exec<D>& e) {
   { p.value() } -> std::same_as<Tensor<T, D>&>;
@@ -95,15 +102,16 @@ struct Node {
   std::uint64_t seq = detail::next_seq();
   const char* op = "leaf";
   Exec<D> exec{};
-  std::vector<std::shared_ptr<Node>> inputs;    // one per edge (x * x lists x twice)
-  std::function<void(Node&)> backward_fn;       // reads grad, calls accumulate() on inputs
-  std::unique_ptr<GradSink<T, D>> sink;         // leaves only
+  std::vector<std::shared_ptr<Node>> inputs;  // one per edge (x * x lists x twice)
+  std::function<void(Node&)> backward_fn;     // reads grad, calls accumulate() on inputs
+  std::unique_ptr<GradSink<T, D>> sink;       // leaves only
 
   // grad += g (g's shape must be value's); the first contribution is moved in.
   void accumulate(Tensor<T, D>&& g) {
     if (!(g.shape() == value.shape()))
-      throw Error(ddp::detail::str("ddp: autograd: internal error: op ", op, " received a gradient of shape ",
-                                   g.shape(), " for a value of shape ", value.shape()));
+      throw Error(ddp::detail::str("ddp: autograd: internal error: op ", op,
+                                   " received a gradient of shape ", g.shape(),
+                                   " for a value of shape ", value.shape()));
     if (!has_grad) {
       grad = std::move(g);
       has_grad = true;
@@ -130,11 +138,12 @@ class Var {
     n->exec = exec;
     return Var(std::move(n));
   }
-  // A trainable leaf over a parameter's tensor (borrowed, not copied: keep the parameter alive while the graph
-  // is), whose gradient backward writes through p.grad_dest() and reports with p.grad_done(exec) as soon as all
-  // of this backward's uses of it have been accumulated. Works with nn::Parameter<T, D>.
+  // A trainable leaf over a parameter's tensor (borrowed, not copied: keep the parameter alive
+  // while the graph is), whose gradient backward writes through p.grad_dest() and reports with
+  // p.grad_done(exec) as soon as all of this backward's uses of it have been accumulated. Works
+  // with nn::Parameter<T, D>.
   template <class P>
-    requires GradParameter<P, T, D>
+  requires GradParameter<P, T, D>
   static Var parameter(P& p, Exec<D> exec = {}) {
     Tensor<T, D>& v = p.value();
     Var out = leaf(Tensor<T, D>::borrow(v.data(), v.shape()), true, exec);
@@ -142,12 +151,15 @@ class Var {
                                      .done = [&p](Exec<D>& e) { p.grad_done(e); }});
     return out;
   }
-  // Installs a sink on a leaf that requires grad (see GradSink); its gradient is then handed over, not kept.
+  // Installs a sink on a leaf that requires grad (see GradSink); its gradient is then handed over,
+  // not kept.
   void set_grad_sink(GradSink<T, D> sink) {
     if (!node().leaf || !node().requires_grad)
-      throw ValueError(ddp::detail::str("ddp: autograd: a gradient sink needs a leaf that requires grad, but this "
-                                        "value ", node().leaf ? "does not require grad" : "is the output of op ",
-                                        node().leaf ? "" : node().op, "; create it with Var::leaf(t, true)"));
+      throw ValueError(ddp::detail::str(
+          "ddp: autograd: a gradient sink needs a leaf that requires grad, but this "
+          "value ",
+          node().leaf ? "does not require grad" : "is the output of op ",
+          node().leaf ? "" : node().op, "; create it with Var::leaf(t, true)"));
     node().sink = std::make_unique<GradSink<T, D>>(std::move(sink));
   }
 
@@ -166,18 +178,20 @@ class Var {
   const Tensor<T, D>& grad() const {
     if (!node().has_grad)
       throw ValueError(ddp::detail::str(
-          "ddp: autograd: this ", node().leaf ? "leaf" : "intermediate value", " of shape ", shape(),
-          " has no gradient: ",
+          "ddp: autograd: this ", node().leaf ? "leaf" : "intermediate value", " of shape ",
+          shape(), " has no gradient: ",
           !node().requires_grad ? "it does not require grad (Var::leaf(t, true) asks for one)"
-          : node().leaf         ? (node().sink ? "its gradient went to its GradSink (the parameter's grad())"
-                                               : "no backward() has reached it since zero_grad()")
-                                : "only leaves keep their gradient"));
+          : node().leaf
+              ? (node().sink ? "its gradient went to its GradSink (the parameter's grad())"
+                             : "no backward() has reached it since zero_grad()")
+              : "only leaves keep their gradient"));
     return node().grad;
   }
   void zero_grad() noexcept {
     if (n_) n_->has_grad = false;
   }
-  // The same value, cut from the graph (a leaf that requires no grad; shares nothing it could change).
+  // The same value, cut from the graph (a leaf that requires no grad; shares nothing it could
+  // change).
   Var detach() const {
     auto n = std::make_shared<Node<T, D>>();
     n->value = Tensor<T, D>::borrow(const_cast<T*>(value().data()), shape());
@@ -191,9 +205,11 @@ class Var {
   // d(this)/d(leaves) for a one-element value (seed 1).
   void backward(bool retain_graph = false) const {
     if (numel() != 1)
-      throw ValueError(ddp::detail::str("ddp: autograd: backward() without a seed gradient needs a one-element "
-                                        "value, but the output of ", op(), " has shape ", shape(),
-                                        "; reduce it first (sum(), mean()) or pass the seed: backward(dy)"));
+      throw ValueError(
+          ddp::detail::str("ddp: autograd: backward() without a seed gradient needs a one-element "
+                           "value, but the output of ",
+                           op(), " has shape ", shape(),
+                           "; reduce it first (sum(), mean()) or pass the seed: backward(dy)"));
     Tensor<T, D> seed(shape());
     Kernels<D>::fill(exec(), seed.view(), T(1));
     run_backward(std::move(seed), retain_graph);
@@ -201,16 +217,19 @@ class Var {
   // Backward with d(root)/d(this) = seed (this value's shape), for a value of any shape.
   void backward(const Tensor<T, D>& seed, bool retain_graph = false) const {
     if (!(seed.shape() == shape()))
-      throw ValueError(ddp::detail::str("ddp: autograd: backward: the seed gradient has shape ", seed.shape(),
-                                        " but the output of ", op(), " has shape ", shape()));
+      throw ValueError(ddp::detail::str("ddp: autograd: backward: the seed gradient has shape ",
+                                        seed.shape(), " but the output of ", op(), " has shape ",
+                                        shape()));
     Tensor<T, D> s(shape());
     copy(seed.cview(), s.view(), exec());
     run_backward(std::move(s), retain_graph);
   }
 
-  // For ops (autograd/ops.hpp): the node, and a new non-leaf result recorded with its inputs and backward.
+  // For ops (autograd/ops.hpp): the node, and a new non-leaf result recorded with its inputs and
+  // backward.
   Node<T, D>& node() const {
-    if (!n_) throw ValueError("ddp: autograd: use of an empty Var (default-constructed or moved from)");
+    if (!n_)
+      throw ValueError("ddp: autograd: use of an empty Var (default-constructed or moved from)");
     return *n_;
   }
   const NodePtr& node_ptr() const noexcept { return n_; }
@@ -220,9 +239,11 @@ class Var {
   void run_backward(Tensor<T, D> seed, bool retain_graph) const {
     Node<T, D>& root = node();
     if (!root.requires_grad)
-      throw ValueError(ddp::detail::str("ddp: autograd: backward() on a value that does not require grad (the "
-                                        "output of ", root.op, ", shape ", root.value.shape(),
-                                        "): no input requires grad, or it was computed inside a NoGradGuard"));
+      throw ValueError(
+          ddp::detail::str("ddp: autograd: backward() on a value that does not require grad (the "
+                           "output of ",
+                           root.op, ", shape ", root.value.shape(),
+                           "): no input requires grad, or it was computed inside a NoGradGuard"));
     // Reachable nodes that require grad, and how many edges into each one come from them.
     std::vector<Node<T, D>*> order;
     std::unordered_map<Node<T, D>*, int> pending;
@@ -233,9 +254,11 @@ class Var {
       Node<T, D>* n = stack.back();
       stack.pop_back();
       if (n->freed)
-        throw ValueError(ddp::detail::str(
-            "ddp: autograd: backward through the graph a second time (op ", n->op, ", shape ", n->value.shape(),
-            "): the first backward() freed it; pass retain_graph = true to the first call to backward twice"));
+        throw ValueError(
+            ddp::detail::str("ddp: autograd: backward through the graph a second time (op ", n->op,
+                             ", shape ", n->value.shape(),
+                             "): the first backward() freed it; pass retain_graph = true to the "
+                             "first call to backward twice"));
       order.push_back(n);
       for (const auto& in : n->inputs) {
         if (!in->requires_grad) continue;
@@ -247,7 +270,8 @@ class Var {
         }
       }
     }
-    std::sort(order.begin(), order.end(), [](const Node<T, D>* a, const Node<T, D>* b) { return a->seq > b->seq; });
+    std::sort(order.begin(), order.end(),
+              [](const Node<T, D>* a, const Node<T, D>* b) { return a->seq > b->seq; });
     root.accumulate(std::move(seed));
     for (Node<T, D>* n : order) {
       if (n->leaf) {

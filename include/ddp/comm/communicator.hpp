@@ -1,36 +1,45 @@
 // Communicator: the abstract collective interface every backend (tcp, mpi, nccl) implements.
 // SPDX-License-Identifier: MIT
 //
-// Typed at the edge, type-erased inside [gloo]: user code calls one entry point per op, a template over
-// TensorView<T, D> (counts are elements; T one of float, double, bfloat16, half, int32, int64, uint8; D Cpu
-// or Cuda). A std::span<T> is host memory: its overloads are one-line forwards to the TensorView<T, Cpu> ones.
-// Communicator checks every call's arguments once for all backends (comm/checks.hpp) and hands the backend
-// an OpCall (buffers, fingerprint, timeout, stream) through the protected virtual *_impl functions.
+// Typed at the edge, type-erased inside [gloo]: user code calls one entry point per op, a template
+// over TensorView<T, D> (counts are elements; T one of float, double, bfloat16, half, int32, int64,
+// uint8; D Cpu or Cuda). A std::span<T> is host memory: its overloads are one-line forwards to the
+// TensorView<T, Cpu> ones. Communicator checks every call's arguments once for all backends
+// (comm/checks.hpp) and hands the backend an OpCall (buffers, fingerprint, timeout, stream) through
+// the protected virtual *_impl functions.
 //
-//   Work w = comm.all_reduce(grad.view(), {.op = ReduceOp::Avg});   // tcp: host memory, returns at once
-//   w.wait();                                                        // throws CommError if a peer died
-//   comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = exec.stream});   // nccl, stream-ordered
+//   Work w = comm.all_reduce(grad.view(), {.op = ReduceOp::Avg});   // tcp: host memory, returns at
+//     once
+//   w.wait();                                                        // throws CommError if a peer
+//     died
+//   comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = exec.stream});   // nccl,
+//     stream-ordered
 //
 // Contract:
-// - Every collective must be called by every rank of the communicator, in the same order, with the same
-//   dtype, count (see each function), root and reduce op. A mismatch is detected and reported on every
-//   rank as a CommError naming both ops and the sequence number (docs/decisions/0009).
-// - Every call returns a Work; ops complete in issue order. Buffers must stay alive and untouched until
-//   the Work completes. Ops run on a progress thread, so they overlap with the caller's compute; a backend
-//   may run a small op issued while it is idle on the calling thread (tcp: CommOptions::inline_max_bytes,
-//   0 = never). send/recv are blocking (they return a completed Work); isend/irecv are asynchronous.
-// - Memory: a communicator reaches one kind of memory, memory(): host memory (tcp, mpi) or CUDA device memory
-//   (nccl; tcp and mpi staged through pinned host memory, comm/staging/staged_communicator.hpp). Any other is
-//   a ValueError at the call that names the backend and the fix.
-// - Streams (device memory): an op called with options.stream = s (a cudaStream_t; null: the legacy default
-//   stream) is stream-ordered. It waits, on the device, for the work already enqueued on s, and the work
-//   enqueued on s after the call waits for it; the host never blocks. Work::wait() blocks the host until
-//   the op is done and raises its failure. Communicators on host memory take no stream (ValueError).
-// - Argument errors (root out of range, size mismatch) throw ValueError at the call, before anything is sent.
+// - Every collective must be called by every rank of the communicator, in the same order, with the
+//   same dtype, count (see each function), root and reduce op. A mismatch is detected and reported
+//   on every rank as a CommError naming both ops and the sequence number (docs/decisions/0009).
+// - Every call returns a Work; ops complete in issue order. Buffers must stay alive and untouched
+//   until the Work completes. Ops run on a progress thread, so they overlap with the caller's
+//   compute; a backend may run a small op issued while it is idle on the calling thread (tcp:
+//   CommOptions::inline_max_bytes, 0 = never). send/recv are blocking (they return a completed
+//   Work); isend/irecv are asynchronous.
+// - Memory: a communicator reaches one kind of memory, memory(): host memory (tcp, mpi) or CUDA
+//   device memory (nccl; tcp and mpi staged through pinned host memory,
+//   comm/staging/staged_communicator.hpp). Any other is a ValueError at the call that names the
+//   backend and the fix.
+// - Streams (device memory): an op called with options.stream = s (a cudaStream_t; null: the legacy
+//   default stream) is stream-ordered. It waits, on the device, for the work already enqueued on s,
+//   and the work enqueued on s after the call waits for it; the host never blocks. Work::wait()
+//   blocks the host until the op is done and raises its failure. Communicators on host memory take
+//   no stream (ValueError).
+// - Argument errors (root out of range, size mismatch) throw ValueError at the call, before
+//   anything is sent.
 // - Calls from several threads are serialised, but their order then decides the op order: issue
 //   collectives from one thread.
-// - After a failure (peer died, mismatch, timeout) the communicator is broken: every later op fails with
-//   a CommError that quotes the first failure. Create a new one to continue (torchrun restarts the job).
+// - After a failure (peer died, mismatch, timeout) the communicator is broken: every later op fails
+//   with a CommError that quotes the first failure. Create a new one to continue (torchrun restarts
+//   the job).
 // - Not copyable or movable. Destruction runs a bounded barrier and never hangs or throws.
 #pragma once
 
@@ -93,8 +102,8 @@ class Communicator {
   Work broadcast(TensorView<T, D> data, const BroadcastOptions& o = {}) {
     return broadcast_impl(checks().broadcast(BufferRef::of(data), o));
   }
-  // In place: every rank ends with the element-wise reduction over ranks. bfloat16/half reduce in float;
-  // Avg divides the sum by size() (integer division for integer types).
+  // In place: every rank ends with the element-wise reduction over ranks. bfloat16/half reduce in
+  // float; Avg divides the sum by size() (integer division for integer types).
   template <WritableCommElement T, Device D>
   Work all_reduce(TensorView<T, D> data, const AllreduceOptions& o = {}) {
     return all_reduce_impl(checks().all_reduce(BufferRef::of(data), o));
@@ -106,58 +115,76 @@ class Communicator {
   }
   // out (size() * in.numel() elements) = concatenation of every rank's in, in rank order.
   template <CommElement In, WritableCommElement T, Device D>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work all_gather(TensorView<In, D> in, TensorView<T, D> out, const AllgatherOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work
+  all_gather(TensorView<In, D> in, TensorView<T, D> out, const AllgatherOptions& o = {}) {
     return all_gather_impl(checks().all_gather(BufferRef::of(in), BufferRef::of(out), o));
   }
-  // in has size() * out.numel() elements; rank r receives the reduction of block r of every rank's in.
+  // in has size() * out.numel() elements; rank r receives the reduction of block r of every rank's
+  // in.
   template <CommElement In, WritableCommElement T, Device D>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work reduce_scatter(TensorView<In, D> in, TensorView<T, D> out, const ReduceScatterOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work
+  reduce_scatter(TensorView<In, D> in, TensorView<T, D> out, const ReduceScatterOptions& o = {}) {
     return reduce_scatter_impl(checks().reduce_scatter(BufferRef::of(in), BufferRef::of(out), o));
   }
   // in and out have size() * k elements; block j of rank r's in lands in block r of rank j's out.
   template <CommElement In, WritableCommElement T, Device D>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work all_to_all(TensorView<In, D> in, TensorView<T, D> out, const AlltoallOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work all_to_all(TensorView<In, D> in,
+                                                                    TensorView<T, D> out,
+                                                                    const AlltoallOptions& o = {}) {
     return all_to_all_impl(checks().all_to_all(BufferRef::of(in), BufferRef::of(out), o));
   }
   Work barrier(const BarrierOptions& o = {}) { return barrier_impl(checks().barrier(o)); }
 
   // ---- the same calls on host memory: a std::span<T> is a one-dimensional TensorView<T, Cpu> ----
   template <CommElement T>
-  Work send(std::span<T> data, int dst, const SendOptions& o = {}) { return send(host(data), dst, o); }
+  Work send(std::span<T> data, int dst, const SendOptions& o = {}) {
+    return send(host(data), dst, o);
+  }
   template <WritableCommElement T>
-  Work recv(std::span<T> data, int src, const SendOptions& o = {}) { return recv(host(data), src, o); }
+  Work recv(std::span<T> data, int src, const SendOptions& o = {}) {
+    return recv(host(data), src, o);
+  }
   template <CommElement T>
-  Work isend(std::span<T> data, int dst, const SendOptions& o = {}) { return isend(host(data), dst, o); }
+  Work isend(std::span<T> data, int dst, const SendOptions& o = {}) {
+    return isend(host(data), dst, o);
+  }
   template <WritableCommElement T>
-  Work irecv(std::span<T> data, int src, const SendOptions& o = {}) { return irecv(host(data), src, o); }
+  Work irecv(std::span<T> data, int src, const SendOptions& o = {}) {
+    return irecv(host(data), src, o);
+  }
   template <WritableCommElement T>
-  Work broadcast(std::span<T> data, const BroadcastOptions& o = {}) { return broadcast(host(data), o); }
+  Work broadcast(std::span<T> data, const BroadcastOptions& o = {}) {
+    return broadcast(host(data), o);
+  }
   template <WritableCommElement T>
-  Work all_reduce(std::span<T> data, const AllreduceOptions& o = {}) { return all_reduce(host(data), o); }
+  Work all_reduce(std::span<T> data, const AllreduceOptions& o = {}) {
+    return all_reduce(host(data), o);
+  }
   template <WritableCommElement T>
-  Work reduce(std::span<T> data, const ReduceOptions& o = {}) { return reduce(host(data), o); }
+  Work reduce(std::span<T> data, const ReduceOptions& o = {}) {
+    return reduce(host(data), o);
+  }
   template <CommElement In, WritableCommElement T>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work all_gather(std::span<In> in, std::span<T> out, const AllgatherOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work
+  all_gather(std::span<In> in, std::span<T> out, const AllgatherOptions& o = {}) {
     return all_gather(host(in), host(out), o);
   }
   template <CommElement In, WritableCommElement T>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work reduce_scatter(std::span<In> in, std::span<T> out, const ReduceScatterOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work
+  reduce_scatter(std::span<In> in, std::span<T> out, const ReduceScatterOptions& o = {}) {
     return reduce_scatter(host(in), host(out), o);
   }
   template <CommElement In, WritableCommElement T>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work all_to_all(std::span<In> in, std::span<T> out, const AlltoallOptions& o = {}) {
+  requires std::same_as<std::remove_const_t<In>, T> Work all_to_all(std::span<In> in,
+                                                                    std::span<T> out,
+                                                                    const AlltoallOptions& o = {}) {
     return all_to_all(host(in), host(out), o);
   }
 
-  // A communicator over `ranks` (ranks of this communicator, strictly increasing). Every rank of this
-  // communicator calls new_group with the same list, in the same order relative to other new_group
-  // calls; members get the new communicator (their rank is their index in `ranks`), others nullptr.
+  // A communicator over `ranks` (ranks of this communicator, strictly increasing). Every rank of
+  // this communicator calls new_group with the same list, in the same order relative to other
+  // new_group calls; members get the new communicator (their rank is their index in `ranks`),
+  // others nullptr.
   std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) {
     return new_group_impl(ranks, checks().group_index(ranks));
   }
@@ -173,11 +200,14 @@ class Communicator {
   virtual Work reduce_scatter_impl(const OpCall& call) = 0;
   virtual Work all_to_all_impl(const OpCall& call) = 0;
   virtual Work barrier_impl(const OpCall& call) = 0;
-  // `index`: this rank's index in the checked `ranks`, -1 for a non-member (which still takes part).
-  virtual std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks, int index) = 0;
+  // `index`: this rank's index in the checked `ranks`, -1 for a non-member (which still takes
+  // part).
+  virtual std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks,
+                                                       int index) = 0;
 
-  // Hands an already checked call to `to`'s backend: how a wrapper (comm/staging/staged_communicator.hpp)
-  // runs the op it staged in host memory on the communicator that moves the bytes, without a second check.
+  // Hands an already checked call to `to`'s backend: how a wrapper
+  // (comm/staging/staged_communicator.hpp) runs the op it staged in host memory on the communicator
+  // that moves the bytes, without a second check.
   static Work run_checked(Communicator& to, const OpCall& call) {
     switch (call.fp.kind) {
       case OpKind::Send: return to.send_impl(call);

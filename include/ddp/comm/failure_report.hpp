@@ -1,22 +1,27 @@
-// FailureReport: how the ranks of a communicator tell each other about a failure through the store, for
-// every backend that has one (tcp, nccl): publish a rank's error and position, read another rank's, and
-// explain a timeout by naming the ranks that never reached the op (docs/decisions/0009).
+// FailureReport: how the ranks of a communicator tell each other about a failure through the store,
+// for every backend that has one (tcp, nccl): publish a rank's error and position, read another
+// rank's, and explain a timeout by naming the ranks that never reached the op
+// (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
-// The store is the side channel: NCCL cannot tell a rank that a peer aborted (its kernels just wait), and
-// a tcp rank that sees a peer's socket close needs that peer's message. Keys, under the communicator's prefix:
+// The store is the side channel: NCCL cannot tell a rank that a peer aborted (its kernels just
+// wait), and a tcp rank that sees a peer's socket close needs that peer's message. Keys, under the
+// communicator's prefix:
 //   failed        counter, incremented by every failing rank (one key to poll cheaply)
 //   error/<r>     rank r's first error message
-//   state/<r>     "seq\tlabel": the collective rank r was in when it failed, "5\tall_reduce #5 (F32 x 4, sum)"
-// Example: rank 1 never calls all_reduce #5. Rank 0 times out, publishes state/0 = "5\t...", waits a grace
-// period for state/1, finds none and reports " Ranks that never reached all_reduce #5: 1 (no report ...)".
+//   state/<r>     "seq\tlabel": the collective rank r was in when it failed, "5\tall_reduce #5 (F32
+//     x 4, sum)"
+// Example: rank 1 never calls all_reduce #5. Rank 0 times out, publishes state/0 = "5\t...", waits
+//   a grace
+// period for state/1, finds none and reports " Ranks that never reached all_reduce #5: 1 (no report
+// ...)".
 //
-// Budget: the store's host may be frozen (SIGSTOP) or cut off, and a full store timeout per call would
-// multiply the time a failing rank takes to exit. Every store call here runs under a
-// store::ScopedTimeoutCap of budget(T) = T/4 within [0.1 s, 3 s] for an op timeout T, and the grace period
-// for the other ranks' positions is the same budget. After one failed call the store counts as lost and
-// later calls skip it instead of waiting out the budget once per key.
-// Thread-safe: the store is, and the "lost" flag is atomic.
+// Budget: the store's host may be frozen (SIGSTOP) or cut off, and a full store timeout per call
+// would multiply the time a failing rank takes to exit. Every store call here runs under a
+// store::ScopedTimeoutCap of budget(T) = T/4 within [0.1 s, 3 s] for an op timeout T, and the grace
+// period for the other ranks' positions is the same budget. After one failed call the store counts
+// as lost and later calls skip it instead of waiting out the budget once per key. Thread-safe: the
+// store is, and the "lost" flag is atomic.
 #pragma once
 
 #include <algorithm>
@@ -42,7 +47,8 @@ class FailureReport {
 
   // The cap on every store call of a report for an op whose timeout is T (see the file comment).
   static std::chrono::milliseconds budget(std::chrono::milliseconds op_timeout) {
-    return std::clamp(op_timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(3000));
+    return std::clamp(op_timeout / 4, std::chrono::milliseconds(100),
+                      std::chrono::milliseconds(3000));
   }
   // What state/<r> holds: the collective sequence number reached and the label of the op at hand.
   static std::string state_text(std::uint64_t seq, const Fingerprint& at) {
@@ -50,8 +56,8 @@ class FailureReport {
   }
 
   // Publishes this rank's first error and its position (state_text(seq, at)). Never throws. When it
-  // returns, every rank can read both: PyTorch's SET has no reply, so the final ADD on the same connection
-  // is the round trip that proves the server applied the SETs before it.
+  // returns, every rank can read both: PyTorch's SET has no reply, so the final ADD on the same
+  // connection is the round trip that proves the server applied the SETs before it.
   void publish(const std::string& msg, std::uint64_t seq, const Fingerprint& at,
                std::chrono::milliseconds op_timeout) noexcept {
     if (store_lost_) return;
@@ -78,9 +84,9 @@ class FailureReport {
     return {};
   }
 
-  // "rank k reported: ..." for the first other rank that published, a sentence saying so when the store
-  // is unreachable (its host, rank 0 when the ranks host it, may be dead: that is news too), else empty.
-  // Cheap while nobody failed: one CHECK of `failed`.
+  // "rank k reported: ..." for the first other rank that published, a sentence saying so when the
+  // store is unreachable (its host, rank 0 when the ranks host it, may be dead: that is news too),
+  // else empty. Cheap while nobody failed: one CHECK of `failed`.
   std::string any_peer_failure(std::chrono::milliseconds op_timeout) {
     if (store_lost_) return "the store became unreachable; rank 0 may have died";
     store::ScopedTimeoutCap cap(budget(op_timeout));
@@ -91,15 +97,16 @@ class FailureReport {
           return ddp::detail::str("rank ", k, " reported: ", store_.get_string(key("error/", k)));
     } catch (const std::exception& e) {
       store_lost_ = true;
-      return ddp::detail::str("the store became unreachable (", e.what(), "); rank 0 may have died");
+      return ddp::detail::str("the store became unreachable (", e.what(),
+                              "); rank 0 may have died");
     }
     return {};
   }
 
-  // After `fp` timed out here: " Ranks that never reached all_reduce #5: 1 (last in all_reduce #4 (...)),
-  // 3 (no report: busy outside ddp, stuck or dead). At #5 rank 2 ran all_reduce #5 (F32 x 9, sum)." or
-  // " Every other rank reached #5 too." Waits up to the budget for the other ranks' positions, which ranks
-  // publish when they fail (they do once this rank's failure reaches them).
+  // After `fp` timed out here: " Ranks that never reached all_reduce #5: 1 (last in all_reduce #4
+  // (...)), 3 (no report: busy outside ddp, stuck or dead). At #5 rank 2 ran all_reduce #5 (F32 x
+  // 9, sum)." or " Every other rank reached #5 too." Waits up to the budget for the other ranks'
+  // positions, which ranks publish when they fail (they do once this rank's failure reaches them).
   std::string timeout_report(const Fingerprint& fp, std::chrono::milliseconds op_timeout) {
     if (store_lost_) return " The store is unreachable, so the other ranks' positions are unknown.";
     std::vector<std::string> keys;
@@ -124,20 +131,24 @@ class FailureReport {
       }
       const auto tab = state.find('\t');
       if (tab == std::string::npos) {
-        behind.push_back(ddp::detail::str(ranks[i], " (no report: busy outside ddp, stuck or dead)"));
+        behind.push_back(
+            ddp::detail::str(ranks[i], " (no report: busy outside ddp, stuck or dead)"));
         continue;
       }
       const std::uint64_t seq = std::stoull(state.substr(0, tab));
       const std::string what = state.substr(tab + 1);
-      if (seq < fp.seq) behind.push_back(ddp::detail::str(ranks[i], " (last in ", what, ")"));
-      else if (seq == fp.seq && what != fp.full_label()) different.push_back(ddp::detail::str(ranks[i], " ran ", what));
+      if (seq < fp.seq)
+        behind.push_back(ddp::detail::str(ranks[i], " (last in ", what, ")"));
+      else if (seq == fp.seq && what != fp.full_label())
+        different.push_back(ddp::detail::str(ranks[i], " ran ", what));
     }
     std::string out;
     if (!behind.empty())
       out += ddp::detail::str(" Ranks that never reached ", op_name(fp.kind), " #", fp.seq, ": ",
                               ddp::detail::join(behind, ", "), '.');
     if (!different.empty())
-      out += ddp::detail::str(" At #", fp.seq, " rank ", ddp::detail::join(different, "; rank "), '.');
+      out +=
+          ddp::detail::str(" At #", fp.seq, " rank ", ddp::detail::join(different, "; rank "), '.');
     if (out.empty()) out = ddp::detail::str(" Every other rank reached #", fp.seq, " too.");
     return out;
   }

@@ -1,11 +1,11 @@
-// Element-wise reduction kernels on CPU memory, shared by the tcp and mpi backends: dst[i] = dst[i] (op) src[i] over a type-erased
-// buffer, and the final division of ReduceOp::Avg. bfloat16 and half are widened to float, combined and
-// rounded back once per call.
+// Element-wise reduction kernels on CPU memory, shared by the tcp and mpi backends: dst[i] = dst[i]
+// (op) src[i] over a type-erased buffer, and the final division of ReduceOp::Avg. bfloat16 and half
+// are widened to float, combined and rounded back once per call.
 // SPDX-License-Identifier: MIT
 //
-// Every op here is commutative in IEEE arithmetic (a+b == b+a bit for bit, likewise *, min, max), which
-// is what lets two ranks that combine the same pair of partial results in opposite order (recursive
-// doubling) end with bit-identical buffers.
+// Every op here is commutative in IEEE arithmetic (a+b == b+a bit for bit, likewise *, min, max),
+// which is what lets two ranks that combine the same pair of partial results in opposite order
+// (recursive doubling) end with bit-identical buffers.
 #pragma once
 
 #include <algorithm>
@@ -41,7 +41,8 @@ void combine(T* __restrict dst, const T* __restrict src, std::size_t n, F f) {
   if constexpr (std::is_same_v<W, T>) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
   } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = T(f(static_cast<W>(dst[i]), static_cast<W>(src[i])));
+    for (std::size_t i = 0; i < n; ++i)
+      dst[i] = T(f(static_cast<W>(dst[i]), static_cast<W>(src[i])));
   }
 }
 // dst[i] = f(a[i], b[i]): three distinct buffers.
@@ -101,12 +102,15 @@ inline void reduce_into(void* dst, const void* src, std::size_t count, DType dty
   });
 }
 
-// dst[i] = a[i] (op) b[i] for i < count: reduce_into without first copying a into dst. No two may overlap.
-inline void reduce_from(void* dst, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
+// dst[i] = a[i] (op) b[i] for i < count: reduce_into without first copying a into dst. No two may
+// overlap.
+inline void reduce_from(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
+                        ReduceOp op) {
   detail::visit_dtype(dtype, dst, [&](auto* d) {
     using T = std::remove_pointer_t<decltype(d)>;
-    detail::with_op<typename detail::Widen<T>::type>(
-        op, [&](auto f) { detail::combine(d, static_cast<const T*>(a), static_cast<const T*>(b), count, f); });
+    detail::with_op<typename detail::Widen<T>::type>(op, [&](auto f) {
+      detail::combine(d, static_cast<const T*>(a), static_cast<const T*>(b), count, f);
+    });
   });
 }
 
@@ -118,17 +122,18 @@ inline void divide_by(void* data, std::size_t count, DType dtype, int by) {
   });
 }
 
-// memcpy that accepts n == 0 with null pointers: an empty buffer's data (and an empty Scratch) may be
-// null, and memcpy's pointers must be valid even for 0 bytes (UBSan reports it).
+// memcpy that accepts n == 0 with null pointers: an empty buffer's data (and an empty Scratch) may
+// be null, and memcpy's pointers must be valid even for 0 bytes (UBSan reports it).
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   if (n != 0) std::memcpy(dst, src, n);
 }
 
-// Element offsets of n segments covering count elements: segment i is [offs[i], offs[i+1]); the first
-// count % n segments are one element longer. Example: count 10, n 4 -> 0 3 6 8 10.
+// Element offsets of n segments covering count elements: segment i is [offs[i], offs[i+1]); the
+// first count % n segments are one element longer. Example: count 10, n 4 -> 0 3 6 8 10.
 inline std::vector<std::size_t> even_segments(std::size_t count, int n) {
   std::vector<std::size_t> offs(static_cast<std::size_t>(n) + 1, 0);
-  const std::size_t base = count / static_cast<std::size_t>(n), extra = count % static_cast<std::size_t>(n);
+  const std::size_t base = count / static_cast<std::size_t>(n),
+                    extra = count % static_cast<std::size_t>(n);
   for (int i = 0; i < n; ++i)
     offs[i + 1] = offs[i] + base + (static_cast<std::size_t>(i) < extra ? 1 : 0);
   return offs;

@@ -1,16 +1,18 @@
-// Vocabulary of the collectives: ReduceOp, the op kinds and their fingerprints, per-call option structs,
-// CommOptions, the type-erased BufferRef, and OpCall: one checked call as every backend receives it.
+// Vocabulary of the collectives: ReduceOp, the op kinds and their fingerprints, per-call option
+// structs, CommOptions, the type-erased BufferRef, and OpCall: one checked call as every backend
+// receives it.
 // SPDX-License-Identifier: MIT
 //
-// Options are filled with designated initializers; a timeout of 0 means "the communicator's default"
-// (CommOptions::timeout), which is always finite:
+// Options are filled with designated initializers; a timeout of 0 means "the communicator's
+// default" (CommOptions::timeout), which is always finite:
 //   comm.all_reduce(grad.view(), {.op = ddp::comm::ReduceOp::Avg});
 //   comm.broadcast(weights.view(), {.root = 0, .timeout = std::chrono::seconds(30)});
-//   comm.all_reduce(d_grad.view(), {.op = ddp::comm::ReduceOp::Avg, .stream = exec.stream});   // nccl
+//   comm.all_reduce(d_grad.view(), {.op = ddp::comm::ReduceOp::Avg, .stream = exec.stream});   //
+//     nccl
 // `stream` (a cudaStream_t, null: the legacy default stream) orders an op on device memory with the
-// caller's kernels, without the host (comm/communicator.hpp says how). Communicators on host memory (tcp,
-// mpi without CommOptions::cuda_device) take no stream: a non-null one is a ValueError rather than an
-// argument silently ignored.
+// caller's kernels, without the host (comm/communicator.hpp says how). Communicators on host memory
+// (tcp, mpi without CommOptions::cuda_device) take no stream: a non-null one is a ValueError rather
+// than an argument silently ignored.
 #pragma once
 
 #include <chrono>
@@ -44,7 +46,17 @@ inline constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
 
 // What an op is, for fingerprints and messages. Send and Recv are one kind on the wire (a receive
 // matches a send); Recv exists so that messages read naturally.
-enum class OpKind : std::uint8_t { Send, Recv, Broadcast, AllReduce, Reduce, AllGather, ReduceScatter, AllToAll, Barrier };
+enum class OpKind : std::uint8_t {
+  Send,
+  Recv,
+  Broadcast,
+  AllReduce,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Barrier
+};
 
 inline constexpr std::string_view op_name(OpKind k) noexcept {
   switch (k) {
@@ -61,16 +73,17 @@ inline constexpr std::string_view op_name(OpKind k) noexcept {
   return "?";
 }
 
-// Identity of one op as every rank must see it (docs/decisions/0009). `count` is the per-rank element count of
-// the user's input (all_gather: elements each rank contributes; reduce_scatter: elements each rank
-// receives); `root` is the root rank, the tag of a send/recv, or -1.
+// Identity of one op as every rank must see it (docs/decisions/0009). `count` is the per-rank
+// element count of the user's input (all_gather: elements each rank contributes; reduce_scatter:
+// elements each rank receives); `root` is the root rank, the tag of a send/recv, or -1.
 struct Fingerprint {
   OpKind kind = OpKind::Barrier;
   DType dtype = DType::U8;
   ReduceOp op = ReduceOp::Sum;
   std::int64_t root = -1;
   std::uint64_t count = 0;
-  std::uint64_t seq = 0;  // collectives: per communicator, from 1; send/recv: per (sender, receiver) pair
+  // collectives: per communicator, from 1; send/recv: per (sender, receiver) pair
+  std::uint64_t seq = 0;
 
   bool has_reduce_op() const noexcept {
     return kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter;
@@ -80,10 +93,13 @@ struct Fingerprint {
   // "all_reduce #17 (F32 x 4194304)", "broadcast #3 (F32 x 4, root 0)", "send #2 (I64 x 1, tag 0)".
   std::string label() const {
     std::string extra;
-    if (is_p2p()) extra = ddp::detail::str(", tag ", root);
-    else if (kind == OpKind::Broadcast || kind == OpKind::Reduce) extra = ddp::detail::str(", root ", root);
+    if (is_p2p())
+      extra = ddp::detail::str(", tag ", root);
+    else if (kind == OpKind::Broadcast || kind == OpKind::Reduce)
+      extra = ddp::detail::str(", root ", root);
     if (kind == OpKind::Barrier) return ddp::detail::str(op_name(kind), " #", seq);
-    return ddp::detail::str(op_name(kind), " #", seq, " (", dtype_name(dtype), " x ", count, extra, ")");
+    return ddp::detail::str(op_name(kind), " #", seq, " (", dtype_name(dtype), " x ", count, extra,
+                            ")");
   }
   // The label plus the reduce op, for mismatch messages: "all_reduce #3 (F32 x 4, sum)".
   std::string full_label() const {
@@ -99,11 +115,12 @@ struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
   std::chrono::milliseconds timeout{0};
   void* stream = nullptr;
-  // The caller waits for the Work at once (torch's default async_op=False; MPI_Allreduce): tcp and mpi may then
-  // run it on the calling thread at any size when nothing else is queued (CommOptions::inline_max_bytes > 0),
-  // saving the wake-up of the progress thread and the hand-back (~16 us per op at 256 KiB on a loaded 2-core
-  // host), and return it complete. false: only ops up to inline_max_bytes may, so that larger ones overlap
-  // with the caller's compute. nccl ignores it (its ops are stream-ordered).
+  // The caller waits for the Work at once (torch's default async_op=False; MPI_Allreduce): tcp and
+  // mpi may then run it on the calling thread at any size when nothing else is queued
+  // (CommOptions::inline_max_bytes > 0), saving the wake-up of the progress thread and the
+  // hand-back (~16 us per op at 256 KiB on a loaded 2-core host), and return it complete. false:
+  // only ops up to inline_max_bytes may, so that larger ones overlap with the caller's compute.
+  // nccl ignores it (its ops are stream-ordered).
   bool blocking = false;
 };
 struct BroadcastOptions {
@@ -140,43 +157,47 @@ struct SendOptions {  // also for recv: tags must match
   void* stream = nullptr;
 };
 
-inline constexpr std::chrono::milliseconds kDefaultCommTimeout{300'000};  // PyTorch's default: 5 minutes
+// PyTorch's default: 5 minutes
+inline constexpr std::chrono::milliseconds kDefaultCommTimeout{300'000};
 
 // Communicator-wide settings. Programs fill them from flags: --timeout-ms (DDP_TIMEOUT_MS) and
 // --socket-ifname (DDP_SOCKET_IFNAME).
 struct CommOptions {
   std::chrono::milliseconds timeout = kDefaultCommTimeout;  // every op's default; must be > 0
-  std::string socket_ifname;  // tcp: the interface to listen on ("eth0"); empty: the one that routes to master_addr
-  // tcp: all-reduce buffers of at most this many bytes use recursive doubling (latency-bound); larger
-  // ones the ring (bandwidth-bound).
+  // tcp: the interface to listen on ("eth0"); empty: the one that routes to master_addr
+  std::string socket_ifname;
+  // tcp: all-reduce buffers of at most this many bytes use recursive doubling (latency-bound);
+  // larger ones the ring (bandwidth-bound).
   std::size_t small_allreduce_bytes = 64 * 1024;
-  // tcp and mpi (collectives): an op of at most this many bytes issued while nothing is queued runs on
-  // the calling thread, saving the hand-off to the progress thread (tens of microseconds); larger ones
-  // always run on the progress thread so that they overlap with the caller's compute. 0 disables inline
-  // execution.
+  // tcp and mpi (collectives): an op of at most this many bytes issued while nothing is queued runs
+  // on the calling thread, saving the hand-off to the progress thread (tens of microseconds);
+  // larger ones always run on the progress thread so that they overlap with the caller's compute. 0
+  // disables inline execution.
   std::size_t inline_max_bytes = 64 * 1024;
-  // tcp and mpi: the CPUs the communication progress thread may run on (empty: wherever the OS puts it). Pinning
-  // it to a core the training threads leave free lets communication overlap with compute instead of taking
-  // turns with it (Horovod's HOROVOD_THREAD_AFFINITY). Programs set it from --comm-cpus / DDP_COMM_CPUS
-  // (core/cpu_affinity.hpp's list syntax, "1" or "0-3,6"); a CPU the kernel refuses is a ConfigError.
+  // tcp and mpi: the CPUs the communication progress thread may run on (empty: wherever the OS puts
+  // it). Pinning it to a core the training threads leave free lets communication overlap with
+  // compute instead of taking turns with it (Horovod's HOROVOD_THREAD_AFFINITY). Programs set it
+  // from --comm-cpus / DDP_COMM_CPUS (core/cpu_affinity.hpp's list syntax, "1" or "0-3,6"); a CPU
+  // the kernel refuses is a ConfigError.
   std::vector<int> progress_cpus;
   // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
   std::chrono::milliseconds shutdown_timeout{10'000};
   // tcp and mpi: when every rank runs on one host, collectives go through a shared-memory segment
-  // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of loopback
-  // sockets (the sockets stay open to detect dead peers); on mpi all-reduce, broadcast and barrier instead of MPI messages
-  // (docs/decisions/0055). Programs set it from --shm / DDP_SHM (0 disables). Every rank must pass the
-  // same value.
+  // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of
+  // loopback sockets (the sockets stay open to detect dead peers); on mpi all-reduce, broadcast and
+  // barrier instead of MPI messages (docs/decisions/0055). Programs set it from --shm / DDP_SHM (0
+  // disables). Every rank must pass the same value.
   bool shm = true;
   // mpi: exchange each collective's fingerprint before running it, so that mismatched collectives
-  // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each peer
-  // per op; a small all-reduce's data rides along, docs/decisions/0038).
-  // tcp checks fingerprints in every frame header and ignores this. Every rank must pass the same value.
+  // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each
+  // peer per op; a small all-reduce's data rides along, docs/decisions/0038). tcp checks
+  // fingerprints in every frame header and ignores this. Every rank must pass the same value.
   bool check_fingerprints = true;
   // The CUDA device the collectives' tensors live on; -1: host memory. With tcp/gloo or mpi,
-  // make_communicator (comm/factory.hpp) then stages device buffers through pinned host memory, with
-  // nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/decisions/0023); nccl uses
-  // this device instead of the local rank. Programs set it from --device cuda (the local rank's GPU).
+  // make_communicator (comm/factory.hpp) then stages device buffers through pinned host memory,
+  // with nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/decisions/0023); nccl
+  // uses this device instead of the local rank. Programs set it from --device cuda (the local
+  // rank's GPU).
   int cuda_device = -1;
 };
 
@@ -187,9 +208,9 @@ inline constexpr std::string_view memory_name(MemoryKind m) noexcept {
   return m == MemoryKind::Cpu ? "host memory" : "CUDA device memory";
 }
 
-// The type-erased view every backend receives: pointer + element count + dtype + memory kind. A reference: the
-// caller owns the memory (unlike nn::Buffer, a module's own tensor).
-// Inputs that the op only reads are passed as BufferRef too; backends never write them.
+// The type-erased view every backend receives: pointer + element count + dtype + memory kind. A
+// reference: the caller owns the memory (unlike nn::Buffer, a module's own tensor). Inputs that the
+// op only reads are passed as BufferRef too; backends never write them.
 struct BufferRef {
   void* data = nullptr;
   std::size_t count = 0;  // elements
@@ -201,34 +222,43 @@ struct BufferRef {
 
   template <class T, Device D>
   static BufferRef of(TensorView<T, D> v) {
-    return {.data = const_cast<std::remove_const_t<T>*>(v.data()), .count = static_cast<std::size_t>(v.numel()),
+    return {.data = const_cast<std::remove_const_t<T>*>(v.data()),
+            .count = static_cast<std::size_t>(v.numel()),
             .dtype = dtype_of<std::remove_const_t<T>>,
             .memory = D::host_memory ? MemoryKind::Cpu : MemoryKind::Cuda};
   }
 };
 
-// One call as every backend receives it, after Communicator checked its arguments (comm/checks.hpp).
+// One call as every backend receives it, after Communicator checked its arguments
+// (comm/checks.hpp).
 // Example: all_reduce of 4 floats with Avg on 2 ranks ->
-//   {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0}, .in = .out = the buffer, .peer = -1, .timeout = 0ms}
+//   {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0}, .in = .out = the buffer, .peer = -1,
+//     .timeout = 0ms}
 struct OpCall {
-  Fingerprint fp;  // kind, dtype, reduce op, root (send/recv: tag), count; seq 0 until the backend numbers it
-  BufferRef in;       // the data of in-place ops (broadcast, all_reduce, reduce, send, recv), else the input
-  BufferRef out;      // all_gather, reduce_scatter, all_to_all: the output; in-place ops: the same as `in`
-  int peer = -1;   // send: the destination; recv: the source
+  // kind, dtype, reduce op, root (send/recv: tag), count; seq 0 until the backend numbers it
+  Fingerprint fp;
+  // the data of in-place ops (broadcast, all_reduce, reduce, send, recv), else the input
+  BufferRef in;
+  // all_gather, reduce_scatter, all_to_all: the output; in-place ops: the same as `in`
+  BufferRef out;
+  int peer = -1;                         // send: the destination; recv: the source
   std::chrono::milliseconds timeout{0};  // 0: CommOptions::timeout
-  void* stream = nullptr;                // cudaStream_t (device-memory backends); null: the legacy default stream
-  bool blocking = false;                 // all_reduce: AllreduceOptions::blocking
+  // cudaStream_t (device-memory backends); null: the legacy default stream
+  void* stream = nullptr;
+  bool blocking = false;  // all_reduce: AllreduceOptions::blocking
 };
 
-// Whether an op that moves `bytes` may run on the calling thread when nothing else is queued (tcp and mpi):
-// up to inline_max_bytes (CommOptions), or at any size when the caller waits at once (AllreduceOptions::
-// blocking) and inline execution is not disabled (inline_max_bytes 0).
+// Whether an op that moves `bytes` may run on the calling thread when nothing else is queued (tcp
+// and mpi): up to inline_max_bytes (CommOptions), or at any size when the caller waits at once
+// (AllreduceOptions:: blocking) and inline execution is not disabled (inline_max_bytes 0).
 inline bool runs_inline(std::size_t bytes, bool blocking, std::size_t inline_max_bytes) noexcept {
   return bytes <= inline_max_bytes || (blocking && inline_max_bytes > 0);
 }
 
 // Element types the collectives accept: float, double, bfloat16, half, int32, int64, uint8.
 template <class T>
-concept CommElement = requires { DTypeOf<std::remove_cv_t<T>>::value; };
+concept CommElement = requires {
+  DTypeOf<std::remove_cv_t<T>>::value;
+};
 
 }  // namespace ddp::comm

@@ -1,17 +1,19 @@
-// Work: the handle every collective returns. It completes once, with success or with the op's exception.
+// Work: the handle every collective returns. It completes once, with success or with the op's
+// exception.
 // SPDX-License-Identifier: MIT
 //
 // Contract:
 // - Copyable; copies share one state. Thread-safe: any thread may wait, poll or read the exception.
 // - wait() blocks until the op completes and rethrows its failure (CommError naming the op, its
-//   sequence number and the peer; TimeoutError when the op's own timeout ran out). Backends guarantee
-//   that every op completes within its timeout, so wait() is bounded.
-// - wait(timeout) additionally gives up after `timeout` with a TimeoutError naming the op; the op itself
-//   keeps running (the caller may wait again). It never drops its argument.
+//   sequence number and the peer; TimeoutError when the op's own timeout ran out). Backends
+//   guarantee that every op completes within its timeout, so wait() is bounded.
+// - wait(timeout) additionally gives up after `timeout` with a TimeoutError naming the op; the op
+//   itself keeps running (the caller may wait again). It never drops its argument.
 // - A default-constructed Work is already completed (used for no-op calls such as world size 1).
-// - A backend may let the waiter run the op itself: WorkState::help, when set, is called by wait() (not by
-//   wait(timeout), which must return at its timeout) before it blocks; the tcp backend's queue runs a collective that is first in line and not yet started on the waiting
-//   thread, which saves the two thread hand-offs of a caller that waits at once (tcp/op_queue.hpp).
+// - A backend may let the waiter run the op itself: WorkState::help, when set, is called by wait()
+//   (not by wait(timeout), which must return at its timeout) before it blocks; the tcp backend's
+//   queue runs a collective that is first in line and not yet started on the waiting thread, which
+//   saves the two thread hand-offs of a caller that waits at once (tcp/op_queue.hpp).
 //
 //   Work w = comm.all_reduce(std::span(grad));   // returns at once; the progress thread runs it
 //   compute_something_else();
@@ -35,7 +37,8 @@ namespace ddp::comm {
 
 namespace detail {
 
-// The state a backend completes. `label` is the op as messages name it: "ddp[rank 0/4]: all_reduce #17 (F32 x 4)".
+// The state a backend completes. `label` is the op as messages name it: "ddp[rank 0/4]: all_reduce
+// #17 (F32 x 4)".
 struct WorkState {
   explicit WorkState(std::string l) : label(std::move(l)) {}
 
@@ -56,14 +59,16 @@ struct WorkState {
   }
 
   const std::string label;
-  // Set by the backend before the Work is handed out, never changed after; may run the op on the calling thread
-  // (see the file comment). Must tolerate being called after the op completed, and from several waiters.
+  // Set by the backend before the Work is handed out, never changed after; may run the op on the
+  // calling thread (see the file comment). Must tolerate being called after the op completed, and
+  // from several waiters.
   std::function<void()> help;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
-  std::chrono::steady_clock::time_point completed_at;  // when complete() ran (traces, communication time)
+  // when complete() ran (traces, communication time)
+  std::chrono::steady_clock::time_point completed_at;
 };
 
 }  // namespace detail
@@ -101,9 +106,10 @@ class Work {
     if (!state_) return;
     std::unique_lock lock(state_->mu);
     if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; }))
-      throw TimeoutError(ddp::detail::str(state_->label, " did not complete within Work::wait(", timeout.count(),
-                                          " ms); the op keeps running under its own timeout (--timeout-ms, "
-                                          "DDP_TIMEOUT_MS). Wait again or raise the timeout passed to wait()."));
+      throw TimeoutError(
+          ddp::detail::str(state_->label, " did not complete within Work::wait(", timeout.count(),
+                           " ms); the op keeps running under its own timeout (--timeout-ms, "
+                           "DDP_TIMEOUT_MS). Wait again or raise the timeout passed to wait()."));
     if (state_->error) std::rethrow_exception(state_->error);
   }
 
@@ -114,8 +120,8 @@ class Work {
     return state_->error;
   }
 
-  // When the op completed (the backend's thread, not the waiter), or nullopt while it runs and for a
-  // default-constructed Work (nothing ran). Never blocks.
+  // When the op completed (the backend's thread, not the waiter), or nullopt while it runs and for
+  // a default-constructed Work (nothing ran). Never blocks.
   std::optional<std::chrono::steady_clock::time_point> completed_at() const {
     if (!state_) return std::nullopt;
     std::lock_guard lock(state_->mu);

@@ -1,12 +1,15 @@
-// CPU lists ("0-3,6", as taskset -c and Linux's cpuset files write them) and pinning a thread to one: for the
-// communication progress threads (CommOptions::progress_cpus, --comm-cpus / DDP_COMM_CPUS; Horovod's
-// HOROVOD_THREAD_AFFINITY), so that communication can run on a core that training threads leave free.
+// CPU lists ("0-3,6", as taskset -c and Linux's cpuset files write them) and pinning a thread to
+// one: for the communication progress threads (CommOptions::progress_cpus, --comm-cpus /
+// DDP_COMM_CPUS; Horovod's HOROVOD_THREAD_AFFINITY), so that communication can run on a core that
+// training threads leave free.
 // SPDX-License-Identifier: MIT
 //
 //   parse_cpu_list("1", "--comm-cpus")       -> {1}
 //   parse_cpu_list("0-2,5", "--comm-cpus")   -> {0, 1, 2, 5}
-//   parse_cpu_list("2-1", "--comm-cpus")     -> ConfigError "ddp: --comm-cpus '2-1': range 2-1 runs backwards; ..."
-//   pin_thread(t, {1}, "--comm-cpus")        -> t runs on CPU 1 only; ConfigError naming --comm-cpus and the
+//   parse_cpu_list("2-1", "--comm-cpus")     -> ConfigError "ddp: --comm-cpus '2-1': range 2-1 runs
+//     backwards; ..."
+//   pin_thread(t, {1}, "--comm-cpus")        -> t runs on CPU 1 only; ConfigError naming
+//     --comm-cpus and the
 //                                               CPUs this process may use when the kernel refuses
 #pragma once
 
@@ -26,12 +29,13 @@
 
 namespace ddp {
 
-// The CPUs of a list such as "0-3,6" in ascending order, each once; empty text: none. ConfigError naming `what`
-// (the flag or variable) on anything else.
+// The CPUs of a list such as "0-3,6" in ascending order, each once; empty text: none. ConfigError
+// naming `what` (the flag or variable) on anything else.
 inline std::vector<int> parse_cpu_list(std::string_view text, std::string_view what) {
   auto bad = [&](const std::string& why) {
-    return ConfigError(ddp::detail::str("ddp: ", what, " '", text, "': ", why,
-                                        "; write CPU numbers and ranges separated by commas, e.g. 1 or 0-3,6"));
+    return ConfigError(
+        ddp::detail::str("ddp: ", what, " '", text, "': ", why,
+                         "; write CPU numbers and ranges separated by commas, e.g. 1 or 0-3,6"));
   };
   auto number = [&](std::string_view s) {
     int v = -1;
@@ -56,7 +60,8 @@ inline std::vector<int> parse_cpu_list(std::string_view text, std::string_view w
   return {cpus.begin(), cpus.end()};
 }
 
-// The CPUs this process may run on (sched_getaffinity), as a list for messages: "0-1" is written "0,1".
+// The CPUs this process may run on (sched_getaffinity), as a list for messages: "0-1" is written
+// "0,1".
 inline std::string allowed_cpus_text() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -67,17 +72,18 @@ inline std::string allowed_cpus_text() {
   return ddp::detail::join(cpus, ",");
 }
 
-// Restricts `t` to `cpus` (nothing to do when empty). ConfigError naming `what` when the kernel refuses (a CPU
-// that does not exist or is outside this process's cpuset).
+// Restricts `t` to `cpus` (nothing to do when empty). ConfigError naming `what` when the kernel
+// refuses (a CPU that does not exist or is outside this process's cpuset).
 inline void pin_thread(std::thread& t, const std::vector<int>& cpus, std::string_view what) {
   if (cpus.empty()) return;
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
   if (const int rc = ::pthread_setaffinity_np(t.native_handle(), sizeof set, &set); rc != 0)
-    throw ConfigError(ddp::detail::str("ddp: ", what, " ", ddp::detail::join(cpus, ","),
-                                       ": the kernel refused to pin the communication thread there (",
-                                       std::strerror(rc), "); this process may use CPUs ", allowed_cpus_text()));
+    throw ConfigError(
+        ddp::detail::str("ddp: ", what, " ", ddp::detail::join(cpus, ","),
+                         ": the kernel refused to pin the communication thread there (",
+                         std::strerror(rc), "); this process may use CPUs ", allowed_cpus_text()));
 }
 
 }  // namespace ddp

@@ -1,5 +1,6 @@
-// Element types shared by tensors, collectives and checkpoint files: the DType tag, its size and name,
-// and the 16-bit float storage types bfloat16 and half (conversion only; math happens in float).
+// Element types shared by tensors, collectives and checkpoint files: the DType tag, its size and
+// name, and the 16-bit float storage types bfloat16 and half (conversion only; math happens in
+// float).
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -23,11 +24,14 @@ struct bfloat16 {
   DDP_HOST_DEVICE explicit operator float() const { return to_float(bits); }
   DDP_HOST_DEVICE static std::uint16_t from_float(float f) {
     std::uint32_t u = bit_cast_u32(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+    // quiet NaN
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return static_cast<std::uint16_t>(u >> 16);
   }
-  DDP_HOST_DEVICE static float to_float(std::uint16_t b) { return bit_cast_f32(static_cast<std::uint32_t>(b) << 16); }
+  DDP_HOST_DEVICE static float to_float(std::uint16_t b) {
+    return bit_cast_f32(static_cast<std::uint32_t>(b) << 16);
+  }
 
  private:
   DDP_HOST_DEVICE static std::uint32_t bit_cast_u32(float f) {
@@ -54,18 +58,23 @@ struct half {
     __builtin_memcpy(&x, &f, 4);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
     std::uint32_t abs = x & 0x7fffffffu;
-    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
     if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> inf
-    if (abs < 0x38800000u) {                                                    // subnormal or zero in half
-      if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);           // rounds to zero
+    // subnormal or zero in half
+    if (abs < 0x38800000u) {
+      if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // rounds to zero
       const std::uint32_t exp = abs >> 23;
       std::uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-      const std::uint32_t shift = 126u - exp;  // 14 + (113 - exp) - 1 ... brings mantissa to half subnormal scale
-      const std::uint32_t rounded = (mant + ((1u << (shift - 1)) - 1u) + ((mant >> shift) & 1u)) >> shift;
+      // 14 + (113 - exp) - 1 ... brings mantissa to half subnormal scale
+      const std::uint32_t shift = 126u - exp;
+      const std::uint32_t rounded =
+          (mant + ((1u << (shift - 1)) - 1u) + ((mant >> shift) & 1u)) >> shift;
       return static_cast<std::uint16_t>(sign | rounded);
     }
-    abs += 0xc8000000u;                                   // rebias exponent: (127-15) << 23, mod 2^32
-    abs += 0xfffu + ((abs >> 13) & 1u);                   // round to nearest even on the 13 dropped bits
+    // rebias exponent: (127-15) << 23, mod 2^32
+    abs += 0xc8000000u;
+    // round to nearest even on the 13 dropped bits
+    abs += 0xfffu + ((abs >> 13) & 1u);
     return static_cast<std::uint16_t>(sign | (abs >> 13));
   }
   DDP_HOST_DEVICE static float to_float(std::uint16_t h) {
@@ -120,15 +129,39 @@ inline constexpr std::string_view dtype_name(DType t) noexcept {
   return "?";
 }
 
-template <class T> struct DTypeOf;  // no value for unsupported element types: a compile error names T
-template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
-template <> struct DTypeOf<bfloat16> { static constexpr DType value = DType::BF16; };
-template <> struct DTypeOf<half> { static constexpr DType value = DType::F16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::I32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::I64; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::U8; };
+// no value for unsupported element types: a compile error names T
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct DTypeOf<bfloat16> {
+  static constexpr DType value = DType::BF16;
+};
+template <>
+struct DTypeOf<half> {
+  static constexpr DType value = DType::F16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::I32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::I64;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::U8;
+};
 
-template <class T> inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
+template <class T>
+inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
 
 }  // namespace ddp

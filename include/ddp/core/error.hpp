@@ -1,5 +1,6 @@
-// The exception hierarchy. Every error the library raises is a ddp::Error with an actionable message:
-// what failed, the observed values, the likely cause, and the variable or flag that fixes it.
+// The exception hierarchy. Every error the library raises is a ddp::Error with an actionable
+// message: what failed, the observed values, the likely cause, and the variable or flag that fixes
+// it.
 // SPDX-License-Identifier: MIT
 //
 //   std::runtime_error
@@ -26,10 +27,10 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-#define DDP_DEFINE_ERROR_(Name)                                \
-  class Name : public Error {                                  \
-   public:                                                     \
-    explicit Name(const std::string& what) : Error(what) {}    \
+#define DDP_DEFINE_ERROR_(Name)                             \
+  class Name : public Error {                               \
+   public:                                                  \
+    explicit Name(const std::string& what) : Error(what) {} \
   }
 
 DDP_DEFINE_ERROR_(ConfigError);

@@ -1,6 +1,6 @@
 // Fd: an owned POSIX file descriptor (socket, pipe, eventfd ...), closed on destruction. Move-only.
-// The one RAII descriptor of the library: the store's sockets, the tcp backend's mesh and the launcher's
-// pipes all hold one.
+// The one RAII descriptor of the library: the store's sockets, the tcp backend's mesh and the
+// launcher's pipes all hold one.
 // SPDX-License-Identifier: MIT
 #pragma once
 

@@ -1,13 +1,13 @@
 // The one socket layer of the library, below the store (store/socket.hpp) and the tcp backend
-// (comm/tcp/mesh.hpp, listen_address.hpp): errno text, deadlines, name resolution (IPv4 and IPv6), listen / accept / connect
-// bounded by deadlines, and exact reads and writes.
+// (comm/tcp/mesh.hpp, listen_address.hpp): errno text, deadlines, name resolution (IPv4 and IPv6),
+// listen / accept / connect bounded by deadlines, and exact reads and writes.
 // SPDX-License-Identifier: MIT
 //
-// Errors: what sets up a connection (resolve, listen, accept, connect) throws net::SocketError with the
-// system's own text, "ddp: cannot listen on [::1]:29500: Address already in use (errno 98)"; code() is
-// the errno and detail() the text alone. Each caller rethrows it as its layer's error (StoreError,
-// CommError, ConfigError) with the likely cause and the flag that fixes it. Exact I/O returns an IoStatus
-// instead, because the store and the mesh word "the peer closed" differently.
+// Errors: what sets up a connection (resolve, listen, accept, connect) throws net::SocketError with
+// the system's own text, "ddp: cannot listen on [::1]:29500: Address already in use (errno 98)";
+// code() is the errno and detail() the text alone. Each caller rethrows it as its layer's error
+// (StoreError, CommError, ConfigError) with the likely cause and the flag that fixes it. Exact I/O
+// returns an IoStatus instead, because the store and the mesh word "the peer closed" differently.
 // Deadlines are absolute steady_clock points; one already past still makes one attempt (connect) or
 // returns at once (poll, accept, I/O).
 #pragma once
@@ -44,7 +44,9 @@
 namespace ddp::net {
 
 // "Connection refused (errno 111)".
-inline std::string errno_text(int err) { return ddp::detail::str(std::strerror(err), " (errno ", err, ")"); }
+inline std::string errno_text(int err) {
+  return ddp::detail::str(std::strerror(err), " (errno ", err, ")");
+}
 
 // "10.0.0.1:29500"; IPv6 literals are bracketed so that the port stays readable: "[::1]:29500".
 inline std::string endpoint(std::string_view host, std::uint16_t port) {
@@ -52,8 +54,9 @@ inline std::string endpoint(std::string_view host, std::uint16_t port) {
   return ddp::detail::str(host, ':', port);
 }
 
-// Milliseconds left until `deadline` for poll(): rounded up, so that a poll() waiting them does not wake
-// just before the deadline, and clamped to [0, INT_MAX]. Clock::time_point::max() waits INT_MAX ms.
+// Milliseconds left until `deadline` for poll(): rounded up, so that a poll() waiting them does not
+// wake just before the deadline, and clamped to [0, INT_MAX]. Clock::time_point::max() waits
+// INT_MAX ms.
 inline int ms_until(Clock::time_point deadline) {
   const auto left = deadline - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
@@ -66,7 +69,8 @@ inline std::chrono::milliseconds time_left(Clock::time_point deadline) {
   return std::chrono::milliseconds(std::max(1, ms_until(deadline)));
 }
 
-// A socket set-up call failed. code(): its errno (0 for name resolution); detail(): the system's text.
+// A socket set-up call failed. code(): its errno (0 for name resolution); detail(): the system's
+// text.
 class SocketError : public Error {
  public:
   SocketError(const std::string& what, int code, std::string detail)
@@ -79,8 +83,9 @@ class SocketError : public Error {
   std::string detail_;
 };
 
-// Waits until `fd` is ready for `events` (POLLIN, POLLOUT; hang-ups and errors count as ready, the next
-// read or write reports them) or the deadline passes: false on the deadline. Interruptions are retried.
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT; hang-ups and errors count as ready, the
+// next read or write reports them) or the deadline passes: false on the deadline. Interruptions are
+// retried.
 inline bool poll_until(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd p{.fd = fd, .events = events, .revents = 0};
@@ -90,7 +95,9 @@ inline bool poll_until(int fd, short events, Clock::time_point deadline) {
       if (Clock::now() >= deadline) return false;
       continue;
     }
-    if (errno != EINTR) throw SocketError(ddp::detail::str("ddp: poll failed: ", errno_text(errno)), errno, errno_text(errno));
+    if (errno != EINTR)
+      throw SocketError(ddp::detail::str("ddp: poll failed: ", errno_text(errno)), errno,
+                        errno_text(errno));
   }
 }
 
@@ -99,22 +106,27 @@ struct AddrInfoDeleter {
 };
 using AddrList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
-// Every address `host` (a name, or a numeric IPv4 or IPv6 address) resolves to, in the resolver's order.
-// passive: addresses to bind to. Throws SocketError (code 0, detail the resolver's text).
-inline AddrList resolve(const std::string& host, std::uint16_t port, bool passive = false, int socktype = SOCK_STREAM) {
+// Every address `host` (a name, or a numeric IPv4 or IPv6 address) resolves to, in the resolver's
+// order. passive: addresses to bind to. Throws SocketError (code 0, detail the resolver's text).
+inline AddrList resolve(const std::string& host, std::uint16_t port, bool passive = false,
+                        int socktype = SOCK_STREAM) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = socktype;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
-  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res); rc != 0 || !res)
-    throw SocketError(ddp::detail::str("ddp: cannot resolve ", endpoint(host, port), ": ", ::gai_strerror(rc)), 0,
-                      ::gai_strerror(rc));
+  if (const int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+      rc != 0 || !res)
+    throw SocketError(
+        ddp::detail::str("ddp: cannot resolve ", endpoint(host, port), ": ", ::gai_strerror(rc)), 0,
+        ::gai_strerror(rc));
   return AddrList(res);
 }
 
-// The numeric host of an IPv4 or IPv6 socket address, and its port: {"10.0.0.1", 29500}, {"::1", 29500}.
+// The numeric host of an IPv4 or IPv6 socket address, and its port: {"10.0.0.1", 29500}, {"::1",
+// 29500}.
 inline std::pair<std::string, std::uint16_t> address_of(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = "?";
   std::uint16_t port = 0;
@@ -135,39 +147,45 @@ inline std::uint16_t local_port(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
-    throw SocketError(ddp::detail::str("ddp: getsockname failed: ", errno_text(errno)), errno, errno_text(errno));
+    throw SocketError(ddp::detail::str("ddp: getsockname failed: ", errno_text(errno)), errno,
+                      errno_text(errno));
   return address_of(reinterpret_cast<const sockaddr*>(&ss)).second;
 }
 
 inline void set_nonblocking(int fd, bool on) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
   if (flags < 0 || ::fcntl(fd, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK) != 0)
-    throw SocketError(ddp::detail::str("ddp: fcntl(O_NONBLOCK) failed: ", errno_text(errno)), errno, errno_text(errno));
+    throw SocketError(ddp::detail::str("ddp: fcntl(O_NONBLOCK) failed: ", errno_text(errno)), errno,
+                      errno_text(errno));
 }
 
-// Small request/response exchanges (store round trips, frame headers) would wait up to 40 ms for Nagle.
+// Small request/response exchanges (store round trips, frame headers) would wait up to 40 ms for
+// Nagle.
 inline void set_nodelay(int fd) noexcept {
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// Larger kernel buffers let a bulk transfer stream with fewer wake-ups (the kernel may cap the values).
+// Larger kernel buffers let a bulk transfer stream with fewer wake-ups (the kernel may cap the
+// values).
 inline void set_buffer_sizes(int fd, int bytes) noexcept {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
 // Listens on host:port (port 0: the kernel picks a free one, see local_port; host "": every IPv4
-// interface, as "0.0.0.0"), trying each address the host resolves to. SO_REUSEADDR lets a restarted job
-// rebind a port still in TIME_WAIT; a live listener still fails with EADDRINUSE. Throws SocketError
-// naming host:port, with the last errno as code().
+// interface, as "0.0.0.0"), trying each address the host resolves to. SO_REUSEADDR lets a restarted
+// job rebind a port still in TIME_WAIT; a live listener still fails with EADDRINUSE. Throws
+// SocketError naming host:port, with the last errno as code().
 inline Fd listen(const std::string& host, std::uint16_t port, int backlog) {
   const std::string h = host.empty() ? std::string("0.0.0.0") : host;
   AddrList addrs;
   try {
     addrs = resolve(h, port, true);
   } catch (const SocketError& e) {
-    throw SocketError(ddp::detail::str("ddp: cannot listen on ", endpoint(h, port), ": ", e.detail()), 0, e.detail());
+    throw SocketError(
+        ddp::detail::str("ddp: cannot listen on ", endpoint(h, port), ": ", e.detail()), 0,
+        e.detail());
   }
   int last = 0;
   for (const addrinfo* a = addrs.get(); a; a = a->ai_next) {
@@ -178,11 +196,13 @@ inline Fd listen(const std::string& host, std::uint16_t port, int backlog) {
     }
     int one = 1;
     (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(s.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(s.get(), backlog) == 0) return s;
+    if (::bind(s.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(s.get(), backlog) == 0)
+      return s;
     last = errno;
   }
-  throw SocketError(ddp::detail::str("ddp: cannot listen on ", endpoint(h, port), ": ", errno_text(last)), last,
-                    errno_text(last));
+  throw SocketError(
+      ddp::detail::str("ddp: cannot listen on ", endpoint(h, port), ": ", errno_text(last)), last,
+      errno_text(last));
 }
 
 // Accepts one connection (blocking, close-on-exec) before the deadline; an empty Fd when it passed.
@@ -193,7 +213,8 @@ inline Fd accept(int listen_fd, Clock::time_point deadline) {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) return Fd(fd);
     if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN && errno != EWOULDBLOCK)
-      throw SocketError(ddp::detail::str("ddp: accept failed: ", errno_text(errno)), errno, errno_text(errno));
+      throw SocketError(ddp::detail::str("ddp: accept failed: ", errno_text(errno)), errno,
+                        errno_text(errno));
   }
 }
 
@@ -202,8 +223,8 @@ enum class Retry : std::uint8_t {
   // Every failure, name resolution included: the server may start after its clients and DNS may not
   // know a container's name yet (store clients).
   UntilDeadline,
-  // Only refused and timed-out attempts: the peer published its address after it started listening, so
-  // "unreachable" means a wrong interface and fails at once (the tcp backend's mesh).
+  // Only refused and timed-out attempts: the peer published its address after it started listening,
+  // so "unreachable" means a wrong interface and fails at once (the tcp backend's mesh).
   WhileRefused,
 };
 
@@ -222,16 +243,19 @@ inline int connect_once(const Fd& s, const addrinfo* a, Clock::time_point deadli
 }
 
 inline bool retried(Retry retry, int err) {
-  return retry == Retry::UntilDeadline || err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN;
+  return retry == Retry::UntilDeadline || err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR ||
+         err == EAGAIN;
 }
 
 }  // namespace detail
 
-// Connects to host:port, retrying per `retry` with backoff (10 ms doubling to 1 s) until the deadline.
-// Each attempt waits at most 5 s (so a lost SYN is retried) and never past the deadline. Returns a
-// blocking socket. Throws SocketError whose detail() is the last failure ("Connection refused (errno
-// 111)", the resolver's text, or "timed out" when no attempt finished) and whose code() is its errno.
-inline Fd connect(const std::string& host, std::uint16_t port, Clock::time_point deadline, Retry retry) {
+// Connects to host:port, retrying per `retry` with backoff (10 ms doubling to 1 s) until the
+// deadline. Each attempt waits at most 5 s (so a lost SYN is retried) and never past the deadline.
+// Returns a blocking socket. Throws SocketError whose detail() is the last failure ("Connection
+// refused (errno 111)", the resolver's text, or "timed out" when no attempt finished) and whose
+// code() is its errno.
+inline Fd connect(const std::string& host, std::uint16_t port, Clock::time_point deadline,
+                  Retry retry) {
   std::chrono::milliseconds backoff{10};
   int last = 0;
   std::string last_what = "timed out";
@@ -241,7 +265,8 @@ inline Fd connect(const std::string& host, std::uint16_t port, Clock::time_point
       const AddrList addrs = resolve(host, port);
       for (const addrinfo* a = addrs.get(); a; a = a->ai_next) {
         Fd s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-        const int err = s ? detail::connect_once(s, a, std::min(deadline, Clock::now() + std::chrono::seconds(5)))
+        const int err = s ? detail::connect_once(
+                                s, a, std::min(deadline, Clock::now() + std::chrono::seconds(5)))
                           : errno;
         if (err == 0) {
           set_nonblocking(s.get(), false);
@@ -261,7 +286,9 @@ inline Fd connect(const std::string& host, std::uint16_t port, Clock::time_point
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
   }
-  throw SocketError(ddp::detail::str("ddp: cannot connect to ", endpoint(host, port), ": ", last_what), last, last_what);
+  throw SocketError(
+      ddp::detail::str("ddp: cannot connect to ", endpoint(host, port), ": ", last_what), last,
+      last_what);
 }
 
 // How an exact read or write ended.
@@ -283,16 +310,20 @@ struct IoStatus {
   }
 };
 
-// Reads exactly n bytes before the deadline (blocking or non-blocking fd: readiness comes from poll).
+// Reads exactly n bytes before the deadline (blocking or non-blocking fd: readiness comes from
+// poll).
 inline IoStatus read_exact(int fd, void* data, std::size_t n, Clock::time_point deadline) {
   auto* p = static_cast<std::byte*>(data);
   std::size_t done = 0;
   while (done < n) {
     if (!poll_until(fd, POLLIN, deadline)) return {.kind = IoStatus::Kind::TimedOut};
     const ssize_t r = ::recv(fd, p + done, n - done, MSG_DONTWAIT);
-    if (r > 0) done += static_cast<std::size_t>(r);
-    else if (r == 0) return {.kind = IoStatus::Kind::Closed};
-    else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) return {.kind = IoStatus::Kind::Failed, .err = errno};
+    if (r > 0)
+      done += static_cast<std::size_t>(r);
+    else if (r == 0)
+      return {.kind = IoStatus::Kind::Closed};
+    else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+      return {.kind = IoStatus::Kind::Failed, .err = errno};
   }
   return {};
 }
@@ -304,21 +335,25 @@ inline IoStatus write_all(int fd, const void* data, std::size_t n, Clock::time_p
   while (done < n) {
     if (!poll_until(fd, POLLOUT, deadline)) return {.kind = IoStatus::Kind::TimedOut};
     const ssize_t w = ::send(fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) done += static_cast<std::size_t>(w);
-    else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) return {.kind = IoStatus::Kind::Failed, .err = errno};
+    if (w > 0)
+      done += static_cast<std::size_t>(w);
+    else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+      return {.kind = IoStatus::Kind::Failed, .err = errno};
   }
   return {};
 }
 
-// The local address the kernel would use to reach `to` (the first of resolve(host)): connect() a UDP
-// socket there and read getsockname(); no packet is sent. IPv4 or IPv6, as `to` is. Throws SocketError.
+// The local address the kernel would use to reach `to` (the first of resolve(host)): connect() a
+// UDP socket there and read getsockname(); no packet is sent. IPv4 or IPv6, as `to` is. Throws
+// SocketError.
 inline std::string local_address_towards(const addrinfo* to) {
   Fd s(::socket(to->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_storage local{};
   socklen_t len = sizeof local;
   if (!s || ::connect(s.get(), to->ai_addr, to->ai_addrlen) != 0 ||
       ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0)
-    throw SocketError(ddp::detail::str("ddp: no route to ", address_of(to->ai_addr).first, ": ", errno_text(errno)),
+    throw SocketError(ddp::detail::str("ddp: no route to ", address_of(to->ai_addr).first, ": ",
+                                       errno_text(errno)),
                       errno, errno_text(errno));
   return address_of(reinterpret_cast<const sockaddr*>(&local)).first;
 }
@@ -328,10 +363,12 @@ inline std::string local_address_towards(const addrinfo* to) {
 inline std::vector<std::pair<std::string, std::string>> interface_addresses(int family) {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0)
-    throw SocketError(ddp::detail::str("ddp: getifaddrs failed: ", errno_text(errno)), errno, errno_text(errno));
+    throw SocketError(ddp::detail::str("ddp: getifaddrs failed: ", errno_text(errno)), errno,
+                      errno_text(errno));
   std::vector<std::pair<std::string, std::string>> out;
   for (const ifaddrs* a = list; a; a = a->ifa_next)
-    if (a->ifa_addr && a->ifa_addr->sa_family == family) out.emplace_back(a->ifa_name, address_of(a->ifa_addr).first);
+    if (a->ifa_addr && a->ifa_addr->sa_family == family)
+      out.emplace_back(a->ifa_name, address_of(a->ifa_addr).first);
   ::freeifaddrs(list);
   return out;
 }

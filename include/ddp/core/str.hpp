@@ -12,19 +12,19 @@
 
 namespace ddp::detail {
 
-// str("rank ", 3, " of ", 4) == "rank 3 of 4". Anything with operator<< works.
-// Text and integers are appended directly, exactly as operator<< would write them: a std::ostringstream
-// costs about half a microsecond, and every op's label is built with str (docs/decisions/0038).
+// str("rank ", 3, " of ", 4) == "rank 3 of 4". Anything with operator<< works. Text and integers
+// are appended directly, exactly as operator<< would write them: a std::ostringstream costs about
+// half a microsecond, and every op's label is built with str (docs/decisions/0038).
 template <class T>
-inline constexpr bool kAppendable =
-    std::is_convertible_v<const T&, std::string_view> ||
-    (std::is_integral_v<T> && !std::is_same_v<T, bool>);
+inline constexpr bool kAppendable = std::is_convertible_v<const T&, std::string_view> ||
+                                    (std::is_integral_v<T> && !std::is_same_v<T, bool>);
 
 template <class T>
 void append_to(std::string& s, const T& v) {
   if constexpr (std::is_convertible_v<const T&, std::string_view>) {
     s += std::string_view(v);
-  } else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char>) {
+  } else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char> ||
+                       std::is_same_v<T, unsigned char>) {
     s += static_cast<char>(v);  // operator<< writes a character type as the character
   } else {
     char buf[24];

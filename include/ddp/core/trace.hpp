@@ -1,25 +1,29 @@
-// Trace recording: timed spans of a training step (module forward/backward, each bucket's all-reduce, optimizer,
-// data wait) collected in memory while a Recorder is active; train/trace.hpp writes them as a Chrome trace.
+// Trace recording: timed spans of a training step (module forward/backward, each bucket's
+// all-reduce, optimizer, data wait) collected in memory while a Recorder is active; train/trace.hpp
+// writes them as a Chrome trace.
 // SPDX-License-Identifier: MIT
 //
 //   ddp::trace::Recorder rec;
 //   {
 //     ddp::trace::Activation on(rec);             // spans of this thread now go to rec
-//     ddp::trace::Span s("optimizer", "step");    // [construction, destruction) on the calling thread
+//     ddp::trace::Span s("optimizer", "step");    // [construction, destruction) on the calling
+//       thread
 //     opt.step(exec);
 //   }
 //   std::vector<ddp::trace::Event> events = rec.take();
-// Cost when no Recorder is active: one thread-local load per span (nn::Module's forward/backward open one each), no
-// allocation, no clock read. A recorder is active on the thread that activated it, the thread that drives training:
-// its spans go on track kMainTrack (kernel pool threads and loader threads record nothing; several ranks in one
-// process, as in the unit tests, each trace their own thread). The
-// all-reduce of a bucket, which runs on the backend's progress thread, is recorded from its launch and its Work's
-// completion time as an event on track kCommTrack (parallel/reducer.hpp), so overlapping all-reduces need
-// no thread of their own. Every event is thus added on the thread that activated the recorder, and a recorder needs
-// no lock. Times are steady_clock (CLOCK_MONOTONIC: one clock for every process of a host); the trace writer
-// (train/trace.hpp) pairs it with the system clock so that traces of several hosts can be laid side by side.
-// GPU: a span measures the host; Recorder::set_synchronize(f) makes every span wait for the device (f, e.g. a
-// cudaStreamSynchronize) before it ends, so that traced steps show device time at the cost of serialising them.
+// Cost when no Recorder is active: one thread-local load per span (nn::Module's forward/backward
+// open one each), no allocation, no clock read. A recorder is active on the thread that activated
+// it, the thread that drives training: its spans go on track kMainTrack (kernel pool threads and
+// loader threads record nothing; several ranks in one process, as in the unit tests, each trace
+// their own thread). The all-reduce of a bucket, which runs on the backend's progress thread, is
+// recorded from its launch and its Work's completion time as an event on track kCommTrack
+// (parallel/reducer.hpp), so overlapping all-reduces need no thread of their own. Every event is
+// thus added on the thread that activated the recorder, and a recorder needs no lock. Times are
+// steady_clock (CLOCK_MONOTONIC: one clock for every process of a host); the trace writer
+// (train/trace.hpp) pairs it with the system clock so that traces of several hosts can be laid side
+// by side. GPU: a span measures the host; Recorder::set_synchronize(f) makes every span wait for
+// the device (f, e.g. a cudaStreamSynchronize) before it ends, so that traced steps show device
+// time at the cost of serialising them.
 #pragma once
 
 #include <chrono>
@@ -50,8 +54,9 @@ inline Arg number_arg(std::string key, double value) {
 }
 
 struct Event {
-  std::string name;        // "layer1.0.conv1", "all-reduce bucket 2", "optimizer"
-  std::string category;    // "forward", "backward", "allreduce", "optimizer", "data", "step", "ddp", "loss"
+  std::string name;  // "layer1.0.conv1", "all-reduce bucket 2", "optimizer"
+  // "forward", "backward", "allreduce", "optimizer", "data", "step", "ddp", "loss"
+  std::string category;
   Clock::time_point start, end;
   int track = kMainTrack;
   std::vector<Arg> args;
@@ -68,7 +73,8 @@ class Recorder {
   // Every event recorded so far, in the order they ended; the recorder is empty afterwards.
   std::vector<Event> take() { return std::exchange(events_, {}); }
   std::size_t size() const { return events_.size(); }
-  // Called at the end of every span before its end time is read (nullptr: none); see the file comment.
+  // Called at the end of every span before its end time is read (nullptr: none); see the file
+  // comment.
   void set_synchronize(std::function<void()> f) { synchronize_ = std::move(f); }
   void synchronize() const {
     if (synchronize_) synchronize_();
@@ -89,8 +95,8 @@ inline Recorder*& active_slot() noexcept {
 // The recorder this thread's spans go to, or nullptr when tracing is off.
 inline Recorder* active() noexcept { return detail::active_slot(); }
 
-// Makes `rec` this thread's active recorder while it lives (nesting restores the previous one). Destroy it on the
-// thread that made it.
+// Makes `rec` this thread's active recorder while it lives (nesting restores the previous one).
+// Destroy it on the thread that made it.
 class Activation {
  public:
   explicit Activation(Recorder& rec) : prev_(std::exchange(detail::active_slot(), &rec)) {}
@@ -102,8 +108,8 @@ class Activation {
   Recorder* prev_;
 };
 
-// A span on the calling thread from construction to destruction, recorded only if a recorder was active when it
-// began. `name` is copied only then.
+// A span on the calling thread from construction to destruction, recorded only if a recorder was
+// active when it began. `name` is copied only then.
 class Span {
  public:
   Span(std::string_view category, std::string_view name) : rec_(active()) {
@@ -114,7 +120,8 @@ class Span {
   }
   // The same with one string argument, computed by text() only when the span is recorded.
   template <std::invocable F>
-  Span(std::string_view category, std::string_view name, std::string key, F&& text) : Span(category, name) {
+  Span(std::string_view category, std::string_view name, std::string key, F&& text)
+      : Span(category, name) {
     if (rec_) arg(std::move(key), std::string(std::forward<F>(text)()));
   }
   Span(const Span&) = delete;
@@ -125,16 +132,21 @@ class Span {
       rec_->synchronize();
       event_.end = Clock::now();
       rec_->add(std::move(event_));
-    } catch (...) {  // a trace never fails the step it watches (the exception being thrown, if any, goes on)
+      // a trace never fails the step it watches (the exception being thrown, if any, goes on)
+    } catch (...) {
     }
   }
-  // Whether this span is recorded: guard work that only its arguments need (e.g. describing the module).
+  // Whether this span is recorded: guard work that only its arguments need (e.g. describing the
+  // module).
   explicit operator bool() const noexcept { return rec_ != nullptr; }
   void arg(std::string key, double v) {
-    if (rec_) event_.args.push_back({.key = std::move(key), .number = v, .text = {}, .is_number = true});
+    if (rec_)
+      event_.args.push_back({.key = std::move(key), .number = v, .text = {}, .is_number = true});
   }
   void arg(std::string key, std::string v) {
-    if (rec_) event_.args.push_back({.key = std::move(key), .number = 0.0, .text = std::move(v), .is_number = false});
+    if (rec_)
+      event_.args.push_back(
+          {.key = std::move(key), .number = 0.0, .text = std::move(v), .is_number = false});
   }
 
  private:

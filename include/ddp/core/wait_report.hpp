@@ -1,15 +1,18 @@
-// WaitReport: while a rank blocks at rendezvous, says every interval whom it is waiting for, at info level.
+// WaitReport: while a rank blocks at rendezvous, says every interval whom it is waiting for, at
+// info level.
 // SPDX-License-Identifier: MIT
 //
 //   WaitReport report(timeout, ddp::detail::str("rank ", j, " to join"), "; is it started?");
-//   store.wait(keys, timeout);      // every 20 s: "ddp[rank 0/2] INFO: waiting for rank 1 to join (20 s of 300 s);
+//   store.wait(keys, timeout);      // every 20 s: "ddp[rank 0/2] INFO: waiting for rank 1 to join
+//     (20 s of 300 s);
 //                                   //              is it started?"
 //
-// Without it a rank whose peer never started is silent for the whole timeout (300 s by default), and users kill
-// it before the error that names the peer (docs/decisions/0066). A thread of its own, so the wait it watches
-// keeps its own deadline and error message; it is created once per rendezvous step, never per collective.
-// The interval is 20 s, inside the 10-30 s band where a user still waits; tests shorten it with
-// set_wait_report_interval(). The times printed are the interval's multiples, not measured.
+// Without it a rank whose peer never started is silent for the whole timeout (300 s by default),
+// and users kill it before the error that names the peer (docs/decisions/0066). A thread of its
+// own, so the wait it watches keeps its own deadline and error message; it is created once per
+// rendezvous step, never per collective. The interval is 20 s, inside the 10-30 s band where a user
+// still waits; tests shorten it with set_wait_report_interval(). The times printed are the
+// interval's multiples, not measured.
 #pragma once
 
 #include <atomic>
@@ -45,9 +48,12 @@ inline void set_wait_report_interval(std::chrono::milliseconds every) noexcept {
 
 class WaitReport {
  public:
-  // `who` completes "waiting for ...", `hint` follows the times. Reports stop at `timeout` or destruction.
+  // `who` completes "waiting for ...", `hint` follows the times. Reports stop at `timeout` or
+  // destruction.
   WaitReport(std::chrono::milliseconds timeout, std::string who, std::string hint = {})
-      : timeout_(timeout), every_(detail::wait_report_interval_ms().load()), who_(std::move(who)),
+      : timeout_(timeout),
+        every_(detail::wait_report_interval_ms().load()),
+        who_(std::move(who)),
         hint_(std::move(hint)) {
     if (every_.count() > 0 && every_ < timeout_) thread_ = std::thread([this] { run(); });
   }

@@ -1,18 +1,23 @@
-// CharDataset: character-level language-model samples over a text file (the DDP tutorial's minGPT job).
+// CharDataset: character-level language-model samples over a text file (the DDP tutorial's minGPT
+// job).
 // SPDX-License-Identifier: MIT
 //
 //   ddp::data::CharDataset text("input.txt", {.block_size = 128, .truncate = 0.05});
-//   auto [train, test] = ddp::data::split_indices(text.size(), 0.9, /*seed=*/0);  // positions, not characters
-//   ddp::data::TokenBatch b = text.batch(std::span(train).subspan(0, 32));       // x, y: (32, 128) int64
-// What it is, in the tutorial's terms (pytorch/examples distributed/minGPT-ddp, mingpt/char_dataset.py): the file
-// is read as UTF-8 text and cut to its first `truncate` fraction of characters; the vocabulary is its distinct
-// characters (Unicode code points) in sorted order, token i = the i-th of them; sample i is the characters
-// [i, i + block_size] encoded: x = the first block_size, y = the last block_size (x shifted by one), so there are
-// len - block_size samples. Where it differs: the tutorial splits with torch's random_split, whose permutation our
-// generator cannot reproduce; split_indices() is our own seeded permutation (data::permutation, Philox) cut at
-// train_split, the same on every rank. A file that is not valid UTF-8 is an IoError naming the file and the byte
-// offset (the tutorial's .decode('utf-8') raises too); so is a missing file, and a text too short for one sample.
-// Samples are slices: no worker threads are needed, batch() copies B x block_size ids.
+//   auto [train, test] = ddp::data::split_indices(text.size(), 0.9, /*seed=*/0);  // positions, not
+//     characters
+//   ddp::data::TokenBatch b = text.batch(std::span(train).subspan(0, 32));       // x, y: (32, 128)
+//     int64
+// What it is, in the tutorial's terms (pytorch/examples distributed/minGPT-ddp,
+// mingpt/char_dataset.py): the file is read as UTF-8 text and cut to its first `truncate` fraction
+// of characters; the vocabulary is its distinct characters (Unicode code points) in sorted order,
+// token i = the i-th of them; sample i is the characters [i, i + block_size] encoded: x = the first
+// block_size, y = the last block_size (x shifted by one), so there are len - block_size samples.
+// Where it differs: the tutorial splits with torch's random_split, whose permutation our generator
+// cannot reproduce; split_indices() is our own seeded permutation (data::permutation, Philox) cut
+// at train_split, the same on every rank. A file that is not valid UTF-8 is an IoError naming the
+// file and the byte offset (the tutorial's .decode('utf-8') raises too); so is a missing file, and
+// a text too short for one sample. Samples are slices: no worker threads are needed, batch() copies
+// B x block_size ids.
 #pragma once
 
 #include <algorithm>
@@ -34,7 +39,8 @@ namespace ddp::data {
 
 struct CharDatasetOptions {
   std::int64_t block_size = 128;  // characters per sample (the model's context length)
-  double truncate = 1.0;          // the fraction of the text's characters kept, from its start (0, 1]
+  // the fraction of the text's characters kept, from its start (0, 1]
+  double truncate = 1.0;
 };
 
 // A batch of language-model samples: row b is sample indices[b].
@@ -44,7 +50,8 @@ struct TokenBatch {
   std::vector<std::int64_t> indices;
 };
 
-// UTF-8 bytes -> code points; IoError naming `what` and the byte offset of the first invalid sequence.
+// UTF-8 bytes -> code points; IoError naming `what` and the byte offset of the first invalid
+// sequence.
 inline std::vector<char32_t> decode_utf8(const std::string& bytes, const std::string& what) {
   std::vector<char32_t> out;
   out.reserve(bytes.size());
@@ -68,12 +75,14 @@ inline std::vector<char32_t> decode_utf8(const std::string& bytes, const std::st
       ok = (p[i + static_cast<std::size_t>(k)] & 0xC0) == 0x80;
       cp = (cp << 6) | (p[i + static_cast<std::size_t>(k)] & 0x3F);
     }
-    // Overlong forms, surrogates and values past U+10FFFF are invalid UTF-8 too (Python's decoder agrees).
+    // Overlong forms, surrogates and values past U+10FFFF are invalid UTF-8 too (Python's decoder
+    // agrees).
     static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
     ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     if (!ok)
-      throw IoError(ddp::detail::str("ddp: ", what, " is not valid UTF-8 at byte ", i,
-                                     "; the character dataset reads UTF-8 text (convert it, e.g. with iconv)"));
+      throw IoError(ddp::detail::str(
+          "ddp: ", what, " is not valid UTF-8 at byte ", i,
+          "; the character dataset reads UTF-8 text (convert it, e.g. with iconv)"));
     out.push_back(cp);
     i += static_cast<std::size_t>(len);
   }
@@ -100,14 +109,15 @@ inline std::string encode_utf8(char32_t cp) {
   return s;
 }
 
-// A character vocabulary: token id i is the i-th of a sorted list of distinct code points. CharDataset builds one
-// from its text; `mingpt generate` rebuilds it from a snapshot's metadata (utf8() written there). `source` names
-// where it came from in errors, e.g. "'input.txt'".
+// A character vocabulary: token id i is the i-th of a sorted list of distinct code points.
+// CharDataset builds one from its text; `mingpt generate` rebuilds it from a snapshot's metadata
+// (utf8() written there). `source` names where it came from in errors, e.g. "'input.txt'".
 class CharVocab {
  public:
   CharVocab() = default;
   // The distinct code points of `chars`, sorted.
-  CharVocab(std::vector<char32_t> chars, std::string source) : source_(std::move(source)), itos_(std::move(chars)) {
+  CharVocab(std::vector<char32_t> chars, std::string source)
+      : source_(std::move(source)), itos_(std::move(chars)) {
     std::sort(itos_.begin(), itos_.end());
     itos_.erase(std::unique(itos_.begin(), itos_.end()), itos_.end());
   }
@@ -118,7 +128,8 @@ class CharVocab {
     const auto it = std::lower_bound(itos_.begin(), itos_.end(), c);
     return it == itos_.end() || *it != c ? -1 : it - itos_.begin();
   }
-  // Every character in id order, as UTF-8: CharVocab(decode_utf8(utf8(), ...), ...) is the same vocabulary.
+  // Every character in id order, as UTF-8: CharVocab(decode_utf8(utf8(), ...), ...) is the same
+  // vocabulary.
   std::string utf8() const {
     std::string out;
     for (char32_t c : itos_) out += encode_utf8(c);
@@ -133,8 +144,8 @@ class CharVocab {
       if (id < 0) {
         char code[16];
         std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(c));
-        throw ValueError(ddp::detail::str("ddp: character ", ddp::detail::quoted(encode_utf8(c)), " (", code,
-                                          ") is not in the vocabulary of ", source_,
+        throw ValueError(ddp::detail::str("ddp: character ", ddp::detail::quoted(encode_utf8(c)),
+                                          " (", code, ") is not in the vocabulary of ", source_,
                                           "; use characters that occur in the text"));
       }
       ids.push_back(id);
@@ -146,7 +157,8 @@ class CharVocab {
     std::string out;
     for (std::int64_t id : ids) {
       if (id < 0 || id >= size())
-        throw ValueError(ddp::detail::str("ddp: token id ", id, " is outside the vocabulary [0, ", size(), ")"));
+        throw ValueError(
+            ddp::detail::str("ddp: token id ", id, " is outside the vocabulary [0, ", size(), ")"));
       out += encode_utf8(itos_[static_cast<std::size_t>(id)]);
     }
     return out;
@@ -161,28 +173,36 @@ class CharDataset {
  public:
   CharDataset(const std::string& path, const CharDatasetOptions& o) : block_size_(o.block_size) {
     if (!(o.truncate > 0.0 && o.truncate <= 1.0))
-      throw ConfigError(ddp::detail::str("ddp: character dataset truncate must be in (0, 1], got ", o.truncate,
-                                         " (--truncate)"));
+      throw ConfigError(ddp::detail::str("ddp: character dataset truncate must be in (0, 1], got ",
+                                         o.truncate, " (--truncate)"));
     if (o.block_size < 1)
-      throw ConfigError(ddp::detail::str("ddp: block_size must be >= 1, got ", o.block_size, " (--block_size)"));
+      throw ConfigError(
+          ddp::detail::str("ddp: block_size must be >= 1, got ", o.block_size, " (--block_size)"));
     std::ifstream in(path, std::ios::binary);
     if (!in)
       throw IoError(ddp::detail::str("ddp: cannot open text file ", ddp::detail::quoted(path),
                                      " for the character dataset (--data_path); check the path"));
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<char32_t> text = decode_utf8(bytes, ddp::detail::str("text file ", ddp::detail::quoted(path)));
-    text.resize(static_cast<std::size_t>(static_cast<double>(text.size()) * o.truncate));  // Python's int(): floor
+    std::vector<char32_t> text =
+        decode_utf8(bytes, ddp::detail::str("text file ", ddp::detail::quoted(path)));
+    // Python's int(): floor
+    text.resize(static_cast<std::size_t>(static_cast<double>(text.size()) * o.truncate));
     if (static_cast<std::int64_t>(text.size()) <= block_size_)
-      throw IoError(ddp::detail::str("ddp: text file ", ddp::detail::quoted(path), " has ", text.size(),
-                                     " characters (after --truncate ", o.truncate, "), too few for one sample of "
-                                     "block_size + 1 = ", block_size_ + 1, "; use a longer text or a smaller block_size"));
+      throw IoError(ddp::detail::str("ddp: text file ", ddp::detail::quoted(path), " has ",
+                                     text.size(), " characters (after --truncate ", o.truncate,
+                                     "), too few for one sample of "
+                                     "block_size + 1 = ",
+                                     block_size_ + 1,
+                                     "; use a longer text or a smaller block_size"));
     vocab_ = CharVocab(text, ddp::detail::quoted(path));
     tokens_.reserve(text.size());
     for (char32_t c : text) tokens_.push_back(vocab_.id_of(c));
   }
 
   // Samples: len - block_size, as the tutorial's __len__.
-  std::size_t size() const noexcept { return tokens_.size() - static_cast<std::size_t>(block_size_); }
+  std::size_t size() const noexcept {
+    return tokens_.size() - static_cast<std::size_t>(block_size_);
+  }
   std::int64_t block_size() const noexcept { return block_size_; }
   std::int64_t vocab_size() const noexcept { return vocab_.size(); }
   const CharVocab& vocab() const noexcept { return vocab_; }
@@ -197,8 +217,8 @@ class CharDataset {
   // Sample `index`: x = tokens [index, index + block_size), y = the same shifted by one.
   void get_into(std::size_t index, std::span<std::int64_t> x, std::span<std::int64_t> y) const {
     if (index >= size())
-      throw ValueError(ddp::detail::str("ddp: character dataset index ", index, " is out of range for ", size(),
-                                        " samples"));
+      throw ValueError(ddp::detail::str("ddp: character dataset index ", index,
+                                        " is out of range for ", size(), " samples"));
     const auto t = static_cast<std::size_t>(block_size_);
     std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(index), t, x.begin());
     std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(index) + 1, t, y.begin());
@@ -211,8 +231,11 @@ class CharDataset {
                    .indices = std::vector<std::int64_t>(indices.begin(), indices.end())};
     const auto t = static_cast<std::size_t>(block_size_);
     for (std::size_t r = 0; r < indices.size(); ++r) {
-      if (indices[r] < 0) throw ValueError(ddp::detail::str("ddp: character dataset index ", indices[r], " is negative"));
-      get_into(static_cast<std::size_t>(indices[r]), std::span<std::int64_t>(out.x.data() + r * t, t),
+      if (indices[r] < 0)
+        throw ValueError(
+            ddp::detail::str("ddp: character dataset index ", indices[r], " is negative"));
+      get_into(static_cast<std::size_t>(indices[r]),
+               std::span<std::int64_t>(out.x.data() + r * t, t),
                std::span<std::int64_t>(out.y.data() + r * t, t));
     }
     return out;
@@ -224,12 +247,14 @@ class CharDataset {
   std::vector<std::int64_t> tokens_;  // the text as token ids
 };
 
-// The tutorial's random_split(dataset, [int(n * train_split), rest]) with our generator: a seeded permutation of
-// 0..n-1 (data::permutation, the same on every rank), its first floor(n * train_split) entries for training.
-inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> split_indices(std::size_t n, double train_split,
-                                                                                    std::uint64_t seed) {
+// The tutorial's random_split(dataset, [int(n * train_split), rest]) with our generator: a seeded
+// permutation of 0..n-1 (data::permutation, the same on every rank), its first floor(n *
+// train_split) entries for training.
+inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> split_indices(
+    std::size_t n, double train_split, std::uint64_t seed) {
   if (!(train_split > 0.0 && train_split <= 1.0))
-    throw ConfigError(ddp::detail::str("ddp: train_split must be in (0, 1], got ", train_split, " (--train_split)"));
+    throw ConfigError(ddp::detail::str("ddp: train_split must be in (0, 1], got ", train_split,
+                                       " (--train_split)"));
   std::vector<std::int64_t> p = permutation(n, seed);
   const auto k = static_cast<std::size_t>(static_cast<double>(n) * train_split);
   std::vector<std::int64_t> test(p.begin() + static_cast<std::ptrdiff_t>(k), p.end());

@@ -1,21 +1,25 @@
-// Reader for the CIFAR-10 binary format (and same-layout files of other sizes), with normalisation and the
-// tutorials' augmentation (random crop with zero padding + random horizontal flip), seeded.
+// Reader for the CIFAR-10 binary format (and same-layout files of other sizes), with normalisation
+// and the tutorials' augmentation (random crop with zero padding + random horizontal flip), seeded.
 // SPDX-License-Identifier: MIT
 //
-// Format (https://www.cs.toronto.edu/~kriz/cifar.html, "binary version"): a file is a sequence of records
-//   <1 label byte><C*H*W pixel bytes, channel-major: all of R, then G, then B, each row-major H x W>
-// CIFAR-10 has C = 3, H = W = 32, so a record is 3073 bytes; data_batch_1..5.bin (train) and test_batch.bin
-// hold 10000 records each. RecordFormat allows other sizes (tests/interop/reference/digits_to_cifar_format.py
-// writes scikit-learn's digits this way). Files are read whole at construction (CIFAR-10: 180 MB).
+// Format (https://www.cs.toronto.edu/~kriz/cifar.html, "binary version"): a file is a sequence of
+// records
+//   <1 label byte><C*H*W pixel bytes, channel-major: all of R, then G, then B, each row-major H x
+//     W>
+// CIFAR-10 has C = 3, H = W = 32, so a record is 3073 bytes; data_batch_1..5.bin (train) and
+// test_batch.bin hold 10000 records each. RecordFormat allows other sizes
+// (tests/interop/reference/digits_to_cifar_format.py writes scikit-learn's digits this way). Files
+// are read whole at construction (CIFAR-10: 180 MB).
 //
-// get_into() produces channels-last floats: out(y, x, c) = (pixel / 255 - mean[c]) / std[c], exactly
-// torchvision's ToTensor + Normalize. With augmentation it first does, like RandomCrop(H, padding=p) +
-// RandomHorizontalFlip(): pad the image with p zero pixels on each side, cut an H x W window at
-// (top, left) in [0, 2p] x [0, 2p], then mirror it with probability 1/2. Padding pixels are 0 before
-// normalisation, so they become -mean[c] / std[c], as in torchvision.
-// The random choices for sample i in epoch e come from one Philox block, b = e * N + i, of
-// Generator(seed, 0, kStreamAugment): top = w0 % (2p+1), left = w1 % (2p+1), flip = w2 & 1.
-// Example: p = 4, top = 0, left = 8, no flip: out(y, x) = in(y - 4, x + 4), zero where y < 4 or x >= 28.
+// get_into() produces channels-last floats: out(y, x, c) = (pixel / 255 - mean[c]) / std[c],
+// exactly torchvision's ToTensor + Normalize. With augmentation it first does, like RandomCrop(H,
+// padding=p) + RandomHorizontalFlip(): pad the image with p zero pixels on each side, cut an H x W
+// window at (top, left) in [0, 2p] x [0, 2p], then mirror it with probability 1/2. Padding pixels
+// are 0 before normalisation, so they become -mean[c] / std[c], as in torchvision. The random
+// choices for sample i in epoch e come from one Philox block, b = e * N + i, of Generator(seed, 0,
+// kStreamAugment): top = w0 % (2p+1), left = w1 % (2p+1), flip = w2 & 1.
+// Example: p = 4, top = 0, left = 8, no flip: out(y, x) = in(y - 4, x + 4), zero where y < 4 or x
+//   >= 28.
 #pragma once
 
 #include <cerrno>
@@ -41,7 +45,8 @@ inline constexpr std::uint32_t kStreamAugment = 256;  // Philox stream of augmen
 // The usual CIFAR-10 channel statistics (over the training set, pixels in [0, 1]).
 inline const std::vector<float> kCifar10Mean = {0.4914f, 0.4822f, 0.4465f};
 inline const std::vector<float> kCifar10Std = {0.2470f, 0.2435f, 0.2616f};
-// ImageNet's statistics, which some CIFAR tutorials (e.g. the DDP ResNet one) pass to Normalize instead.
+// ImageNet's statistics, which some CIFAR tutorials (e.g. the DDP ResNet one) pass to Normalize
+// instead.
 inline const std::vector<float> kImageNetMean = {0.485f, 0.456f, 0.406f};
 inline const std::vector<float> kImageNetStd = {0.229f, 0.224f, 0.225f};
 
@@ -69,35 +74,45 @@ inline std::vector<std::string> cifar10_files(const std::string& dir, bool train
   std::vector<std::string> files;
   if (train)
     for (int k = 1; k <= 5; ++k)
-      files.push_back((std::filesystem::path(dir) / ddp::detail::str("data_batch_", k, ".bin")).string());
+      files.push_back(
+          (std::filesystem::path(dir) / ddp::detail::str("data_batch_", k, ".bin")).string());
   else
     files.push_back((std::filesystem::path(dir) / "test_batch.bin").string());
   for (const auto& f : files)
     if (!std::filesystem::exists(f))
-      throw IoError(ddp::detail::str("ddp: CIFAR-10 file '", f,
-                                     "' does not exist; download "
-                                     "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, extract it and pass "
-                                     "--data-dir <dir>/cifar-10-batches-bin"));
+      throw IoError(ddp::detail::str(
+          "ddp: CIFAR-10 file '", f,
+          "' does not exist; download "
+          "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, extract it and pass "
+          "--data-dir <dir>/cifar-10-batches-bin"));
   return files;
 }
 
 class CifarBinaryDataset : public Dataset {
  public:
-  // Reads every file. Throws IoError naming the file when it is missing, unreadable, empty, not a whole
-  // number of records, or holds a label >= num_classes; ValueError for inconsistent options.
-  CifarBinaryDataset(const std::vector<std::string>& files, CifarOptions options = {}) : o_(std::move(options)) {
+  // Reads every file. Throws IoError naming the file when it is missing, unreadable, empty, not a
+  // whole number of records, or holds a label >= num_classes; ValueError for inconsistent options.
+  CifarBinaryDataset(const std::vector<std::string>& files, CifarOptions options = {})
+      : o_(std::move(options)) {
     const RecordFormat& f = o_.format;
-    if (f.height <= 0 || f.width <= 0 || f.channels <= 0 || f.num_classes <= 0 || f.num_classes > 256)
-      throw ValueError(ddp::detail::str("ddp: CIFAR-format record of ", f.height, "x", f.width, "x", f.channels,
-                                        " with ", f.num_classes, " classes is invalid (extents > 0, 1..256 classes)"));
-    if (o_.mean.size() != static_cast<std::size_t>(f.channels) || o_.std.size() != static_cast<std::size_t>(f.channels))
-      throw ValueError(ddp::detail::str("ddp: CIFAR-format dataset has ", f.channels, " channels but ", o_.mean.size(),
-                                        " means and ", o_.std.size(), " standard deviations were given"));
+    if (f.height <= 0 || f.width <= 0 || f.channels <= 0 || f.num_classes <= 0 ||
+        f.num_classes > 256)
+      throw ValueError(ddp::detail::str("ddp: CIFAR-format record of ", f.height, "x", f.width, "x",
+                                        f.channels, " with ", f.num_classes,
+                                        " classes is invalid (extents > 0, 1..256 classes)"));
+    if (o_.mean.size() != static_cast<std::size_t>(f.channels) ||
+        o_.std.size() != static_cast<std::size_t>(f.channels))
+      throw ValueError(ddp::detail::str("ddp: CIFAR-format dataset has ", f.channels,
+                                        " channels but ", o_.mean.size(), " means and ",
+                                        o_.std.size(), " standard deviations were given"));
     for (float s : o_.std)
-      if (!(s > 0.0f)) throw ValueError(ddp::detail::str("ddp: normalisation std ", s, " must be > 0"));
-    if (o_.crop_padding < 0) throw ValueError(ddp::detail::str("ddp: crop padding ", o_.crop_padding, " must be >= 0"));
+      if (!(s > 0.0f))
+        throw ValueError(ddp::detail::str("ddp: normalisation std ", s, " must be > 0"));
+    if (o_.crop_padding < 0)
+      throw ValueError(ddp::detail::str("ddp: crop padding ", o_.crop_padding, " must be >= 0"));
     if (files.empty()) throw ValueError("ddp: CifarBinaryDataset needs at least one file");
-    // scale[c] and shift[c] turn a byte v into (v / 255 - mean[c]) / std[c] = v * scale[c] + shift[c].
+    // scale[c] and shift[c] turn a byte v into (v / 255 - mean[c]) / std[c] = v * scale[c] +
+    // shift[c].
     for (std::size_t k = 0; k < o_.mean.size(); ++k) {
       scale_.push_back(1.0f / (255.0f * o_.std[k]));
       shift_.push_back(-o_.mean[k] / o_.std[k]);
@@ -118,7 +133,8 @@ class CifarBinaryDataset : public Dataset {
     return {pixels_.data() + index * n, n};
   }
 
-  std::int64_t get_into(std::size_t index, std::uint64_t epoch, std::span<float> image) const override {
+  std::int64_t get_into(std::size_t index, std::uint64_t epoch,
+                        std::span<float> image) const override {
     const std::int64_t h = o_.format.height, w = o_.format.width, c = o_.format.channels;
     const std::uint8_t* px = raw(index).data();
     std::int64_t top = 0, left = 0, pad = 0;
@@ -155,20 +171,22 @@ class CifarBinaryDataset : public Dataset {
     std::error_code ec;
     const auto bytes = std::filesystem::file_size(file, ec);
     if (ec)
-      throw IoError(
-          ddp::detail::str("ddp: cannot read CIFAR-format file '", file, "': ", ec.message(), "; check --data-dir"));
+      throw IoError(ddp::detail::str("ddp: cannot read CIFAR-format file '", file,
+                                     "': ", ec.message(), "; check --data-dir"));
     if (bytes == 0 || bytes % static_cast<std::uintmax_t>(rec) != 0)
       throw IoError(ddp::detail::str("ddp: CIFAR-format file '", file, "' has ", bytes,
-                                     " bytes, not a positive multiple of the ", rec, "-byte record (1 label byte + ",
-                                     o_.format.channels, "x", o_.format.height, "x", o_.format.width,
+                                     " bytes, not a positive multiple of the ", rec,
+                                     "-byte record (1 label byte + ", o_.format.channels, "x",
+                                     o_.format.height, "x", o_.format.width,
                                      " pixel bytes); the file is truncated or in another format"));
     const auto records = static_cast<std::size_t>(bytes / static_cast<std::uintmax_t>(rec));
     std::ifstream in(file, std::ios::binary);
-    std::vector<std::uint8_t> buf(static_cast<std::size_t>(bytes));  // size known to be backed by the file
+    // size known to be backed by the file
+    std::vector<std::uint8_t> buf(static_cast<std::size_t>(bytes));
     in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
     if (!in || static_cast<std::uintmax_t>(in.gcount()) != bytes)
-      throw IoError(
-          ddp::detail::str("ddp: cannot read CIFAR-format file '", file, "': short read (", std::strerror(errno), ")"));
+      throw IoError(ddp::detail::str("ddp: cannot read CIFAR-format file '", file,
+                                     "': short read (", std::strerror(errno), ")"));
     const auto n = static_cast<std::size_t>(rec - 1);
     const std::size_t first = labels_.size();
     labels_.reserve(first + records);
@@ -176,9 +194,10 @@ class CifarBinaryDataset : public Dataset {
     for (std::size_t r = 0; r < records; ++r) {
       const std::uint8_t* p = buf.data() + r * static_cast<std::size_t>(rec);
       if (p[0] >= o_.format.num_classes)
-        throw IoError(ddp::detail::str("ddp: CIFAR-format file '", file, "' record ", r, " has label ", int{p[0]},
-                                       " but the dataset has ", o_.format.num_classes,
-                                       " classes; the file is corrupt or the record format is wrong"));
+        throw IoError(
+            ddp::detail::str("ddp: CIFAR-format file '", file, "' record ", r, " has label ",
+                             int{p[0]}, " but the dataset has ", o_.format.num_classes,
+                             " classes; the file is corrupt or the record format is wrong"));
       labels_.push_back(p[0]);
       std::memcpy(pixels_.data() + (first + r) * n, p + 1, n);
     }

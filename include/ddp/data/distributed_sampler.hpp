@@ -1,5 +1,5 @@
-// Which dataset indices each rank visits per epoch: DistributedSampler (PyTorch's semantics, padded) and
-// EvalSampler (every sample exactly once across ranks, unpadded).
+// Which dataset indices each rank visits per epoch: DistributedSampler (PyTorch's semantics,
+// padded) and EvalSampler (every sample exactly once across ranks, unpadded).
 // SPDX-License-Identifier: MIT
 //
 // DistributedSampler, how it works (same arithmetic as torch.utils.data.DistributedSampler):
@@ -7,11 +7,13 @@
 //   num_samples = ceil(N / R)                 (drop_last: floor(N / R), the tail is dropped)
 //   total_size  = num_samples * R
 //   indices     = shuffle ? permutation(N, seed + epoch) : [0, 1, ..., N-1]
-//   pad         = total_size - N; the list is extended with its own head, repeated as often as needed
+//   pad         = total_size - N; the list is extended with its own head, repeated as often as
+//     needed
 //                 when pad > N (drop_last: truncated to total_size instead)
 //   rank r gets indices[r], indices[r + R], indices[r + 2R], ...   (num_samples of them)
 // Worked example, N = 10, R = 4, no shuffle: num_samples = 3, total_size = 12, the padded list is
-//   0 1 2 3 4 5 6 7 8 9 0 1, so rank 0 gets {0, 4, 8}, rank 1 {1, 5, 9}, rank 2 {2, 6, 0}, rank 3 {3, 7, 1}.
+//   0 1 2 3 4 5 6 7 8 9 0 1, so rank 0 gets {0, 4, 8}, rank 1 {1, 5, 9}, rank 2 {2, 6, 0}, rank 3
+//     {3, 7, 1}.
 //   With drop_last: num_samples = 2, list 0..7, rank 0 {0, 4}, rank 3 {3, 7}; 8 and 9 are skipped.
 //
 // The shuffle is OUR permutation, not torch.randperm's (the same seed gives a different order than
@@ -52,7 +54,8 @@ class Sampler {
   virtual ~Sampler() = default;
   virtual void set_epoch(std::uint64_t epoch) = 0;
   virtual std::uint64_t epoch() const = 0;
-  virtual std::size_t size() const = 0;                   // indices().size(), without computing them
+  // indices().size(), without computing them
+  virtual std::size_t size() const = 0;
   virtual std::vector<std::int64_t> indices() const = 0;  // this rank's indices, in visiting order
 };
 
@@ -61,7 +64,8 @@ struct SamplerOptions {
   int rank = 0;          // global rank (RANK), in [0, num_replicas)
   bool shuffle = true;
   std::uint64_t seed = 0;  // must be equal on every rank
-  bool drop_last = false;  // drop the tail instead of padding, so no sample is seen twice in an epoch
+  // drop the tail instead of padding, so no sample is seen twice in an epoch
+  bool drop_last = false;
 };
 
 namespace detail {
@@ -71,15 +75,17 @@ inline void check_replicas(const char* who, std::size_t n, int num_replicas, int
     throw ValueError(ddp::detail::str("ddp: ", who, ": num_replicas is ", num_replicas,
                                       " but must be >= 1; pass the world size (WORLD_SIZE)"));
   if (rank < 0 || rank >= num_replicas)
-    throw ValueError(ddp::detail::str("ddp: ", who, ": rank ", rank, " is outside [0, ", num_replicas,
-                                      "); pass the global rank (RANK) and the world size (WORLD_SIZE)"));
+    throw ValueError(
+        ddp::detail::str("ddp: ", who, ": rank ", rank, " is outside [0, ", num_replicas,
+                         "); pass the global rank (RANK) and the world size (WORLD_SIZE)"));
 }
 }  // namespace detail
 
 class DistributedSampler : public Sampler {
  public:
   // Throws ValueError for num_replicas < 1 or a rank outside [0, num_replicas).
-  DistributedSampler(std::size_t dataset_size, const SamplerOptions& options) : n_(dataset_size), o_(options) {
+  DistributedSampler(std::size_t dataset_size, const SamplerOptions& options)
+      : n_(dataset_size), o_(options) {
     detail::check_replicas("DistributedSampler", n_, o_.num_replicas, o_.rank);
     const auto r = static_cast<std::size_t>(o_.num_replicas);
     num_samples_ = o_.drop_last ? n_ / r : (n_ + r - 1) / r;
@@ -94,14 +100,17 @@ class DistributedSampler : public Sampler {
   std::size_t dataset_size() const { return n_; }
   const SamplerOptions& options() const { return o_; }
 
-  // The padded (or truncated) list of all ranks' indices before the strided split: total_size entries.
+  // The padded (or truncated) list of all ranks' indices before the strided split: total_size
+  // entries.
   std::vector<std::int64_t> global_indices() const {
-    std::vector<std::int64_t> all = o_.shuffle ? permutation(n_, o_.seed + epoch_) : permutation_identity();
+    std::vector<std::int64_t> all =
+        o_.shuffle ? permutation(n_, o_.seed + epoch_) : permutation_identity();
     if (total_size_ <= n_) {
       all.resize(total_size_);
     } else {
       all.reserve(total_size_);
-      for (std::size_t i = n_; i < total_size_; ++i) all.push_back(all[(i - n_) % n_]);  // repeat from the head
+      // repeat from the head
+      for (std::size_t i = n_; i < total_size_; ++i) all.push_back(all[(i - n_) % n_]);
     }
     return all;
   }
@@ -130,16 +139,18 @@ class DistributedSampler : public Sampler {
   std::uint64_t epoch_ = 0;
 };
 
-// Evaluation: rank r gets r, r + R, r + 2R, ... < N, in order; no padding and no shuffle, so the union
-// over ranks is every sample exactly once and metrics summed over ranks are exact. Ranks may differ in
-// count by one (N = 10, R = 4: 3, 3, 2, 2), so per-rank loops must not assume equal batch counts.
+// Evaluation: rank r gets r, r + R, r + 2R, ... < N, in order; no padding and no shuffle, so the
+// union over ranks is every sample exactly once and metrics summed over ranks are exact. Ranks may
+// differ in count by one (N = 10, R = 4: 3, 3, 2, 2), so per-rank loops must not assume equal batch
+// counts.
 class EvalSampler : public Sampler {
  public:
   EvalSampler(std::size_t dataset_size, int num_replicas, int rank)
       : n_(dataset_size), num_replicas_(num_replicas), rank_(rank) {
     detail::check_replicas("EvalSampler", n_, num_replicas, rank);
   }
-  void set_epoch(std::uint64_t epoch) override { epoch_ = epoch; }  // kept for the interface; order is fixed
+  // kept for the interface; order is fixed
+  void set_epoch(std::uint64_t epoch) override { epoch_ = epoch; }
   std::uint64_t epoch() const override { return epoch_; }
   std::size_t size() const override {
     const auto r = static_cast<std::size_t>(rank_), w = static_cast<std::size_t>(num_replicas_);
@@ -148,7 +159,8 @@ class EvalSampler : public Sampler {
   std::vector<std::int64_t> indices() const override {
     std::vector<std::int64_t> mine;
     mine.reserve(size());
-    for (std::size_t i = static_cast<std::size_t>(rank_); i < n_; i += static_cast<std::size_t>(num_replicas_))
+    for (std::size_t i = static_cast<std::size_t>(rank_); i < n_;
+         i += static_cast<std::size_t>(num_replicas_))
       mine.push_back(static_cast<std::int64_t>(i));
     return mine;
   }

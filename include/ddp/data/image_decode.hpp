@@ -1,19 +1,21 @@
 // Decoding JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng) files into 8-bit RGB, as PIL's
-// Image.open(path).convert("RGB") does, which is what torchvision's default ImageFolder loader returns.
+// Image.open(path).convert("RGB") does, which is what torchvision's default ImageFolder loader
+// returns.
 // SPDX-License-Identifier: MIT
 //
-// The decoders exist when ddp was configured with them (target ddp::image, which defines DDP_WITH_IMAGE=1;
-// docs/decisions/0039). Without them this header still compiles and decode_image() throws ConfigError
-// saying how to get them, so code that only names the types builds everywhere.
+// The decoders exist when ddp was configured with them (target ddp::image, which defines
+// DDP_WITH_IMAGE=1; docs/decisions/0039). Without them this header still compiles and
+// decode_image() throws ConfigError saying how to get them, so code that only names the types
+// builds everywhere.
 //
 // Result: DecodedImage{height H, width W, rgb: H*W*3 bytes, row-major, channels-last (R, G, B)}.
-// JPEG: tjDecompress2 to TJPF_RGB with TurboJPEG's defaults, i.e. the accurate integer IDCT (JDCT_ISLOW)
-// and fancy upsampling, which are also libjpeg's defaults as PIL uses them: with the same libjpeg-turbo
-// underneath the bytes are identical. Grayscale JPEGs come out with R = G = B (as convert("RGB")); CMYK
-// JPEGs are rejected (TurboJPEG cannot convert them to RGB).
-// PNG: palette expanded, gray replicated to RGB, 16-bit samples reduced to their high byte (PIL's "RGB;16B"
-// raw mode), alpha dropped without compositing (convert("RGB") of RGBA/LA drops it too).
-// Every failure is an IoError naming the file; a decoder never aborts the process.
+// JPEG: tjDecompress2 to TJPF_RGB with TurboJPEG's defaults, i.e. the accurate integer IDCT
+// (JDCT_ISLOW) and fancy upsampling, which are also libjpeg's defaults as PIL uses them: with the
+// same libjpeg-turbo underneath the bytes are identical. Grayscale JPEGs come out with R = G = B
+// (as convert("RGB")); CMYK JPEGs are rejected (TurboJPEG cannot convert them to RGB). PNG: palette
+// expanded, gray replicated to RGB, 16-bit samples reduced to their high byte (PIL's "RGB;16B" raw
+// mode), alpha dropped without compositing (convert("RGB") of RGBA/LA drops it too). Every failure
+// is an IoError naming the file; a decoder never aborts the process.
 #pragma once
 
 #include <csetjmp>
@@ -30,8 +32,8 @@
 #include "ddp/core/str.hpp"
 
 #if defined(DDP_WITH_IMAGE)
-#include <png.h>
-#include <turbojpeg.h>
+#  include <png.h>
+#  include <turbojpeg.h>
 #endif
 
 namespace ddp::data {
@@ -44,10 +46,11 @@ struct DecodedImage {
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
 
-// Sniffs the format from the first bytes (the extension is not trusted: torchvision's PIL loader does not
-// trust it either).
+// Sniffs the format from the first bytes (the extension is not trusted: torchvision's PIL loader
+// does not trust it either).
 inline ImageFormat sniff_image_format(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return ImageFormat::kJpeg;
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
+    return ImageFormat::kJpeg;
   static constexpr std::uint8_t kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngMagic, 8) == 0) return ImageFormat::kPng;
   return ImageFormat::kUnknown;
@@ -67,11 +70,13 @@ inline std::vector<std::uint8_t> read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw IoError(ddp::detail::str("ddp: cannot open image file '", path, "' for reading"));
   const std::streamoff n = in.tellg();
-  if (n < 0) throw IoError(ddp::detail::str("ddp: cannot determine the size of image file '", path, "'"));
+  if (n < 0)
+    throw IoError(ddp::detail::str("ddp: cannot determine the size of image file '", path, "'"));
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n));
   in.seekg(0);
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(n));
-  if (!in || in.gcount() != n) throw IoError(ddp::detail::str("ddp: short read of image file '", path, "'"));
+  if (!in || in.gcount() != n)
+    throw IoError(ddp::detail::str("ddp: short read of image file '", path, "'"));
   return bytes;
 }
 
@@ -80,28 +85,32 @@ namespace detail {
 #if defined(DDP_WITH_IMAGE)
 inline DecodedImage decode_jpeg(std::span<const std::uint8_t> bytes, const std::string& path) {
   tjhandle h = tjInitDecompress();
-  if (h == nullptr) throw IoError(ddp::detail::str("ddp: cannot create a TurboJPEG decompressor for '", path, "'"));
+  if (h == nullptr)
+    throw IoError(ddp::detail::str("ddp: cannot create a TurboJPEG decompressor for '", path, "'"));
   struct Closer {
     tjhandle h;
     ~Closer() { tjDestroy(h); }
   } closer{h};
   int w = 0, ht = 0, subsamp = 0, colorspace = 0;
-  auto* src = const_cast<unsigned char*>(bytes.data());  // TurboJPEG 2.x takes a non-const pointer, reads only
+  // TurboJPEG 2.x takes a non-const pointer, reads only
+  auto* src = const_cast<unsigned char*>(bytes.data());
   const auto size = static_cast<unsigned long>(bytes.size());
   if (tjDecompressHeader3(h, src, size, &w, &ht, &subsamp, &colorspace) != 0)
     throw IoError(ddp::detail::str("ddp: corrupt JPEG file '", path, "': ", tjGetErrorStr2(h)));
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
-    throw IoError(ddp::detail::str("ddp: JPEG file '", path,
-                                   "' is CMYK/YCCK, which ddp does not convert to RGB; convert it to RGB first"));
+    throw IoError(ddp::detail::str(
+        "ddp: JPEG file '", path,
+        "' is CMYK/YCCK, which ddp does not convert to RGB; convert it to RGB first"));
   if (w <= 0 || ht <= 0)
     throw IoError(ddp::detail::str("ddp: JPEG file '", path, "' has invalid extents ", w, "x", ht));
   DecodedImage out{.height = ht, .width = w, .rgb = {}};
   out.rgb.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(ht) * 3);
   // Flags 0: accurate integer IDCT and fancy upsampling (libjpeg's defaults, as PIL decodes).
   if (tjDecompress2(h, src, size, out.rgb.data(), w, 0, ht, TJPF_RGB, 0) != 0) {
-    // Errors fail. Of libjpeg's warnings only a truncated file ("Premature end of JPEG file", decoded grey-
-    // padded) fails, as PIL raises "image file is truncated" there; PIL decodes through the others
-    // (e.g. "Corrupt JPEG data: N extraneous bytes before marker"), so they are accepted as in torchvision.
+    // Errors fail. Of libjpeg's warnings only a truncated file ("Premature end of JPEG file",
+    // decoded grey- padded) fails, as PIL raises "image file is truncated" there; PIL decodes
+    // through the others (e.g. "Corrupt JPEG data: N extraneous bytes before marker"), so they are
+    // accepted as in torchvision.
     const std::string msg = tjGetErrorStr2(h);
     if (tjGetErrorCode(h) != TJERR_WARNING || msg.find("Premature end") != std::string::npos)
       throw IoError(ddp::detail::str("ddp: corrupt JPEG file '", path, "': ", msg));
@@ -118,10 +127,12 @@ struct PngReadState {
 
 extern "C" inline void ddp_png_error_(png_structp png, png_const_charp msg) {
   auto* s = static_cast<PngReadState*>(png_get_error_ptr(png));
-  std::snprintf(s->message, sizeof(s->message), "%s", msg != nullptr ? msg : "unknown libpng error");
+  std::snprintf(s->message, sizeof(s->message), "%s",
+                msg != nullptr ? msg : "unknown libpng error");
   std::longjmp(s->jump, 1);
 }
-extern "C" inline void ddp_png_warning_(png_structp, png_const_charp) {}  // warnings (e.g. bad sRGB chunk) ignored
+// warnings (e.g. bad sRGB chunk) ignored
+extern "C" inline void ddp_png_warning_(png_structp, png_const_charp) {}
 extern "C" inline void ddp_png_read_(png_structp png, png_bytep data, png_size_t n) {
   auto* s = static_cast<PngReadState*>(png_get_io_ptr(png));
   if (n > s->bytes.size() - s->pos) png_error(png, "file is truncated");
@@ -129,11 +140,14 @@ extern "C" inline void ddp_png_read_(png_structp png, png_bytep data, png_size_t
   s->pos += n;
 }
 
-// The libpng part: only trivially destructible objects live in this frame, so longjmp from an error callback
-// skips no destructor. `rows` and `out` are owned by the caller. Returns false with s.message set on error.
-inline bool png_decode_into_(PngReadState& s, std::vector<std::uint8_t>& out, std::vector<png_bytep>& rows,
-                             std::int64_t& height, std::int64_t& width) {
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &s, ddp_png_error_, ddp_png_warning_);
+// The libpng part: only trivially destructible objects live in this frame, so longjmp from an error
+// callback skips no destructor. `rows` and `out` are owned by the caller. Returns false with
+// s.message set on error.
+inline bool png_decode_into_(PngReadState& s, std::vector<std::uint8_t>& out,
+                             std::vector<png_bytep>& rows, std::int64_t& height,
+                             std::int64_t& width) {
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &s, ddp_png_error_, ddp_png_warning_);
   if (png == nullptr) {
     std::snprintf(s.message, sizeof(s.message), "cannot create a libpng reader");
     return false;
@@ -154,11 +168,13 @@ inline bool png_decode_into_(PngReadState& s, std::vector<std::uint8_t>& out, st
   const int color = png_get_color_type(png, info);
   png_set_expand(png);    // palette -> RGB, gray < 8 bit -> 8 bit, tRNS -> alpha (dropped below)
   png_set_strip_16(png);  // high byte, as PIL's "RGB;16B"
-  if ((color & PNG_COLOR_MASK_ALPHA) != 0 || png_get_valid(png, info, PNG_INFO_tRNS) != 0) png_set_strip_alpha(png);
+  if ((color & PNG_COLOR_MASK_ALPHA) != 0 || png_get_valid(png, info, PNG_INFO_tRNS) != 0)
+    png_set_strip_alpha(png);
   if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  if (png_get_rowbytes(png, info) != static_cast<std::size_t>(w) * 3) png_error(png, "unexpected row layout");
+  if (png_get_rowbytes(png, info) != static_cast<std::size_t>(w) * 3)
+    png_error(png, "unexpected row layout");
   out.resize(static_cast<std::size_t>(w) * h * 3);
   rows.resize(h);
   for (png_uint_32 y = 0; y < h; ++y) rows[y] = out.data() + static_cast<std::size_t>(y) * w * 3;
@@ -182,29 +198,30 @@ inline DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::s
 
 }  // namespace detail
 
-// Decodes an in-memory JPEG or PNG; `path` names it in errors. Throws IoError (corrupt, truncated or other
-// format) or ConfigError (ddp built without ddp::image).
+// Decodes an in-memory JPEG or PNG; `path` names it in errors. Throws IoError (corrupt, truncated
+// or other format) or ConfigError (ddp built without ddp::image).
 inline DecodedImage decode_image(std::span<const std::uint8_t> bytes, const std::string& path) {
 #if defined(DDP_WITH_IMAGE)
   switch (sniff_image_format(bytes)) {
-    case ImageFormat::kJpeg:
-      return detail::decode_jpeg(bytes, path);
-    case ImageFormat::kPng:
-      return detail::decode_png(bytes, path);
-    case ImageFormat::kUnknown:
-      break;
+    case ImageFormat::kJpeg: return detail::decode_jpeg(bytes, path);
+    case ImageFormat::kPng: return detail::decode_png(bytes, path);
+    case ImageFormat::kUnknown: break;
   }
-  throw IoError(ddp::detail::str("ddp: image file '", path, "' (", bytes.size(),
-                                 " bytes) is neither JPEG nor PNG (the only formats ddp decodes); it is corrupt "
-                                 "or in another format: convert it, or remove it from the tree"));
+  throw IoError(ddp::detail::str(
+      "ddp: image file '", path, "' (", bytes.size(),
+      " bytes) is neither JPEG nor PNG (the only formats ddp decodes); it is corrupt "
+      "or in another format: convert it, or remove it from the tree"));
 #else
   (void)bytes;
-  throw ConfigError(ddp::detail::str("ddp: cannot decode '", path,
-                                     "': this build has no JPEG/PNG decoders; install libturbojpeg0-dev and "
-                                     "libpng-dev, reconfigure (DDP_WITH_IMAGE=AUTO or ON) and link ddp::image"));
+  throw ConfigError(
+      ddp::detail::str("ddp: cannot decode '", path,
+                       "': this build has no JPEG/PNG decoders; install libturbojpeg0-dev and "
+                       "libpng-dev, reconfigure (DDP_WITH_IMAGE=AUTO or ON) and link ddp::image"));
 #endif
 }
 
-inline DecodedImage decode_image_file(const std::string& path) { return decode_image(read_file_bytes(path), path); }
+inline DecodedImage decode_image_file(const std::string& path) {
+  return decode_image(read_file_bytes(path), path);
+}
 
 }  // namespace ddp::data

@@ -1,4 +1,5 @@
-// DataLoader: batches of a Dataset in a Sampler's order, assembled ahead of time on a background thread.
+// DataLoader: batches of a Dataset in a Sampler's order, assembled ahead of time on a background
+// thread.
 // SPDX-License-Identifier: MIT
 //
 //   DataLoader loader(dataset, sampler, {.batch_size = 32, .prefetch = 2});
@@ -6,19 +7,21 @@
 //     loader.start_epoch(epoch);                  // sampler.set_epoch(epoch), worker starts
 //     while (auto batch = loader.next()) step(batch->images, batch->labels);
 //   }
-// How it works: start_epoch() takes this rank's index list from the sampler, cuts it into batches of
-// batch_size (the last one smaller unless drop_last) and starts `num_workers` worker threads that take
-// batch numbers in order and assemble them (make_batch; decoding JPEGs in parallel, one batch per worker)
-// while at most `prefetch` batches are ahead of the consumer (queued or being assembled): a worker blocks
-// otherwise, so memory is bounded by prefetch + 1 batches, and num_workers > prefetch leaves workers idle.
-// next() returns the batches in order, waiting for the next one if it is not ready, and nullopt at the end
-// of the epoch. If a worker throws (a corrupt file, a bad index), the batches before the failed one are
-// still delivered and then next() rethrows that exception on the calling thread. start_epoch() during an
-// epoch and the destructor stop the workers (each finishes at most the batch it is assembling) and join
-// them: never a detached thread.
-// Example: 10 indices, batch_size 4: batches of 4, 4, 2 (drop_last: 4, 4). num_batches() says how many.
-// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the workers,
-// concurrently when num_workers > 1 (Dataset::get_into must allow that, dataset.hpp).
+// How it works: start_epoch() takes this rank's index list from the sampler, cuts it into batches
+// of batch_size (the last one smaller unless drop_last) and starts `num_workers` worker threads
+// that take batch numbers in order and assemble them (make_batch; decoding JPEGs in parallel, one
+// batch per worker) while at most `prefetch` batches are ahead of the consumer (queued or being
+// assembled): a worker blocks otherwise, so memory is bounded by prefetch + 1 batches, and
+// num_workers > prefetch leaves workers idle. next() returns the batches in order, waiting for the
+// next one if it is not ready, and nullopt at the end of the epoch. If a worker throws (a corrupt
+// file, a bad index), the batches before the failed one are still delivered and then next()
+// rethrows that exception on the calling thread. start_epoch() during an epoch and the destructor
+// stop the workers (each finishes at most the batch it is assembling) and join them: never a
+// detached thread.
+// Example: 10 indices, batch_size 4: batches of 4, 4, 2 (drop_last: 4, 4). num_batches() says how
+//   many.
+// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the
+// workers, concurrently when num_workers > 1 (Dataset::get_into must allow that, dataset.hpp).
 #pragma once
 
 #include <algorithm>
@@ -43,9 +46,11 @@ namespace ddp::data {
 
 struct LoaderOptions {
   std::size_t batch_size = 32;
-  bool drop_last = false;    // drop a final batch smaller than batch_size
-  std::size_t prefetch = 2;  // batches assembled ahead; 0 = synchronous, no thread (assembled in next())
-  std::size_t num_workers = 1;  // threads assembling batches (with prefetch > 0); torch's num_workers
+  bool drop_last = false;  // drop a final batch smaller than batch_size
+  // batches assembled ahead; 0 = synchronous, no thread (assembled in next())
+  std::size_t prefetch = 2;
+  // threads assembling batches (with prefetch > 0); torch's num_workers
+  std::size_t num_workers = 1;
 };
 
 class DataLoader {
@@ -53,8 +58,10 @@ class DataLoader {
   // The dataset and sampler must outlive the loader. Throws ValueError for batch_size 0.
   DataLoader(const Dataset& dataset, Sampler& sampler, const LoaderOptions& options)
       : dataset_(&dataset), sampler_(&sampler), o_(options) {
-    if (o_.batch_size == 0) throw ValueError("ddp: DataLoader: batch_size must be >= 1, got 0; check --batch_size");
-    if (o_.num_workers == 0) throw ValueError("ddp: DataLoader: num_workers must be >= 1 (prefetch 0 = no thread)");
+    if (o_.batch_size == 0)
+      throw ValueError("ddp: DataLoader: batch_size must be >= 1, got 0; check --batch_size");
+    if (o_.num_workers == 0)
+      throw ValueError("ddp: DataLoader: num_workers must be >= 1 (prefetch 0 = no thread)");
   }
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -67,7 +74,8 @@ class DataLoader {
   }
   std::uint64_t epoch() const { return epoch_; }
 
-  // Sets the sampler's epoch and starts producing this epoch's batches (stopping any unfinished epoch).
+  // Sets the sampler's epoch and starts producing this epoch's batches (stopping any unfinished
+  // epoch).
   void start_epoch(std::uint64_t epoch) {
     stop();
     epoch_ = epoch;
@@ -85,8 +93,8 @@ class DataLoader {
       for (std::size_t w = 0; w < o_.num_workers; ++w) workers_.emplace_back([this] { run(); });
   }
 
-  // The next batch of the epoch, or nullopt when it is over. Rethrows the worker's exception (once).
-  // Throws ValueError when no epoch was started.
+  // The next batch of the epoch, or nullopt when it is over. Rethrows the worker's exception
+  // (once). Throws ValueError when no epoch was started.
   std::optional<Batch> next() {
     if (!started_) throw ValueError("ddp: DataLoader::next() called before start_epoch(epoch)");
     if (o_.prefetch == 0) {
@@ -114,7 +122,8 @@ class DataLoader {
   Batch make(std::size_t b) const {
     const std::size_t begin = b * o_.batch_size;
     const std::size_t end = std::min(begin + o_.batch_size, indices_.size());
-    return make_batch(*dataset_, std::span<const std::int64_t>(indices_.data() + begin, end - begin), epoch_, b);
+    return make_batch(
+        *dataset_, std::span<const std::int64_t>(indices_.data() + begin, end - begin), epoch_, b);
   }
 
   void run() {
@@ -122,7 +131,8 @@ class DataLoader {
       std::size_t b = 0;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        space_.wait(lock, [&] { return stop_ || next_ >= error_at_ || next_ < consumed_ + o_.prefetch; });
+        space_.wait(lock,
+                    [&] { return stop_ || next_ >= error_at_ || next_ < consumed_ + o_.prefetch; });
         if (stop_ || next_ >= error_at_) return;  // stopped, every batch taken, or a failure before
         b = next_++;
       }
@@ -137,7 +147,8 @@ class DataLoader {
         failure = std::current_exception();
       }
       std::lock_guard<std::mutex> lock(mu_);
-      if (failure && b < error_at_) {  // the earliest failed batch wins; batches before it are delivered
+      // the earliest failed batch wins; batches before it are delivered
+      if (failure && b < error_at_) {
         error_ = std::move(failure);
         error_at_ = b;
       }
@@ -173,7 +184,8 @@ class DataLoader {
   std::map<std::size_t, Batch> done_;  // assembled batches not yet consumed, by batch number
   std::size_t next_ = 0;               // next batch number a worker takes
   std::size_t consumed_ = 0;           // batches returned by next()
-  std::size_t error_at_ = 0;           // the failed batch (error_ set), else total_: the end of the epoch
+  // the failed batch (error_ set), else total_: the end of the epoch
+  std::size_t error_at_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
   std::vector<std::thread> workers_;

@@ -1,15 +1,18 @@
-// Synthetic images and labels from a seed (the tutorials' --use_syn): no files, deterministic per index.
+// Synthetic images and labels from a seed (the tutorials' --use_syn): no files, deterministic per
+// index.
 // SPDX-License-Identifier: MIT
 //
 // How it works: sample i owns a private range of Philox blocks in stream kStreamData of `seed`,
 //   blocks [i * B, (i + 1) * B) with B = ceil(H*W*C / 4) + 1,
-// the first ceil(H*W*C / 4) fill the image with N(0, 1) values (Generator::fill_normal, channels-last),
-// the last gives the label as word 0 mod num_classes (bias < num_classes / 2^32, irrelevant here).
-// No state is shared between samples, so every rank and every epoch regenerates exactly the same sample
-// i, in any order, from any thread. The images do not depend on the epoch: like torchvision's FakeData,
-// synthetic data is a fixed dataset, not fresh noise each step.
-// Example: H = W = 32, C = 3 -> 3072 values = 768 blocks, B = 769; sample 2 uses blocks [1538, 2307).
-// With `distinct` = k > 0, sample i is sample i % k, generated once up front (see SyntheticOptions).
+// the first ceil(H*W*C / 4) fill the image with N(0, 1) values (Generator::fill_normal,
+// channels-last), the last gives the label as word 0 mod num_classes (bias < num_classes / 2^32,
+// irrelevant here). No state is shared between samples, so every rank and every epoch regenerates
+// exactly the same sample i, in any order, from any thread. The images do not depend on the epoch:
+// like torchvision's FakeData, synthetic data is a fixed dataset, not fresh noise each step.
+// Example: H = W = 32, C = 3 -> 3072 values = 768 blocks, B = 769; sample 2 uses blocks [1538,
+//   2307).
+// With `distinct` = k > 0, sample i is sample i % k, generated once up front (see
+// SyntheticOptions).
 #pragma once
 
 #include <algorithm>
@@ -34,9 +37,10 @@ struct SyntheticOptions {
   std::int64_t channels = 3;
   std::int64_t num_classes = 1000;
   std::uint64_t seed = 0;
-  // > 0: only this many distinct samples, i -> i % distinct, generated once at construction and copied
-  // out of memory afterwards. For throughput runs, where drawing N(0,1) pixels (about 4 ms per 224x224
-  // image on one core) would compete with a fast GPU step. 0: every sample distinct, nothing cached.
+  // > 0: only this many distinct samples, i -> i % distinct, generated once at construction and
+  // copied out of memory afterwards. For throughput runs, where drawing N(0,1) pixels (about 4 ms
+  // per 224x224 image on one core) would compete with a fast GPU step. 0: every sample distinct,
+  // nothing cached.
   std::size_t distinct = 0;
 };
 
@@ -46,8 +50,9 @@ class SyntheticDataset : public Dataset {
   explicit SyntheticDataset(const SyntheticOptions& o) : o_(o) {
     if (o.height <= 0 || o.width <= 0 || o.channels <= 0 || o.num_classes <= 0)
       throw ValueError(ddp::detail::str(
-          "ddp: SyntheticDataset: height, width, channels and num_classes must be > 0, got ", o.height, ", ", o.width,
-          ", ", o.channels, ", ", o.num_classes, "; check --image-size / --num-classes"));
+          "ddp: SyntheticDataset: height, width, channels and num_classes must be > 0, got ",
+          o.height, ", ", o.width, ", ", o.channels, ", ", o.num_classes,
+          "; check --image-size / --num-classes"));
     image_blocks_ = static_cast<std::uint64_t>((o.height * o.width * o.channels + 3) / 4);
     if (o_.distinct > 0) {
       const auto row = static_cast<std::size_t>(o.height * o.width * o.channels);
@@ -58,11 +63,14 @@ class SyntheticDataset : public Dataset {
   }
 
   std::size_t size() const override { return o_.size; }
-  ImageShape image_shape() const override { return {.height = o_.height, .width = o_.width, .channels = o_.channels}; }
+  ImageShape image_shape() const override {
+    return {.height = o_.height, .width = o_.width, .channels = o_.channels};
+  }
   std::int64_t num_classes() const override { return o_.num_classes; }
   const SyntheticOptions& options() const { return o_; }
 
-  std::int64_t get_into(std::size_t index, std::uint64_t /*epoch*/, std::span<float> image) const override {
+  std::int64_t get_into(std::size_t index, std::uint64_t /*epoch*/,
+                        std::span<float> image) const override {
     if (o_.distinct == 0) return generate(index, image);
     const std::size_t k = index % o_.distinct;
     std::copy(cache_.begin() + static_cast<std::ptrdiff_t>(k * image.size()),
@@ -75,8 +83,10 @@ class SyntheticDataset : public Dataset {
     const std::uint64_t first = static_cast<std::uint64_t>(index) * (image_blocks_ + 1);
     Generator g(o_.seed, 0, kStreamData);
     g.set_offset(first);
-    g.fill_normal(TensorView<float, Cpu>(image.data(), Shape{o_.height, o_.width, o_.channels}), 0.0, 1.0);
-    return static_cast<std::int64_t>(g.block(first + image_blocks_)[0] % static_cast<std::uint64_t>(o_.num_classes));
+    g.fill_normal(TensorView<float, Cpu>(image.data(), Shape{o_.height, o_.width, o_.channels}),
+                  0.0, 1.0);
+    return static_cast<std::int64_t>(g.block(first + image_blocks_)[0] %
+                                     static_cast<std::uint64_t>(o_.num_classes));
   }
 
   SyntheticOptions o_;

@@ -1,10 +1,14 @@
 // One-line and JSON descriptions of a LaunchInfo, and the start-up log line rank 0 prints.
 // SPDX-License-Identifier: MIT
 //
-//   describe(info) == "launch via torchrun: rank 0/8, local 0/4, node 0/2, store 10.0.0.1:29500 (owned by torchrun)"
-//   log_launch(info)   // rank 0 only: "ddp: INFO: launch via torchrun: ..." (or "ddp[rank 0/8] INFO: ...")
-//   to_json(info)      // {"rank":0,"world_size":8,...,"source":"torchrun"}: every field, flat, stable keys
-//   launch_info_from_json(to_json(info)) == info   (field by field; for tests that collect probes' output)
+//   describe(info) == "launch via torchrun: rank 0/8, local 0/4, node 0/2, store 10.0.0.1:29500
+//     (owned by torchrun)"
+//   log_launch(info)   // rank 0 only: "ddp: INFO: launch via torchrun: ..." (or "ddp[rank 0/8]
+//     INFO: ...")
+//   to_json(info)      // {"rank":0,"world_size":8,...,"source":"torchrun"}: every field, flat,
+//     stable keys
+//   launch_info_from_json(to_json(info)) == info   (field by field; for tests that collect probes'
+//     output)
 #pragma once
 
 #include <cstdint>
@@ -27,16 +31,18 @@ inline std::string describe(const LaunchInfo& info) {
     store = info.world_size > 1 ? "no store address" : "no store needed";
   else
     store = str("store ", info.master_addr, ':', info.master_port,
-                info.launcher_owns_store ? str(" (owned by ", info.source, ")") : std::string(" (hosted by rank 0)"));
+                info.launcher_owns_store ? str(" (owned by ", info.source, ")")
+                                         : std::string(" (hosted by rank 0)"));
   std::string extra;
   if (info.restart_count > 0) extra += str(", restart ", info.restart_count);
   if (!info.run_id.empty()) extra += str(", run ", info.run_id);
-  return str("launch via ", info.source, ": rank ", info.rank, '/', info.world_size, ", local ", info.local_rank, '/',
-             info.local_world_size, ", node ", info.node_rank, '/', info.nnodes, ", ", store, extra);
+  return str("launch via ", info.source, ": rank ", info.rank, '/', info.world_size, ", local ",
+             info.local_rank, '/', info.local_world_size, ", node ", info.node_rank, '/',
+             info.nnodes, ", ", store, extra);
 }
 
-// Logs describe(info) at INFO level on global rank 0 only, so a job prints it once. Call it once, after
-// detect(). Never throws.
+// Logs describe(info) at INFO level on global rank 0 only, so a job prints it once. Call it once,
+// after detect(). Never throws.
 inline void log_launch(const LaunchInfo& info) noexcept {
   if (info.rank != 0) return;
   try {
@@ -47,17 +53,17 @@ inline void log_launch(const LaunchInfo& info) noexcept {
 
 inline nlohmann::ordered_json to_json_value(const LaunchInfo& info) {
   return nlohmann::ordered_json{{"rank", info.rank},
-                        {"world_size", info.world_size},
-                        {"local_rank", info.local_rank},
-                        {"local_world_size", info.local_world_size},
-                        {"node_rank", info.node_rank},
-                        {"nnodes", info.nnodes},
-                        {"master_addr", info.master_addr},
-                        {"master_port", info.master_port},
-                        {"restart_count", info.restart_count},
-                        {"run_id", info.run_id},
-                        {"launcher_owns_store", info.launcher_owns_store},
-                        {"source", info.source}};
+                                {"world_size", info.world_size},
+                                {"local_rank", info.local_rank},
+                                {"local_world_size", info.local_world_size},
+                                {"node_rank", info.node_rank},
+                                {"nnodes", info.nnodes},
+                                {"master_addr", info.master_addr},
+                                {"master_port", info.master_port},
+                                {"restart_count", info.restart_count},
+                                {"run_id", info.run_id},
+                                {"launcher_owns_store", info.launcher_owns_store},
+                                {"source", info.source}};
 }
 
 // Compact JSON, one line, keys in the order above.

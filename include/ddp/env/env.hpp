@@ -1,18 +1,21 @@
-// Env: an injected, immutable snapshot of environment variables, with strict typed readers whose errors
-// name the variable, the launcher it was read for, and the fix.
+// Env: an injected, immutable snapshot of environment variables, with strict typed readers whose
+// errors name the variable, the launcher it was read for, and the fix.
 // SPDX-License-Identifier: MIT
 //
-// Launcher policies never call getenv(): production code passes Env::process(), tests build one from a
-// table, so no test ever needs setenv and tests can run in parallel.
+// Launcher policies never call getenv(): production code passes Env::process(), tests build one
+// from a table, so no test ever needs setenv and tests can run in parallel.
 //
 //   auto env = ddp::env::Env::from({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
 //   env.int_var("RANK", "torchrun");        // 3
-//   env.int_var("LOCAL_RANK", "torchrun");  // ConfigError: "ddp: launched by torchrun but LOCAL_RANK is not
-//                                           //  set. torchrun always exports it; if you start workers
+//   env.int_var("LOCAL_RANK", "torchrun");  // ConfigError: "ddp: launched by torchrun but
+//     LOCAL_RANK is not
+//                                           //  set. torchrun always exports it; if you start
+//                                             workers
 //                                           //  yourself, export LOCAL_RANK or pass --local-rank."
 //
-// An empty value counts as unset (`export MASTER_ADDR=` leaves the variable present but says nothing).
-// Env is a value type: copying it copies the map; it is safe to read from several threads.
+// An empty value counts as unset (`export MASTER_ADDR=` leaves the variable present but says
+// nothing). Env is a value type: copying it copies the map; it is safe to read from several
+// threads.
 #pragma once
 
 #include <unistd.h>  // environ (glibc declares it under _GNU_SOURCE, which g++ and clang++ define)
@@ -35,11 +38,12 @@ namespace ddp::env {
 namespace detail {
 
 // The command-line flag with the same spelling as a torch-style variable, or "" when there is none:
-// flag_for("LOCAL_WORLD_SIZE") == "--local-world-size". Launcher-specific names (OMPI_COMM_WORLD_RANK, ...)
-// have no flag of their own; the flags override the field, whatever the launcher.
+// flag_for("LOCAL_WORLD_SIZE") == "--local-world-size". Launcher-specific names
+// (OMPI_COMM_WORLD_RANK, ...) have no flag of their own; the flags override the field, whatever the
+// launcher.
 inline std::string flag_for(std::string_view name) {
-  static constexpr std::string_view kWithFlag[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                                    "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  static constexpr std::string_view kWithFlag[] = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   for (std::string_view v : kWithFlag) {
     if (v != name) continue;
     std::string flag = "--";
@@ -49,7 +53,8 @@ inline std::string flag_for(std::string_view name) {
   return {};
 }
 
-// Parses a whole decimal integer ("-2", "17"); nullopt for "", "3x", " 3", "0x10" or out of int range.
+// Parses a whole decimal integer ("-2", "17"); nullopt for "", "3x", " 3", "0x10" or out of int
+// range.
 inline std::optional<long long> parse_int(std::string_view s) {
   long long v = 0;
   const char* end = s.data() + s.size();
@@ -79,12 +84,14 @@ class Env {
     return Env(std::move(vars));
   }
 
-  // Env::from({{"RANK", "3"}, {"WORLD_SIZE", "4"}}); for tests and for programs that build an environment.
+  // Env::from({{"RANK", "3"}, {"WORLD_SIZE", "4"}}); for tests and for programs that build an
+  // environment.
   static Env from(std::initializer_list<std::pair<const std::string, std::string>> vars) {
     return Env(Map(vars.begin(), vars.end()));
   }
 
-  // A copy with `name` set to `value` (or removed when value is nullopt); handy for table-driven tests.
+  // A copy with `name` set to `value` (or removed when value is nullopt); handy for table-driven
+  // tests.
   Env with(std::string_view name, std::optional<std::string_view> value) const {
     Env copy = *this;
     if (value)
@@ -105,16 +112,19 @@ class Env {
     return it->second;
   }
 
-  // The value of a variable the launcher must have set; throws ConfigError naming it, the launcher and the fix.
+  // The value of a variable the launcher must have set; throws ConfigError naming it, the launcher
+  // and the fix.
   std::string var(std::string_view name, std::string_view launcher) const {
     if (auto v = get(name)) return *v;
     std::string flag = detail::flag_for(name);
-    throw ConfigError(ddp::detail::str("ddp: launched by ", launcher, " but ", name, " is not set. ", launcher,
-                                       " always exports it; if you start workers yourself, export ", name,
-                                       flag.empty() ? "" : " or pass ", flag, "."));
+    throw ConfigError(ddp::detail::str("ddp: launched by ", launcher, " but ", name,
+                                       " is not set. ", launcher,
+                                       " always exports it; if you start workers yourself, export ",
+                                       name, flag.empty() ? "" : " or pass ", flag, "."));
   }
 
-  // A required integer: missing -> var()'s error; "3x" -> "ddp: RANK='3x' (from torchrun) is not an integer."
+  // A required integer: missing -> var()'s error; "3x" -> "ddp: RANK='3x' (from torchrun) is not an
+  // integer."
   int int_var(std::string_view name, std::string_view launcher) const {
     return to_int(name, var(name, launcher), launcher);
   }
@@ -142,21 +152,24 @@ class Env {
     auto v = detail::parse_int(value);
     std::string_view digits = value;
     if (digits.starts_with('-')) digits.remove_prefix(1);
-    const bool integer_form = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    const bool integer_form =
+        !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
     if (!v && !integer_form)
-      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ", launcher,
-                                         ") is not an integer."));
+      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ",
+                                         launcher, ") is not an integer."));
     if (!v || *v < INT32_MIN || *v > INT32_MAX)  // !v here: digits past 64 bits
-      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ", launcher,
-                                         ") is out of range: it must fit in 32 bits (", INT32_MIN, " to ", INT32_MAX,
-                                         ")."));
+      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ",
+                                         launcher, ") is out of range: it must fit in 32 bits (",
+                                         INT32_MIN, " to ", INT32_MAX, ")."));
     return static_cast<int>(*v);
   }
 
-  static std::uint16_t to_port(std::string_view name, std::string_view value, std::string_view launcher) {
+  static std::uint16_t to_port(std::string_view name, std::string_view value,
+                               std::string_view launcher) {
     auto v = detail::parse_int(value);
     if (!v || *v < 1 || *v > 65535)
-      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ", launcher,
+      throw ConfigError(ddp::detail::str("ddp: ", name, "=", ddp::detail::quoted(value), " (from ",
+                                         launcher,
                                          ") is not a TCP port; use a number from 1 to 65535."));
     return static_cast<std::uint16_t>(*v);
   }

@@ -1,11 +1,12 @@
 // Mvapich: launcher policy for MVAPICH2's mpirun_rsh / mpiexec, recognised by MV2_COMM_WORLD_SIZE.
 // SPDX-License-Identifier: MIT
 //
-// Written from MVAPICH2's user guide, never met for real: MVAPICH is not packaged in Debian (there is no
-// mvapich or mvapich2 package; it is built from source on the clusters that use it), so unlike Hydra's
-// (tests/integration/mpich) this table could not be captured here. tests/unit/env keeps the doc-based table.
-// What MVAPICH2 2.3 exports to each process, per that guide:
-//   MV2_COMM_WORLD_RANK=1 MV2_COMM_WORLD_SIZE=4 MV2_COMM_WORLD_LOCAL_RANK=1 MV2_COMM_WORLD_LOCAL_SIZE=2
+// Written from MVAPICH2's user guide, never met for real: MVAPICH is not packaged in Debian (there
+// is no mvapich or mvapich2 package; it is built from source on the clusters that use it), so
+// unlike Hydra's (tests/integration/mpich) this table could not be captured here. tests/unit/env
+// keeps the doc-based table. What MVAPICH2 2.3 exports to each process, per that guide:
+//   MV2_COMM_WORLD_RANK=1 MV2_COMM_WORLD_SIZE=4 MV2_COMM_WORLD_LOCAL_RANK=1
+//     MV2_COMM_WORLD_LOCAL_SIZE=2
 // (plus MPIRUN_RANK / MPIRUN_NPROCS from mpirun_rsh; with Hydra's mpiexec also PMI_RANK and
 // MPI_LOCALNRANKS, in which case the Pmi policy, tried first, reads the same numbers).
 // nnodes and node_rank are derived assuming the same number of processes per node (informational).

@@ -1,23 +1,27 @@
-// Slurm: launcher policy for tasks started by srun (one process per task), recognised by SLURM_PROCID.
+// Slurm: launcher policy for tasks started by srun (one process per task), recognised by
+// SLURM_PROCID.
 // SPDX-License-Identifier: MIT
 //
-// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/integration/slurm, `srun -N1 -n2 env`, task 1;
-// tests/unit/env/launch_envs.hpp keeps the whole set as srun_captured_task1()):
+// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/integration/slurm, `srun
+// -N1 -n2 env`, task 1; tests/unit/env/launch_envs.hpp keeps the whole set as
+// srun_captured_task1()):
 //   SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_GTIDS=0,1 SLURM_TASK_PID=12
-//   SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=vm
+//   SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1
+//     SLURM_STEP_NODELIST=vm
 //   SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_LAUNCHER_PORT=... SLURM_SRUN_COMM_HOST=127.0.0.1 ...
 //   SLURM_NTASKS=2 SLURM_NPROCS=2 SLURM_NNODES=1 SLURM_JOB_NUM_NODES=1 SLURM_TASKS_PER_NODE=2
 //   SLURM_JOB_ID=1 SLURM_JOBID=1 SLURM_JOB_NODELIST=vm SLURM_NODELIST=vm SLURM_JOB_CPUS_PER_NODE=2
 //   SLURM_CPUS_ON_NODE=2 SLURMD_NODENAME=vm SLURM_TOPOLOGY_ADDR=vm ...
-// srun always exports the SLURM_STEP_* set (also under sbatch, also with --ntasks-per-node, which adds
-// SLURM_NTASKS_PER_NODE). On several nodes the per-node lists are compressed: SLURM_STEP_NODELIST=node[01-03],
-// SLURM_STEP_TASKS_PER_NODE=3,2(x2) for `srun -N3 -n7` (block distribution).
+// srun always exports the SLURM_STEP_* set (also under sbatch, also with --ntasks-per-node, which
+// adds SLURM_NTASKS_PER_NODE). On several nodes the per-node lists are compressed:
+// SLURM_STEP_NODELIST=node[01-03], SLURM_STEP_TASKS_PER_NODE=3,2(x2) for `srun -N3 -n7` (block
+// distribution).
 //
-// The batch script itself (sbatch, no srun) also has SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 and the
-// JOB's SLURM_NTASKS and SLURM_TASKS_PER_NODE, but no SLURM_STEP_ID and no SLURM_STEP_* (captured likewise).
-// A program started there is no srun task: with one task in the job it runs as a single process; with more
-// it is refused (a ConfigError naming srun) instead of being rank 0 of a world whose other ranks nobody
-// starts, which used to wait out the store timeout.
+// The batch script itself (sbatch, no srun) also has SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0
+// and the JOB's SLURM_NTASKS and SLURM_TASKS_PER_NODE, but no SLURM_STEP_ID and no SLURM_STEP_*
+// (captured likewise). A program started there is no srun task: with one task in the job it runs as
+// a single process; with more it is refused (a ConfigError naming srun) instead of being rank 0 of
+// a world whose other ranks nobody starts, which used to wait out the store timeout.
 //
 // Field by field (first variable present wins; srun tasks always have the first):
 //   rank             SLURM_PROCID
@@ -25,19 +29,23 @@
 //   local_rank       SLURM_LOCALID
 //   node_rank        SLURM_NODEID (the node's index within the step)
 //   nnodes           SLURM_STEP_NUM_NODES, SLURM_NNODES
-//   local_world_size entry node_rank of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE (expanded,
+//   local_world_size entry node_rank of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE
+//     (expanded,
 //                    see hostlist.hpp), else SLURM_NTASKS_PER_NODE
 //   run_id           SLURM_JOB_ID
 //   master_addr      MASTER_ADDR, else the FIRST host of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or
-//                    SLURM_NODELIST (expanded): with srun's default block distribution rank 0 runs there.
-//                    These are Slurm node names (NodeName), which must resolve on the nodes, as they do
+//                    SLURM_NODELIST (expanded): with srun's default block distribution rank 0 runs
+//                      there.
+//                    These are Slurm node names (NodeName), which must resolve on the nodes, as
+//                      they do
 //                    where NodeName is the hostname.
 //   master_port      MASTER_PORT, else the port rule below.
 //
-// Port rule: master_port = 29500 + SLURM_JOB_ID % 1000 (so 29500..30499). Every task of the job reads the
-// same SLURM_JOB_ID, so all compute the same port without talking to each other, and two jobs sharing a
-// first node collide only if their ids are equal modulo 1000. Concurrent srun steps inside one job that
-// each need a store compute the same port: give them distinct MASTER_PORT values.
+// Port rule: master_port = 29500 + SLURM_JOB_ID % 1000 (so 29500..30499). Every task of the job
+// reads the same SLURM_JOB_ID, so all compute the same port without talking to each other, and two
+// jobs sharing a first node collide only if their ids are equal modulo 1000. Concurrent srun steps
+// inside one job that each need a store compute the same port: give them distinct MASTER_PORT
+// values.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +61,8 @@
 
 namespace ddp::env {
 
-inline constexpr int kSlurmBasePort = 29500;   // port rule: kSlurmBasePort + SLURM_JOB_ID % kSlurmPortSpan
+// port rule: kSlurmBasePort + SLURM_JOB_ID % kSlurmPortSpan
+inline constexpr int kSlurmBasePort = 29500;
 inline constexpr int kSlurmPortSpan = 1000;
 
 struct Slurm {
@@ -101,28 +110,32 @@ struct Slurm {
     } else if (!info.run_id.empty()) {
       auto job = detail::parse_int(info.run_id);
       if (!job || *job < 0)
-        throw ConfigError(ddp::detail::str("ddp: SLURM_JOB_ID=", ddp::detail::quoted(info.run_id), " (from ", launcher,
-                                           ") is not a job number, so the store port (", kSlurmBasePort,
-                                           " + SLURM_JOB_ID % ", kSlurmPortSpan,
-                                           ") cannot be derived. Export MASTER_PORT or pass --master-port."));
+        throw ConfigError(ddp::detail::str(
+            "ddp: SLURM_JOB_ID=", ddp::detail::quoted(info.run_id), " (from ", launcher,
+            ") is not a job number, so the store port (", kSlurmBasePort, " + SLURM_JOB_ID % ",
+            kSlurmPortSpan, ") cannot be derived. Export MASTER_PORT or pass --master-port."));
       info.master_port = port_for_job(*job);
     }
     return validate(info, vars, launcher);
   }
 
  private:
-  // The batch script's own process (SLURM_PROCID without SLURM_STEP_ID, see above): a single process when
-  // the job has one task, else refused.
+  // The batch script's own process (SLURM_PROCID without SLURM_STEP_ID, see above): a single
+  // process when the job has one task, else refused.
   static LaunchInfo batch_script(const Env& env) {
     const int tasks = env.has("SLURM_NTASKS") ? env.int_var("SLURM_NTASKS", launcher) : 1;
     const std::string job = env.get("SLURM_JOB_ID").value_or("?");
     if (tasks > 1)
-      throw ConfigError(ddp::detail::str(
-          "ddp: this process runs in the batch script of Slurm job ", job,
-          " (SLURM_PROCID is set but SLURM_STEP_ID is not: it is not an srun task), and the job has SLURM_NTASKS=",
-          tasks, " tasks, which would wait for ranks nobody starts. Start the program with srun in the script "
-          "(`srun ./prog`, one rank per task; see examples/slurm/ddp.sbatch), or run torchrun there, or export "
-          "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://)."));
+      throw ConfigError(
+          ddp::detail::str("ddp: this process runs in the batch script of Slurm job ", job,
+                           " (SLURM_PROCID is set but SLURM_STEP_ID is not: it is not an srun "
+                           "task), and the job has SLURM_NTASKS=",
+                           tasks,
+                           " tasks, which would wait for ranks nobody starts. Start the program "
+                           "with srun in the script "
+                           "(`srun ./prog`, one rank per task; see examples/slurm/ddp.sbatch), or "
+                           "run torchrun there, or export "
+                           "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://)."));
     LaunchInfo info{.rank = 0,
                     .world_size = 1,
                     .local_rank = 0,
@@ -139,7 +152,8 @@ struct Slurm {
   }
 
   static std::string_view local_size_var(const Env& env) {
-    for (std::string_view v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
+    for (std::string_view v :
+         {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"})
       if (env.has(v)) return v;
     return "SLURM_STEP_TASKS_PER_NODE";
   }
@@ -150,15 +164,17 @@ struct Slurm {
     return std::nullopt;
   }
 
-  // This node's task count: entry `node_rank` of a per-node list, or the uniform SLURM_NTASKS_PER_NODE.
+  // This node's task count: entry `node_rank` of a per-node list, or the uniform
+  // SLURM_NTASKS_PER_NODE.
   static int local_size(const Env& env, std::string_view var, int node_rank) {
     if (var == "SLURM_NTASKS_PER_NODE") return env.int_var(var, launcher);
     std::string value = env.var(var, launcher);
     auto counts = expand_tasks_per_node(value, var, launcher);
     if (node_rank < 0 || static_cast<std::size_t>(node_rank) >= counts.size())
-      throw ConfigError(ddp::detail::str("ddp: SLURM_NODEID=", node_rank, " (from ", launcher, ") has no entry in ", var,
-                                         '=', ddp::detail::quoted(value), " (", counts.size(),
-                                         " nodes). The Slurm environment is inconsistent: start the tasks with srun."));
+      throw ConfigError(ddp::detail::str(
+          "ddp: SLURM_NODEID=", node_rank, " (from ", launcher, ") has no entry in ", var, '=',
+          ddp::detail::quoted(value), " (", counts.size(),
+          " nodes). The Slurm environment is inconsistent: start the tasks with srun."));
     return counts[static_cast<std::size_t>(node_rank)];
   }
 };

@@ -1,18 +1,21 @@
-// Argument structs of every kernel (shared by the CPU and CUDA implementations) and their shape checks.
+// Argument structs of every kernel (shared by the CPU and CUDA implementations) and their shape
+// checks.
 // SPDX-License-Identifier: MIT
 //
 // Kernels take one Args struct of views, filled with designated initializers:
-//   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{.x = x.view(), .w = w_.view(), .y = y.view(),
-//                                                                .stride = {2, 2}, .padding = {3, 3}});
-// Layouts (docs/decisions/0005): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW, C_in), linear
-// weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment says optional.
-// Element types: T is the parameters' (weights, their gradients, BatchNorm's statistics), A the activations' and
-// their gradients' (A = T by default; A = bfloat16 stores them in 16 bits, docs/decisions/0070). Arithmetic is in
-// float (double where a kernel says so) whatever A is.
-// validate(args) throws ValueError naming the op, the tensor, its shape and the expected one; every
-// kernel calls it first, so CPU and CUDA reject the same inputs with the same words.
-// The transformer modules' Args are beside this file, one header each: layer_norm_args.hpp, embedding_args.hpp,
-// dropout_args.hpp and attention_args.hpp (they use expect_shape from here).
+//   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{.x = x.view(), .w = w_.view(), .y
+//     = y.view(),
+//                                                                .stride = {2, 2}, .padding = {3,
+//                                                                  3}});
+// Layouts (docs/decisions/0005): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW,
+// C_in), linear weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment
+// says optional. Element types: T is the parameters' (weights, their gradients, BatchNorm's
+// statistics), A the activations' and their gradients' (A = T by default; A = bfloat16 stores them
+// in 16 bits, docs/decisions/0070). Arithmetic is in float (double where a kernel says so) whatever
+// A is. validate(args) throws ValueError naming the op, the tensor, its shape and the expected one;
+// every kernel calls it first, so CPU and CUDA reject the same inputs with the same words. The
+// transformer modules' Args are beside this file, one header each: layer_norm_args.hpp,
+// embedding_args.hpp, dropout_args.hpp and attention_args.hpp (they use expect_shape from here).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +37,8 @@ struct Size2 {
 };
 
 // PyTorch's output size (floor mode): (in + 2 pad - dil (k - 1) - 1) / stride + 1.
-inline std::int64_t conv_out_size(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad,
-                                  std::int64_t dil) {
+inline std::int64_t conv_out_size(std::int64_t in, std::int64_t k, std::int64_t stride,
+                                  std::int64_t pad, std::int64_t dil) {
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
@@ -56,87 +59,102 @@ struct Conv2dBackwardArgs {
   TensorView<const A, D> x;   // (N, H, W, C_in), the forward input (needed for dw)
   TensorView<const T, D> w;   // (C_out, kH, kW, C_in) (needed for dx)
   TensorView<const A, D> dy;  // (N, H_out, W_out, C_out)
-  TensorView<A, D> dx;        // (N, H, W, C_in), optional (first layer needs none); overwritten, or see accumulate_dx
-  TensorView<T, D> dw;        // (C_out, kH, kW, C_in), optional; overwritten
-  TensorView<T, D> dbias;     // (C_out), optional; overwritten
+  // (N, H, W, C_in), optional (first layer needs none); overwritten, or see accumulate_dx
+  TensorView<A, D> dx;
+  TensorView<T, D> dw;     // (C_out, kH, kW, C_in), optional; overwritten
+  TensorView<T, D> dbias;  // (C_out), optional; overwritten
   Size2 stride{1, 1};
   Size2 padding{0, 0};
   Size2 dilation{1, 1};
-  // dx += the input gradient instead of dx = it (cuBLAS/cuDNN beta = 1): a residual block's skip gradient, already
-  // in dx, is added in the dgrad's epilogue instead of by a pass of its own (docs/decisions/0061). The CPU and
-  // ddp's own CUDA kernels give the bits of the gradient computed apart and then added; cuBLAS and cuDNN blend in
-  // their fp32 epilogue.
+  // dx += the input gradient instead of dx = it (cuBLAS/cuDNN beta = 1): a residual block's skip
+  // gradient, already in dx, is added in the dgrad's epilogue instead of by a pass of its own
+  // (docs/decisions/0061). The CPU and ddp's own CUDA kernels give the bits of the gradient
+  // computed apart and then added; cuBLAS and cuDNN blend in their fp32 epilogue.
   bool accumulate_dx = false;
 };
 
-// The output shape of a conv: (N, H_out, W_out, C_out). Throws if the window does not fit.
-// W: the weight's element type when it differs from x's (bf16 activations, float weights); not deduced, so views of
-// non-const elements convert as they always did.
+// The output shape of a conv: (N, H_out, W_out, C_out). Throws if the window does not fit. W: the
+// weight's element type when it differs from x's (bf16 activations, float weights); not deduced, so
+// views of non-const elements convert as they always did.
 template <class T, Device D, class W = T>
-Shape conv2d_output_shape(const TensorView<const T, D>& x, const std::type_identity_t<TensorView<const W, D>>& w,
-                          Size2 stride, Size2 padding,
-                          Size2 dilation, const char* op = "conv2d") {
+Shape conv2d_output_shape(const TensorView<const T, D>& x,
+                          const std::type_identity_t<TensorView<const W, D>>& w, Size2 stride,
+                          Size2 padding, Size2 dilation, const char* op = "conv2d") {
   if (x.rank() != 4)
-    throw ValueError(detail::str("ddp: ", op, ": input x must be NHWC (N, H, W, C_in), got shape ", x.shape()));
+    throw ValueError(
+        detail::str("ddp: ", op, ": input x must be NHWC (N, H, W, C_in), got shape ", x.shape()));
   if (w.rank() != 4)
-    throw ValueError(detail::str("ddp: ", op, ": weight must be KRSC (C_out, kH, kW, C_in), got shape ", w.shape()));
-  if (x.dim(0) == 0) throw ValueError(detail::str("ddp: ", op, ": batch of zero images (x has shape ", x.shape(), ")"));
+    throw ValueError(detail::str(
+        "ddp: ", op, ": weight must be KRSC (C_out, kH, kW, C_in), got shape ", w.shape()));
+  if (x.dim(0) == 0)
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero images (x has shape ", x.shape(), ")"));
   if (x.dim(3) != w.dim(3))
-    throw ValueError(detail::str("ddp: ", op, ": input has ", x.dim(3), " channels but the weight ", w.shape(),
-                                 " expects ", w.dim(3), " (x is NHWC ", x.shape(), "; is the input NCHW?)"));
-  if (stride.h < 1 || stride.w < 1 || dilation.h < 1 || dilation.w < 1 || padding.h < 0 || padding.w < 0)
-    throw ValueError(detail::str("ddp: ", op, ": stride (", stride.h, ", ", stride.w, ") and dilation (", dilation.h,
-                                 ", ", dilation.w, ") must be >= 1 and padding (", padding.h, ", ", padding.w,
-                                 ") >= 0"));
+    throw ValueError(detail::str("ddp: ", op, ": input has ", x.dim(3), " channels but the weight ",
+                                 w.shape(), " expects ", w.dim(3), " (x is NHWC ", x.shape(),
+                                 "; is the input NCHW?)"));
+  if (stride.h < 1 || stride.w < 1 || dilation.h < 1 || dilation.w < 1 || padding.h < 0 ||
+      padding.w < 0)
+    throw ValueError(detail::str(
+        "ddp: ", op, ": stride (", stride.h, ", ", stride.w, ") and dilation (", dilation.h, ", ",
+        dilation.w, ") must be >= 1 and padding (", padding.h, ", ", padding.w, ") >= 0"));
   const std::int64_t ho = conv_out_size(x.dim(1), w.dim(1), stride.h, padding.h, dilation.h);
   const std::int64_t wo = conv_out_size(x.dim(2), w.dim(2), stride.w, padding.w, dilation.w);
   if (ho < 1 || wo < 1)
-    throw ValueError(detail::str("ddp: ", op, ": a ", w.dim(1), "x", w.dim(2), " kernel (dilation ", dilation.h, "x",
-                                 dilation.w, ", padding ", padding.h, "x", padding.w, ") does not fit the ", x.dim(1),
-                                 "x", x.dim(2), " input"));
+    throw ValueError(detail::str("ddp: ", op, ": a ", w.dim(1), "x", w.dim(2), " kernel (dilation ",
+                                 dilation.h, "x", dilation.w, ", padding ", padding.h, "x",
+                                 padding.w, ") does not fit the ", x.dim(1), "x", x.dim(2),
+                                 " input"));
   return Shape{x.dim(0), ho, wo, w.dim(0)};
 }
 
-// The GPU convolutions (ddp's implicit GEMM and cuDNN) have fp32, tf32 and bf16 paths; fp16 (precision.hpp) is for
-// cuBLAS GEMMs only, and a 1x1 conv through cuBLAS would take it silently while its neighbours could not.
+// The GPU convolutions (ddp's implicit GEMM and cuDNN) have fp32, tf32 and bf16 paths; fp16
+// (precision.hpp) is for cuBLAS GEMMs only, and a 1x1 conv through cuBLAS would take it silently
+// while its neighbours could not.
 inline void require_conv_precision(Precision math) {
   if (math == Precision::Fp16)
-    throw ValueError("ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
-                     "(--precision)");
+    throw ValueError(
+        "ddp: conv2d: fp16 arithmetic is not implemented for convolutions; use bf16 or tf32 "
+        "(--precision)");
 }
 
 template <class T, Device D, class A>
 void validate(const Conv2dForwardArgs<T, D, A>& a) {
-  const Shape ys = conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_forward");
+  const Shape ys =
+      conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_forward");
   expect_shape(a.y, ys, "output y", "conv2d_forward");
   if (!a.bias.empty()) expect_shape(a.bias, Shape{a.w.dim(0)}, "bias", "conv2d_forward");
 }
 
 template <class T, Device D, class A>
 void validate(const Conv2dBackwardArgs<T, D, A>& a) {
-  const Shape ys = conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_backward");
+  const Shape ys =
+      conv2d_output_shape<A, D, T>(a.x, a.w, a.stride, a.padding, a.dilation, "conv2d_backward");
   expect_shape(a.dy, ys, "output gradient dy", "conv2d_backward");
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "conv2d_backward");
   if (!a.dw.empty()) expect_shape(a.dw, a.w.shape(), "weight gradient dw", "conv2d_backward");
-  if (!a.dbias.empty()) expect_shape(a.dbias, Shape{a.w.dim(0)}, "bias gradient dbias", "conv2d_backward");
+  if (!a.dbias.empty())
+    expect_shape(a.dbias, Shape{a.w.dim(0)}, "bias gradient dbias", "conv2d_backward");
 }
 
-// ---- batchnorm over the last dimension C of an (..., C) tensor (NHWC: per channel over N*H*W) ----
+// ---- batchnorm over the last dimension C of an (..., C) tensor (NHWC: per channel over N*H*W)
 
-// How a synchronised BatchNorm (torch.nn.SyncBatchNorm) sums its per-channel statistics over the ranks of a
-// process group, without the kernels knowing of communicators: nn/sync_batchnorm.hpp implements it with one
-// all-reduce (docs/decisions/0027). Training kernels given one (Args::sync) compute this rank's sums,
-// hand them here, and go on with the sums over every rank:
+// How a synchronised BatchNorm (torch.nn.SyncBatchNorm) sums its per-channel statistics over the
+// ranks of a process group, without the kernels knowing of communicators: nn/sync_batchnorm.hpp
+// implements it with one all-reduce (docs/decisions/0027). Training kernels given one (Args::sync)
+// compute this rank's sums, hand them here, and go on with the sums over every rank:
 //   forward   (2C + 1) doubles: sum x (C), sum x^2 (C), row count M
-//   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M   (g: the gradient reaching the BN)
+//   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M   (g: the gradient reaching
+//     the BN)
 template <Device D>
 class ChannelSumReducer {
  public:
   virtual ~ChannelSumReducer() = default;
-  // How many ranks take part (1: nothing to synchronise; the layer then runs the ordinary kernels, as torch).
+  // How many ranks take part (1: nothing to synchronise; the layer then runs the ordinary kernels,
+  // as torch).
   virtual int ranks() const noexcept = 0;
-  // In place: every element becomes its sum over the ranks. Ordered after the work already enqueued on
-  // exec (CUDA: its stream), and the work enqueued on exec afterwards sees the sums.
+  // In place: every element becomes its sum over the ranks. Ordered after the work already enqueued
+  // on exec (CUDA: its stream), and the work enqueued on exec afterwards sees the sums.
   virtual void all_reduce_sum(const Exec<D>& exec, TensorView<double, D> sums) = 0;
 };
 
@@ -153,11 +171,12 @@ struct BatchNormForwardArgs {
   bool training = true;
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch
   double eps = 1e-5;
-  // Training only, optional: the statistics are those of every rank's batch together (count M summed over
-  // the ranks; this rank's x may then be empty, as in torch >= 1.12). Eval ignores it (no communication).
+  // Training only, optional: the statistics are those of every rank's batch together (count M
+  // summed over the ranks; this rank's x may then be empty, as in torch >= 1.12). Eval ignores it
+  // (no communication).
   ChannelSumReducer<D>* sync = nullptr;
-  // () optional: torch's num_batches_tracked, += 1 by a training forward in the statistics' finish (no launch
-  // of its own).
+  // () optional: torch's num_batches_tracked, += 1 by a training forward in the statistics' finish
+  // (no launch of its own).
   TensorView<std::int64_t, D> num_batches_tracked;
 };
 
@@ -172,26 +191,32 @@ struct BatchNormBackwardArgs {
   TensorView<T, D> dgamma;             // (C), optional; overwritten
   TensorView<T, D> dbeta;              // (C), optional; overwritten
   bool training = true;                // must match the forward call: batch statistics depend on x
-  // Training only, optional, as in the forward call: dx uses sum g and sum g xhat over every rank; dgamma
-  // and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them, docs/decisions/0027).
+  // Training only, optional, as in the forward call: dx uses sum g and sum g xhat over every rank;
+  // dgamma and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them,
+  // docs/decisions/0027).
   ChannelSumReducer<D>* sync = nullptr;
 };
 
-// allow_empty: a synchronised training call, where one rank's batch may be empty (the others' are not).
+// allow_empty: a synchronised training call, where one rank's batch may be empty (the others' are
+// not).
 template <class T, Device D>
-std::int64_t batchnorm_channels(const TensorView<const T, D>& x, const char* op, bool allow_empty = false) {
-  if (x.rank() < 2) throw ValueError(detail::str("ddp: ", op, ": x must be (N, ..., C), got shape ", x.shape()));
+std::int64_t batchnorm_channels(const TensorView<const T, D>& x, const char* op,
+                                bool allow_empty = false) {
+  if (x.rank() < 2)
+    throw ValueError(detail::str("ddp: ", op, ": x must be (N, ..., C), got shape ", x.shape()));
   if (x.dim(0) == 0 && !allow_empty)
-    throw ValueError(detail::str("ddp: ", op, ": batch of zero samples (x has shape ", x.shape(), ")"));
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero samples (x has shape ", x.shape(), ")"));
   return x.dim(-1);
 }
 
 // The synchronised check that validate() cannot make alone: the rows of every rank together.
 inline void check_sync_count(double total_rows, const char* op) {
   if (total_rows < 2)
-    throw ValueError(detail::str("ddp: ", op, " (synchronised over ranks): training needs more than 1 value per "
-                                 "channel over all ranks together, got ", total_rows,
-                                 "; use larger batches or eval mode"));
+    throw ValueError(detail::str("ddp: ", op,
+                                 " (synchronised over ranks): training needs more than 1 value per "
+                                 "channel over all ranks together, got ",
+                                 total_rows, "; use larger batches or eval mode"));
 }
 
 template <class T, Device D, class A>
@@ -207,9 +232,11 @@ void validate(const BatchNormForwardArgs<T, D, A>& a) {
   expect_shape(a.save_mean, cs, "save_mean", op);
   expect_shape(a.save_invstd, cs, "save_invstd", op);
   expect_shape(a.y, a.x.shape(), "output y", op);
-  if (!a.num_batches_tracked.empty()) expect_shape(a.num_batches_tracked, Shape{}, "num_batches_tracked", op);
+  if (!a.num_batches_tracked.empty())
+    expect_shape(a.num_batches_tracked, Shape{}, "num_batches_tracked", op);
   if (a.training && !synced && a.x.numel() / c < 2)  // synchronised: check_sync_count on the total
-    throw ValueError(detail::str("ddp: ", op, ": training needs more than 1 value per channel, got x of shape ",
+    throw ValueError(detail::str("ddp: ", op,
+                                 ": training needs more than 1 value per channel, got x of shape ",
                                  a.x.shape(), "; use a batch larger than 1 or eval mode"));
 }
 
@@ -230,9 +257,10 @@ void validate(const BatchNormBackwardArgs<T, D, A>& a) {
 // ---- pooling (NHWC) ----
 template <class T, Device D>
 struct MaxPool2dForwardArgs {
-  TensorView<const T, D> x;            // (N, H, W, C)
-  TensorView<T, D> y;                  // (N, H_out, W_out, C)
-  TensorView<std::int32_t, D> argmax;  // (N, H_out, W_out, C): h * W + w of the winning input; optional
+  TensorView<const T, D> x;  // (N, H, W, C)
+  TensorView<T, D> y;        // (N, H_out, W_out, C)
+  // (N, H_out, W_out, C): h * W + w of the winning input; optional
+  TensorView<std::int32_t, D> argmax;
   Size2 kernel{3, 3};
   Size2 stride{2, 2};
   Size2 padding{1, 1};  // implicit -infinity padding, as in PyTorch
@@ -253,15 +281,22 @@ struct MaxPool2dBackwardArgs {
 template <class T, Device D>
 Shape maxpool2d_output_shape(const TensorView<const T, D>& x, Size2 k, Size2 s, Size2 p) {
   const char* op = "max_pool2d";
-  if (x.rank() != 4) throw ValueError(detail::str("ddp: ", op, ": x must be NHWC (N, H, W, C), got shape ", x.shape()));
-  if (x.dim(0) == 0) throw ValueError(detail::str("ddp: ", op, ": batch of zero images (x has shape ", x.shape(), ")"));
-  if (k.h < 1 || k.w < 1 || s.h < 1 || s.w < 1 || p.h < 0 || p.w < 0 || 2 * p.h > k.h || 2 * p.w > k.w)
-    throw ValueError(detail::str("ddp: ", op, ": kernel (", k.h, ", ", k.w, ") and stride (", s.h, ", ", s.w,
-                                 ") must be >= 1 and padding (", p.h, ", ", p.w, ") at most half the kernel"));
-  const std::int64_t ho = conv_out_size(x.dim(1), k.h, s.h, p.h, 1), wo = conv_out_size(x.dim(2), k.w, s.w, p.w, 1);
+  if (x.rank() != 4)
+    throw ValueError(
+        detail::str("ddp: ", op, ": x must be NHWC (N, H, W, C), got shape ", x.shape()));
+  if (x.dim(0) == 0)
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero images (x has shape ", x.shape(), ")"));
+  if (k.h < 1 || k.w < 1 || s.h < 1 || s.w < 1 || p.h < 0 || p.w < 0 || 2 * p.h > k.h ||
+      2 * p.w > k.w)
+    throw ValueError(detail::str("ddp: ", op, ": kernel (", k.h, ", ", k.w, ") and stride (", s.h,
+                                 ", ", s.w, ") must be >= 1 and padding (", p.h, ", ", p.w,
+                                 ") at most half the kernel"));
+  const std::int64_t ho = conv_out_size(x.dim(1), k.h, s.h, p.h, 1),
+                     wo = conv_out_size(x.dim(2), k.w, s.w, p.w, 1);
   if (ho < 1 || wo < 1)
-    throw ValueError(detail::str("ddp: ", op, ": a ", k.h, "x", k.w, " window does not fit the ", x.dim(1), "x",
-                                 x.dim(2), " input"));
+    throw ValueError(detail::str("ddp: ", op, ": a ", k.h, "x", k.w, " window does not fit the ",
+                                 x.dim(1), "x", x.dim(2), " input"));
   return Shape{x.dim(0), ho, wo, x.dim(3)};
 }
 
@@ -274,9 +309,10 @@ void validate(const MaxPool2dForwardArgs<T, D>& a) {
 
 template <class T, Device D>
 void validate(const MaxPool2dBackwardArgs<T, D>& a) {
-  if (a.dx.rank() != 4 || a.dy.rank() != 4 || a.dx.dim(0) != a.dy.dim(0) || a.dx.dim(3) != a.dy.dim(3))
-    throw ValueError(detail::str("ddp: max_pool2d_backward: dx ", a.dx.shape(), " and dy ", a.dy.shape(),
-                                 " must be NHWC with equal N and C"));
+  if (a.dx.rank() != 4 || a.dy.rank() != 4 || a.dx.dim(0) != a.dy.dim(0) ||
+      a.dx.dim(3) != a.dy.dim(3))
+    throw ValueError(detail::str("ddp: max_pool2d_backward: dx ", a.dx.shape(), " and dy ",
+                                 a.dy.shape(), " must be NHWC with equal N and C"));
   expect_shape(a.argmax, a.dy.shape(), "argmax", "max_pool2d_backward");
 }
 
@@ -295,15 +331,19 @@ struct AdaptiveAvgPool2dBackwardArgs {
 };
 
 template <class T, class U, Device D>
-void validate_adaptive_pool(const TensorView<T, D>& big, const TensorView<U, D>& small, const char* op) {
+void validate_adaptive_pool(const TensorView<T, D>& big, const TensorView<U, D>& small,
+                            const char* op) {
   if (big.rank() != 4 || small.rank() != 4)
-    throw ValueError(
-        detail::str("ddp: ", op, ": input ", big.shape(), " and output ", small.shape(), " must both be NHWC"));
+    throw ValueError(detail::str("ddp: ", op, ": input ", big.shape(), " and output ",
+                                 small.shape(), " must both be NHWC"));
   if (big.dim(0) == 0)
-    throw ValueError(detail::str("ddp: ", op, ": batch of zero images (x has shape ", big.shape(), ")"));
-  if (big.dim(0) != small.dim(0) || big.dim(3) != small.dim(3) || small.dim(1) < 1 || small.dim(2) < 1)
-    throw ValueError(detail::str("ddp: ", op, ": output ", small.shape(), " must have the input's N and C (input ",
-                                 big.shape(), ") and H_out, W_out >= 1"));
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero images (x has shape ", big.shape(), ")"));
+  if (big.dim(0) != small.dim(0) || big.dim(3) != small.dim(3) || small.dim(1) < 1 ||
+      small.dim(2) < 1)
+    throw ValueError(detail::str("ddp: ", op, ": output ", small.shape(),
+                                 " must have the input's N and C (input ", big.shape(),
+                                 ") and H_out, W_out >= 1"));
 }
 
 template <class T, Device D>
@@ -335,16 +375,18 @@ struct LinearBackwardArgs {
 };
 
 template <class T, Device D, class W = T>
-void validate_linear_xw(const TensorView<const T, D>& x, const std::type_identity_t<TensorView<const W, D>>& w,
-                        const char* op) {
+void validate_linear_xw(const TensorView<const T, D>& x,
+                        const std::type_identity_t<TensorView<const W, D>>& w, const char* op) {
   if (x.rank() != 2 || w.rank() != 2)
-    throw ValueError(detail::str("ddp: ", op, ": x ", x.shape(), " must be (N, in) and w ", w.shape(),
+    throw ValueError(detail::str("ddp: ", op, ": x ", x.shape(), " must be (N, in) and w ",
+                                 w.shape(),
                                  " (out, in); flatten NHWC activations to (N, H*W*C) first"));
   if (x.dim(0) == 0)
-    throw ValueError(detail::str("ddp: ", op, ": batch of zero samples (x has shape ", x.shape(), ")"));
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero samples (x has shape ", x.shape(), ")"));
   if (x.dim(1) != w.dim(1))
-    throw ValueError(detail::str("ddp: ", op, ": input has ", x.dim(1), " features but the weight ", w.shape(),
-                                 " expects ", w.dim(1)));
+    throw ValueError(detail::str("ddp: ", op, ": input has ", x.dim(1), " features but the weight ",
+                                 w.shape(), " expects ", w.dim(1)));
 }
 
 template <class T, Device D, class A>
@@ -360,12 +402,14 @@ void validate(const LinearBackwardArgs<T, D, A>& a) {
   expect_shape(a.dy, Shape{a.x.dim(0), a.w.dim(0)}, "output gradient dy", "linear_backward");
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "linear_backward");
   if (!a.dw.empty()) expect_shape(a.dw, a.w.shape(), "weight gradient dw", "linear_backward");
-  if (!a.dbias.empty()) expect_shape(a.dbias, Shape{a.w.dim(0)}, "bias gradient dbias", "linear_backward");
+  if (!a.dbias.empty())
+    expect_shape(a.dbias, Shape{a.w.dim(0)}, "bias gradient dbias", "linear_backward");
 }
 
 // ---- losses (mean reduction); each returns the loss and optionally writes d(loss)/d(input) ----
 // Cross-entropy with label smoothing s over C classes, PyTorch's formula:
-//   loss = mean_i [ (1 - s) (-log p_i[y_i]) + (s / C) sum_c (-log p_i[c]) ],  p_i = softmax(logits_i)
+//   loss = mean_i [ (1 - s) (-log p_i[y_i]) + (s / C) sum_c (-log p_i[c]) ],  p_i =
+//     softmax(logits_i)
 //   dlogits_i = (p_i - (1 - s) onehot(y_i) - s / C) / N
 template <class T, Device D>
 struct CrossEntropyArgs {
@@ -387,25 +431,31 @@ template <class T, Device D>
 void validate(const CrossEntropyArgs<T, D>& a) {
   const char* op = "cross_entropy";
   if (a.logits.rank() != 2)
-    throw ValueError(detail::str("ddp: ", op, ": logits must be (N, C), got shape ", a.logits.shape()));
+    throw ValueError(
+        detail::str("ddp: ", op, ": logits must be (N, C), got shape ", a.logits.shape()));
   if (a.logits.dim(0) == 0)
-    throw ValueError(detail::str("ddp: ", op, ": batch of zero samples (logits ", a.logits.shape(), ")"));
+    throw ValueError(
+        detail::str("ddp: ", op, ": batch of zero samples (logits ", a.logits.shape(), ")"));
   expect_shape(a.labels, Shape{a.logits.dim(0)}, "labels", op);
   if (!a.dlogits.empty()) expect_shape(a.dlogits, a.logits.shape(), "dlogits", op);
   if (!(a.label_smoothing >= 0.0 && a.label_smoothing <= 1.0))
-    throw ValueError(detail::str("ddp: ", op, ": label_smoothing must be in [0, 1], got ", a.label_smoothing));
+    throw ValueError(
+        detail::str("ddp: ", op, ": label_smoothing must be in [0, 1], got ", a.label_smoothing));
 }
 
-// Labels live on the device; the kernel checks each one and throws this error for the first bad one.
+// Labels live on the device; the kernel checks each one and throws this error for the first bad
+// one.
 inline ValueError label_out_of_range(std::int64_t label, std::int64_t index, std::int64_t classes) {
-  return ValueError(detail::str("ddp: cross_entropy: label ", label, " of sample ", index, " is out of range for ",
-                                classes, " classes (labels must be in [0, ", classes - 1,
+  return ValueError(detail::str("ddp: cross_entropy: label ", label, " of sample ", index,
+                                " is out of range for ", classes,
+                                " classes (labels must be in [0, ", classes - 1,
                                 "]); check the dataset's labels against --num-classes"));
 }
 
 template <class T, Device D>
 void validate(const MseArgs<T, D>& a) {
-  if (a.x.numel() == 0) throw ValueError(detail::str("ddp: mse: empty input (x has shape ", a.x.shape(), ")"));
+  if (a.x.numel() == 0)
+    throw ValueError(detail::str("ddp: mse: empty input (x has shape ", a.x.shape(), ")"));
   expect_shape(a.target, a.x.shape(), "target", "mse");
   if (!a.dx.empty()) expect_shape(a.dx, a.x.shape(), "input gradient dx", "mse");
 }
@@ -420,7 +470,8 @@ struct SgdArgs {
   TensorView<T, D> param;
   TensorView<const T, D> grad;       // same shape as param
   TensorView<T, D> momentum_buffer;  // same shape; required when momentum != 0
-  bool first_step = true;            // true: the buffer is initialised to g (PyTorch's "buf is None")
+  // true: the buffer is initialised to g (PyTorch's "buf is None")
+  bool first_step = true;
   double lr = 0.1;
   double momentum = 0.0;
   double dampening = 0.0;
@@ -428,15 +479,17 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
-// The hyper-parameter checks shared by SgdArgs and MultiSgdArgs (kernels/fused_args.hpp); `op` names the kernel.
-inline void validate_sgd_hyperparameters(const char* op, double lr, double momentum, double dampening,
-                                         double weight_decay, bool nesterov) {
+// The hyper-parameter checks shared by SgdArgs and MultiSgdArgs (kernels/fused_args.hpp); `op`
+// names the kernel.
+inline void validate_sgd_hyperparameters(const char* op, double lr, double momentum,
+                                         double dampening, double weight_decay, bool nesterov) {
   if (lr < 0.0 || momentum < 0.0 || weight_decay < 0.0)
-    throw ValueError(detail::str("ddp: ", op, ": lr (", lr, "), momentum (", momentum, ") and weight_decay (",
-                                 weight_decay, ") must be >= 0"));
+    throw ValueError(detail::str("ddp: ", op, ": lr (", lr, "), momentum (", momentum,
+                                 ") and weight_decay (", weight_decay, ") must be >= 0"));
   if (nesterov && (momentum <= 0.0 || dampening != 0.0))
-    throw ValueError(detail::str("ddp: ", op, ": nesterov momentum requires momentum > 0 and dampening 0, got momentum ",
-                                 momentum, " and dampening ", dampening));
+    throw ValueError(detail::str(
+        "ddp: ", op, ": nesterov momentum requires momentum > 0 and dampening 0, got momentum ",
+        momentum, " and dampening ", dampening));
 }
 
 template <class T, Device D>

@@ -1,17 +1,21 @@
-// Argument structs of causal multi-head self-attention (the core of minGPT's CausalSelfAttention) and their checks.
+// Argument structs of causal multi-head self-attention (the core of minGPT's CausalSelfAttention)
+// and their checks.
 // SPDX-License-Identifier: MIT
 //
-// The kernels work on the packed projection qkv = c_attn(x) (B, T, 3C), as llm.c's attention_forward does: row
-// (b, t) holds q (columns [0, C)), k ([C, 2C)) and v ([2C, 3C)); head h of each is the hs = C / n_head columns
-// starting at h * hs. So q of head h for batch b is a (T x hs) matrix with leading dimension 3C inside qkv, and
-// no kernel needs a transpose to (B, nh, T, hs) or back:
-//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y = dropout(att) v as (B, T, C)
+// The kernels work on the packed projection qkv = c_attn(x) (B, T, 3C), as llm.c's
+// attention_forward does: row (b, t) holds q (columns [0, C)), k ([C, 2C)) and v ([2C, 3C)); head h
+// of each is the hs = C / n_head columns starting at h * hs. So q of head h for batch b is a (T x
+// hs) matrix with leading dimension 3C inside qkv, and no kernel needs a transpose to (B, nh, T,
+// hs) or back:
+//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y =
+//     dropout(att) v as (B, T, C)
 //   attention_backward  dqkv (B, T, 3C) from dy (B, T, C), qkv and the forward's att
-// Kernels<Cpu> (kernels/cpu/attention.hpp) and Kernels<Cuda> (kernels/cuda/attention.cuh) implement them; both are
-// in KernelsApi. validate() throws ValueError like args.hpp's.
-// Dropout on the probabilities (minGPT's attn_dropout, AttentionDropout below): att keeps the undropped
-// probabilities, which the softmax backward needs; the dropped ones exist only in a scratch for the y GEMM (and
-// for the dv GEMM in backward, which draws the same mask again from its Philox counters instead of keeping it).
+// Kernels<Cpu> (kernels/cpu/attention.hpp) and Kernels<Cuda> (kernels/cuda/attention.cuh) implement
+// them; both are in KernelsApi. validate() throws ValueError like args.hpp's. Dropout on the
+// probabilities (minGPT's attn_dropout, AttentionDropout below): att keeps the undropped
+// probabilities, which the softmax backward needs; the dropped ones exist only in a scratch for the
+// y GEMM (and for the dv GEMM in backward, which draws the same mask again from its Philox counters
+// instead of keeping it).
 #pragma once
 
 #include <cmath>
@@ -29,11 +33,12 @@
 
 namespace ddp::kernels {
 
-// Inverted dropout on att before the y GEMM: y = (mask * att / (1 - p)) v. The mask is nn::Dropout's over att
-// (B, nh, T, T) as one tensor (docs/decisions/0043): element e (att's flat index, ((b nh + h) T + i) T + j)
-// uses word e % 4 of block (step << 32) + e / 4 of Generator(seed, rank, stream), so both devices, any thread
-// count, and a backward drawing it again all see the same mask. p = 0 (the default) is no dropout: the kernels
-// then draw nothing and compute exactly what they did without this field.
+// Inverted dropout on att before the y GEMM: y = (mask * att / (1 - p)) v. The mask is
+// nn::Dropout's over att (B, nh, T, T) as one tensor (docs/decisions/0043): element e (att's flat
+// index, ((b nh + h) T + i) T + j) uses word e % 4 of block (step << 32) + e / 4 of Generator(seed,
+// rank, stream), so both devices, any thread count, and a backward drawing it again all see the
+// same mask. p = 0 (the default) is no dropout: the kernels then draw nothing and compute exactly
+// what they did without this field.
 struct AttentionDropout {
   double p = 0.0;  // in [0, 1]
   std::uint64_t seed = 0;
@@ -45,8 +50,10 @@ struct AttentionDropout {
 template <class T, Device D>
 struct AttentionForwardArgs {
   TensorView<const T, D> qkv;  // (B, T, 3C): q, k, v side by side
-  TensorView<T, D> att;        // (B, nh, T, T): overwritten with the probabilities; row i is 0 beyond column i
-  TensorView<T, D> y;          // (B, T, C): att v with the heads side by side (torch's y.transpose(1, 2).view(B, T, C))
+  // (B, nh, T, T): overwritten with the probabilities; row i is 0 beyond column i
+  TensorView<T, D> att;
+  // (B, T, C): att v with the heads side by side (torch's y.transpose(1, 2).view(B, T, C))
+  TensorView<T, D> y;
   std::int64_t n_head = 1;
   AttentionDropout dropout;  // on att before y = att v (att itself is written undropped)
 };
@@ -61,16 +68,19 @@ struct AttentionBackwardArgs {
   AttentionDropout dropout;  // the forward's, so the same mask
 };
 
-// Row i of one (batch, head)'s probabilities under the dropout mask m, for both devices: the row's element (i, 0)
-// has flat index e_row in att. For j <= i, dropped[j] = att[j] * scale where m keeps element e_row + j, else 0;
-// with datt (backward: d(dropped att) in, d(att) out, in place) datt[j] likewise. Columns beyond i are left alone
-// (att is 0 there). One Philox block per 4 elements: worker `lane` of `stride` takes blocks first + lane,
-// first + lane + stride, ... (a warp's 32 lanes on the GPU; lane 0 of 1 on the CPU). A block straddling two rows is
-// evaluated for each: the words are the same.
+// Row i of one (batch, head)'s probabilities under the dropout mask m, for both devices: the row's
+// element (i, 0) has flat index e_row in att. For j <= i, dropped[j] = att[j] * scale where m keeps
+// element e_row + j, else 0; with datt (backward: d(dropped att) in, d(att) out, in place) datt[j]
+// likewise. Columns beyond i are left alone (att is 0 there). One Philox block per 4 elements:
+// worker `lane` of `stride` takes blocks first + lane, first + lane + stride, ... (a warp's 32
+// lanes on the GPU; lane 0 of 1 on the CPU). A block straddling two rows is evaluated for each: the
+// words are the same.
 template <class T>
-DDP_HOST_DEVICE void attention_dropout_row(const DropoutMask& m, T scale, std::uint64_t e_row, std::int64_t i,
-                                           const T* att, T* dropped, T* datt, unsigned lane, unsigned stride) {
-  const std::uint64_t end = e_row + static_cast<std::uint64_t>(i) + 1;  // one past the row's last element <= i
+DDP_HOST_DEVICE void attention_dropout_row(const DropoutMask& m, T scale, std::uint64_t e_row,
+                                           std::int64_t i, const T* att, T* dropped, T* datt,
+                                           unsigned lane, unsigned stride) {
+  // one past the row's last element <= i
+  const std::uint64_t end = e_row + static_cast<std::uint64_t>(i) + 1;
   for (std::uint64_t blk = e_row / 4 + lane; 4 * blk < end; blk += stride) {
     std::uint32_t w[4];
     m.words(blk, w);
@@ -85,12 +95,14 @@ DDP_HOST_DEVICE void attention_dropout_row(const DropoutMask& m, T scale, std::u
   }
 }
 
-inline void validate_attention_dropout(const AttentionDropout& d, std::int64_t att_numel, const char* op) {
+inline void validate_attention_dropout(const AttentionDropout& d, std::int64_t att_numel,
+                                       const char* op) {
   validate_dropout_p(d.p, op);
   if (d.p > 0.0) validate_dropout_draw(att_numel, d.step, op);
 }
 
-// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T: the scores' scale of every device's kernel.
+// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T: the scores' scale of every
+// device's kernel.
 template <class T>
 T attention_scale(std::int64_t hs) {
   return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
@@ -100,11 +112,13 @@ T attention_scale(std::int64_t hs) {
 template <class T, Device D>
 std::int64_t validate_qkv(const TensorView<const T, D>& qkv, std::int64_t n_head, const char* op) {
   if (qkv.rank() != 3 || qkv.dim(0) < 1 || qkv.dim(1) < 1 || qkv.dim(2) % 3 != 0)
-    throw ValueError(detail::str("ddp: ", op, ": qkv ", qkv.shape(),
-                                 " must be (B, T, 3C) with B, T >= 1: q, k and v of every position side by side"));
+    throw ValueError(detail::str(
+        "ddp: ", op, ": qkv ", qkv.shape(),
+        " must be (B, T, 3C) with B, T >= 1: q, k and v of every position side by side"));
   const std::int64_t c = qkv.dim(2) / 3;
   if (n_head < 1 || c % n_head != 0)
-    throw ValueError(detail::str("ddp: ", op, ": n_head = ", n_head, " must be >= 1 and divide C = ", c));
+    throw ValueError(
+        detail::str("ddp: ", op, ": n_head = ", n_head, " must be >= 1 and divide C = ", c));
   return c;
 }
 

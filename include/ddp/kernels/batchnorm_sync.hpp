@@ -1,20 +1,24 @@
-// Per-channel arithmetic of BatchNorm, written once for both devices: the statistics' finish of every forward
-// (BnChannelOutputs), and the synchronised BatchNorm's (torch.nn.SyncBatchNorm) functors run by
-// Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and kernels/cuda/batchnorm.cuh
-// call them between their own "sums" and "apply" passes).
+// Per-channel arithmetic of BatchNorm, written once for both devices: the statistics' finish of
+// every forward (BnChannelOutputs), and the synchronised BatchNorm's (torch.nn.SyncBatchNorm)
+// functors run by Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and
+// kernels/cuda/batchnorm.cuh call them between their own "sums" and "apply" passes).
 // SPDX-License-Identifier: MIT
 //
 // A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/decisions/0027) is:
-//   forward   this rank's sums s = [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics -> y = x scale + shift
-//   backward  this rank's sums s = [sum g (C), sum g xhat (C), M] -> BnLocalGrads (dbeta, dgamma from this
-//             rank's sums) -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean) + k3
-// With the global M, mean = sum x / M and var = sum x^2 / M - mean^2 (biased, for normalising); running_var
-// takes var M / (M - 1), the unbiased variance over all ranks, as torch. The sums are doubles: x^2 of a
-// float is exact in double, so the one-pass variance loses nothing that matters next to float's rounding
-// unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep a stable variance: two passes on the CPU,
-// one shifted pass on the GPU, kernels/bn_stats.hpp, whose moments give the GPU's sums: sum x = n mean,
-// sum x^2 = M2 + n mean^2).
-// Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} = {16, 84, 4}
+//   forward   this rank's sums s = [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics ->
+//     y = x scale + shift
+//   backward  this rank's sums s = [sum g (C), sum g xhat (C), M] -> BnLocalGrads (dbeta, dgamma
+//     from this
+//             rank's sums) -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean)
+//               + k3
+// With the global M, mean = sum x / M and var = sum x^2 / M - mean^2 (biased, for normalising);
+// running_var takes var M / (M - 1), the unbiased variance over all ranks, as torch. The sums are
+// doubles: x^2 of a float is exact in double, so the one-pass variance loses nothing that matters
+// next to float's rounding unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep a
+// stable variance: two passes on the CPU, one shifted pass on the GPU, kernels/bn_stats.hpp, whose
+// moments give the GPU's sums: sum x = n mean, sum x^2 = M2 + n mean^2).
+// Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} = {16,
+//   84, 4}
 // -> mean 4, var 84/4 - 16 = 5, running_var moves towards 5 * 4/3.
 #pragma once
 
@@ -26,12 +30,13 @@
 
 namespace ddp::kernels {
 
-// One channel's statistics -> everything a forward writes for it, for every forward (CPU and CUDA, plain and
-// synchronised): with `rows` > 0 (training) the running statistics move towards mu and the unbiased
-// var * rows / (rows - 1), as torch; rows == 0 (eval) leaves them alone (mu and var are then the running
-// ones). Then save_mean = mu, save_invstd = 1 / sqrt(var + eps), scale = gamma invstd and
-// shift = beta - mu scale, so that y = x scale + shift is one FMA per element. A training finish also counts
-// the batch in num_batches_tracked (when given; channel 0 does it), so the counter needs no launch of its own.
+// One channel's statistics -> everything a forward writes for it, for every forward (CPU and CUDA,
+// plain and synchronised): with `rows` > 0 (training) the running statistics move towards mu and
+// the unbiased var * rows / (rows - 1), as torch; rows == 0 (eval) leaves them alone (mu and var
+// are then the running ones). Then save_mean = mu, save_invstd = 1 / sqrt(var + eps), scale = gamma
+// invstd and shift = beta - mu scale, so that y = x scale + shift is one FMA per element. A
+// training finish also counts the batch in num_batches_tracked (when given; channel 0 does it), so
+// the counter needs no launch of its own.
 template <class T>
 struct BnChannelOutputs {
   const T* gamma;
@@ -50,8 +55,10 @@ struct BnChannelOutputs {
     if (rows > 0.0) {
       if (k == 0 && num_batches_tracked) *num_batches_tracked += 1;
       const double unbiased = var * rows / (rows - 1.0);
-      running_mean[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
-      running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) + momentum * unbiased);
+      running_mean[k] =
+          static_cast<T>((1.0 - momentum) * static_cast<double>(running_mean[k]) + momentum * mu);
+      running_var[k] = static_cast<T>((1.0 - momentum) * static_cast<double>(running_var[k]) +
+                                      momentum * unbiased);
     }
     const double sc = static_cast<double>(gamma[k]) * is;
     scale[k] = static_cast<T>(sc);
@@ -65,18 +72,26 @@ struct BnChannelOutputs {
   }
 };
 
-// The outputs of a forward's arguments (BatchNormForwardArgs<T, D> of kernels/args.hpp), with scale and shift
-// (C each) in the caller's scratch.
+// The outputs of a forward's arguments (BatchNormForwardArgs<T, D> of kernels/args.hpp), with scale
+// and shift (C each) in the caller's scratch.
 template <class Args, class T>
 BnChannelOutputs<T> channel_outputs(const Args& a, T* scale, T* shift) {
-  return {.gamma = a.gamma.data(), .beta = a.beta.data(), .running_mean = a.running_mean.data(),
-          .running_var = a.running_var.data(), .save_mean = a.save_mean.data(), .save_invstd = a.save_invstd.data(),
-          .scale = scale, .shift = shift, .momentum = a.momentum, .eps = a.eps,
-          .num_batches_tracked = a.num_batches_tracked.empty() ? nullptr : a.num_batches_tracked.data()};
+  return {.gamma = a.gamma.data(),
+          .beta = a.beta.data(),
+          .running_mean = a.running_mean.data(),
+          .running_var = a.running_var.data(),
+          .save_mean = a.save_mean.data(),
+          .save_invstd = a.save_invstd.data(),
+          .scale = scale,
+          .shift = shift,
+          .momentum = a.momentum,
+          .eps = a.eps,
+          .num_batches_tracked =
+              a.num_batches_tracked.empty() ? nullptr : a.num_batches_tracked.data()};
 }
 
-// Global sums (2C + 1: sum x, sum x^2, M) -> mean and biased variance -> BnChannelOutputs::finish with M rows.
-// One index per channel.
+// Global sums (2C + 1: sum x, sum x^2, M) -> mean and biased variance -> BnChannelOutputs::finish
+// with M rows. One index per channel.
 template <class T>
 struct BnSyncStatistics {
   const double* sums;  // (2C + 1), summed over the ranks
@@ -92,7 +107,8 @@ struct BnSyncStatistics {
   }
 };
 
-// This rank's backward sums (before the all-reduce) -> dbeta = sum g, dgamma = sum g xhat (either nullable).
+// This rank's backward sums (before the all-reduce) -> dbeta = sum g, dgamma = sum g xhat (either
+// nullable).
 template <class T>
 struct BnLocalGrads {
   const double* sums;  // (2C + 1)
@@ -106,20 +122,20 @@ struct BnLocalGrads {
   }
 };
 
-// One channel's dx = k1 g + k2 (x - mean) + k3 from gamma, invstd, sg = sum g, sgx = sum g xhat over m rows
-// (kernels/cpu/batchnorm.hpp's formula): k1 = gamma invstd, k2 = -k1 invstd sgx / m, k3 = -k1 sg / m in
-// training; k2 = k3 = 0 in eval.
+// One channel's dx = k1 g + k2 (x - mean) + k3 from gamma, invstd, sg = sum g, sgx = sum g xhat
+// over m rows (kernels/cpu/batchnorm.hpp's formula): k1 = gamma invstd, k2 = -k1 invstd sgx / m, k3
+// = -k1 sg / m in training; k2 = k3 = 0 in eval.
 template <class T>
-DDP_HOST_DEVICE void bn_dx_coefficients(double gamma, double is, double sg, double sgx, double m, bool training, T& k1,
-                                        T& k2, T& k3) {
+DDP_HOST_DEVICE void bn_dx_coefficients(double gamma, double is, double sg, double sgx, double m,
+                                        bool training, T& k1, T& k2, T& k3) {
   const double g = gamma * is;
   k1 = static_cast<T>(g);
   k2 = static_cast<T>(training ? -g * is * sgx / m : 0.0);
   k3 = static_cast<T>(training ? -g * sg / m : 0.0);
 }
 
-// Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of dx = k1 g + k2 (x - mean) + k3
-// (kernels/cpu/batchnorm.hpp's formula with the global M).
+// Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of dx = k1 g + k2 (x - mean) +
+// k3 (kernels/cpu/batchnorm.hpp's formula with the global M).
 template <class T>
 struct BnSyncBackwardCoefficients {
   const double* sums;  // (2C + 1), summed over the ranks
@@ -131,8 +147,8 @@ struct BnSyncBackwardCoefficients {
   std::int64_t c;
   DDP_HOST_DEVICE void operator()(std::size_t i) const {
     const auto k = static_cast<std::int64_t>(i);
-    bn_dx_coefficients(static_cast<double>(gamma[k]), static_cast<double>(invstd[k]), sums[k], sums[c + k], sums[2 * c],
-                       true, k1[k], k2[k], k3[k]);
+    bn_dx_coefficients(static_cast<double>(gamma[k]), static_cast<double>(invstd[k]), sums[k],
+                       sums[c + k], sums[2 * c], true, k1[k], k2[k], k3[k]);
   }
 };
 

@@ -1,11 +1,13 @@
-// Broadcasting, reduction and index-mapping functors for autograd's ops (autograd/ops.hpp), written once for both
-// devices and run by Kernels<D>::for_each_index(exec, n, f) like those of kernels/elementwise.hpp.
+// Broadcasting, reduction and index-mapping functors for autograd's ops (autograd/ops.hpp), written
+// once for both devices and run by Kernels<D>::for_each_index(exec, n, f) like those of
+// kernels/elementwise.hpp.
 // SPDX-License-Identifier: MIT
 //
-// Shapes are aligned numpy-style: a rank-r operand of a rank-R result (r <= R) is padded with leading 1s, and a
-// dimension of extent 1 is read with stride 0. StridedIndex maps a flat index of the result (row-major over
-// `dims`) to an offset into an operand (sum of index * stride), which is all broadcasting, expand, permute and
-// narrow need. Example: a (3, 1) + b (4,) -> out (3, 4): a's strides (1, 0), b's (0, 1).
+// Shapes are aligned numpy-style: a rank-r operand of a rank-R result (r <= R) is padded with
+// leading 1s, and a dimension of extent 1 is read with stride 0. StridedIndex maps a flat index of
+// the result (row-major over `dims`) to an offset into an operand (sum of index * stride), which is
+// all broadcasting, expand, permute and narrow need. Example: a (3, 1) + b (4,) -> out (3, 4): a's
+// strides (1, 0), b's (0, 1).
 #pragma once
 
 #include <cmath>
@@ -22,7 +24,8 @@ constexpr int kMaxIndexRank = 5;
 struct StridedIndex {
   int rank = 0;
   std::int64_t dims[kMaxIndexRank] = {};
-  std::int64_t strides[kMaxIndexRank] = {};  // operand elements per step of each result dimension (0: broadcast)
+  // operand elements per step of each result dimension (0: broadcast)
+  std::int64_t strides[kMaxIndexRank] = {};
   std::int64_t base = 0;
   DDP_HOST_DEVICE std::int64_t operator()(std::int64_t i) const {
     std::int64_t off = base;
@@ -54,21 +57,27 @@ struct Gather {
   const T* x;
   T* y;
   StridedIndex ix;
-  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[i] = x[ix(static_cast<std::int64_t>(i))]; }
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    y[i] = x[ix(static_cast<std::int64_t>(i))];
+  }
 };
 
-// y[iy(i)] = x[i]: the scatter that undoes a Gather whose offsets are distinct (permute, narrow, concat parts).
+// y[iy(i)] = x[i]: the scatter that undoes a Gather whose offsets are distinct (permute, narrow,
+// concat parts).
 template <class T>
 struct Scatter {
   const T* x;
   T* y;
   StridedIndex iy;
-  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[iy(static_cast<std::int64_t>(i))] = x[i]; }
+  DDP_HOST_DEVICE void operator()(std::size_t i) const {
+    y[iy(static_cast<std::int64_t>(i))] = x[i];
+  }
 };
 
-// y[j] = scale * sum over the reduced positions of x: output element j starts at x[outer(j)] and adds
-// x[outer(j) + inner(k)] for k in [0, count). Sums every dimension that a broadcast expanded (the gradient of
-// a broadcast operand), or the dimensions of sum/mean. Accumulates in double for float and double inputs.
+// y[j] = scale * sum over the reduced positions of x: output element j starts at x[outer(j)] and
+// adds x[outer(j) + inner(k)] for k in [0, count). Sums every dimension that a broadcast expanded
+// (the gradient of a broadcast operand), or the dimensions of sum/mean. Accumulates in double for
+// float and double inputs.
 template <class T>
 struct ReduceSum {
   const T* x;
@@ -102,7 +111,8 @@ struct UnaryGrad {
   DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = dy[i] * f.grad(x[i], y[i]); }
 };
 
-// The ops of UnaryMap/UnaryGrad: operator() is the value, grad(x, y) the derivative at x with y = f(x).
+// The ops of UnaryMap/UnaryGrad: operator() is the value, grad(x, y) the derivative at x with y =
+// f(x).
 template <class T>
 struct NegOp {
   DDP_HOST_DEVICE T operator()(T x) const { return -x; }
@@ -184,16 +194,17 @@ template <class T>
 struct DivOp {
   DDP_HOST_DEVICE T operator()(T a, T b) const { return a / b; }
 };
-// The gradient of a / b with respect to b, from dy and (a, b): -dy * a / b^2, computed as BroadcastBinary over
-// (dy * a) and b. (Gradients of a are dy, -dy, dy * b, dy / b: MulOp / DivOp / NegOp applied to dy.)
+// The gradient of a / b with respect to b, from dy and (a, b): -dy * a / b^2, computed as
+// BroadcastBinary over (dy * a) and b. (Gradients of a are dy, -dy, dy * b, dy / b: MulOp / DivOp /
+// NegOp applied to dy.)
 template <class T>
 struct DivGradDenOp {
   DDP_HOST_DEVICE T operator()(T dya, T b) const { return -dya / (b * b); }
 };
 
 // ---- reductions along one dimension: `outer` lines of `len` elements `step` apart ----
-// Line j starts at line(j); max over it writes the value and the index of the first maximum (torch's choice
-// for ties on the CPU is also the first); NaN wins as in torch.
+// Line j starts at line(j); max over it writes the value and the index of the first maximum
+// (torch's choice for ties on the CPU is also the first); NaN wins as in torch.
 template <class T>
 struct MaxAlong {
   const T* x;
@@ -243,7 +254,8 @@ struct SoftmaxAlong {
     using std::log;
     const std::int64_t o = line(static_cast<std::int64_t>(j));
     double mx = static_cast<double>(x[o]);
-    for (std::int64_t k = 1; k < len; ++k) mx = static_cast<double>(x[o + k * step]) > mx ? static_cast<double>(x[o + k * step]) : mx;
+    for (std::int64_t k = 1; k < len; ++k)
+      mx = static_cast<double>(x[o + k * step]) > mx ? static_cast<double>(x[o + k * step]) : mx;
     double s = 0.0;
     for (std::int64_t k = 0; k < len; ++k) s += exp(static_cast<double>(x[o + k * step]) - mx);
     const double lse = mx + log(s);
@@ -268,7 +280,8 @@ struct SoftmaxAlongGrad {
     double s = 0.0;
     for (std::int64_t k = 0; k < len; ++k) {
       const std::int64_t i = o + k * step;
-      s += log_form ? static_cast<double>(dy[i]) : static_cast<double>(dy[i]) * static_cast<double>(y[i]);
+      s += log_form ? static_cast<double>(dy[i])
+                    : static_cast<double>(dy[i]) * static_cast<double>(y[i]);
     }
     for (std::int64_t k = 0; k < len; ++k) {
       const std::int64_t i = o + k * step;
@@ -278,14 +291,16 @@ struct SoftmaxAlongGrad {
   }
 };
 
-// index_select along one dimension: y's line j (len_out long) takes x's rows idx[k]; its gradient gathers, for
-// every x element, the dy elements whose index picked its row (no atomics: repeated indices sum in a fixed order).
+// index_select along one dimension: y's line j (len_out long) takes x's rows idx[k]; its gradient
+// gathers, for every x element, the dy elements whose index picked its row (no atomics: repeated
+// indices sum in a fixed order).
 template <class T>
 struct IndexSelect {
   const T* x;
   const std::int64_t* idx;
   T* y;
-  std::int64_t inner, len_in, len_out;  // y viewed as (outer, len_out, inner), x as (outer, len_in, inner)
+  // y viewed as (outer, len_out, inner), x as (outer, len_in, inner)
+  std::int64_t inner, len_in, len_out;
   DDP_HOST_DEVICE void operator()(std::size_t i) const {
     const auto k = static_cast<std::int64_t>(i);
     const std::int64_t in = k % inner, r = (k / inner) % len_out, o = k / (inner * len_out);

@@ -1,23 +1,32 @@
-// The implicit-GEMM operand maps of conv2d: forward, backward-data (split by stride phase) and backward-weight as
-// C = A B problems whose operands are read straight from the NHWC/KRSC tensors. Host- and device-callable
-// (DDP_HOST_DEVICE): kernels/cuda/conv2d.cuh runs them in its tiled kernels, and tests/unit/kernels evaluates them
-// on the host against the CPU conv, so every index formula is checked on machines without a GPU.
+// The implicit-GEMM operand maps of conv2d: forward, backward-data (split by stride phase) and
+// backward-weight as C = A B problems whose operands are read straight from the NHWC/KRSC tensors.
+// Host- and device-callable (DDP_HOST_DEVICE): kernels/cuda/conv2d.cuh runs them in its tiled
+// kernels, and tests/unit/kernels evaluates them on the host against the CPU conv, so every index
+// formula is checked on machines without a GPU.
 // SPDX-License-Identifier: MIT
 //
-// A problem P has m_size() x n_size() outputs and a k_size() reduction; a(m, k) and b(k, n) give the operand
-// elements (0 where the window leaves the image) and store(m, n, v) writes the result:
-//   fprop  y  (N*P x K) = col (N*P x RSC) * w^T (RSC x K)      col(m, (r,s,c)) = x at the window, or 0
+// A problem P has m_size() x n_size() outputs and a k_size() reduction; a(m, k) and b(k, n) give
+// the operand elements (0 where the window leaves the image) and store(m, n, v) writes the result:
+//   fprop  y  (N*P x K) = col (N*P x RSC) * w^T (RSC x K)      col(m, (r,s,c)) = x at the window,
+//     or 0
 //   wgrad  dw (K x RSC) = dy^T (K x N*P) * col (N*P x RSC)
-//   dgrad  one problem per stride phase (dgrad_phases): the dx pixels h = qh + i*sh, w = qw + j*sw of phase
-//          (qh, qw) receive only from taps r with (qh + ph - r*dh) divisible by sh (likewise s), an arithmetic
+//   dgrad  one problem per stride phase (dgrad_phases): the dx pixels h = qh + i*sh, w = qw + j*sw
+//     of phase
+//          (qh, qw) receive only from taps r with (qh + ph - r*dh) divisible by sh (likewise s), an
+//            arithmetic
 //          progression r0, r0 + rstep, ... of rcount taps. So
 //            dx_q (N*Hq*Wq x C) = dyc_q (N*Hq*Wq x rcount*scount*K) * wt_q (rcount*scount*K x C)
-//          with no product by a tap that cannot reach the pixel. A one-phase-per-pixel walk over all R*S taps
-//          (what stride 1 is) multiplies by zero in (sh*sw - 1)/(sh*sw) of the products for a 1x1 stride-2 conv
-//          and 3/4 of them for a 3x3 stride-2 one: about 1 TFLOP per ResNet-50 training step at batch 256.
-// Example: a 3x3 stride-2 pad-1 conv: phase qh = 0 takes r = 1 only, qh = 1 takes r = 0 and 2; per pixel 2.25
-// of the 9 taps (9/4 of the work of one stride-1 walk), with every product reaching dy. A 1x1 stride-2
-// unpadded conv: phase (0, 0) takes the one tap, the other three phases none (their dx pixels are 0).
+//          with no product by a tap that cannot reach the pixel. A one-phase-per-pixel walk over
+//            all R*S taps
+//          (what stride 1 is) multiplies by zero in (sh*sw - 1)/(sh*sw) of the products for a 1x1
+//            stride-2 conv
+//          and 3/4 of them for a 3x3 stride-2 one: about 1 TFLOP per ResNet-50 training step at
+//            batch 256.
+// Example: a 3x3 stride-2 pad-1 conv: phase qh = 0 takes r = 1 only, qh = 1 takes r = 0 and 2; per
+//   pixel 2.25
+// of the 9 taps (9/4 of the work of one stride-1 walk), with every product reaching dy. A 1x1
+// stride-2 unpadded conv: phase (0, 0) takes the one tap, the other three phases none (their dx
+// pixels are 0).
 #pragma once
 
 #include <cstdint>
@@ -28,13 +37,14 @@
 
 namespace ddp::kernels {
 
-// col(m, j) of the batch: x under output pixel m = (img, ho, wo) at window position j = (r, s, c), 0 outside the
-// image. fprop's A and wgrad's B.
+// col(m, j) of the batch: x under output pixel m = (img, ho, wo) at window position j = (r, s, c),
+// 0 outside the image. fprop's A and wgrad's B.
 template <class T>
 DDP_HOST_DEVICE T col_value(const T* x, const ConvGeometry& g, std::int64_t m, std::int64_t j) {
   const std::int64_t p = g.ho * g.wo, img = m / p, pi = m % p, ho = pi / g.wo, wo = pi % g.wo;
   const std::int64_t r = j / (g.s * g.c), rem = j % (g.s * g.c), s = rem / g.c, c = rem % g.c;
-  const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h, wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
+  const std::int64_t hi = ho * g.stride.h - g.pad.h + r * g.dil.h,
+                     wi = wo * g.stride.w - g.pad.w + s * g.dil.w;
   if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) return T(0);
   return x[((img * g.h + hi) * g.w + wi) * g.c + c];
 }
@@ -56,14 +66,16 @@ struct ConvFpropMap {
   }
 };
 
-// The taps of one axis that reach the input positions q, q + stride, ... : r0, r0 + step, ... (count of them).
+// The taps of one axis that reach the input positions q, q + stride, ... : r0, r0 + step, ...
+// (count of them).
 struct TapProgression {
   std::int64_t r0 = 0, step = 1, count = 0;
 };
 
-// Taps r in [0, taps) with (q + pad - r * dil) divisible by stride; they form an arithmetic progression.
-inline TapProgression taps_reaching(std::int64_t q, std::int64_t taps, std::int64_t stride, std::int64_t pad,
-                                    std::int64_t dil) {
+// Taps r in [0, taps) with (q + pad - r * dil) divisible by stride; they form an arithmetic
+// progression.
+inline TapProgression taps_reaching(std::int64_t q, std::int64_t taps, std::int64_t stride,
+                                    std::int64_t pad, std::int64_t dil) {
   TapProgression t;
   for (std::int64_t r = 0; r < taps; ++r) {
     if (((q + pad - r * dil) % stride + stride) % stride != 0) continue;
@@ -74,28 +86,33 @@ inline TapProgression taps_reaching(std::int64_t q, std::int64_t taps, std::int6
   return t;
 }
 
-// One stride phase of dx: its pixels h = qh + i*sh (i < nh), w = qw + j*sw (j < nw) and the taps reaching them.
+// One stride phase of dx: its pixels h = qh + i*sh (i < nh), w = qw + j*sw (j < nw) and the taps
+// reaching them.
 struct DgradPhase {
   std::int64_t qh = 0, qw = 0, nh = 0, nw = 0;
   TapProgression th, tw;
   std::int64_t taps() const { return th.count * tw.count; }
 };
 
-// Every phase (qh < min(sh, H), qw < min(sw, W)) of g's dx: together their pixels are each of dx's once.
+// Every phase (qh < min(sh, H), qw < min(sw, W)) of g's dx: together their pixels are each of dx's
+// once.
 inline std::vector<DgradPhase> dgrad_phases(const ConvGeometry& g) {
   std::vector<DgradPhase> out;
   for (std::int64_t qh = 0; qh < g.stride.h && qh < g.h; ++qh)
     for (std::int64_t qw = 0; qw < g.stride.w && qw < g.w; ++qw)
-      out.push_back({.qh = qh, .qw = qw, .nh = (g.h - qh + g.stride.h - 1) / g.stride.h,
+      out.push_back({.qh = qh,
+                     .qw = qw,
+                     .nh = (g.h - qh + g.stride.h - 1) / g.stride.h,
                      .nw = (g.w - qw + g.stride.w - 1) / g.stride.w,
                      .th = taps_reaching(qh, g.r, g.stride.h, g.pad.h, g.dil.h),
                      .tw = taps_reaching(qw, g.s, g.stride.w, g.pad.w, g.dil.w)});
   return out;
 }
 
-// dx of one phase. Rows m = (img, i, j); reduction kk = (ri, si, ko) over the phase's taps r = th.r0 + ri *
-// th.step, s = tw.r0 + si * tw.step and the K output channels. (h + ph - r*dh) is a multiple of sh by
-// construction, so the only test left is whether the window's output pixel lies inside dy.
+// dx of one phase. Rows m = (img, i, j); reduction kk = (ri, si, ko) over the phase's taps r =
+// th.r0 + ri * th.step, s = tw.r0 + si * tw.step and the K output channels. (h + ph - r*dh) is a
+// multiple of sh by construction, so the only test left is whether the window's output pixel lies
+// inside dy.
 template <class T>
 struct ConvDgradPhaseMap {
   const T* dy;
@@ -153,7 +170,9 @@ struct ConvWgradMap {
   DDP_HOST_DEVICE std::int64_t k_size() const { return g.n * g.ho * g.wo; }
   DDP_HOST_DEVICE T a(std::int64_t ko, std::int64_t np) const { return dy[np * g.k + ko]; }
   DDP_HOST_DEVICE T b(std::int64_t np, std::int64_t j) const { return col_value(x, g, np, j); }
-  DDP_HOST_DEVICE void store(std::int64_t ko, std::int64_t j, T v) const { dw[ko * n_size() + j] = v; }
+  DDP_HOST_DEVICE void store(std::int64_t ko, std::int64_t j, T v) const {
+    dw[ko * n_size() + j] = v;
+  }
 };
 
 }  // namespace ddp::kernels

@@ -1,7 +1,9 @@
-// Dropout kernels' argument structs and their checks (inverted dropout, masks per docs/decisions/0043).
+// Dropout kernels' argument structs and their checks (inverted dropout, masks per
+// docs/decisions/0043).
 // SPDX-License-Identifier: MIT
 //
-// Kernels<D> (kernels/kernels.hpp) takes these like the Args of kernels/args.hpp, with the same validate() words.
+// Kernels<D> (kernels/kernels.hpp) takes these like the Args of kernels/args.hpp, with the same
+// validate() words.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +17,11 @@
 
 namespace ddp::kernels {
 
-// Inverted dropout (torch.nn.Dropout in training): y = keep ? x / (1 - p) : 0, keep with probability 1 - p.
-// The mask is a function of (seed, rank, stream, step) and the element index (kernels/elementwise.hpp,
-// DropoutMask): element i uses word i % 4 of block (step << 32) + i / 4 of Generator(seed, rank, stream)
-// (tensor/random.hpp) and is dropped when that word's unit value (w + 0.5) / 2^32 is below p.
+// Inverted dropout (torch.nn.Dropout in training): y = keep ? x / (1 - p) : 0, keep with
+// probability 1 - p. The mask is a function of (seed, rank, stream, step) and the element index
+// (kernels/elementwise.hpp, DropoutMask): element i uses word i % 4 of block (step << 32) + i / 4
+// of Generator(seed, rank, stream) (tensor/random.hpp) and is dropped when that word's unit value
+// (w + 0.5) / 2^32 is below p.
 template <class T, Device D>
 struct DropoutForwardArgs {
   TensorView<const T, D> x;
@@ -41,15 +44,18 @@ struct DropoutBackwardArgs {
 };
 
 inline void validate_dropout_p(double p, const char* op) {
-  if (!(p >= 0.0 && p <= 1.0)) throw ValueError(detail::str("ddp: ", op, ": p must be in [0, 1], got ", p));
+  if (!(p >= 0.0 && p <= 1.0))
+    throw ValueError(detail::str("ddp: ", op, ": p must be in [0, 1], got ", p));
 }
 
-// What one step's mask can draw (kernels/elementwise.hpp, DropoutMask): numel elements, at most 2^32 Philox blocks
-// of 4, and a step below 2^32 (the counter's 32-bit words).
+// What one step's mask can draw (kernels/elementwise.hpp, DropoutMask): numel elements, at most
+// 2^32 Philox blocks of 4, and a step below 2^32 (the counter's 32-bit words).
 inline void validate_dropout_draw(std::int64_t numel, std::uint64_t step, const char* op) {
   if (numel > (std::int64_t{1} << 34))
-    throw ValueError(detail::str("ddp: ", op, ": ", numel, " elements exceed the 2^34 one step's mask can draw"));
-  if (step >> 32) throw ValueError(detail::str("ddp: ", op, ": step ", step, " must be below 2^32"));
+    throw ValueError(detail::str("ddp: ", op, ": ", numel,
+                                 " elements exceed the 2^34 one step's mask can draw"));
+  if (step >> 32)
+    throw ValueError(detail::str("ddp: ", op, ": step ", step, " must be below 2^32"));
 }
 
 template <class T, Device D>

@@ -1,10 +1,12 @@
-// Element-wise math written once for both devices: functors run by Kernels<D>::for_each_index(exec, n, f).
+// Element-wise math written once for both devices: functors run by Kernels<D>::for_each_index(exec,
+// n, f).
 // SPDX-License-Identifier: MIT
 //
 // A functor holds raw pointers and scalars and maps one flat index i to one output element; it must
-// not depend on the order in which indices run (CPU runs chunks on threads, CUDA one index per thread).
-// Functors, not lambdas, so nvcc needs no --extended-lambda. Arithmetic is done in T, in the same order
-// as PyTorch's kernels, so float results match PyTorch's bit for bit in the common cases.
+// not depend on the order in which indices run (CPU runs chunks on threads, CUDA one index per
+// thread). Functors, not lambdas, so nvcc needs no --extended-lambda. Arithmetic is done in T, in
+// the same order as PyTorch's kernels, so float results match PyTorch's bit for bit in the common
+// cases.
 #pragma once
 
 #include <cmath>
@@ -17,7 +19,8 @@
 
 namespace ddp::kernels {
 
-// y = max(x, 0); NaN stays NaN, as in PyTorch. Bitwise | keeps the loop free of branches (vectorisable).
+// y = max(x, 0); NaN stays NaN, as in PyTorch. Bitwise | keeps the loop free of branches
+// (vectorisable).
 template <class T>
 struct ReluForward {
   const T* x;
@@ -28,8 +31,8 @@ struct ReluForward {
   }
 };
 
-// dx = dy where the forward output y > 0, else 0 (PyTorch's threshold_backward on the result).
-// dy is loaded unconditionally so the compiler can turn the choice into a vector select (a branch on
+// dx = dy where the forward output y > 0, else 0 (PyTorch's threshold_backward on the result). dy
+// is loaded unconditionally so the compiler can turn the choice into a vector select (a branch on
 // random signs costs ~10x more).
 template <class T>
 struct ReluBackward {
@@ -68,9 +71,8 @@ struct Scale {
   DDP_HOST_DEVICE void operator()(std::size_t i) const { x[i] *= alpha; }
 };
 
-// x = value.
-// bf16 activation storage (kernels/bf16_storage.hpp): y = float(x) (exact), y = bf16(x) (nearest even), and
-// y = float(bf16(x)) (a float weight as a bf16 GEMM operand reads it).
+// x = value. bf16 activation storage (kernels/bf16_storage.hpp): y = float(x) (exact), y = bf16(x)
+// (nearest even), and y = float(bf16(x)) (a float weight as a bf16 GEMM operand reads it).
 struct Bf16Widen {
   const bfloat16* x;
   float* y;
@@ -115,16 +117,20 @@ struct SgdStep {
   }
 };
 
-// One element of torch.optim.AdamW's step (amsgrad off), in the order of torch 1.13's _single_tensor_adamw:
-//   p = p * decay                                     decay = 1 - lr * weight_decay (decoupled weight decay)
+// One element of torch.optim.AdamW's step (amsgrad off), in the order of torch 1.13's
+// _single_tensor_adamw:
+//   p = p * decay                                     decay = 1 - lr * weight_decay (decoupled
+//     weight decay)
 //   m = m * beta1 + (1 - beta1) * g                   exp_avg
 //   v = v * beta2 + (1 - beta2) * g * g               exp_avg_sq
 //   p = p + (-step_size * m) / (sqrt(v) / bias_correction2_sqrt + eps)
-// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt = sqrt(1 - beta2^t) for the tensor's own step
-// count t, computed in double on the host and converted to T (as PyTorch converts Python scalars).
-// Example: lr 0.1, no decay, first step (t = 1), g = 2, m = v = 0: m = 0.2, v = 0.004, step_size = 1,
-// bias_correction2_sqrt = sqrt(0.001), so p -= 0.2 / (0.0632.. / 0.0316.. + eps) = 0.1 (Adam's first step is
-// lr * sign(g)).
+// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt = sqrt(1 - beta2^t) for the
+// tensor's own step count t, computed in double on the host and converted to T (as PyTorch converts
+// Python scalars).
+// Example: lr 0.1, no decay, first step (t = 1), g = 2, m = v = 0: m = 0.2, v = 0.004, step_size =
+//   1,
+// bias_correction2_sqrt = sqrt(0.001), so p -= 0.2 / (0.0632.. / 0.0316.. + eps) = 0.1 (Adam's
+// first step is lr * sign(g)).
 template <class T>
 struct AdamwStep {
   T* param;
@@ -174,7 +180,8 @@ struct GeluForward {
 };
 
 // dx = dy * gelu'(x) (x is the forward input; dx may alias dy):
-//   exact:     gelu'(x) = Phi(x) + x phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt 2)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+//   exact:     gelu'(x) = Phi(x) + x phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt 2)),  phi(x) =
+//     exp(-x^2 / 2) / sqrt(2 pi)
 //   tanh form: with t = tanh(sqrt(2/pi) (x + k x^3)):
 //              gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 k x^2)
 template <class T>
@@ -204,13 +211,14 @@ struct GeluBackward {
   }
 };
 
-// One dropout draw's mask (docs/decisions/0043): element i (a flat index below 2^34) is kept iff word i % 4 of
-// philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block (step << 32) + i / 4 of
-// Generator(seed, rank, stream) -- is at least `threshold`. One Philox evaluation gives four elements' words.
-// nn::Dropout's functor below and the attention's dropout on its probabilities (attention_args.hpp) draw with it,
-// on either device.
+// One dropout draw's mask (docs/decisions/0043): element i (a flat index below 2^34) is kept iff
+// word i % 4 of philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block (step
+// << 32) + i / 4 of Generator(seed, rank, stream) -- is at least `threshold`. One Philox evaluation
+// gives four elements' words. nn::Dropout's functor below and the attention's dropout on its
+// probabilities (attention_args.hpp) draw with it, on either device.
 struct DropoutMask {
-  std::uint64_t threshold = 0;  // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
+  // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
+  std::uint64_t threshold = 0;
   std::uint32_t seed_lo = 0, seed_hi = 0, step = 0, rank = 0, stream = 0;
   // The words of elements 4 b .. 4 b + 3.
   DDP_HOST_DEVICE void words(std::uint64_t b, std::uint32_t (&c)[4]) const {
@@ -223,9 +231,10 @@ struct DropoutMask {
   DDP_HOST_DEVICE bool keep(std::uint32_t word) const { return word >= threshold; }
 };
 
-// The mask of drop probability p (in [0, 1]) for the step-th draw of (seed, rank, stream); step below 2^32.
-inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank, std::uint32_t stream,
-                                std::uint64_t step) {
+// The mask of drop probability p (in [0, 1]) for the step-th draw of (seed, rank, stream); step
+// below 2^32.
+inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank,
+                                std::uint32_t stream, std::uint64_t step) {
   // drop <=> (w + 0.5) / 2^32 < p <=> w < p 2^32 - 0.5: the count of such 32-bit words w.
   const double cut = std::ceil(p * 4294967296.0 - 0.5);
   return DropoutMask{.threshold = cut <= 0.0 ? 0 : static_cast<std::uint64_t>(cut),
@@ -236,16 +245,16 @@ inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank
                      .stream = stream};
 }
 
-// The kept elements' scale 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0 for p = 1,
-// where everything is dropped.
+// The kept elements' scale 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0
+// for p = 1, where everything is dropped.
 template <class T>
 T dropout_scale(double p) {
   return p >= 1.0 ? T(0) : T(1) / T(1.0 - p);
 }
 
-// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i < n, gets word j
-// of block b of `draw` and is dropped where the draw says. Run it for (n + 3) / 4 indices. y may alias x (each
-// element is read before it is written).
+// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i <
+// n, gets word j of block b of `draw` and is dropped where the draw says. Run it for (n + 3) / 4
+// indices. y may alias x (each element is read before it is written).
 template <class T>
 struct DropoutForward {
   const T* x;
@@ -277,7 +286,8 @@ struct DropoutBackward {
   DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = mask[i] ? dy[i] * scale : T(0); }
 };
 
-// ---- activations as modules (issue 39): SiLU, Tanh, Sigmoid; in the formulas of torch 1.13's CPU kernels ----
+// ---- activations as modules (issue 39): SiLU, Tanh, Sigmoid; in the formulas of torch 1.13's CPU
+//   kernels
 // y = silu(x) = x / (1 + exp(-x)).
 template <class T>
 struct SiluForward {
@@ -350,9 +360,9 @@ struct SigmoidBackward {
   }
 };
 
-// Channels-last (n, h, w, c) to channels-first (n, c, h, w) order, or back (to_nhwc): element i of the output,
-// in its own row-major order, copied from where it sits in the input. nn::Flatten's permutation (torch flattens
-// NCHW). Not in place.
+// Channels-last (n, h, w, c) to channels-first (n, c, h, w) order, or back (to_nhwc): element i of
+// the output, in its own row-major order, copied from where it sits in the input. nn::Flatten's
+// permutation (torch flattens NCHW). Not in place.
 template <class T>
 struct PermuteNhwcNchw {
   const T* x;

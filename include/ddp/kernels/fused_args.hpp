@@ -1,16 +1,20 @@
-// Argument structs of the fused and multi-tensor kernels (BatchNorm + ReLU (+ residual), multi-tensor SGD).
+// Argument structs of the fused and multi-tensor kernels (BatchNorm + ReLU (+ residual),
+// multi-tensor SGD).
 // SPDX-License-Identifier: MIT
 //
-// Both Kernels<D> have these ops; they exist for the GPU, where one pass over memory instead of two or
-// three (one launch instead of one per tensor) is what pays:
+// Both Kernels<D> have these ops; they exist for the GPU, where one pass over memory instead of two
+// or three (one launch instead of one per tensor) is what pays:
 //   batchnorm_act_forward   y  = relu(bn(x) + residual)            (residual and relu optional)
 //   batchnorm_act_backward  g  = dy * (y > 0); dresidual = g; dx, dgamma, dbeta = bn_backward(g)
-//   sgd_step_multi          SgdStep (kernels/elementwise.hpp) over every parameter tensor in one launch
+//   sgd_step_multi          SgdStep (kernels/elementwise.hpp) over every parameter tensor in one
+//     launch
 //   adamw_step_multi        AdamwStep likewise (per-tensor lr, weight decay and step count)
-//   sum_squares_multi       sum of x^2 over many tensors, accumulated in double (clip_grad_norm's norm)
+//   sum_squares_multi       sum of x^2 over many tensors, accumulated in double (clip_grad_norm's
+//     norm)
 //   scale_multi             x *= alpha over many tensors (clip_grad_norm's clipping)
-// The CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) run the unfused CPU passes in a
-// row and are the reference the GPU tests compare against. validate() throws ValueError like args.hpp's.
+// The CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) run the
+// unfused CPU passes in a row and are the reference the GPU tests compare against. validate()
+// throws ValueError like args.hpp's.
 #pragma once
 
 #include <cmath>
@@ -30,22 +34,27 @@ namespace ddp::kernels {
 template <class T, Device D, class A = T>
 struct BatchNormActForwardArgs {
   BatchNormForwardArgs<T, D, A> bn;  // as batchnorm_forward; bn.y receives relu(bn(x) + residual)
-  TensorView<const A, D> residual;  // optional, x's shape: the block's skip path, added before the ReLU
-  bool relu = true;                 // false: y = bn(x) + residual
+  // optional, x's shape: the block's skip path, added before the ReLU
+  TensorView<const A, D> residual;
+  bool relu = true;  // false: y = bn(x) + residual
 };
 
 template <class T, Device D, class A = T>
 struct BatchNormActBackwardArgs {
-  BatchNormBackwardArgs<T, D, A> bn;  // as batchnorm_backward, with bn.dy the gradient of the activated output
-  TensorView<const A, D> y;        // the forward's output (its sign is the ReLU mask); required when relu
-  TensorView<A, D> dresidual;      // optional, x's shape: receives dy * (y > 0), the residual's gradient
+  // as batchnorm_backward, with bn.dy the gradient of the activated output
+  BatchNormBackwardArgs<T, D, A> bn;
+  // the forward's output (its sign is the ReLU mask); required when relu
+  TensorView<const A, D> y;
+  // optional, x's shape: receives dy * (y > 0), the residual's gradient
+  TensorView<A, D> dresidual;
   bool relu = true;
 };
 
 template <class T, Device D, class A>
 void validate(const BatchNormActForwardArgs<T, D, A>& a) {
   validate(a.bn);
-  if (!a.residual.empty()) expect_shape(a.residual, a.bn.x.shape(), "residual", "batchnorm_act_forward");
+  if (!a.residual.empty())
+    expect_shape(a.residual, a.bn.x.shape(), "residual", "batchnorm_act_forward");
 }
 
 template <class T, Device D, class A>
@@ -54,13 +63,15 @@ void validate(const BatchNormActBackwardArgs<T, D, A>& a) {
   const char* op = "batchnorm_act_backward";
   if (a.relu && a.bn.x.numel() > 0) {  // a synchronised rank without rows has no mask to read
     if (a.y.empty())
-      throw ValueError(detail::str("ddp: ", op, ": relu = true needs the forward output y (the ReLU mask)"));
+      throw ValueError(
+          detail::str("ddp: ", op, ": relu = true needs the forward output y (the ReLU mask)"));
     expect_shape(a.y, a.bn.x.shape(), "forward output y", op);
   }
-  if (!a.dresidual.empty()) expect_shape(a.dresidual, a.bn.x.shape(), "residual gradient dresidual", op);
+  if (!a.dresidual.empty())
+    expect_shape(a.dresidual, a.bn.x.shape(), "residual gradient dresidual", op);
 }
 
-// ---- multi-tensor SGD: torch.optim.SGD's rule (SgdArgs in args.hpp) over many tensors at once ----
+// ---- multi-tensor SGD: torch.optim.SGD's rule (SgdArgs in args.hpp) over many tensors at once
 template <class T>
 struct SgdTensor {
   T* param = nullptr;
@@ -70,7 +81,8 @@ struct SgdTensor {
   bool first_step = true;  // this tensor's buffer starts as g (PyTorch's "buf is None")
 };
 
-// Hyper-parameters shared by every tensor (as in SgdArgs); tensors are raw device (or host) pointers.
+// Hyper-parameters shared by every tensor (as in SgdArgs); tensors are raw device (or host)
+// pointers.
 template <class T, Device D>
 struct MultiSgdArgs {
   std::span<const SgdTensor<T>> tensors;
@@ -89,15 +101,16 @@ void validate(const MultiSgdArgs<T, D>& a) {
     const SgdTensor<T>& t = a.tensors[i];
     if (t.numel < 0 || (t.numel > 0 && (!t.param || !t.grad)) ||
         (t.numel > 0 && a.momentum != 0.0 && !t.momentum_buffer))
-      throw ValueError(
-          detail::str("ddp: ", op, ": tensor ", i, " (", t.numel,
-                      " elements) needs param and grad pointers, and a momentum buffer when momentum != 0"));
+      throw ValueError(detail::str(
+          "ddp: ", op, ": tensor ", i, " (", t.numel,
+          " elements) needs param and grad pointers, and a momentum buffer when momentum != 0"));
   }
 }
 
-// ---- multi-tensor AdamW: torch.optim.AdamW's rule (AdamwStep in elementwise.hpp) over many tensors ----
-// Learning rate, weight decay and step count are per tensor (parameter groups; a parameter skipped while it
-// had no gradient has a smaller step count), the betas and eps are shared.
+// ---- multi-tensor AdamW: torch.optim.AdamW's rule (AdamwStep in elementwise.hpp) over many
+//   tensors
+// Learning rate, weight decay and step count are per tensor (parameter groups; a parameter skipped
+// while it had no gradient has a smaller step count), the betas and eps are shared.
 template <class T>
 struct AdamwTensor {
   T* param = nullptr;
@@ -107,7 +120,8 @@ struct AdamwTensor {
   std::int64_t numel = 0;
   double lr = 1e-3;
   double weight_decay = 1e-2;
-  std::int64_t step = 1;  // this tensor's step count including this step (torch's state['step'] after += 1)
+  // this tensor's step count including this step (torch's state['step'] after += 1)
+  std::int64_t step = 1;
 };
 
 template <class T, Device D>
@@ -122,21 +136,24 @@ template <class T, Device D>
 void validate(const MultiAdamwArgs<T, D>& a) {
   const char* op = "adamw_step_multi";
   if (!(a.beta1 >= 0.0 && a.beta1 < 1.0) || !(a.beta2 >= 0.0 && a.beta2 < 1.0) || !(a.eps >= 0.0))
-    throw ValueError(detail::str("ddp: ", op, ": betas must be in [0, 1) and eps >= 0, got betas (", a.beta1, ", ",
-                                 a.beta2, ") and eps ", a.eps));
+    throw ValueError(detail::str("ddp: ", op, ": betas must be in [0, 1) and eps >= 0, got betas (",
+                                 a.beta1, ", ", a.beta2, ") and eps ", a.eps));
   for (std::size_t i = 0; i < a.tensors.size(); ++i) {
     const AdamwTensor<T>& t = a.tensors[i];
     if (t.numel < 0 || (t.numel > 0 && (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq)))
-      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, " (", t.numel,
-                                   " elements) needs param, grad, exp_avg and exp_avg_sq pointers"));
+      throw ValueError(
+          detail::str("ddp: ", op, ": tensor ", i, " (", t.numel,
+                      " elements) needs param, grad, exp_avg and exp_avg_sq pointers"));
     if (!(t.lr >= 0.0) || !(t.weight_decay >= 0.0) || t.step < 1)
-      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, ": lr (", t.lr, ") and weight_decay (",
-                                   t.weight_decay, ") must be >= 0 and step (", t.step, ") >= 1"));
+      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, ": lr (", t.lr,
+                                   ") and weight_decay (", t.weight_decay,
+                                   ") must be >= 0 and step (", t.step, ") >= 1"));
   }
 }
 
-// The functor that updates tensor t: the bias corrections and the decay factor computed in double, as
-// torch computes them in Python, then converted to T. Shared by the CPU loop and the CUDA kernel.
+// The functor that updates tensor t: the bias corrections and the decay factor computed in double,
+// as torch computes them in Python, then converted to T. Shared by the CPU loop and the CUDA
+// kernel.
 template <class T>
 AdamwStep<T> adamw_step_for(const AdamwTensor<T>& t, double beta1, double beta2, double eps) {
   const double step = static_cast<double>(t.step);
@@ -163,8 +180,8 @@ struct TensorPtr {
   std::int64_t numel = 0;
 };
 
-// sum_squares_multi: returns sum over every tensor of sum(x^2), accumulated in double in a fixed order
-// (deterministic on each device; CPU and CUDA differ in the order, so by rounding).
+// sum_squares_multi: returns sum over every tensor of sum(x^2), accumulated in double in a fixed
+// order (deterministic on each device; CPU and CUDA differ in the order, so by rounding).
 template <class T, Device D>
 struct MultiTensorArgs {
   std::span<const TensorPtr<T>> tensors;
@@ -181,7 +198,8 @@ template <class T>
 void validate_tensor_ptrs(const char* op, std::span<const TensorPtr<T>> tensors) {
   for (std::size_t i = 0; i < tensors.size(); ++i)
     if (tensors[i].numel < 0 || (tensors[i].numel > 0 && !tensors[i].data))
-      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, " (", tensors[i].numel, " elements) has no data"));
+      throw ValueError(detail::str("ddp: ", op, ": tensor ", i, " (", tensors[i].numel,
+                                   " elements) has no data"));
 }
 template <class T, Device D>
 void validate(const MultiTensorArgs<T, D>& a) {

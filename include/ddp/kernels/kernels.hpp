@@ -1,12 +1,13 @@
-// Kernels<D>: the one trait through which modules call every op on device D (primary template), and the
-// element-wise members both specialisations inherit.
+// Kernels<D>: the one trait through which modules call every op on device D (primary template), and
+// the element-wise members both specialisations inherit.
 // SPDX-License-Identifier: MIT
 //
-// Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, compiled by nvcc)
-// list the same static members with the same Args structs (kernels/args.hpp, kernels/fused_args.hpp), so a
-// module is written once: `Kernels<D>::conv2d_forward(exec_, Conv2dForwardArgs<T, D>{...})`. Kernels<D> is
-// the only place that knows the device; KernelsApi below is the member list both must have. Using a device
-// whose specialisation was not included stops at the static_assert below with what to do.
+// Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, compiled by
+// nvcc) list the same static members with the same Args structs (kernels/args.hpp,
+// kernels/fused_args.hpp), so a module is written once: `Kernels<D>::conv2d_forward(exec_,
+// Conv2dForwardArgs<T, D>{...})`. Kernels<D> is the only place that knows the device; KernelsApi
+// below is the member list both must have. Using a device whose specialisation was not included
+// stops at the static_assert below with what to do.
 #pragma once
 
 #include <cmath>
@@ -30,22 +31,25 @@ namespace ddp::kernels {
 template <Device D>
 struct Kernels {
   static_assert(ddp::detail::dependent_false<D>,
-                "ddp: Kernels<Cuda> is defined in <ddp/kernels/cuda/kernels.cuh>, which only nvcc compiles: put this "
-                "code in a .cu file, include <ddp/ddp.hpp> (or that header) and link ddp::cuda. For CPU code include "
+                "ddp: Kernels<Cuda> is defined in <ddp/kernels/cuda/kernels.cuh>, which only nvcc "
+                "compiles: put this "
+                "code in a .cu file, include <ddp/ddp.hpp> (or that header) and link ddp::cuda. "
+                "For CPU code include "
                 "<ddp/kernels/cpu/kernels.hpp> and use Kernels<Cpu>.");
 };
 
 // The element-wise members, written once for both devices: each checks shapes and runs a functor of
 // kernels/elementwise.hpp through Kernels<D>::for_each_index (a chunked loop over the CPU pool, a
-// grid-stride kernel on the GPU). Kernels<Cpu> and Kernels<Cuda> inherit them; the name Kernels<D> is
-// looked up when a member is instantiated, by which time the specialisation is complete.
+// grid-stride kernel on the GPU). Kernels<Cpu> and Kernels<Cuda> inherit them; the name Kernels<D>
+// is looked up when a member is instantiated, by which time the specialisation is complete.
 template <Device D>
 struct ElementwiseKernels {
   // y = max(x, 0) (y may alias x).
   template <class T>
   static void relu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
     expect_shape(y, x.shape(), "output y", "relu_forward");
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), ReluForward<T>{.x = x.data(), .y = y.data()});
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               ReluForward<T>{.x = x.data(), .y = y.data()});
   }
   // dx = dy where the forward output y > 0 (dx may alias dy).
   template <class T>
@@ -58,7 +62,8 @@ struct ElementwiseKernels {
   }
   // out = a + b (the residual add; out may alias a or b).
   template <class T>
-  static void add(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
+  static void add(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> b,
+                  TensorView<T, D> out) {
     expect_shape(b, a.shape(), "second operand", "add");
     expect_shape(out, a.shape(), "output", "add");
     Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()),
@@ -74,25 +79,30 @@ struct ElementwiseKernels {
   // x *= alpha.
   template <class T>
   static void scale(const Exec<D>& e, T alpha, TensorView<T, D> x) {
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Scale<T>{.alpha = alpha, .x = x.data()});
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               Scale<T>{.alpha = alpha, .x = x.data()});
   }
   // x = value (any element type: parameters, BN's int64 step counter).
   template <class T>
   static void fill(const Exec<D>& e, TensorView<T, D> x, T value) {
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()), Fill<T>{.value = value, .x = x.data()});
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               Fill<T>{.value = value, .x = x.data()});
   }
 
   // ---- transformer element-wise ops (issue 19) ----
-  // y = gelu(x), exact (erf) or the tanh form (y may alias x); dx = dy * gelu'(x) (dx may alias dy).
+  // y = gelu(x), exact (erf) or the tanh form (y may alias x); dx = dy * gelu'(x) (dx may alias
+  // dy).
   template <class T>
-  static void gelu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y, bool tanh_form) {
+  static void gelu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y,
+                           bool tanh_form) {
     expect_shape(y, x.shape(), "output y", "gelu_forward");
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
-                               GeluForward<T>{.x = x.data(), .y = y.data(), .tanh_form = tanh_form});
+    Kernels<D>::for_each_index(
+        e, static_cast<std::size_t>(x.numel()),
+        GeluForward<T>{.x = x.data(), .y = y.data(), .tanh_form = tanh_form});
   }
   template <class T>
-  static void gelu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy, TensorView<T, D> dx,
-                            bool tanh_form) {
+  static void gelu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
+                            TensorView<T, D> dx, bool tanh_form) {
     expect_shape(dy, x.shape(), "output gradient dy", "gelu_backward");
     expect_shape(dx, x.shape(), "input gradient dx", "gelu_backward");
     Kernels<D>::for_each_index(
@@ -104,26 +114,28 @@ struct ElementwiseKernels {
   static void dropout_forward(const Exec<D>& e, const DropoutForwardArgs<T, D>& a) {
     validate(a);
     const auto n = static_cast<std::size_t>(a.x.numel());
-    Kernels<D>::for_each_index(e, (n + 3) / 4,
-                               DropoutForward<T>{.x = a.x.data(),
-                                                 .y = a.y.data(),
-                                                 .mask = a.mask.data(),
-                                                 .n = n,
-                                                 .scale = dropout_scale<T>(a.p),
-                                                 .draw = dropout_mask(a.p, a.seed, a.rank, a.stream, a.step)});
+    Kernels<D>::for_each_index(
+        e, (n + 3) / 4,
+        DropoutForward<T>{.x = a.x.data(),
+                          .y = a.y.data(),
+                          .mask = a.mask.data(),
+                          .n = n,
+                          .scale = dropout_scale<T>(a.p),
+                          .draw = dropout_mask(a.p, a.seed, a.rank, a.stream, a.step)});
   }
   template <class T>
   static void dropout_backward(const Exec<D>& e, const DropoutBackwardArgs<T, D>& a) {
     validate(a);
-    Kernels<D>::for_each_index(
-        e, static_cast<std::size_t>(a.dy.numel()),
-        DropoutBackward<T>{
-            .dy = a.dy.data(), .mask = a.mask.data(), .dx = a.dx.data(), .scale = dropout_scale<T>(a.p)});
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.dy.numel()),
+                               DropoutBackward<T>{.dy = a.dy.data(),
+                                                  .mask = a.mask.data(),
+                                                  .dx = a.dx.data(),
+                                                  .scale = dropout_scale<T>(a.p)});
   }
 
   // ---- activations and Flatten as modules (issue 39) ----
-  // y = silu(x), tanh(x), sigmoid(x) (y may alias x). Backward: SiLU's from the forward input x, Tanh's and
-  // Sigmoid's from the forward output y, as torch's (dx may alias dy).
+  // y = silu(x), tanh(x), sigmoid(x) (y may alias x). Backward: SiLU's from the forward input x,
+  // Tanh's and Sigmoid's from the forward output y, as torch's (dx may alias dy).
   template <class T>
   static void silu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
     unary(e, x, y, "silu_forward", SiluForward<T>{.x = x.data(), .y = y.data()});
@@ -131,7 +143,8 @@ struct ElementwiseKernels {
   template <class T>
   static void silu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
                             TensorView<T, D> dx) {
-    binary(e, x, dy, dx, "silu_backward", SiluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data()});
+    binary(e, x, dy, dx, "silu_backward",
+           SiluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data()});
   }
   template <class T>
   static void tanh_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
@@ -140,40 +153,48 @@ struct ElementwiseKernels {
   template <class T>
   static void tanh_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
                             TensorView<T, D> dx) {
-    binary(e, y, dy, dx, "tanh_backward", TanhBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+    binary(e, y, dy, dx, "tanh_backward",
+           TanhBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
   }
   template <class T>
   static void sigmoid_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
     unary(e, x, y, "sigmoid_forward", SigmoidForward<T>{.x = x.data(), .y = y.data()});
   }
   template <class T>
-  static void sigmoid_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
-                               TensorView<T, D> dx) {
-    binary(e, y, dy, dx, "sigmoid_backward", SigmoidBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  static void sigmoid_backward(const Exec<D>& e, TensorView<const T, D> y,
+                               TensorView<const T, D> dy, TensorView<T, D> dx) {
+    binary(e, y, dy, dx, "sigmoid_backward",
+           SigmoidBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
   }
-  // x (N, H, W, C) -> y (N, C, H, W) (to_nhwc false), or x (N, C, H, W) -> y (N, H, W, C); not in place.
+  // x (N, H, W, C) -> y (N, C, H, W) (to_nhwc false), or x (N, C, H, W) -> y (N, H, W, C); not in
+  // place.
   template <class T>
-  static void permute_nhwc_nchw(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y, bool to_nhwc) {
+  static void permute_nhwc_nchw(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y,
+                                bool to_nhwc) {
     if (x.rank() != 4)
-      throw ValueError(ddp::detail::str("ddp: permute_nhwc_nchw: input must have rank 4, got shape ", x.shape()));
-    const std::int64_t n = x.dim(0), h = to_nhwc ? x.dim(2) : x.dim(1), w = to_nhwc ? x.dim(3) : x.dim(2),
-                       c = to_nhwc ? x.dim(1) : x.dim(3);
-    expect_shape(y, to_nhwc ? Shape{n, h, w, c} : Shape{n, c, h, w}, "output y", "permute_nhwc_nchw");
+      throw ValueError(ddp::detail::str(
+          "ddp: permute_nhwc_nchw: input must have rank 4, got shape ", x.shape()));
+    const std::int64_t n = x.dim(0), h = to_nhwc ? x.dim(2) : x.dim(1),
+                       w = to_nhwc ? x.dim(3) : x.dim(2), c = to_nhwc ? x.dim(1) : x.dim(3);
+    expect_shape(y, to_nhwc ? Shape{n, h, w, c} : Shape{n, c, h, w}, "output y",
+                 "permute_nhwc_nchw");
     Kernels<D>::for_each_index(
         e, static_cast<std::size_t>(x.numel()),
-        PermuteNhwcNchw<T>{.x = x.data(), .y = y.data(), .h = h, .w = w, .c = c, .to_nhwc = to_nhwc});
+        PermuteNhwcNchw<T>{
+            .x = x.data(), .y = y.data(), .h = h, .w = w, .c = c, .to_nhwc = to_nhwc});
   }
 
  private:
   // out = f(a) and out = f(a, b) element-wise, after the shape checks.
   template <class T, class F>
-  static void unary(const Exec<D>& e, TensorView<const T, D> a, TensorView<T, D> out, const char* op, F f) {
+  static void unary(const Exec<D>& e, TensorView<const T, D> a, TensorView<T, D> out,
+                    const char* op, F f) {
     expect_shape(out, a.shape(), "output y", op);
     Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
   }
   template <class T, class F>
-  static void binary(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> dy, TensorView<T, D> dx,
-                     const char* op, F f) {
+  static void binary(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> dy,
+                     TensorView<T, D> dx, const char* op, F f) {
     expect_shape(dy, a.shape(), "output gradient dy", op);
     expect_shape(dx, a.shape(), "input gradient dx", op);
     Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
@@ -181,24 +202,25 @@ struct ElementwiseKernels {
 };
 
 // The members every Kernels<D> has, as calls (for T = float): kernels/cpu/kernels.hpp and
-// kernels/cuda/kernels.cuh static_assert it, so a member added to one specialisation only fails to compile.
+// kernels/cuda/kernels.cuh static_assert it, so a member added to one specialisation only fails to
+// compile.
 template <class K, class D>
-concept KernelsApi = requires(const Exec<D>& e, std::size_t n, TensorView<const float, D> cx, TensorView<float, D> x,
-                              const Conv2dForwardArgs<float, D>& conv_f, const Conv2dBackwardArgs<float, D>& conv_b,
-                              const BatchNormForwardArgs<float, D>& bn_f, const BatchNormBackwardArgs<float, D>& bn_b,
-                              const BatchNormActForwardArgs<float, D>& bn_act_f,
-                              const BatchNormActBackwardArgs<float, D>& bn_act_b,
-                              const MaxPool2dForwardArgs<float, D>& max_f, const MaxPool2dBackwardArgs<float, D>& max_b,
-                              const AdaptiveAvgPool2dForwardArgs<float, D>& avg_f,
-                              const AdaptiveAvgPool2dBackwardArgs<float, D>& avg_b,
-                              const LinearForwardArgs<float, D>& lin_f, const LinearBackwardArgs<float, D>& lin_b,
-                              const AttentionForwardArgs<float, D>& att_f, const AttentionBackwardArgs<float, D>& att_b,
-                              const LayerNormForwardArgs<float, D>& ln_f, const LayerNormBackwardArgs<float, D>& ln_b,
-                              const EmbeddingForwardArgs<float, D>& emb_f, const EmbeddingBackwardArgs<float, D>& emb_b,
-                              const CrossEntropyArgs<float, D>& ce, const MseArgs<float, D>& mse,
-                              const SgdArgs<float, D>& sgd, const MultiSgdArgs<float, D>& sgd_multi,
-                              const MultiAdamwArgs<float, D>& adamw_multi, const MultiTensorArgs<float, D>& tensors,
-                              const MultiScaleArgs<float, D>& scale_multi) {
+concept KernelsApi = requires(
+    const Exec<D>& e, std::size_t n, TensorView<const float, D> cx, TensorView<float, D> x,
+    const Conv2dForwardArgs<float, D>& conv_f, const Conv2dBackwardArgs<float, D>& conv_b,
+    const BatchNormForwardArgs<float, D>& bn_f, const BatchNormBackwardArgs<float, D>& bn_b,
+    const BatchNormActForwardArgs<float, D>& bn_act_f,
+    const BatchNormActBackwardArgs<float, D>& bn_act_b, const MaxPool2dForwardArgs<float, D>& max_f,
+    const MaxPool2dBackwardArgs<float, D>& max_b,
+    const AdaptiveAvgPool2dForwardArgs<float, D>& avg_f,
+    const AdaptiveAvgPool2dBackwardArgs<float, D>& avg_b, const LinearForwardArgs<float, D>& lin_f,
+    const LinearBackwardArgs<float, D>& lin_b, const AttentionForwardArgs<float, D>& att_f,
+    const AttentionBackwardArgs<float, D>& att_b, const LayerNormForwardArgs<float, D>& ln_f,
+    const LayerNormBackwardArgs<float, D>& ln_b, const EmbeddingForwardArgs<float, D>& emb_f,
+    const EmbeddingBackwardArgs<float, D>& emb_b, const CrossEntropyArgs<float, D>& ce,
+    const MseArgs<float, D>& mse, const SgdArgs<float, D>& sgd,
+    const MultiSgdArgs<float, D>& sgd_multi, const MultiAdamwArgs<float, D>& adamw_multi,
+    const MultiTensorArgs<float, D>& tensors, const MultiScaleArgs<float, D>& scale_multi) {
   K::for_each_index(e, n, Fill<float>{});
   K::relu_forward(e, cx, x);
   K::relu_backward(e, cx, cx, x);

@@ -1,7 +1,9 @@
-// LayerNorm kernels' argument structs and their checks (torch.nn.LayerNorm over the last dimension).
+// LayerNorm kernels' argument structs and their checks (torch.nn.LayerNorm over the last
+// dimension).
 // SPDX-License-Identifier: MIT
 //
-// Kernels<D> (kernels/kernels.hpp) takes these like the Args of kernels/args.hpp, with the same validate() words.
+// Kernels<D> (kernels/kernels.hpp) takes these like the Args of kernels/args.hpp, with the same
+// validate() words.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +18,13 @@
 
 namespace ddp::kernels {
 
-// The per-row statistics LayerNorm keeps for backward: float for float and the 16-bit types, double for double.
+// The per-row statistics LayerNorm keeps for backward: float for float and the 16-bit types, double
+// for double.
 template <class T>
 using LayerNormStat = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// torch.nn.LayerNorm over the last dimension of rows of C elements (the module flattens any leading dims):
+// torch.nn.LayerNorm over the last dimension of rows of C elements (the module flattens any leading
+// dims):
 //   mean = sum x / C, var = sum (x - mean)^2 / C (biased), rstd = 1 / sqrt(var + eps)
 //   y = ((x - mean) rstd) * weight + bias
 template <class T, Device D>
@@ -35,7 +39,8 @@ struct LayerNormForwardArgs {
 };
 
 // With xhat = (x - mean) rstd and g = dy * weight (dy when no weight):
-//   dx = rstd (g - mean_row(g) - xhat mean_row(g xhat)),  dweight = sum_rows dy xhat,  dbias = sum_rows dy
+//   dx = rstd (g - mean_row(g) - xhat mean_row(g xhat)),  dweight = sum_rows dy xhat,  dbias =
+//     sum_rows dy
 template <class T, Device D>
 struct LayerNormBackwardArgs {
   TensorView<const T, D> x;                    // (M, C), the forward input
@@ -49,10 +54,12 @@ struct LayerNormBackwardArgs {
 };
 
 template <class T, Device D>
-void validate_layer_norm_x(const TensorView<const T, D>& x, const TensorView<const T, D>& weight, const char* op) {
+void validate_layer_norm_x(const TensorView<const T, D>& x, const TensorView<const T, D>& weight,
+                           const char* op) {
   if (x.rank() != 2 || x.dim(0) == 0 || x.dim(1) == 0)
-    throw ValueError(detail::str("ddp: ", op, ": x ", x.shape(),
-                                 " must be (M, C) with M, C >= 1; flatten the leading dimensions first"));
+    throw ValueError(
+        detail::str("ddp: ", op, ": x ", x.shape(),
+                    " must be (M, C) with M, C >= 1; flatten the leading dimensions first"));
   if (!weight.empty()) expect_shape(weight, Shape{x.dim(1)}, "weight", op);
 }
 

@@ -1,15 +1,18 @@
-// OpTimeline and OpProfile: the host side of the per-op-class GPU time profile (kernels/cuda/op_profile.cuh,
-// bench_resnet_gpu --profile): which op class the device runs between consecutive timing events, and the
-// milliseconds per class summed over steps. Plain C++, so its bookkeeping is tested without a GPU.
+// OpTimeline and OpProfile: the host side of the per-op-class GPU time profile
+// (kernels/cuda/op_profile.cuh, bench_resnet_gpu --profile): which op class the device runs between
+// consecutive timing events, and the milliseconds per class summed over steps. Plain C++, so its
+// bookkeeping is tested without a GPU.
 // SPDX-License-Identifier: MIT
 //
-// How it works. Every scope boundary records one device event (begin, phase, end), and the timeline remembers,
-// for each event i, the label of the work enqueued between event i and event i + 1: the innermost open scope's
-// class, followed by ".<phase>" once a phase was named inside it (e.g. "conv.dgrad.cudnn", "bn_forward.stats").
-// Time is therefore exclusive: a scope opened inside another takes its own time out of the outer one, and the
-// outer label resumes at the inner end. Work outside every scope is labelled kUnscoped. The device side
-// measures the times between consecutive events (cudaEventElapsedTime) and hands them to OpProfile::add.
-// Example: begin("conv") e0, phase("fprop.cudnn") e1, end() e2, begin("bn_forward","stats") e3, end() e4 gives
+// How it works. Every scope boundary records one device event (begin, phase, end), and the timeline
+// remembers, for each event i, the label of the work enqueued between event i and event i + 1: the
+// innermost open scope's class, followed by ".<phase>" once a phase was named inside it (e.g.
+// "conv.dgrad.cudnn", "bn_forward.stats"). Time is therefore exclusive: a scope opened inside
+// another takes its own time out of the outer one, and the outer label resumes at the inner end.
+// Work outside every scope is labelled kUnscoped. The device side measures the times between
+// consecutive events (cudaEventElapsedTime) and hands them to OpProfile::add.
+// Example: begin("conv") e0, phase("fprop.cudnn") e1, end() e2, begin("bn_forward","stats") e3,
+//   end() e4 gives
 // "conv" e0->e1, "conv.fprop.cudnn" e1->e2, kUnscoped e2->e3, "bn_forward.stats" e3->e4.
 // Labels are string literals (the scopes' arguments), stored as pointers: no allocation per event.
 #pragma once
@@ -38,7 +41,8 @@ class OpTimeline {
     open_.push_back({cls, phase});
     return mark(true);
   }
-  // Names the phase of the innermost open scope from here on; false (record nothing) when no scope is open.
+  // Names the phase of the innermost open scope from here on; false (record nothing) when no scope
+  // is open.
   bool phase(const char* phase) {
     if (open_.empty()) return false;
     open_.back().phase = phase;
@@ -46,7 +50,8 @@ class OpTimeline {
     return true;
   }
   std::size_t end() {
-    if (open_.empty()) throw ValueError("ddp: OpTimeline::end without an open scope (an OpScope closed twice?)");
+    if (open_.empty())
+      throw ValueError("ddp: OpTimeline::end without an open scope (an OpScope closed twice?)");
     open_.pop_back();
     return mark(false);  // the outer scope resumes: not a new call of it
   }
@@ -58,7 +63,8 @@ class OpTimeline {
     if (!m.cls) return kUnscoped;
     return m.phase ? ddp::detail::str(m.cls, '.', m.phase) : std::string(m.cls);
   }
-  // Whether event i starts a new call of its label (begin, phase), not the resumption after a nested scope.
+  // Whether event i starts a new call of its label (begin, phase), not the resumption after a
+  // nested scope.
   bool starts_call(std::size_t i) const { return marks_.at(i).entered; }
   // Forgets the events; the open scopes stay open (a new stretch starts inside them).
   void clear() noexcept { marks_.clear(); }
@@ -91,13 +97,14 @@ class OpProfile {
     std::int64_t calls = 0;
   };
 
-  // gaps_ms[i]: the device time from event i to event i + 1 of `t` (t.events() - 1 values); `steps`: how many
-  // training steps the timeline covers.
+  // gaps_ms[i]: the device time from event i to event i + 1 of `t` (t.events() - 1 values);
+  // `steps`: how many training steps the timeline covers.
   void add(const OpTimeline& t, std::span<const double> gaps_ms, int steps) {
     if (t.events() == 0) return;
     if (gaps_ms.size() + 1 != t.events())
-      throw ValueError(ddp::detail::str("ddp: OpProfile::add: ", gaps_ms.size(), " times for ", t.events(),
-                                   " events (expected one per pair of consecutive events)"));
+      throw ValueError(ddp::detail::str("ddp: OpProfile::add: ", gaps_ms.size(), " times for ",
+                                        t.events(),
+                                        " events (expected one per pair of consecutive events)"));
     for (std::size_t i = 0; i < gaps_ms.size(); ++i) {
       Entry& e = by_label_[t.label(i)];
       e.ms += gaps_ms[i];
@@ -113,21 +120,23 @@ class OpProfile {
   std::vector<Entry> entries() const {
     std::vector<Entry> v;
     for (const auto& [label, e] : by_label_) v.push_back({label, e.ms, e.calls});
-    std::stable_sort(v.begin(), v.end(), [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
     return v;
   }
 
-  // {"steps": S, "ms_per_step": total, "classes": {"<label>": {"ms_per_step": m, "calls_per_step": c,
-  // "share": m / total}, ...}} with the classes most time first.
+  // {"steps": S, "ms_per_step": total, "classes": {"<label>": {"ms_per_step": m, "calls_per_step":
+  // c, "share": m / total}, ...}} with the classes most time first.
   std::string json() const {
     const double s = std::max(1, steps_);
-    std::string out =
-        ddp::detail::str("{\"steps\":", steps_, ",\"ms_per_step\":", num(total_ms_ / s), ",\"classes\":{");
+    std::string out = ddp::detail::str("{\"steps\":", steps_,
+                                       ",\"ms_per_step\":", num(total_ms_ / s), ",\"classes\":{");
     bool first = true;
     for (const Entry& e : entries()) {
-      out += ddp::detail::str(first ? "" : ",", '"', escaped(e.label), "\":{\"ms_per_step\":", num(e.ms / s),
-                         ",\"calls_per_step\":", num(static_cast<double>(e.calls) / s),
-                         ",\"share\":", num(total_ms_ > 0 ? e.ms / total_ms_ : 0.0), '}');
+      out += ddp::detail::str(first ? "" : ",", '"', escaped(e.label),
+                              "\":{\"ms_per_step\":", num(e.ms / s),
+                              ",\"calls_per_step\":", num(static_cast<double>(e.calls) / s),
+                              ",\"share\":", num(total_ms_ > 0 ? e.ms / total_ms_ : 0.0), '}');
       first = false;
     }
     return out + "}}";
@@ -138,12 +147,13 @@ class OpProfile {
   //   conv.wgrad.cudnn                  21.340        53.0  24.1%
   std::string table() const {
     const double s = std::max(1, steps_);
-    std::string out = ddp::detail::str(pad("op class", 36), pad_left("ms/step", 10), pad_left("calls/step", 12),
-                                  pad_left("share", 8), '\n');
+    std::string out = ddp::detail::str(pad("op class", 36), pad_left("ms/step", 10),
+                                       pad_left("calls/step", 12), pad_left("share", 8), '\n');
     for (const Entry& e : entries())
-      out += ddp::detail::str(pad(e.label, 36), pad_left(fixed(e.ms / s, 3), 10),
-                         pad_left(fixed(static_cast<double>(e.calls) / s, 1), 12),
-                         pad_left(fixed(total_ms_ > 0 ? 100.0 * e.ms / total_ms_ : 0.0, 1) + "%", 8), '\n');
+      out += ddp::detail::str(
+          pad(e.label, 36), pad_left(fixed(e.ms / s, 3), 10),
+          pad_left(fixed(static_cast<double>(e.calls) / s, 1), 12),
+          pad_left(fixed(total_ms_ > 0 ? 100.0 * e.ms / total_ms_ : 0.0, 1) + "%", 8), '\n');
     out += ddp::detail::str(pad("total", 36), pad_left(fixed(total_ms_ / s, 3), 10), '\n');
     return out;
   }

@@ -2,17 +2,20 @@
 // runs the workers under a Supervisor. tools/ddprun/main.cpp is a thin wrapper around run_agent().
 // SPDX-License-Identifier: MIT (Linux only)
 //
-// How it works (static rendezvous, like torchrun --nnodes M --node-rank R --master-addr A --master-port P):
-//   node 0:  binds a TcpStoreServer on P (--standalone: a free port of 127.0.0.1, bound with port 0 and
+// How it works (static rendezvous, like torchrun --nnodes M --node-rank R --master-addr A
+// --master-port P):
+//   node 0:  binds a TcpStoreServer on P (--standalone: a free port of 127.0.0.1, bound with port 0
+//     and
 //            kept), so workers of every node are clients of it (TORCHELASTIC_USE_AGENT_STORE=True);
-//   node R>0: hosts nothing and passes MASTER_ADDR=A, MASTER_PORT=P on; its workers' clients retry until
+//   node R>0: hosts nothing and passes MASTER_ADDR=A, MASTER_PORT=P on; its workers' clients retry
+//     until
 //            node 0's store is up.
-// The store outlives every restart of the workers, as torchrun's does. Example: `ddprun --standalone
-// --nproc-per-node 2 ./probe` binds 127.0.0.1:0 -> say port 41237, and both workers get
-// MASTER_ADDR=127.0.0.1 MASTER_PORT=41237 TORCHELASTIC_RUN_ID=<random hex>.
-// With M > 1 nodes, an exit barrier (below) keeps node 0 and its store up until every node is done.
-// Limit: restarts are per node (nodes do not agree on a restart, as torchrun's dynamic rendezvous makes
-// them); a multi-node job should use --max-restarts 0 or torchrun's c10d rendezvous.
+// The store outlives every restart of the workers, as torchrun's does. Example: `ddprun
+// --standalone --nproc-per-node 2 ./probe` binds 127.0.0.1:0 -> say port 41237, and both workers
+// get MASTER_ADDR=127.0.0.1 MASTER_PORT=41237 TORCHELASTIC_RUN_ID=<random hex>. With M > 1 nodes,
+// an exit barrier (below) keeps node 0 and its store up until every node is done. Limit: restarts
+// are per node (nodes do not agree on a restart, as torchrun's dynamic rendezvous makes them); a
+// multi-node job should use --max-restarts 0 or torchrun's c10d rendezvous.
 #pragma once
 
 #include <poll.h>
@@ -22,8 +25,8 @@
 #include <cstdint>
 #include <memory>
 #include <random>
-#include <string>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,13 +38,15 @@
 #include "ddp/launch/supervisor.hpp"
 #include "ddp/launch/worker_env.hpp"
 #include "ddp/train/progress.hpp"
-#include "ddp/store/store.hpp"  // before the server: store.hpp's unqualified detail::str must not see store::detail
+// before the server: store.hpp's unqualified detail::str must not see store::detail
+#include "ddp/store/store.hpp"
 #include "ddp/store/tcp_store.hpp"
 #include "ddp/store/tcp_store_server.hpp"
 
 namespace ddp::launch {
 
-// Where the store is and who hosts it, decided from the options alone (pure; tested without sockets).
+// Where the store is and who hosts it, decided from the options alone (pure; tested without
+// sockets).
 struct StorePlan {
   bool host = false;            // this ddprun binds the store
   std::string bind_host;        // address to bind when host is true
@@ -54,8 +59,10 @@ inline bool is_loopback(std::string_view addr) {
 }
 
 inline StorePlan plan_store(const LaunchOptions& o) {
-  if (o.standalone) return {.host = true, .bind_host = "127.0.0.1", .bind_port = 0, .master_addr = "127.0.0.1"};
-  // Node 0 listens on every interface unless the address is a loopback one (then local workers only).
+  if (o.standalone)
+    return {.host = true, .bind_host = "127.0.0.1", .bind_port = 0, .master_addr = "127.0.0.1"};
+  // Node 0 listens on every interface unless the address is a loopback one (then local workers
+  // only).
   return {.host = o.node_rank == 0,
           .bind_host = is_loopback(o.master_addr) ? "127.0.0.1" : "0.0.0.0",
           .bind_port = o.master_port,
@@ -75,21 +82,25 @@ inline std::string random_run_id() {
   return id;
 }
 
-inline constexpr std::chrono::seconds kExitBarrierTimeout{300};  // torchrun's default exit_barrier_timeout
+// torchrun's default exit_barrier_timeout
+inline constexpr std::chrono::seconds kExitBarrierTimeout{300};
 
 // Multi-node exit barrier. How it works: when its workers are done, every node sets
 // ddprun/<run_id>/exit/<node_rank> in node 0's store; node 0 polls check() on all M keys every
-// monitor_interval and returns when all are there, after `timeout`, or on SIGINT/SIGTERM, so the store it
-// hosts outlives every node's workers. Example, M = 2: node 0's workers finish first -> node 0 sets
-// .../exit/0 and waits; node 1's finish 5 s later -> node 1 sets .../exit/1 and exits -> node 0 exits.
-// Problems are logged, never thrown: the workers' exit code is what ddprun reports.
+// monitor_interval and returns when all are there, after `timeout`, or on SIGINT/SIGTERM, so the
+// store it hosts outlives every node's workers. Example, M = 2: node 0's workers finish first ->
+// node 0 sets .../exit/0 and waits; node 1's finish 5 s later -> node 1 sets .../exit/1 and exits
+// -> node 0 exits. Problems are logged, never thrown: the workers' exit code is what ddprun
+// reports.
 inline void exit_barrier(const LaunchOptions& o, const std::string& run_id, const std::string& addr,
                          std::uint16_t port, SignalChannel& signals,
                          std::chrono::milliseconds timeout = kExitBarrierTimeout) {
   std::vector<std::string> keys;
-  for (int n = 0; n < o.nnodes; ++n) keys.push_back(ddp::detail::str("ddprun/", run_id, "/exit/", n));
+  for (int n = 0; n < o.nnodes; ++n)
+    keys.push_back(ddp::detail::str("ddprun/", run_id, "/exit/", n));
   try {
-    store::TcpStore client(addr, port, store::TcpStoreOptions{.timeout = std::chrono::milliseconds(30000)});
+    store::TcpStore client(addr, port,
+                           store::TcpStoreOptions{.timeout = std::chrono::milliseconds(30000)});
     client.set(keys[static_cast<std::size_t>(o.node_rank)], std::string_view("1"));
     if (o.node_rank != 0) return;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -104,7 +115,8 @@ inline void exit_barrier(const LaunchOptions& o, const std::string& run_id, cons
       ::poll(&p, 1, static_cast<int>(o.monitor_interval.count()));
       for (int sig : signals.drain())
         if (sig != SIGCHLD && sig != SIGPIPE) {
-          DDP_LOG_WARN("ddprun: exit barrier interrupted by SIG", ::sigabbrev_np(sig), "; closing the store");
+          DDP_LOG_WARN("ddprun: exit barrier interrupted by SIG", ::sigabbrev_np(sig),
+                       "; closing the store");
           return;
         }
     }
@@ -114,16 +126,19 @@ inline void exit_barrier(const LaunchOptions& o, const std::string& run_id, cons
   }
 }
 
-// Runs the job described by `o`, with `parent` as the base of every worker's environment. Returns the
-// workers' result; its exit_code is what ddprun returns (0, the first failing worker's code, or 128 +
-// a received signal). Throws ConfigError/StoreError/Error when the job cannot start (program not found,
-// port in use, ...). Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD and SIGPIPE while it runs.
+// Runs the job described by `o`, with `parent` as the base of every worker's environment. Returns
+// the workers' result; its exit_code is what ddprun returns (0, the first failing worker's code, or
+// 128 + a received signal). Throws ConfigError/StoreError/Error when the job cannot start (program
+// not found, port in use, ...). Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD and SIGPIPE while
+// it runs.
 inline SupervisorResult run_agent(const LaunchOptions& o, const EnvMap& parent) {
-  // Block signals before the store server starts its threads: they inherit the mask (see SignalChannel).
+  // Block signals before the store server starts its threads: they inherit the mask (see
+  // SignalChannel).
   SignalChannel signals({SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE});
 
   const auto path_it = parent.find("PATH");
-  const std::string program = resolve_program(o.program.front(), path_it == parent.end() ? "" : path_it->second);
+  const std::string program =
+      resolve_program(o.program.front(), path_it == parent.end() ? "" : path_it->second);
 
   const StorePlan plan = plan_store(o);
   std::unique_ptr<store::TcpStoreServer> server;
@@ -131,22 +146,26 @@ inline SupervisorResult run_agent(const LaunchOptions& o, const EnvMap& parent) 
   if (plan.host) {
     try {
       server = std::make_unique<store::TcpStoreServer>(plan.bind_host, plan.bind_port);
-    } catch (const StoreError& e) {  // say which ddprun flag moves the port, then the server's own diagnosis
+      // say which ddprun flag moves the port, then the server's own diagnosis
+    } catch (const StoreError& e) {
       std::string_view why(e.what());
       if (why.starts_with("ddp: ")) why.remove_prefix(5);
-      throw StoreError(ddp::detail::str("ddp: ddprun: node 0 cannot host the store on --master-port ", plan.bind_port,
-                                        " (--standalone picks a free port): ", why));
+      throw StoreError(
+          ddp::detail::str("ddp: ddprun: node 0 cannot host the store on --master-port ",
+                           plan.bind_port, " (--standalone picks a free port): ", why));
     }
     port = server->port();
   }
   const std::string run_id = o.standalone && !o.run_id_given ? random_run_id() : o.run_id;
   const int first_rank = o.node_rank * o.nproc_per_node;
   DDP_LOG_INFO("ddprun: starting ", o.nproc_per_node, " worker(s), ranks ", first_rank, "..",
-               first_rank + o.nproc_per_node - 1, " of ", o.nnodes * o.nproc_per_node, "; store ", plan.master_addr,
-               ':', port, plan.host ? " hosted by this ddprun" : " hosted by node 0", "; run id ", run_id);
+               first_rank + o.nproc_per_node - 1, " of ", o.nnodes * o.nproc_per_node, "; store ",
+               plan.master_addr, ':', port,
+               plan.host ? " hosted by this ddprun" : " hosted by node 0", "; run id ", run_id);
 
-  // On a terminal, rank 0 redraws its progress line (DDP_PROGRESS=live: the workers' stdout is a pipe) and the
-  // supervisor keeps it at the bottom; DDP_PROGRESS=lines (or a log) keeps plain lines.
+  // On a terminal, rank 0 redraws its progress line (DDP_PROGRESS=live: the workers' stdout is a
+  // pipe) and the supervisor keeps it at the bottom; DDP_PROGRESS=lines (or a log) keeps plain
+  // lines.
   const bool live = train::live_progress_wanted();
   EnvMap base = parent;
   if (live) base.insert_or_assign("DDP_PROGRESS", "live");

@@ -2,13 +2,14 @@
 // in its own process group, and a signalfd that turns SIGINT/SIGTERM/SIGCHLD into readable events.
 // SPDX-License-Identifier: MIT (Linux only: signalfd, prctl)
 //
-// spawn_process() and async-signal safety: between fork and exec the child of a process that may have
-// threads (the store server's) may only call async-signal-safe functions. So everything that allocates
-// (argv, envp, the resolved path) is built before fork, and the child runs only setpgid, prctl, getppid,
-// sigprocmask, signal, dup2, close_range/close, execve, write and _exit. If execve fails the child writes
-// its errno into a close-on-exec pipe; the parent reads 0 bytes on success (exec closed the pipe) or the
-// errno, and then throws. PR_SET_PDEATHSIG makes the kernel SIGKILL the worker if ddprun dies, even by
-// SIGKILL; the getppid() check covers a parent that died before prctl ran.
+// spawn_process() and async-signal safety: between fork and exec the child of a process that may
+// have threads (the store server's) may only call async-signal-safe functions. So everything that
+// allocates (argv, envp, the resolved path) is built before fork, and the child runs only setpgid,
+// prctl, getppid, sigprocmask, signal, dup2, close_range/close, execve, write and _exit. If execve
+// fails the child writes its errno into a close-on-exec pipe; the parent reads 0 bytes on success
+// (exec closed the pipe) or the errno, and then throws. PR_SET_PDEATHSIG makes the kernel SIGKILL
+// the worker if ddprun dies, even by SIGKILL; the getppid() check covers a parent that died before
+// prctl ran.
 #pragma once
 
 #include <fcntl.h>
@@ -42,9 +43,12 @@ struct Pipe {
   Fd read, write;
 };
 
-inline std::string errno_text(int err) { return ddp::detail::str(std::strerror(err), " (errno ", err, ")"); }
+inline std::string errno_text(int err) {
+  return ddp::detail::str(std::strerror(err), " (errno ", err, ")");
+}
 
-// A close-on-exec pipe; the read end is non-blocking so a supervisor loop never stalls on one worker.
+// A close-on-exec pipe; the read end is non-blocking so a supervisor loop never stalls on one
+// worker.
 inline Pipe make_pipe(bool nonblocking_read = true) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
@@ -55,8 +59,9 @@ inline Pipe make_pipe(bool nonblocking_read = true) {
   return p;
 }
 
-// Finds `program` as execvp would (a name with '/' is used as is, otherwise each PATH entry is tried),
-// before fork, so the child needs no allocation. Throws ConfigError when nothing executable is found.
+// Finds `program` as execvp would (a name with '/' is used as is, otherwise each PATH entry is
+// tried), before fork, so the child needs no allocation. Throws ConfigError when nothing executable
+// is found.
 inline std::string resolve_program(const std::string& program, std::string_view path_env) {
   auto executable = [](const std::string& p) {
     struct stat st {};
@@ -65,8 +70,9 @@ inline std::string resolve_program(const std::string& program, std::string_view 
   if (program.empty()) throw ConfigError("ddp: ddprun: the PROGRAM name is empty.");
   if (program.find('/') != std::string::npos) {
     if (executable(program)) return program;
-    throw ConfigError(ddp::detail::str("ddp: ddprun: cannot execute ", ddp::detail::quoted(program),
-                                       ": not an executable file. Check the path and its x permission."));
+    throw ConfigError(
+        ddp::detail::str("ddp: ddprun: cannot execute ", ddp::detail::quoted(program),
+                         ": not an executable file. Check the path and its x permission."));
   }
   std::size_t start = 0;
   while (start <= path_env.size()) {
@@ -82,16 +88,17 @@ inline std::string resolve_program(const std::string& program, std::string_view 
 }
 
 struct SpawnRequest {
-  std::string path;                // resolved by resolve_program
-  std::vector<std::string> argv;   // argv[0] included
-  std::vector<std::string> envp;   // "KEY=VALUE"
-  int stdout_fd = 1;               // becomes the child's fd 1
-  int stderr_fd = 2;               // becomes the child's fd 2
+  std::string path;               // resolved by resolve_program
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> envp;  // "KEY=VALUE"
+  int stdout_fd = 1;              // becomes the child's fd 1
+  int stderr_fd = 2;              // becomes the child's fd 2
 };
 
-// Forks and execs one process in a new process group (pgid == pid), with PR_SET_PDEATHSIG = SIGKILL,
-// an empty signal mask, SIGPIPE at its default, and no descriptors but 0, 1, 2. Returns the pid.
-// Throws Error when fork fails or the program cannot be executed (the child is reaped first).
+// Forks and execs one process in a new process group (pgid == pid), with PR_SET_PDEATHSIG =
+// SIGKILL, an empty signal mask, SIGPIPE at its default, and no descriptors but 0, 1, 2. Returns
+// the pid. Throws Error when fork fails or the program cannot be executed (the child is reaped
+// first).
 inline pid_t spawn_process(const SpawnRequest& req) {
   std::vector<char*> argv, envp;
   for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -129,7 +136,8 @@ inline pid_t spawn_process(const SpawnRequest& req) {
     [[maybe_unused]] auto n = ::write(status_fd, &e, sizeof e);
     ::_exit(127);
   }
-  ::setpgid(pid, pid);  // also from the parent: whichever runs first, the group exists before we signal it
+  // also from the parent: whichever runs first, the group exists before we signal it
+  ::setpgid(pid, pid);
   exec_status.write.reset();
   int child_errno = 0;
   ssize_t n;
@@ -140,8 +148,8 @@ inline pid_t spawn_process(const SpawnRequest& req) {
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    throw Error(ddp::detail::str("ddp: ddprun: cannot execute ", ddp::detail::quoted(req.path), ": ",
-                                 errno_text(child_errno), "."));
+    throw Error(ddp::detail::str("ddp: ddprun: cannot execute ", ddp::detail::quoted(req.path),
+                                 ": ", errno_text(child_errno), "."));
   }
   return pid;
 }
@@ -162,10 +170,10 @@ inline std::string describe_status(int wait_status) {
   return ddp::detail::str("exit code ", exit_code_of(wait_status));
 }
 
-// Blocks `signals` in the calling thread and reads them from a signalfd instead of running handlers.
-// Threads created afterwards inherit the mask, which signalfd needs (a process-directed signal goes to
-// any thread that does not block it): create this before starting threads such as the store server.
-// The destructor restores the previous mask. Not copyable; one per supervisor.
+// Blocks `signals` in the calling thread and reads them from a signalfd instead of running
+// handlers. Threads created afterwards inherit the mask, which signalfd needs (a process-directed
+// signal goes to any thread that does not block it): create this before starting threads such as
+// the store server. The destructor restores the previous mask. Not copyable; one per supervisor.
 class SignalChannel {
  public:
   explicit SignalChannel(std::initializer_list<int> signals) {
@@ -183,8 +191,9 @@ class SignalChannel {
   }
   SignalChannel(const SignalChannel&) = delete;
   SignalChannel& operator=(const SignalChannel&) = delete;
-  // Pending signals are consumed before the mask is restored: a SIGPIPE from writing to a closed stdout
-  // must not kill the process on its way out (SIGINT/SIGTERM were already acted on while running).
+  // Pending signals are consumed before the mask is restored: a SIGPIPE from writing to a closed
+  // stdout must not kill the process on its way out (SIGINT/SIGTERM were already acted on while
+  // running).
   ~SignalChannel() {
     signalfd_siginfo info;
     while (::read(fd_.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
@@ -195,7 +204,8 @@ class SignalChannel {
 
   int fd() const noexcept { return fd_.get(); }
 
-  // Signals received since the last call (non-blocking), in arrival order; SIGCHLDs may be coalesced.
+  // Signals received since the last call (non-blocking), in arrival order; SIGCHLDs may be
+  // coalesced.
   std::vector<int> drain() {
     std::vector<int> out;
     signalfd_siginfo info;

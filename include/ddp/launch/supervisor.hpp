@@ -1,26 +1,31 @@
-// Supervisor: runs N worker processes, prefixes their output, stops all when one fails, restarts them.
+// Supervisor: runs N worker processes, prefixes their output, stops all when one fails, restarts
+// them.
 // SPDX-License-Identifier: MIT (Linux only)
 //
-// How it works: one attempt starts every worker (spawn_process: own process group, stdout and stderr
-// into two pipes per worker), then loops on poll() over the signalfd and all pipes, waking at least
-// every monitor_interval:
-//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, each written with one write(2); on a
-//     terminal (live_status) a worker's redrawn status line (rank 0's live progress) stays below them;
+// How it works: one attempt starts every worker (spawn_process: own process group, stdout and
+// stderr into two pipes per worker), then loops on poll() over the signalfd and all pipes, waking
+// at least every monitor_interval:
+//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, each written with one
+//     write(2); on a terminal (live_status) a worker's redrawn status line (rank 0's live progress)
+//     stays below them;
 //   - a worker exits with status != 0 (or by a signal) while the job runs: it is the first failure;
 //     every worker's process group gets SIGTERM, and SIGKILL when grace_period has passed;
-//   - SIGINT/SIGTERM/SIGHUP/SIGQUIT to the supervisor: forwarded to every group, same grace period; a
-//     second one sends SIGKILL at once; no restart follows;
-//   - all workers exited with 0: groups that still hold processes (a worker's background children) are
-//     stopped the same way, so nothing outlives the job.
+//   - SIGINT/SIGTERM/SIGHUP/SIGQUIT to the supervisor: forwarded to every group, same grace period;
+//     a second one sends SIGKILL at once; no restart follows;
+//   - all workers exited with 0: groups that still hold processes (a worker's background children)
+//     are stopped the same way, so nothing outlives the job.
 // An attempt ends when every worker is reaped and every process group is empty; then the remaining
-// output is flushed. After a failure with restarts left, the next attempt starts with restart_count + 1.
-// Example: 2 workers, max_restarts 1; attempt 0: rank 1 exits 3 -> rank 0 gets SIGTERM, exits 143 (not
+// output is flushed. After a failure with restarts left, the next attempt starts with restart_count
+// + 1.
+// Example: 2 workers, max_restarts 1; attempt 0: rank 1 exits 3 -> rank 0 gets SIGTERM, exits 143
+//   (not
 // counted as a failure) -> attempt 1 with TORCHELASTIC_RESTART_COUNT=1: both exit 0 -> exit code 0.
-// With max_restarts 0 the result would be exit code 3 (the first failure's code; 128 + n for signal n).
+// With max_restarts 0 the result would be exit code 3 (the first failure's code; 128 + n for signal
+// n).
 //
 // Processes: the supervisor makes itself a child subreaper (PR_SET_CHILD_SUBREAPER), so descendants
-// that a worker leaves behind are re-parented to it, and it reaps with waitpid(-1): it owns every child
-// of the calling process while run() executes. Not thread-safe; one run() at a time.
+// that a worker leaves behind are re-parented to it, and it reaps with waitpid(-1): it owns every
+// child of the calling process while run() executes. Not thread-safe; one run() at a time.
 #pragma once
 
 #include <poll.h>
@@ -47,29 +52,32 @@
 namespace ddp::launch {
 
 struct SupervisorOptions {
-  int nproc = 1;                                    // workers per attempt
-  int first_rank = 0;                               // global rank of local worker 0 (for the prefixes)
+  int nproc = 1;  // workers per attempt
+  // global rank of local worker 0 (for the prefixes)
+  int first_rank = 0;
   int max_restarts = 0;
   std::chrono::milliseconds grace_period{5000};     // SIGTERM -> SIGKILL
   std::chrono::milliseconds monitor_interval{100};  // longest poll() sleep
   int stdout_fd = STDOUT_FILENO;                    // where the workers' prefixed stdout lines go
   int stderr_fd = STDERR_FILENO;                    // ... and their stderr lines
-  // stdout_fd is a terminal (ddprun: train::live_progress_wanted()): a worker's redrawn line (rank 0's live
-  // progress) stays at the bottom of it, the other output scrolls above (detail::Console).
+  // stdout_fd is a terminal (ddprun: train::live_progress_wanted()): a worker's redrawn line (rank
+  // 0's live progress) stays at the bottom of it, the other output scrolls above (detail::Console).
   bool live_status = false;
-  bool subreaper = true;                            // adopt and reap the workers' orphaned descendants
+  // adopt and reap the workers' orphaned descendants
+  bool subreaper = true;
 };
 
-// The process to start for local worker `local_rank` on attempt `restart_count`; stdout_fd/stderr_fd
-// are filled in by the supervisor.
+// The process to start for local worker `local_rank` on attempt `restart_count`;
+// stdout_fd/stderr_fd are filled in by the supervisor.
 using WorkerFactory = std::function<SpawnRequest(int local_rank, int restart_count)>;
 
 struct SupervisorResult {
-  int exit_code = 0;          // 0, the first failing worker's code, or 128 + the signal ddprun received
-  int restarts = 0;           // attempts after the first
-  int failed_rank = -1;       // global rank of the first failure of the last attempt; -1 if none
-  int signal_received = 0;    // SIGINT/SIGTERM/... that stopped the job; 0 if none
-  std::vector<pid_t> pids;    // every worker pid started, all attempts (tests check they are gone)
+  // 0, the first failing worker's code, or 128 + the signal ddprun received
+  int exit_code = 0;
+  int restarts = 0;         // attempts after the first
+  int failed_rank = -1;     // global rank of the first failure of the last attempt; -1 if none
+  int signal_received = 0;  // SIGINT/SIGTERM/... that stopped the job; 0 if none
+  std::vector<pid_t> pids;  // every worker pid started, all attempts (tests check they are gone)
 };
 
 namespace detail {
@@ -83,13 +91,15 @@ inline void write_all(int fd, std::string_view data) noexcept {
       ::poll(&p, 1, 100);
       continue;
     }
-    if (n <= 0) return;  // EPIPE and the like: the reader is gone; drop the output, keep supervising
+    // EPIPE and the like: the reader is gone; drop the output, keep supervising
+    if (n <= 0) return;
     data.remove_prefix(static_cast<std::size_t>(n));
   }
 }
 
-// Writes the workers' output. With `live`, the status line a worker redraws (LinePrefixer::take_status) is kept
-// as the last line of status_fd: other output erases it, is written, and the status is drawn again under it.
+// Writes the workers' output. With `live`, the status line a worker redraws
+// (LinePrefixer::take_status) is kept as the last line of status_fd: other output erases it, is
+// written, and the status is drawn again under it.
 class Console {
  public:
   Console(bool live, int status_fd) : live_(live), status_fd_(status_fd) {}
@@ -114,16 +124,16 @@ class Console {
 };
 
 struct Stream {
-  Fd fd;            // read end of the worker's pipe; invalid once EOF was seen
+  Fd fd;  // read end of the worker's pipe; invalid once EOF was seen
   LinePrefixer lines;
-  int out_fd;       // where prefixed lines go
+  int out_fd;  // where prefixed lines go
 };
 
 struct Worker {
   int rank = 0;
-  pid_t pid = -1;   // also the process group id
+  pid_t pid = -1;  // also the process group id
   bool exited = false;
-  int status = 0;   // waitpid status once exited
+  int status = 0;  // waitpid status once exited
   Stream out, err;
 };
 
@@ -137,8 +147,9 @@ class Supervisor {
   Supervisor(SupervisorOptions options, SignalChannel& signals)
       : o_(std::move(options)), signals_(signals), console_(o_.live_status, o_.stdout_fd) {}
 
-  // Runs attempts until success, a failure with no restart left, or a signal. Throws Error if a worker
-  // cannot be started (after stopping and reaping the ones already started). Never exits the process.
+  // Runs attempts until success, a failure with no restart left, or a signal. Throws Error if a
+  // worker cannot be started (after stopping and reaping the ones already started). Never exits the
+  // process.
   SupervisorResult run(const WorkerFactory& make) {
     struct Subreaper {  // on for the run, off again however run() ends
       bool on;
@@ -170,8 +181,8 @@ class Supervisor {
                         o_.max_restarts, "); exit code ", a.exit_code);
         break;
       }
-      DDP_LOG_WARN("ddprun: restarting all ", o_.nproc, " workers (restart ", attempt + 1, " of ", o_.max_restarts,
-                   ")");
+      DDP_LOG_WARN("ddprun: restarting all ", o_.nproc, " workers (restart ", attempt + 1, " of ",
+                   o_.max_restarts, ")");
     }
     return result;
   }
@@ -187,7 +198,8 @@ class Supervisor {
     std::vector<detail::Worker> workers;
     workers.reserve(static_cast<std::size_t>(o_.nproc));
     Attempt a;
-    std::optional<Clock::time_point> kill_at;  // set while stopping: when SIGTERM turns into SIGKILL
+    // set while stopping: when SIGTERM turns into SIGKILL
+    std::optional<Clock::time_point> kill_at;
     bool stopping = false, killed = false;
 
     auto stop_all = [&](int sig) {
@@ -211,8 +223,11 @@ class Supervisor {
         const std::string prefix = ddp::detail::str("[rank", rank, "]: ");
         const pid_t pid = spawn_process(req);
         all_pids.push_back(pid);
-        workers.push_back(detail::Worker{.rank = rank, .pid = pid, .out = {std::move(out.read), LinePrefixer(prefix), o_.stdout_fd},
-                                         .err = {std::move(err.read), LinePrefixer(prefix), o_.stderr_fd}});
+        workers.push_back(
+            detail::Worker{.rank = rank,
+                           .pid = pid,
+                           .out = {std::move(out.read), LinePrefixer(prefix), o_.stdout_fd},
+                           .err = {std::move(err.read), LinePrefixer(prefix), o_.stderr_fd}});
       }
     } catch (...) {
       stop_all(SIGKILL);
@@ -228,9 +243,10 @@ class Supervisor {
       // 1. Wait for output, a signal, or the next deadline.
       auto timeout = o_.monitor_interval;
       if (kill_at && !killed)
-        timeout = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - Clock::now()) +
-                                 std::chrono::milliseconds(1),
-                             std::chrono::milliseconds(0), timeout);
+        timeout = std::clamp(
+            std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - Clock::now()) +
+                std::chrono::milliseconds(1),
+            std::chrono::milliseconds(0), timeout);
       std::vector<pollfd> fds{{.fd = signals_.fd(), .events = POLLIN, .revents = 0}};
       std::vector<detail::Stream*> streams;
       for (auto& w : workers)
@@ -251,23 +267,26 @@ class Supervisor {
         if (sig == SIGCHLD || sig == SIGPIPE) continue;
         if (a.signal == 0) {
           a.signal = sig;
-          DDP_LOG_WARN("ddprun: received SIG", ::sigabbrev_np(sig), "; forwarding it to all workers (SIGKILL after ",
-                       o_.grace_period.count(), " ms)");
+          DDP_LOG_WARN("ddprun: received SIG", ::sigabbrev_np(sig),
+                       "; forwarding it to all workers (SIGKILL after ", o_.grace_period.count(),
+                       " ms)");
           for (auto& w : workers) ::kill(-w.pid, sig);
           if (!stopping) {
             stopping = true;
             kill_at = Clock::now() + o_.grace_period;
           }
         } else if (!killed) {
-          DDP_LOG_WARN("ddprun: second signal (SIG", ::sigabbrev_np(sig), "); killing all workers now");
+          DDP_LOG_WARN("ddprun: second signal (SIG", ::sigabbrev_np(sig),
+                       "); killing all workers now");
           stop_all(SIGKILL);
         }
       }
 
-      // 4. Reap. Unknown pids are descendants adopted as subreaper. When several workers failed before this
-      // look (a rank killed, and its peers failing on their own within milliseconds, naming it), waitpid returns
-      // them oldest child first, i.e. by rank, not by time: the one to name is one killed by a signal (the likely
-      // cause; its peers exit with a code), else the first reaped.
+      // 4. Reap. Unknown pids are descendants adopted as subreaper. When several workers failed
+      //    before this
+      // look (a rank killed, and its peers failing on their own within milliseconds, naming it),
+      // waitpid returns them oldest child first, i.e. by rank, not by time: the one to name is one
+      // killed by a signal (the likely cause; its peers exit with a code), else the first reaped.
       int status = 0;
       pid_t pid;
       const detail::Worker* first_failed = nullptr;
@@ -277,29 +296,34 @@ class Supervisor {
           w.exited = true;
           w.status = status;
           const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-          if (failed && (first_failed == nullptr || (WIFSIGNALED(status) && !WIFSIGNALED(first_failed->status))))
+          if (failed && (first_failed == nullptr ||
+                         (WIFSIGNALED(status) && !WIFSIGNALED(first_failed->status))))
             first_failed = &w;
         }
       }
       if (first_failed != nullptr && !stopping) {
         a.failed_rank = first_failed->rank;
         a.exit_code = exit_code_of(first_failed->status);
-        DDP_LOG_ERROR("ddprun: worker rank ", first_failed->rank, " (pid ", first_failed->pid, ") failed with ",
-                      describe_status(first_failed->status), "; stopping the other workers (SIGTERM, SIGKILL after ",
+        DDP_LOG_ERROR("ddprun: worker rank ", first_failed->rank, " (pid ", first_failed->pid,
+                      ") failed with ", describe_status(first_failed->status),
+                      "; stopping the other workers (SIGTERM, SIGKILL after ",
                       o_.grace_period.count(), " ms)");
         stop_all(SIGTERM);
       }
 
       // 5. All workers done: stop what they left behind, then finish when every group is empty.
-      const bool all_exited = std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w.exited; });
+      const bool all_exited =
+          std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w.exited; });
       if (all_exited) {
-        const bool any_alive =
-            std::any_of(workers.begin(), workers.end(), [](const auto& w) { return detail::group_alive(w.pid); });
+        const bool any_alive = std::any_of(workers.begin(), workers.end(), [](const auto& w) {
+          return detail::group_alive(w.pid);
+        });
         if (!any_alive) break;
         if (!stopping) stop_all(SIGTERM);
       }
       if (stopping && !killed && kill_at && Clock::now() >= *kill_at) {
-        DDP_LOG_WARN("ddprun: grace period of ", o_.grace_period.count(), " ms over; sending SIGKILL");
+        DDP_LOG_WARN("ddprun: grace period of ", o_.grace_period.count(),
+                     " ms over; sending SIGKILL");
         stop_all(SIGKILL);
       }
     }
@@ -314,8 +338,9 @@ class Supervisor {
     return a;
   }
 
-  // Reads what is available from one worker stream (at most `max_reads` chunks, so one chatty worker
-  // cannot starve the others) and writes its complete lines; at EOF flushes the tail and closes.
+  // Reads what is available from one worker stream (at most `max_reads` chunks, so one chatty
+  // worker cannot starve the others) and writes its complete lines; at EOF flushes the tail and
+  // closes.
   void pump(detail::Stream& s, int max_reads = 16) {
     char buf[65536];
     for (int i = 0; i < max_reads; ++i) {
@@ -333,8 +358,8 @@ class Supervisor {
     }
   }
 
-  // Writes a stream's complete lines and follows its status: a cleared status is erased before the lines (the
-  // finished line replaces it), a new one drawn after them.
+  // Writes a stream's complete lines and follows its status: a cleared status is erased before the
+  // lines (the finished line replaces it), a new one drawn after them.
   void emit(detail::Stream& s, std::string_view lines) {
     const std::optional<std::string> status = s.lines.take_status();
     if (status && status->empty()) console_.set_status({});

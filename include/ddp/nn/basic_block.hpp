@@ -2,10 +2,10 @@
 // SPDX-License-Identifier: MIT
 //
 //   out = relu( bn2(conv2( relu(bn1(conv1(x))) )) + identity ),  identity = downsample(x) or x
-// conv1 3x3 stride s pad 1 (inplanes -> planes), conv2 3x3 pad 1 (planes -> planes); downsample, when
-// present, is Sequential(Conv2d 1x1 stride s, BatchNorm2d) named "downsample.0" / "downsample.1".
-// Forward and backward (and the order gradients are reported in) are ResidualBlock's (nn/residual.hpp)
-// over the stages (conv1, bn1), (conv2, bn2).
+// conv1 3x3 stride s pad 1 (inplanes -> planes), conv2 3x3 pad 1 (planes -> planes); downsample,
+// when present, is Sequential(Conv2d 1x1 stride s, BatchNorm2d) named "downsample.0" /
+// "downsample.1". Forward and backward (and the order gradients are reported in) are
+// ResidualBlock's (nn/residual.hpp) over the stages (conv1, bn1), (conv2, bn2).
 #pragma once
 
 #include <cstdint>
@@ -26,17 +26,27 @@ class BasicBlock : public ResidualBlock<T, D, A> {
   static constexpr std::int64_t kExpansion = 1;
 
   explicit BasicBlock(const BlockOptions& o) : o_(o) {
-    conv1_ = &this->register_module("conv1", std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{
-                                                 .in_channels = o.inplanes, .out_channels = o.planes,
-                                                 .kernel_size = 3, .stride = o.stride, .padding = 1, .bias = false}));
-    bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = o.planes}));
-    conv2_ = &this->register_module("conv2", std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{
-                                                 .in_channels = o.planes, .out_channels = o.planes, .kernel_size = 3,
-                                                 .stride = 1, .padding = 1, .bias = false}));
-    bn2_ = &this->register_module("bn2", std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = o.planes}));
+    conv1_ = &this->register_module(
+        "conv1", std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{.in_channels = o.inplanes,
+                                                                 .out_channels = o.planes,
+                                                                 .kernel_size = 3,
+                                                                 .stride = o.stride,
+                                                                 .padding = 1,
+                                                                 .bias = false}));
+    bn1_ = &this->register_module("bn1", std::make_unique<BatchNorm2d<T, D, A>>(
+                                             BatchNorm2dOptions{.num_features = o.planes}));
+    conv2_ = &this->register_module(
+        "conv2", std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{.in_channels = o.planes,
+                                                                 .out_channels = o.planes,
+                                                                 .kernel_size = 3,
+                                                                 .stride = 1,
+                                                                 .padding = 1,
+                                                                 .bias = false}));
+    bn2_ = &this->register_module("bn2", std::make_unique<BatchNorm2d<T, D, A>>(
+                                             BatchNorm2dOptions{.num_features = o.planes}));
     if (o.downsample)
-      this->set_downsample(
-          &this->register_module("downsample", detail::make_downsample<T, D, A>(o.inplanes, o.planes, o.stride)));
+      this->set_downsample(&this->register_module(
+          "downsample", detail::make_downsample<T, D, A>(o.inplanes, o.planes, o.stride)));
     this->add_stage(conv1_, bn1_);
     this->add_stage(conv2_, bn2_);
     this->set_recompute_relu(o.recompute_relu);

@@ -1,28 +1,32 @@
-// CausalSelfAttention: minGPT's masked multi-head self-attention with its output projection, x (B, T, C) -> (B, T, C).
+// CausalSelfAttention: minGPT's masked multi-head self-attention with its output projection, x (B,
+// T, C) -> (B, T, C).
 // SPDX-License-Identifier: MIT
 //
 // karpathy/minGPT's mingpt/model.py CausalSelfAttention, whose state_dict keys we keep:
 //   qkv = c_attn(x)                      Linear(C, 3C): q, k, v side by side, (B, T, 3C)
-//   q, k, v -> (B, nh, T, hs)            hs = C / n_head (a view in torch; our kernels read qkv in place)
+//   q, k, v -> (B, nh, T, hs)            hs = C / n_head (a view in torch; our kernels read qkv in
+//     place)
 //   att = softmax(mask(q k^T / sqrt(hs))) causal: position t attends to positions <= t only
 //   att = attn_dropout(att)              Dropout(attn_pdrop), in training only
 //   y = att v -> (B, T, C)               the heads side by side again
 //   y = c_proj(y)                        Linear(C, C)
-// Parameters "c_attn.weight" (3C, C), "c_attn.bias" (3C), "c_proj.weight" (C, C), "c_proj.bias" (C). minGPT also
-// keeps the causal mask as a buffer "bias" (1, 1, block_size, block_size) in its state_dict; we compute the mask
-// instead, so a loader must skip that key (as minGPT's own from_pretrained does). block_size is the longest T
-// accepted; shorter sequences are fine (minGPT's mask[:, :, :T, :T]).
-// Dropout: attn_pdrop is minGPT's attn_dropout on the probabilities, inverted (kept ones scaled by
-// 1 / (1 - attn_pdrop)) in training mode; eval() or attn_pdrop = 0 compute exactly what no dropout does and draw
-// nothing. Its mask is nn::Dropout's (docs/decisions/0043), a pure function of (seed, rank, stream, step) and
-// the element of att (B, nh, T, T): step() counts training forwards (eval ones do not), set_step() restores it on
-// resume, and each attention of a model needs its own stream (GPT gives every one its own). resid_pdrop (minGPT's
-// dropout after c_proj) is not implemented: it must be 0 (GPT has that Dropout in its AttentionLayer instead).
-// Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output (B, T, C), which
-// c_proj reads in backward; att is kept rather than recomputed (docs/decisions/0044). With dropout att stays
-// the undropped probabilities (the softmax backward needs them) and no mask is kept: backward draws it again from
-// the same Philox counters; the dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp).
-// Devices: Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh).
+// Parameters "c_attn.weight" (3C, C), "c_attn.bias" (3C), "c_proj.weight" (C, C), "c_proj.bias"
+// (C). minGPT also keeps the causal mask as a buffer "bias" (1, 1, block_size, block_size) in its
+// state_dict; we compute the mask instead, so a loader must skip that key (as minGPT's own
+// from_pretrained does). block_size is the longest T accepted; shorter sequences are fine (minGPT's
+// mask[:, :, :T, :T]). Dropout: attn_pdrop is minGPT's attn_dropout on the probabilities, inverted
+// (kept ones scaled by 1 / (1 - attn_pdrop)) in training mode; eval() or attn_pdrop = 0 compute
+// exactly what no dropout does and draw nothing. Its mask is nn::Dropout's (docs/decisions/0043), a
+// pure function of (seed, rank, stream, step) and the element of att (B, nh, T, T): step() counts
+// training forwards (eval ones do not), set_step() restores it on resume, and each attention of a
+// model needs its own stream (GPT gives every one its own). resid_pdrop (minGPT's dropout after
+// c_proj) is not implemented: it must be 0 (GPT has that Dropout in its AttentionLayer instead).
+// Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output
+// (B, T, C), which c_proj reads in backward; att is kept rather than recomputed
+// (docs/decisions/0044). With dropout att stays the undropped probabilities (the softmax backward
+// needs them) and no mask is kept: backward draws it again from the same Philox counters; the
+// dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp). Devices:
+// Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh).
 #pragma once
 
 #include <cstdint>
@@ -46,8 +50,8 @@ struct CausalSelfAttentionOptions {
   std::int64_t block_size = 0;  // longest sequence T accepted
   double attn_pdrop = 0.0;      // dropout on att, in [0, 1]
   double resid_pdrop = 0.0;     // dropout on the output (only 0 is implemented)
-  // The attention dropout's mask (nn::DropoutOptions' meaning): the run's seed, this process's global rank, and a
-  // Philox stream no other dropout of the model uses.
+  // The attention dropout's mask (nn::DropoutOptions' meaning): the run's seed, this process's
+  // global rank, and a Philox stream no other dropout of the model uses.
   std::uint64_t seed = 0;
   std::uint32_t rank = 0;
   std::uint32_t stream = kStreamDropout;
@@ -58,7 +62,8 @@ class CausalSelfAttention : public Module<T, D> {
  public:
   explicit CausalSelfAttention(const CausalSelfAttentionOptions& o) : o_(o) {
     if (o.n_embd < 1 || o.n_head < 1 || o.block_size < 1)
-      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": n_embd, n_head and block_size must be >= 1"));
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(),
+                                        ": n_embd, n_head and block_size must be >= 1"));
     if (o.n_embd % o.n_head != 0)
       throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": n_embd = ", o.n_embd,
                                         " is not divisible by n_head = ", o.n_head,
@@ -66,17 +71,20 @@ class CausalSelfAttention : public Module<T, D> {
     check_probability("attn_pdrop", o.attn_pdrop);
     check_probability("resid_pdrop", o.resid_pdrop);
     if (o.resid_pdrop > 0.0)
-      throw ValueError(ddp::detail::str("ddp: ", describe(), ": resid_pdrop = ", o.resid_pdrop,
-                                        " but dropout on the attention's output is not implemented; set it to 0 and "
-                                        "put an nn::Dropout after the module (as GPT's AttentionLayer does)"));
+      throw ValueError(ddp::detail::str(
+          "ddp: ", describe(), ": resid_pdrop = ", o.resid_pdrop,
+          " but dropout on the attention's output is not implemented; set it to 0 and "
+          "put an nn::Dropout after the module (as GPT's AttentionLayer does)"));
     c_attn_ = &this->register_module(
-        "c_attn", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = o.n_embd, .out_features = 3 * o.n_embd}));
-    c_proj_ = &this->register_module(
-        "c_proj", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = o.n_embd, .out_features = o.n_embd}));
+        "c_attn", std::make_unique<Linear<T, D>>(
+                      LinearOptions{.in_features = o.n_embd, .out_features = 3 * o.n_embd}));
+    c_proj_ =
+        &this->register_module("c_proj", std::make_unique<Linear<T, D>>(LinearOptions{
+                                             .in_features = o.n_embd, .out_features = o.n_embd}));
   }
 
-  // torch.nn.Linear's default initialisation for both projections (what a fresh minGPT CausalSelfAttention has;
-  // the GPT model re-initialises them with its own scheme).
+  // torch.nn.Linear's default initialisation for both projections (what a fresh minGPT
+  // CausalSelfAttention has; the GPT model re-initialises them with its own scheme).
   void reset_parameters(Generator& gen) {
     c_attn_->reset_parameters(gen);
     c_proj_->reset_parameters(gen);
@@ -85,7 +93,8 @@ class CausalSelfAttention : public Module<T, D> {
   const CausalSelfAttentionOptions& options() const noexcept { return o_; }
   Linear<T, D>& c_attn() noexcept { return *c_attn_; }
   Linear<T, D>& c_proj() noexcept { return *c_proj_; }
-  // Training forwards done so far: the next one draws the attention dropout's mask of this step (nn::Dropout's).
+  // Training forwards done so far: the next one draws the attention dropout's mask of this step
+  // (nn::Dropout's).
   std::uint64_t step() const noexcept { return step_; }
   void set_step(std::uint64_t step) noexcept { step_ = step; }
 
@@ -98,15 +107,16 @@ class CausalSelfAttention : public Module<T, D> {
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (x.rank() != 3 || x.dim(0) < 1 || x.dim(1) < 1)
       throw ValueError(ddp::detail::str("ddp: ", this->where(),
-                                        ": input must be (B, T, C) with B, T >= 1 but has shape ", x.shape()));
+                                        ": input must be (B, T, C) with B, T >= 1 but has shape ",
+                                        x.shape()));
     const std::int64_t b = x.dim(0), t = x.dim(1), c = o_.n_embd;
     if (x.dim(2) != c)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " has ", x.dim(2),
-                                        " channels but n_embd is ", c));
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " has ",
+                                        x.dim(2), " channels but n_embd is ", c));
     if (t > o_.block_size)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": sequence length T = ", t,
-                                        " exceeds block_size = ", o_.block_size,
-                                        "; crop the input to the last block_size positions or raise block_size"));
+      throw ValueError(ddp::detail::str(
+          "ddp: ", this->where(), ": sequence length T = ", t, " exceeds block_size = ",
+          o_.block_size, "; crop the input to the last block_size positions or raise block_size"));
     // The Linears see (B*T, C) rows: Linear takes (N, ...) with the trailing dims as features.
     qkv_ = c_attn_->forward(exec, x.reshape(Shape{b * t, c}));
     qkv_.reshape(Shape{b, t, 3 * c});
@@ -114,12 +124,14 @@ class CausalSelfAttention : public Module<T, D> {
     heads_ = Tensor<T, D>(Shape{b * t, c});
     drop_ = kernels::AttentionDropout{};  // p = 0: none
     if (this->is_training() && o_.attn_pdrop > 0.0)
-      drop_ = {.p = o_.attn_pdrop, .seed = o_.seed, .rank = o_.rank, .stream = o_.stream, .step = step_};
-    Kernels<D>::attention_forward(exec, kernels::AttentionForwardArgs<T, D>{.qkv = qkv_.cview(),
-                                                                            .att = att_.view(),
-                                                                            .y = heads_.view().reshape(Shape{b, t, c}),
-                                                                            .n_head = o_.n_head,
-                                                                            .dropout = drop_});
+      drop_ = {
+          .p = o_.attn_pdrop, .seed = o_.seed, .rank = o_.rank, .stream = o_.stream, .step = step_};
+    Kernels<D>::attention_forward(
+        exec, kernels::AttentionForwardArgs<T, D>{.qkv = qkv_.cview(),
+                                                  .att = att_.view(),
+                                                  .y = heads_.view().reshape(Shape{b, t, c}),
+                                                  .n_head = o_.n_head,
+                                                  .dropout = drop_});
     if (this->is_training()) ++step_;
     Tensor<T, D> y = c_proj_->forward(exec, heads_.cview());
     y.reshape(Shape{b, t, c});
@@ -132,16 +144,17 @@ class CausalSelfAttention : public Module<T, D> {
     const std::int64_t b = qkv_.dim(0), t = qkv_.dim(1), c = o_.n_embd;
     expect_shape(dy, Shape{b, t, c}, "output gradient dy", this->where().c_str());
     have_state_ = false;
-    Tensor<T, D> dheads = c_proj_->backward(exec, dy.reshape(Shape{b * t, c}));  // c_proj's grads are final here
+    // c_proj's grads are final here
+    Tensor<T, D> dheads = c_proj_->backward(exec, dy.reshape(Shape{b * t, c}));
     heads_ = Tensor<T, D>();
     Tensor<T, D> dqkv(Shape{b * t, 3 * c});
-    Kernels<D>::attention_backward(exec,
-                                   kernels::AttentionBackwardArgs<T, D>{.qkv = qkv_.cview(),
-                                                                        .att = att_.cview(),
-                                                                        .dy = dheads.cview().reshape(Shape{b, t, c}),
-                                                                        .dqkv = dqkv.view().reshape(Shape{b, t, 3 * c}),
-                                                                        .n_head = o_.n_head,
-                                                                        .dropout = drop_});
+    Kernels<D>::attention_backward(
+        exec, kernels::AttentionBackwardArgs<T, D>{.qkv = qkv_.cview(),
+                                                   .att = att_.cview(),
+                                                   .dy = dheads.cview().reshape(Shape{b, t, c}),
+                                                   .dqkv = dqkv.view().reshape(Shape{b, t, 3 * c}),
+                                                   .n_head = o_.n_head,
+                                                   .dropout = drop_});
     att_ = Tensor<T, D>();
     qkv_ = Tensor<T, D>();
     Tensor<T, D> dx = c_attn_->backward(exec, dqkv.cview());
@@ -152,7 +165,8 @@ class CausalSelfAttention : public Module<T, D> {
  private:
   void check_probability(const char* name, double p) const {
     if (!(p >= 0.0 && p <= 1.0))
-      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": ", name, " = ", p, " must be in [0, 1]"));
+      throw ValueError(ddp::detail::str("ddp: invalid ", describe(), ": ", name, " = ", p,
+                                        " must be in [0, 1]"));
   }
 
   CausalSelfAttentionOptions o_;
@@ -160,9 +174,11 @@ class CausalSelfAttention : public Module<T, D> {
   Linear<T, D>* c_proj_ = nullptr;  // (C -> C)
   Tensor<T, D> qkv_;                // (B, T, 3C): c_attn's output, the attention's input
   Tensor<T, D> att_;                // (B, nh, T, T): softmax probabilities, 0 above the diagonal
-  Tensor<T, D> heads_;              // (B*T, C): the heads' output side by side, c_proj's input (it keeps a view)
-  kernels::AttentionDropout drop_;  // the last forward's draw (p = 0: none), which backward draws again
-  std::uint64_t step_ = 0;          // training forwards so far
+  // (B*T, C): the heads' output side by side, c_proj's input (it keeps a view)
+  Tensor<T, D> heads_;
+  // the last forward's draw (p = 0: none), which backward draws again
+  kernels::AttentionDropout drop_;
+  std::uint64_t step_ = 0;  // training forwards so far
   bool have_state_ = false;
 };
 

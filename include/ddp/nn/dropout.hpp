@@ -1,22 +1,22 @@
 // Dropout (torch.nn.Dropout): inverted dropout with a counter-based mask; any shape.
 // SPDX-License-Identifier: MIT
 //
-// Training: y = x / (1 - p) where kept, 0 where dropped, each element dropped with probability p; backward
-// dx = dy / (1 - p) where kept, 0 elsewhere (the forward's mask, kept as one byte per element). Evaluation
-// (eval()) or p = 0: y = x, no mask is drawn or kept, and backward returns dx = dy (the one copy a returned
-// Tensor needs).
-// The mask is a pure function of (seed, rank, stream, step) and the element index (docs/decisions/0043):
-// element i of the step-th training forward uses word i % 4 of block (step << 32) + i / 4 of Philox stream
-// Generator(seed, rank, stream) (tensor/random.hpp), dropped when (w + 0.5) / 2^32 < p. So
-//   - ranks draw different masks (rank is part of the counter), and one rank's mask does not depend on the
-//     thread count or the device;
-//   - a resumed run repeats the masks of an uninterrupted one: step() counts this module's training forwards
-//     (eval forwards do not count); restore it with set_step() (with one forward per iteration, the iteration
-//     the snapshot resumes at);
-//   - dropouts of one model must not share (seed, rank, stream), or they draw the same masks at the same step:
-//     give each its own `stream` (ids above 255 are the user's, tensor/random.hpp).
-// Runs on any device through Kernels<D>::dropout_forward / dropout_backward, element-wise functors of
-// kernels/elementwise.hpp (the CUDA instantiation compiles with them but has not run yet).
+// Training: y = x / (1 - p) where kept, 0 where dropped, each element dropped with probability p;
+// backward dx = dy / (1 - p) where kept, 0 elsewhere (the forward's mask, kept as one byte per
+// element). Evaluation (eval()) or p = 0: y = x, no mask is drawn or kept, and backward returns dx
+// = dy (the one copy a returned Tensor needs). The mask is a pure function of (seed, rank, stream,
+// step) and the element index (docs/decisions/0043): element i of the step-th training forward uses
+// word i % 4 of block (step << 32) + i / 4 of Philox stream Generator(seed, rank, stream)
+// (tensor/random.hpp), dropped when (w + 0.5) / 2^32 < p. So
+//   - ranks draw different masks (rank is part of the counter), and one rank's mask does not depend
+//     on the thread count or the device;
+//   - a resumed run repeats the masks of an uninterrupted one: step() counts this module's training
+//     forwards (eval forwards do not count); restore it with set_step() (with one forward per
+//     iteration, the iteration the snapshot resumes at);
+//   - dropouts of one model must not share (seed, rank, stream), or they draw the same masks at the
+//     same step: give each its own `stream` (ids above 255 are the user's, tensor/random.hpp).
+// Runs on any device through Kernels<D>::dropout_forward / dropout_backward, element-wise functors
+// of kernels/elementwise.hpp (the CUDA instantiation compiles with them but has not run yet).
 #pragma once
 
 #include <cstdint>
@@ -85,7 +85,8 @@ class Dropout : public Module<T, D> {
     Tensor<T, D> dx(dy.shape());
     if (masked_)
       Kernels<D>::dropout_backward(
-          exec, kernels::DropoutBackwardArgs<T, D>{.dy = dy, .mask = mask_.cview(), .dx = dx.view(), .p = o_.p});
+          exec, kernels::DropoutBackwardArgs<T, D>{
+                    .dy = dy, .mask = mask_.cview(), .dx = dx.view(), .p = o_.p});
     else
       copy(dy, dx.view(), exec);
     return dx;

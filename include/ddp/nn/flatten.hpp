@@ -1,16 +1,19 @@
-// Flatten (torch.nn.Flatten(start_dim=1, end_dim=-1)): merges dimensions start_dim..end_dim into one.
+// Flatten (torch.nn.Flatten(start_dim=1, end_dim=-1)): merges dimensions start_dim..end_dim into
+// one.
 // SPDX-License-Identifier: MIT
 //
-// The output has torch's element order for the twin torch module tree, so a Linear after it takes torch's weight
-// as is (docs/decisions/0065):
-//   - a rank-4 input is an NHWC image batch (docs/decisions/0005), the twin of torch's NCHW: it is permuted
-//     to NCHW order, then flattened as torch flattens NCHW. (N, H, W, C) -> (N, C * H * W) with element
-//     (n, c, h, w) at column (c * H + h) * W + w. A rank-4 result (start_dim == end_dim) is the input unchanged.
-//   - other ranks ((N, T, C) sequences, (N, F) features) are in torch's order already: a plain reshape.
-// Negative dims count from the end of the input's rank, as in torch. Forward and backward each return a copy
-// (the permutation, or the one copy a returned Tensor needs); backward restores the input's shape and layout.
-// Note that Linear alone accepts (N, H, W, C) and flattens it in NHWC order (H, W, C): insert Flatten before a
-// Linear whose weight must match torch's when H * W > 1.
+// The output has torch's element order for the twin torch module tree, so a Linear after it takes
+// torch's weight as is (docs/decisions/0065):
+//   - a rank-4 input is an NHWC image batch (docs/decisions/0005), the twin of torch's NCHW: it is
+//     permuted to NCHW order, then flattened as torch flattens NCHW. (N, H, W, C) -> (N, C * H * W)
+//     with element (n, c, h, w) at column (c * H + h) * W + w. A rank-4 result (start_dim ==
+//     end_dim) is the input unchanged.
+//   - other ranks ((N, T, C) sequences, (N, F) features) are in torch's order already: a plain
+//     reshape.
+// Negative dims count from the end of the input's rank, as in torch. Forward and backward each
+// return a copy (the permutation, or the one copy a returned Tensor needs); backward restores the
+// input's shape and layout. Note that Linear alone accepts (N, H, W, C) and flattens it in NHWC
+// order (H, W, C): insert Flatten before a Linear whose weight must match torch's when H * W > 1.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,8 @@ namespace ddp::nn {
 template <class T, Device D>
 class Flatten : public Module<T, D> {
  public:
-  explicit Flatten(int start_dim = 1, int end_dim = -1) : start_dim_(start_dim), end_dim_(end_dim) {}
+  explicit Flatten(int start_dim = 1, int end_dim = -1)
+      : start_dim_(start_dim), end_dim_(end_dim) {}
 
   int start_dim() const noexcept { return start_dim_; }
   int end_dim() const noexcept { return end_dim_; }
@@ -39,12 +43,14 @@ class Flatten : public Module<T, D> {
 
   // The output shape for an input of shape `in` (torch's for its NCHW twin when `in` has rank 4).
   Shape output_shape(const Shape& in) const {
-    const Shape t = in.rank() == 4 ? Shape{in[0], in[3], in[1], in[2]} : in;  // torch's shape of the input
-    const int r = t.rank(), s = normalise(start_dim_, r, "start_dim"), e = normalise(end_dim_, r, "end_dim");
+    // torch's shape of the input
+    const Shape t = in.rank() == 4 ? Shape{in[0], in[3], in[1], in[2]} : in;
+    const int r = t.rank(), s = normalise(start_dim_, r, "start_dim"),
+              e = normalise(end_dim_, r, "end_dim");
     if (s > e)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": start_dim ", start_dim_, " comes after end_dim ",
-                                        end_dim_, " for an input of rank ", r,
-                                        "; construct Flatten(start, end) with start <= end"));
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": start_dim ", start_dim_,
+                                        " comes after end_dim ", end_dim_, " for an input of rank ",
+                                        r, "; construct Flatten(start, end) with start <= end"));
     if (r == 4 && s == e) return in;
     std::int64_t dims[Shape::kMaxRank] = {};
     int k = 0;
@@ -79,7 +85,8 @@ class Flatten : public Module<T, D> {
     Tensor<T, D> dx(in_shape_);
     if (permuted_) {
       const Shape& s = in_shape_;
-      Kernels<D>::permute_nhwc_nchw(exec, dy.reshape(Shape{s[0], s[3], s[1], s[2]}), dx.view(), true);
+      Kernels<D>::permute_nhwc_nchw(exec, dy.reshape(Shape{s[0], s[3], s[1], s[2]}), dx.view(),
+                                    true);
     } else {
       copy(dy.reshape(in_shape_), dx.view(), exec);
     }

@@ -3,12 +3,13 @@
 //
 //   GeluApproximate::None (torch's default): y = x * 0.5 * (1 + erf(x / sqrt 2))
 //   GeluApproximate::Tanh (approximate='tanh'): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-// Which minGPT uses: the DDP tutorial's minGPT-ddp (pytorch/examples distributed/minGPT-ddp/mingpt/model.py)
-// builds its MLP with nn.GELU(), the exact form; karpathy/minGPT's NewGELU (and GPT-2's gelu) is the tanh form,
-// 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))).
-// Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp); backward returns
-// dx = dy * gelu'(x). Runs on any device through Kernels<D>::gelu_forward / gelu_backward, element-wise
-// functors of kernels/elementwise.hpp (the CUDA instantiation compiles with them but has not run yet).
+// Which minGPT uses: the DDP tutorial's minGPT-ddp (pytorch/examples
+// distributed/minGPT-ddp/mingpt/model.py) builds its MLP with nn.GELU(), the exact form;
+// karpathy/minGPT's NewGELU (and GPT-2's gelu) is the tanh form,
+// 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))). Forward keeps a view of x (THE CALLER KEEPS x ALIVE
+// until backward returns, nn/module.hpp); backward returns dx = dy * gelu'(x). Runs on any device
+// through Kernels<D>::gelu_forward / gelu_backward, element-wise functors of
+// kernels/elementwise.hpp (the CUDA instantiation compiles with them but has not run yet).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,8 @@ class GELU : public Module<T, D> {
 
   GeluApproximate approximate() const noexcept { return approximate_; }
   std::string describe() const override {
-    return ddp::detail::str("GELU(approximate='", approximate_ == GeluApproximate::Tanh ? "tanh" : "none", "')");
+    return ddp::detail::str("GELU(approximate='",
+                            approximate_ == GeluApproximate::Tanh ? "tanh" : "none", "')");
   }
 
  protected:

@@ -1,57 +1,69 @@
-// GPT: the DDP tutorial's minGPT (pytorch/examples distributed/minGPT-ddp, mingpt/model.py), ids (B, T) -> logits
-// (B, T, vocab_size), with explicit forward and backward (docs/decisions/0006).
+// GPT: the DDP tutorial's minGPT (pytorch/examples distributed/minGPT-ddp, mingpt/model.py), ids
+// (B, T) -> logits (B, T, vocab_size), with explicit forward and backward (docs/decisions/0006).
 // SPDX-License-Identifier: MIT
 //
-// Structure and parameter names (the tutorial's modules, registered in its order, so parameters() and
-// state_dict_keys() list them as its named_parameters() does):
+// Structure and parameter names (the tutorial's modules, registered in its order, so parameters()
+// and state_dict_keys() list them as its named_parameters() does):
 //   emb_stem        EmbeddingStem: x = drop(tok_emb(ids) + pos_emb[:, :T, :])
-//     pos_emb       Parameter (1, block_size, C), zeros at init (the tutorial's nn.Parameter(torch.zeros(...)))
+//     pos_emb       Parameter (1, block_size, C), zeros at init (the tutorial's
+//       nn.Parameter(torch.zeros(...)))
 //     tok_emb       Embedding(vocab_size, C)                          "emb_stem.tok_emb.weight"
 //     drop          Dropout(embd_pdrop)
 //   blocks.i        Block, i < n_layer:  x = x + attn(ln1(x));  x = x + mlp(ln2(x))
 //     ln1, ln2      LayerNorm(C)
-//     attn          AttentionLayer (the tutorial's MultiheadAttentionLayer): y = resid_drop(c_proj(attn(x)))
+//     attn          AttentionLayer (the tutorial's MultiheadAttentionLayer): y =
+//       resid_drop(c_proj(attn(x)))
 //       c_proj      Linear(C, C)
-//       attn        CausalSelfAttention(C, n_head, block_size, attn_pdrop): children c_attn Linear(C, 3C), c_proj
-//                   Linear(C, C); dropout on its probabilities (MultiheadAttention's dropout = attn_pdrop)
-//     mlp           Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop)): mlp.0, mlp.2
+//       attn        CausalSelfAttention(C, n_head, block_size, attn_pdrop): children c_attn
+//         Linear(C, 3C), c_proj
+//                   Linear(C, C); dropout on its probabilities (MultiheadAttention's dropout =
+//                     attn_pdrop)
+//     mlp           Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop)):
+//       mlp.0, mlp.2
 //   ln_f            LayerNorm(C)
 //   head            Linear(C, vocab_size, bias = false)
-// Mapping to the tutorial's state_dict (mingpt_state_dict_key below): everything has the same name except the
-// attention's torch.nn.MultiheadAttention, whose packed projections are our CausalSelfAttention's:
-//   blocks.i.attn.attn.c_attn.weight (3C, C)  <->  blocks.i.attn.attn.in_proj_weight   (rows q, k, v: same order)
+// Mapping to the tutorial's state_dict (mingpt_state_dict_key below): everything has the same name
+// except the attention's torch.nn.MultiheadAttention, whose packed projections are our
+// CausalSelfAttention's:
+//   blocks.i.attn.attn.c_attn.weight (3C, C)  <->  blocks.i.attn.attn.in_proj_weight   (rows q, k,
+//     v: same order)
 //   blocks.i.attn.attn.c_attn.bias   (3C)     <->  blocks.i.attn.attn.in_proj_bias
 //   blocks.i.attn.attn.c_proj.weight (C, C)   <->  blocks.i.attn.attn.out_proj.weight
 //   blocks.i.attn.attn.c_proj.bias   (C)      <->  blocks.i.attn.attn.out_proj.bias
-// and the tutorial's buffer blocks.i.attn.mask (the tril) has no counterpart: the causal mask is computed
-// (mingpt_ignored_keys). Its model's state_dict, saved with safetensors, loads with
-//     train::load_state_dict(path, gpt, /*strict=*/true, {.file_key = nn::mingpt_state_dict_key,
-//                                                         .ignore = nn::mingpt_ignored_keys(n_layer)});
-// One deliberate difference: the tutorial passes that float tril mask as attn_mask to MultiheadAttention, which
-// ADDS a float mask to the scores (+1 on and below the diagonal, +0 above), so its model is not causal (a known
-// defect); ours is (CausalSelfAttention masks the future out).
+// and the tutorial's buffer blocks.i.attn.mask (the tril) has no counterpart: the causal mask is
+// computed (mingpt_ignored_keys). Its model's state_dict, saved with safetensors, loads with
+//     train::load_state_dict(path, gpt, /*strict=*/true,
+//                            {.file_key = nn::mingpt_state_dict_key,
+//                             .ignore = nn::mingpt_ignored_keys(n_layer)});
+// One deliberate difference: the tutorial passes that float tril mask as attn_mask to
+// MultiheadAttention, which ADDS a float mask to the scores (+1 on and below the diagonal, +0
+// above), so its model is not causal (a known defect); ours is (CausalSelfAttention masks the
+// future out).
 //
-// Initialisation (reset_parameters, called by the constructor), what the tutorial's GPT.__init__ leaves, drawn
-// from Generator(seed, 0, kStreamInit) in parameter order: tok_emb, every Linear's weight (mlp.0, mlp.2, head, the
-// attention's c_proj and attn.c_proj) N(0, 0.02^2) and biases 0, LayerNorms 1 and 0, pos_emb 0; then the residual
-// projection blocks.i.attn.c_proj.weight N(0, (0.02 / sqrt(2 n_layer))^2). The attention's c_attn is
-// MultiheadAttention's in_proj in the tutorial, a bare Parameter that its _init_weights (which handles Linear,
-// Embedding, LayerNorm) never sees, so it keeps torch's xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0;
-// and the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
+// Initialisation (reset_parameters, called by the constructor), what the tutorial's GPT.__init__
+// leaves, drawn from Generator(seed, 0, kStreamInit) in parameter order: tok_emb, every Linear's
+// weight (mlp.0, mlp.2, head, the attention's c_proj and attn.c_proj) N(0, 0.02^2) and biases 0,
+// LayerNorms 1 and 0, pos_emb 0; then the residual projection blocks.i.attn.c_proj.weight N(0,
+// (0.02 / sqrt(2 n_layer))^2). The attention's c_attn is MultiheadAttention's in_proj in the
+// tutorial, a bare Parameter that its _init_weights (which handles Linear, Embedding, LayerNorm)
+// never sees, so it keeps torch's xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0; and
+// the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
 // attn.c_proj (its out_proj is not renamed). docs/decisions/0045. Its layers skip their own default
-// initialisation (nn/init.hpp's SkipDefaultInit: these draws replace it), so building a GPT leaves the default
-// generator (manual_seed) untouched.
+// initialisation (nn/init.hpp's SkipDefaultInit: these draws replace it), so building a GPT leaves
+// the default generator (manual_seed) untouched.
 //
-// Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem plus, per block, the
-// two resid_pdrop Dropouts and the attention's dropout on its probabilities), each drawing on its own Philox stream
-// dropout_stream + k, k in model order: emb_stem.drop 0, blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn (its
-// attention dropout) 2 + 3i, blocks.i.mlp.3 3 + 3i (docs/decisions/0043); the streams are assigned whatever
-// the probabilities, 0 included. set_dropout_step() restores every mask's step on resume.
-// Input: forward(exec, ids) with int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE IDS
-// ALIVE until backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every parameter's
-// gradient and returns an empty tensor (ids take no gradient). Module's forward with T values is a ValueError.
-// The Linears see (B*T, features) rows (Linear flattens everything after dim 0 into features).
-// Devices: any (Kernels<D>; the CUDA kernels: docs/decisions/0048). On the GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
+// Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem
+// plus, per block, the two resid_pdrop Dropouts and the attention's dropout on its probabilities),
+// each drawing on its own Philox stream dropout_stream + k, k in model order: emb_stem.drop 0,
+// blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn (its attention dropout) 2 + 3i,
+// blocks.i.mlp.3 3 + 3i (docs/decisions/0043); the streams are assigned whatever the probabilities,
+// 0 included. set_dropout_step() restores every mask's step on resume. Input: forward(exec, ids)
+// with int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE IDS ALIVE until
+// backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every
+// parameter's gradient and returns an empty tensor (ids take no gradient). Module's forward with T
+// values is a ValueError. The Linears see (B*T, features) rows (Linear flattens everything after
+// dim 0 into features). Devices: any (Kernels<D>; the CUDA kernels: docs/decisions/0048). On the
+// GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
 #pragma once
 
 #include <cmath>
@@ -88,16 +100,22 @@ struct GPTOptions {
   std::int64_t n_embd = 512;  // C
   double embd_pdrop = 0.1;    // the tutorial's GPTConfig defaults
   double resid_pdrop = 0.1;
-  double attn_pdrop = 0.0;                  // dropout on the attention probabilities (the tutorial's default is 0.1)
-  std::uint64_t seed = 0;                   // initialisation and dropout seed (the same on every rank)
-  std::uint32_t rank = 0;                   // this process's global rank: dropout masks differ by rank
-  std::uint32_t dropout_stream = 3u << 16;  // Philox stream of emb_stem.drop; the k-th dropout in model order uses + k
+  // dropout on the attention probabilities (the tutorial's default is 0.1)
+  double attn_pdrop = 0.0;
+  // initialisation and dropout seed (the same on every rank)
+  std::uint64_t seed = 0;
+  // this process's global rank: dropout masks differ by rank
+  std::uint32_t rank = 0;
+  // Philox stream of emb_stem.drop; the k-th dropout in model order uses + k
+  std::uint32_t dropout_stream = 3u << 16;
 };
 
-// The tutorial's state_dict key of our parameter `name` (the file comment's mapping): the attention's packed
-// projections take MultiheadAttention's names, every other name is the same. Matched on the end of the name, so it
-// also maps a GPT registered inside another module ("model.blocks.0.attn.attn.c_attn.weight").
-// Example: "blocks.1.attn.attn.c_proj.bias" -> "blocks.1.attn.attn.out_proj.bias"; "blocks.1.attn.c_proj.bias" (the
+// The tutorial's state_dict key of our parameter `name` (the file comment's mapping): the
+// attention's packed projections take MultiheadAttention's names, every other name is the same.
+// Matched on the end of the name, so it also maps a GPT registered inside another module
+// ("model.blocks.0.attn.attn.c_attn.weight").
+// Example: "blocks.1.attn.attn.c_proj.bias" -> "blocks.1.attn.attn.out_proj.bias";
+//   "blocks.1.attn.c_proj.bias" (the
 // layer's own c_proj) is unchanged.
 inline std::string mingpt_state_dict_key(const std::string& name) {
   struct Rename {
@@ -113,11 +131,12 @@ inline std::string mingpt_state_dict_key(const std::string& name) {
   return name;
 }
 
-// The tutorial's state_dict keys with no counterpart here, for n_layer blocks: each block's causal-mask buffer
-// "blocks.i.attn.mask" (we compute the mask). What a load of its file ignores.
+// The tutorial's state_dict keys with no counterpart here, for n_layer blocks: each block's
+// causal-mask buffer "blocks.i.attn.mask" (we compute the mask). What a load of its file ignores.
 inline std::set<std::string> mingpt_ignored_keys(std::int64_t n_layer) {
   std::set<std::string> out;
-  for (std::int64_t i = 0; i < n_layer; ++i) out.insert(ddp::detail::str("blocks.", i, ".attn.mask"));
+  for (std::int64_t i = 0; i < n_layer; ++i)
+    out.insert(ddp::detail::str("blocks.", i, ".attn.mask"));
   return out;
 }
 
@@ -125,11 +144,12 @@ namespace detail {
 // ValueError unless ids is (B, T) with B, T >= 1 and T <= block_size.
 inline void check_gpt_ids(const std::string& where, const Shape& s, std::int64_t block_size) {
   if (s.rank() != 2 || s[0] < 1 || s[1] < 1)
-    throw ValueError(ddp::detail::str("ddp: ", where, ": token ids must be (B, T) with B, T >= 1 but have shape ", s));
+    throw ValueError(ddp::detail::str(
+        "ddp: ", where, ": token ids must be (B, T) with B, T >= 1 but have shape ", s));
   if (s[1] > block_size)
-    throw ValueError(ddp::detail::str("ddp: ", where, ": cannot forward a sequence of length T = ", s[1],
-                                      ", block_size is only ", block_size,
-                                      "; crop the ids to their last block_size positions"));
+    throw ValueError(ddp::detail::str(
+        "ddp: ", where, ": cannot forward a sequence of length T = ", s[1], ", block_size is only ",
+        block_size, "; crop the ids to their last block_size positions"));
 }
 }  // namespace detail
 
@@ -137,12 +157,13 @@ inline void check_gpt_ids(const std::string& where, const Shape& s, std::int64_t
 template <class T, Device D>
 class EmbeddingStem : public Module<T, D> {
  public:
-  EmbeddingStem(std::int64_t vocab_size, std::int64_t block_size, std::int64_t n_embd, const DropoutOptions& drop)
+  EmbeddingStem(std::int64_t vocab_size, std::int64_t block_size, std::int64_t n_embd,
+                const DropoutOptions& drop)
       : block_size_(block_size), n_embd_(n_embd) {
     pos_emb_ = &this->register_parameter("pos_emb", Shape{1, block_size, n_embd});  // zeros
     tok_emb_ = &this->register_module(
-        "tok_emb", std::make_unique<Embedding<T, D>>(
-                       EmbeddingOptions{.num_embeddings = vocab_size, .embedding_dim = n_embd, .init_std = 0.02}));
+        "tok_emb", std::make_unique<Embedding<T, D>>(EmbeddingOptions{
+                       .num_embeddings = vocab_size, .embedding_dim = n_embd, .init_std = 0.02}));
     drop_ = &this->register_module("drop", std::make_unique<Dropout<T, D>>(drop));
   }
 
@@ -155,29 +176,34 @@ class EmbeddingStem : public Module<T, D> {
   }
 
  protected:
-  // ids (B, T) -> (B, T, C): x[b, t, :] = tok_emb.weight[ids[b, t], :] + pos_emb[0, t, :], then dropout.
+  // ids (B, T) -> (B, T, C): x[b, t, :] = tok_emb.weight[ids[b, t], :] + pos_emb[0, t, :], then
+  // dropout.
   Tensor<T, D> forward_ids_impl(Exec<D>& exec, TensorView<const std::int64_t, D> ids) override {
     detail::check_gpt_ids(this->where(), ids.shape(), block_size_);
     const std::int64_t b = ids.dim(0), t = ids.dim(1);
     Tensor<T, D> x = tok_emb_->forward(exec, ids);  // (B, T, C)
-    const TensorView<const T, D> pos = pos_emb_->value().cview().reshape(Shape{block_size_, n_embd_}).slice(0, t);
+    const TensorView<const T, D> pos =
+        pos_emb_->value().cview().reshape(Shape{block_size_, n_embd_}).slice(0, t);
     for (std::int64_t i = 0; i < b; ++i)
       Kernels<D>::axpy(exec, T(1), pos, x.view().slice(i, i + 1).reshape(Shape{t, n_embd_}));
     t_ = t;
     return drop_->forward(exec, x.cview());  // Dropout keeps no view of its input
   }
 
-  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override { this->reject_values(x.shape()); }
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
+    this->reject_values(x.shape());
+  }
 
-  // d pos_emb[0, t, :] = sum over b of dx[b, t, :] for t < T, 0 for the rows this forward did not use; the
-  // embedding's gradient by token. Returns an empty tensor.
+  // d pos_emb[0, t, :] = sum over b of dx[b, t, :] for t < T, 0 for the rows this forward did not
+  // use; the embedding's gradient by token. Returns an empty tensor.
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     Tensor<T, D> dx = drop_->backward(exec, dy);  // checks the forward state and dy's shape
     const std::int64_t b = dx.dim(0);
     TensorView<T, D> dpos = pos_emb_->grad_dest().reshape(Shape{block_size_, n_embd_});
     Kernels<D>::fill(exec, dpos, T(0));
     for (std::int64_t i = 0; i < b; ++i)
-      Kernels<D>::axpy(exec, T(1), dx.cview().slice(i, i + 1).reshape(Shape{t_, n_embd_}), dpos.slice(0, t_));
+      Kernels<D>::axpy(exec, T(1), dx.cview().slice(i, i + 1).reshape(Shape{t_, n_embd_}),
+                       dpos.slice(0, t_));
     pos_emb_->grad_done(exec);
     return tok_emb_->backward(exec, dx.cview());
   }
@@ -195,10 +221,12 @@ class EmbeddingStem : public Module<T, D> {
 template <class T, Device D>
 class AttentionLayer : public Module<T, D> {
  public:
-  AttentionLayer(const CausalSelfAttentionOptions& attn, const DropoutOptions& resid_drop) : n_embd_(attn.n_embd) {
+  AttentionLayer(const CausalSelfAttentionOptions& attn, const DropoutOptions& resid_drop)
+      : n_embd_(attn.n_embd) {
     resid_drop_ = &this->register_module("resid_drop", std::make_unique<Dropout<T, D>>(resid_drop));
-    c_proj_ = &this->register_module(
-        "c_proj", std::make_unique<Linear<T, D>>(LinearOptions{.in_features = n_embd_, .out_features = n_embd_}));
+    c_proj_ =
+        &this->register_module("c_proj", std::make_unique<Linear<T, D>>(LinearOptions{
+                                             .in_features = n_embd_, .out_features = n_embd_}));
     attn_ = &this->register_module("attn", std::make_unique<CausalSelfAttention<T, D>>(attn));
   }
 
@@ -206,7 +234,9 @@ class AttentionLayer : public Module<T, D> {
   Linear<T, D>& c_proj() noexcept { return *c_proj_; }
   Dropout<T, D>& resid_drop() noexcept { return *resid_drop_; }
 
-  std::string describe() const override { return ddp::detail::str("AttentionLayer(n_embd=", n_embd_, ")"); }
+  std::string describe() const override {
+    return ddp::detail::str("AttentionLayer(n_embd=", n_embd_, ")");
+  }
 
  protected:
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
@@ -238,16 +268,21 @@ class AttentionLayer : public Module<T, D> {
 template <class T, Device D>
 class Block : public Module<T, D> {
  public:
-  Block(const CausalSelfAttentionOptions& attn, const DropoutOptions& attn_drop, const DropoutOptions& mlp_drop)
+  Block(const CausalSelfAttentionOptions& attn, const DropoutOptions& attn_drop,
+        const DropoutOptions& mlp_drop)
       : n_embd_(attn.n_embd) {
     const std::int64_t c = n_embd_;
-    ln1_ = &this->register_module("ln1", std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = c}));
-    ln2_ = &this->register_module("ln2", std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = c}));
+    ln1_ = &this->register_module(
+        "ln1", std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = c}));
+    ln2_ = &this->register_module(
+        "ln2", std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = c}));
     attn_ = &this->register_module("attn", std::make_unique<AttentionLayer<T, D>>(attn, attn_drop));
     mlp_ = &this->register_module("mlp", std::make_unique<Sequential<T, D>>());
-    fc_ = &mlp_->push_back(std::make_unique<Linear<T, D>>(LinearOptions{.in_features = c, .out_features = 4 * c}));
+    fc_ = &mlp_->push_back(
+        std::make_unique<Linear<T, D>>(LinearOptions{.in_features = c, .out_features = 4 * c}));
     mlp_->push_back(std::make_unique<GELU<T, D>>());
-    proj_ = &mlp_->push_back(std::make_unique<Linear<T, D>>(LinearOptions{.in_features = 4 * c, .out_features = c}));
+    proj_ = &mlp_->push_back(
+        std::make_unique<Linear<T, D>>(LinearOptions{.in_features = 4 * c, .out_features = c}));
     mlp_->push_back(std::make_unique<Dropout<T, D>>(mlp_drop));
   }
 
@@ -264,7 +299,8 @@ class Block : public Module<T, D> {
  protected:
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     if (x.rank() != 3)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input must be (B, T, C) but has shape ", x.shape()));
+      throw ValueError(ddp::detail::str("ddp: ", this->where(),
+                                        ": input must be (B, T, C) but has shape ", x.shape()));
     const std::int64_t b = x.dim(0), t = x.dim(1), c = n_embd_;
     a_ = ln1_->forward(exec, x);  // ln1 checks C
     Tensor<T, D> y = attn_->forward(exec, a_.cview());
@@ -277,7 +313,8 @@ class Block : public Module<T, D> {
     return m;
   }
 
-  // Through the second residual dy goes both to mlp and straight to x1; through the first, both to attn and to x.
+  // Through the second residual dy goes both to mlp and straight to x1; through the first, both to
+  // attn and to x.
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(!x1_.empty());
     expect_shape(dy, x1_.shape(), "output gradient dy", this->where().c_str());
@@ -303,7 +340,8 @@ class Block : public Module<T, D> {
   Sequential<T, D>* mlp_ = nullptr;
   Linear<T, D>* fc_ = nullptr;
   Linear<T, D>* proj_ = nullptr;
-  // Kept from forward for backward (the children keep views of them): ln1(x), x1 = x + attn(ln1(x)), ln2(x1).
+  // Kept from forward for backward (the children keep views of them): ln1(x), x1 = x +
+  // attn(ln1(x)), ln2(x1).
   Tensor<T, D> a_, x1_, h_;  // each (B, T, C)
 };
 
@@ -313,12 +351,16 @@ class GPT : public Module<T, D> {
   explicit GPT(const GPTOptions& o) : o_(o) {
     const SkipDefaultInit skip;  // reset_parameters() below sets every parameter
     if (o.vocab_size < 1 || o.block_size < 1 || o.n_layer < 1 || o.n_head < 1 || o.n_embd < 1)
-      throw ValueError(ddp::detail::str("ddp: invalid ", describe(),
-                                        ": vocab_size, block_size, n_layer, n_head and n_embd must be >= 1"));
+      throw ValueError(
+          ddp::detail::str("ddp: invalid ", describe(),
+                           ": vocab_size, block_size, n_layer, n_head and n_embd must be >= 1"));
     std::uint32_t stream = o.dropout_stream;
-    auto dropout = [&](double p) { return DropoutOptions{.p = p, .seed = o.seed, .rank = o.rank, .stream = stream++}; };
+    auto dropout = [&](double p) {
+      return DropoutOptions{.p = p, .seed = o.seed, .rank = o.rank, .stream = stream++};
+    };
     emb_stem_ = &this->register_module(
-        "emb_stem", std::make_unique<EmbeddingStem<T, D>>(o.vocab_size, o.block_size, o.n_embd, dropout(o.embd_pdrop)));
+        "emb_stem", std::make_unique<EmbeddingStem<T, D>>(o.vocab_size, o.block_size, o.n_embd,
+                                                          dropout(o.embd_pdrop)));
     blocks_ = &this->register_module("blocks", std::make_unique<Sequential<T, D>>());
     for (std::int64_t i = 0; i < o.n_layer; ++i) {  // the streams in model order (file comment)
       const DropoutOptions attn_drop = dropout(o.resid_pdrop);
@@ -330,12 +372,14 @@ class GPT : public Module<T, D> {
                                             .rank = o.rank,
                                             .stream = stream++};
       const DropoutOptions mlp_drop = dropout(o.resid_pdrop);
-      block_list_.push_back(&blocks_->push_back(std::make_unique<Block<T, D>>(attn, attn_drop, mlp_drop)));
+      block_list_.push_back(
+          &blocks_->push_back(std::make_unique<Block<T, D>>(attn, attn_drop, mlp_drop)));
     }
-    ln_f_ = &this->register_module("ln_f",
-                                   std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = o.n_embd}));
-    head_ = &this->register_module("head", std::make_unique<Linear<T, D>>(LinearOptions{
-                                               .in_features = o.n_embd, .out_features = o.vocab_size, .bias = false}));
+    ln_f_ = &this->register_module(
+        "ln_f", std::make_unique<LayerNorm<T, D>>(LayerNormOptions{.normalized_shape = o.n_embd}));
+    head_ = &this->register_module(
+        "head", std::make_unique<Linear<T, D>>(LinearOptions{
+                    .in_features = o.n_embd, .out_features = o.vocab_size, .bias = false}));
     reset_parameters();
   }
 
@@ -357,7 +401,8 @@ class GPT : public Module<T, D> {
       layer_norm(blk->ln1());
       layer_norm(blk->ln2());
       linear(blk->attn().c_proj(), 0.02 / std::sqrt(2.0 * static_cast<double>(o_.n_layer)));
-      Linear<T, D>& in_proj = blk->attn().attn().c_attn();  // MultiheadAttention's xavier_uniform_ in_proj_weight
+      // MultiheadAttention's xavier_uniform_ in_proj_weight
+      Linear<T, D>& in_proj = blk->attn().attn().c_attn();
       const double a = std::sqrt(6.0 / (c + 3.0 * c));
       init_uniform(in_proj.weight(), gen, -a, a);
       detail::zero_fill(in_proj.bias()->value());
@@ -369,8 +414,8 @@ class GPT : public Module<T, D> {
     linear(*head_, 0.02);
   }
 
-  // Restores the step (training forwards done so far) of every Dropout and every attention's dropout on resume:
-  // the masks then repeat those of an uninterrupted run (docs/decisions/0043).
+  // Restores the step (training forwards done so far) of every Dropout and every attention's
+  // dropout on resume: the masks then repeat those of an uninterrupted run (docs/decisions/0043).
   void set_dropout_step(std::uint64_t step) {
     this->visit([&](Module<T, D>& m) {
       if (auto* d = dynamic_cast<Dropout<T, D>*>(&m)) d->set_step(step);
@@ -385,8 +430,9 @@ class GPT : public Module<T, D> {
   Linear<T, D>& head() noexcept { return *head_; }
 
   std::string describe() const override {
-    return ddp::detail::str("GPT(vocab_size=", o_.vocab_size, ", block_size=", o_.block_size, ", n_layer=", o_.n_layer,
-                            ", n_head=", o_.n_head, ", n_embd=", o_.n_embd, ")");
+    return ddp::detail::str("GPT(vocab_size=", o_.vocab_size, ", block_size=", o_.block_size,
+                            ", n_layer=", o_.n_layer, ", n_head=", o_.n_head,
+                            ", n_embd=", o_.n_embd, ")");
   }
 
  protected:
@@ -402,7 +448,9 @@ class GPT : public Module<T, D> {
     return logits;
   }
 
-  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override { this->reject_values(x.shape()); }
+  Tensor<T, D> forward_impl(Exec<D>&, TensorView<const T, D> x) override {
+    this->reject_values(x.shape());
+  }
 
   // dlogits (B, T, vocab_size) -> every parameter's gradient; returns an empty tensor.
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dlogits) override {
@@ -426,8 +474,8 @@ class GPT : public Module<T, D> {
   std::vector<Block<T, D>*> block_list_;
   LayerNorm<T, D>* ln_f_ = nullptr;
   Linear<T, D>* head_ = nullptr;
-  // Kept from forward (the children keep views of them), each (B, T, C): the stem's output, the blocks' output,
-  // ln_f's output.
+  // Kept from forward (the children keep views of them), each (B, T, C): the stem's output, the
+  // blocks' output, ln_f's output.
   Tensor<T, D> x0_, x_, h_;
 };
 

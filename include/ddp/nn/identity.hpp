@@ -1,8 +1,9 @@
-// Identity (torch.nn.Identity): y = x, dx = dy; any shape. A placeholder where a model's structure wants a module.
+// Identity (torch.nn.Identity): y = x, dx = dy; any shape. A placeholder where a model's structure
+// wants a module.
 // SPDX-License-Identifier: MIT
 //
-// Both calls return a copy (the one a returned Tensor needs: the input belongs to the caller); no state but the
-// shape, so it keeps no view of x.
+// Both calls return a copy (the one a returned Tensor needs: the input belongs to the caller); no
+// state but the shape, so it keeps no view of x.
 #pragma once
 
 #include <string>

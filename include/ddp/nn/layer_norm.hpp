@@ -1,14 +1,19 @@
-// LayerNorm over the last dimension (torch.nn.LayerNorm(normalized_shape=C)): x (..., C) -> y (..., C).
+// LayerNorm over the last dimension (torch.nn.LayerNorm(normalized_shape=C)): x (..., C) -> y (...,
+// C).
 // SPDX-License-Identifier: MIT
 //
-// Each row of C elements is normalised by its own mean and biased variance, then scaled and shifted:
-//   y = (x - mean) / sqrt(var + eps) * weight + bias          (formulas: kernels/cpu/layer_norm.hpp)
-// Parameters "weight" and "bias" (C), torch's names, set to ones and zeros at construction (torch's reset_parameters,
-// no random draw); elementwise_affine = false registers neither, bias = false only no bias (torch >= 2.1's option).
-// Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp) and the mean and
-// 1/std of every row (float for float, double for double: LayerNormStat<T>); backward returns dx and fills
-// the parameter gradients. In a (B, T, C) transformer activation the rows are the B*T token positions.
-// Devices: Kernels<D>::layer_norm_forward/backward (kernels/cpu/layer_norm.hpp, kernels/cuda/layer_norm.cuh).
+// Each row of C elements is normalised by its own mean and biased variance, then scaled and
+// shifted:
+//   y = (x - mean) / sqrt(var + eps) * weight + bias          (formulas:
+//     kernels/cpu/layer_norm.hpp)
+// Parameters "weight" and "bias" (C), torch's names, set to ones and zeros at construction (torch's
+// reset_parameters, no random draw); elementwise_affine = false registers neither, bias = false
+// only no bias (torch >= 2.1's option). Forward keeps a view of x (THE CALLER KEEPS x ALIVE until
+// backward returns, nn/module.hpp) and the mean and 1/std of every row (float for float, double for
+// double: LayerNormStat<T>); backward returns dx and fills the parameter gradients. In a (B, T, C)
+// transformer activation the rows are the B*T token positions. Devices:
+// Kernels<D>::layer_norm_forward/backward (kernels/cpu/layer_norm.hpp,
+// kernels/cuda/layer_norm.cuh).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +41,10 @@ class LayerNorm : public Module<T, D> {
 
   explicit LayerNorm(const LayerNormOptions& o) : o_(o) {
     if (o.normalized_shape < 1)
-      throw ValueError(ddp::detail::str("ddp: LayerNorm needs normalized_shape >= 1, got ", o.normalized_shape));
-    if (!(o.eps > 0.0)) throw ValueError(ddp::detail::str("ddp: LayerNorm needs eps > 0, got ", o.eps));
+      throw ValueError(
+          ddp::detail::str("ddp: LayerNorm needs normalized_shape >= 1, got ", o.normalized_shape));
+    if (!(o.eps > 0.0))
+      throw ValueError(ddp::detail::str("ddp: LayerNorm needs eps > 0, got ", o.eps));
     if (o.elementwise_affine) {
       weight_ = &this->register_parameter("weight", Shape{o.normalized_shape});
       if (o.bias) bias_ = &this->register_parameter("bias", Shape{o.normalized_shape});
@@ -65,10 +72,12 @@ class LayerNorm : public Module<T, D> {
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     const std::int64_t c = o_.normalized_shape;
     if (x.rank() < 1 || x.dim(-1) != c)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " must end in a dimension of ",
-                                        c, " (the normalized_shape); the previous layer's output does not fit"));
+      throw ValueError(ddp::detail::str(
+          "ddp: ", this->where(), ": input ", x.shape(), " must end in a dimension of ", c,
+          " (the normalized_shape); the previous layer's output does not fit"));
     if (x.numel() == 0)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": empty input (shape ", x.shape(), ")"));
+      throw ValueError(
+          ddp::detail::str("ddp: ", this->where(), ": empty input (shape ", x.shape(), ")"));
     const std::int64_t rows = x.numel() / c;
     x_ = x.reshape(Shape{rows, c});
     x_shape_ = x.shape();
@@ -77,14 +86,15 @@ class LayerNorm : public Module<T, D> {
       rstd_ = Tensor<Stat, D>(Shape{rows});
     }
     Tensor<T, D> y(x.shape());
-    Kernels<D>::layer_norm_forward(exec, kernels::LayerNormForwardArgs<T, D>{
-                                             .x = x_,
-                                             .weight = weight_ ? weight_->value().cview() : TensorView<const T, D>(),
-                                             .bias = bias_ ? bias_->value().cview() : TensorView<const T, D>(),
-                                             .y = y.view().reshape(Shape{rows, c}),
-                                             .mean = mean_.view(),
-                                             .rstd = rstd_.view(),
-                                             .eps = o_.eps});
+    Kernels<D>::layer_norm_forward(
+        exec, kernels::LayerNormForwardArgs<T, D>{
+                  .x = x_,
+                  .weight = weight_ ? weight_->value().cview() : TensorView<const T, D>(),
+                  .bias = bias_ ? bias_->value().cview() : TensorView<const T, D>(),
+                  .y = y.view().reshape(Shape{rows, c}),
+                  .mean = mean_.view(),
+                  .rstd = rstd_.view(),
+                  .eps = o_.eps});
     have_x_ = true;
     return y;
   }
@@ -94,15 +104,16 @@ class LayerNorm : public Module<T, D> {
     have_x_ = false;
     expect_shape(dy, x_shape_, "output gradient dy", "LayerNorm.backward");
     Tensor<T, D> dx(x_shape_);
-    Kernels<D>::layer_norm_backward(exec, kernels::LayerNormBackwardArgs<T, D>{
-                                              .x = x_,
-                                              .weight = weight_ ? weight_->value().cview() : TensorView<const T, D>(),
-                                              .mean = mean_.cview(),
-                                              .rstd = rstd_.cview(),
-                                              .dy = dy.reshape(x_.shape()),
-                                              .dx = dx.view().reshape(x_.shape()),
-                                              .dweight = weight_ ? weight_->grad_dest() : TensorView<T, D>(),
-                                              .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>()});
+    Kernels<D>::layer_norm_backward(
+        exec, kernels::LayerNormBackwardArgs<T, D>{
+                  .x = x_,
+                  .weight = weight_ ? weight_->value().cview() : TensorView<const T, D>(),
+                  .mean = mean_.cview(),
+                  .rstd = rstd_.cview(),
+                  .dy = dy.reshape(x_.shape()),
+                  .dx = dx.view().reshape(x_.shape()),
+                  .dweight = weight_ ? weight_->grad_dest() : TensorView<T, D>(),
+                  .dbias = bias_ ? bias_->grad_dest() : TensorView<T, D>()});
     if (weight_) weight_->grad_done(exec);
     if (bias_) bias_->grad_done(exec);
     return dx;

@@ -1,35 +1,43 @@
-// Module: the base of every layer; owns named parameters, buffers and child modules in registration order.
+// Module: the base of every layer; owns named parameters, buffers and child modules in registration
+// order.
 // SPDX-License-Identifier: MIT
 //
 // Explicit forward and backward, no autograd (docs/decisions/0006):
-//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (masks, statistics, a VIEW of x)
-//     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills parameter grads
+//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (masks, statistics, a
+//       VIEW of x)
+//     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills
+//       parameter grads
 // backward must follow a forward of the same module; calling it twice for one forward is an error.
 // THE CALLER KEEPS x ALIVE AND UNCHANGED UNTIL backward RETURNS. Modules that need their input in
-// backward (Conv2d, Linear, BatchNorm2d; ReLU and the residual blocks their output) keep a view, not a copy:
-// copying every activation would double the memory traffic of a step. Inside a model, parents keep their
-// children's inputs (each layer's output is the next one's input and is kept); at the top, the training loop
-// owns the batch. A batch destroyed between forward and backward is a use after free: on the GPU the caching
-// allocator may hand its memory to a tensor of the backward pass (silently wrong gradients); on the CPU the
-// ASan build (DDP_CPU_CACHING=0, scripts/sanitize.sh) reports it where reads are instrumented; DDP_CHECK_INPUTS=1
-// (nn/check_inputs.hpp) makes backward throw naming the module, on both devices. Keep the batch alive across both
-// calls:
-//     while (auto batch = loader.next()) { model.forward(exec, batch->images.cview()); ...; model.backward(exec, dy); }
+// backward (Conv2d, Linear, BatchNorm2d; ReLU and the residual blocks their output) keep a view,
+// not a copy: copying every activation would double the memory traffic of a step. Inside a model,
+// parents keep their children's inputs (each layer's output is the next one's input and is kept);
+// at the top, the training loop owns the batch. A batch destroyed between forward and backward is a
+// use after free: on the GPU the caching allocator may hand its memory to a tensor of the backward
+// pass (silently wrong gradients); on the CPU the ASan build (DDP_CPU_CACHING=0,
+// scripts/sanitize.sh) reports it where reads are instrumented; DDP_CHECK_INPUTS=1
+// (nn/check_inputs.hpp) makes backward throw naming the module, on both devices. Keep the batch
+// alive across both calls:
+//     while (auto batch = loader.next()) { model.forward(exec, batch->images.cview()); ...;
+//       model.backward(exec, dy); }
 //
 // Names. Every parameter and buffer carries its full torchvision state_dict key. A module registers
 // its own tensors under local names ("weight", "running_mean") and children under theirs ("layer1",
-// "0", "downsample"); attaching a child renames its whole subtree with the child's prefix, so a tree
-// built bottom-up ends with names like "layer1.0.downsample.1.running_var".
-// Order. parameters() and buffers() walk the tree depth-first in registration order; state_dict_keys()
-// lists, module by module, its parameters then its buffers, then each child: torch's state_dict order.
-// For a BatchNorm2d at "bn1": bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var, bn1.num_batches_tracked.
-// Writing a module. Models built from Sequential, Residual (nn/residual_wrapper.hpp) and the layers need no backward
-// code. A module of one's own derives from Module<T, D>: registers its parameters and children in the constructor,
-// implements describe(), forward_impl (keeps what backward needs: views, not copies) and backward_impl (returns dx,
-// writes each parameter's gradient into p.grad_dest(), then calls p.grad_done(exec), which accumulates and tells
-// DDP). E.g. y = x * scale[c] over the last dimension (all of it: ChannelScale in tests/unit/nn/test_compose.cpp):
+// "0", "downsample"); attaching a child renames its whole subtree with the child's prefix, so a
+// tree built bottom-up ends with names like "layer1.0.downsample.1.running_var". Order.
+// parameters() and buffers() walk the tree depth-first in registration order; state_dict_keys()
+// lists, module by module, its parameters then its buffers, then each child: torch's state_dict
+// order. For a BatchNorm2d at "bn1": bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var,
+// bn1.num_batches_tracked. Writing a module. Models built from Sequential, Residual
+// (nn/residual_wrapper.hpp) and the layers need no backward code. A module of one's own derives
+// from Module<T, D>: registers its parameters and children in the constructor, implements
+// describe(), forward_impl (keeps what backward needs: views, not copies) and backward_impl
+// (returns dx, writes each parameter's gradient into p.grad_dest(), then calls p.grad_done(exec),
+// which accumulates and tells DDP). E.g. y = x * scale[c] over the last dimension (all of it:
+// ChannelScale in tests/unit/nn/test_compose.cpp):
 //     forward_impl:  y[i] = x[i] * scale[i % C];  x_ = x;
-//     backward_impl: dx[i] = dy[i] * scale[i % C];  g = scale_->grad_dest();  g[c] = sum_{i % C == c} dy[i] x_[i];
+//     backward_impl: dx[i] = dy[i] * scale[i % C];  g = scale_->grad_dest();  g[c] = sum_{i % C ==
+//       c} dy[i] x_[i];
 //                    scale_->grad_done(exec);  return dx;
 #pragma once
 
@@ -79,7 +87,9 @@ class Buffer {
   Tensor<std::int64_t, D>& count() noexcept { return count_; }
   const Shape& shape() const noexcept { return is_integer() ? count_.shape() : real_.shape(); }
   // Raw bytes (for broadcasting and checkpoints): pointer and size of whichever tensor is in use.
-  void* data() noexcept { return is_integer() ? static_cast<void*>(count_.data()) : static_cast<void*>(real_.data()); }
+  void* data() noexcept {
+    return is_integer() ? static_cast<void*>(count_.data()) : static_cast<void*>(real_.data());
+  }
   std::size_t bytes() const noexcept { return is_integer() ? count_.bytes() : real_.bytes(); }
 
   void set_full_name(std::string prefix) { name_ = std::move(prefix) + local_name_; }
@@ -87,13 +97,14 @@ class Buffer {
  private:
   std::string local_name_, name_;
   DType dtype_;
-  Tensor<T, D> real_;                // (C) running_mean / running_var
-  Tensor<std::int64_t, D> count_;    // () num_batches_tracked
+  Tensor<T, D> real_;              // (C) running_mean / running_var
+  Tensor<std::int64_t, D> count_;  // () num_batches_tracked
 };
 
-// T: the parameters' element type (their gradients', buffers', the optimizer's); A: the activations' and their
-// gradients' (what forward and backward take and return). A = T but for bf16 activation storage
-// (Module<float, D, bfloat16>, docs/decisions/0070), which the ResNet layers support.
+// T: the parameters' element type (their gradients', buffers', the optimizer's); A: the
+// activations' and their gradients' (what forward and backward take and return). A = T but for bf16
+// activation storage (Module<float, D, bfloat16>, docs/decisions/0070), which the ResNet layers
+// support.
 template <class T, Device D, class A = T>
 class Module {
  public:
@@ -113,31 +124,35 @@ class Module {
     remember_input(x.data());
     return forward_impl(exec, x);
   }
-  // y = f(ids) for the modules whose input is int64 token ids (Embedding, GPT and its EmbeddingStem); the same
-  // trace span. Every other module throws ValueError. Like x, THE CALLER KEEPS ids ALIVE until backward returns.
+  // y = f(ids) for the modules whose input is int64 token ids (Embedding, GPT and its
+  // EmbeddingStem); the same trace span. Every other module throws ValueError. Like x, THE CALLER
+  // KEEPS ids ALIVE until backward returns.
   Tensor<A, D> forward(Exec<D>& exec, TensorView<const std::int64_t, D> ids) {
     trace::Span span = trace_span("forward");
     remember_input(ids.data());
     return forward_ids_impl(exec, ids);
   }
-  // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and calls
-  // each parameter's grad-ready hook as soon as its gradient is final.
+  // dx = d(loss)/dx from dy = d(loss)/dy of the last forward; accumulates parameter gradients and
+  // calls each parameter's grad-ready hook as soon as its gradient is final.
   Tensor<A, D> backward(Exec<D>& exec, TensorView<const A, D> dy) {
     trace::Span span = trace_span("backward");
     check_input_kept();
     return backward_impl(exec, dy);
   }
-  // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2, padding=1)".
+  // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2,
+  // padding=1)".
   virtual std::string describe() const = 0;
 
   // Full path of this module ("" for the root, "layer1.0.conv1" inside a ResNet).
   const std::string& path() const noexcept { return path_; }
   // "module 'layer1.0.conv1' (Conv2d(...))": how errors refer to a module.
   std::string where() const {
-    return ddp::detail::str("module '", path_.empty() ? std::string("<root>") : path_, "' (", describe(), ")");
+    return ddp::detail::str("module '", path_.empty() ? std::string("<root>") : path_, "' (",
+                            describe(), ")");
   }
 
-  // All parameters of this subtree, depth-first in registration order (torchvision's parameters() order).
+  // All parameters of this subtree, depth-first in registration order (torchvision's parameters()
+  // order).
   std::vector<Parameter<T, D>*> parameters() {
     std::vector<Parameter<T, D>*> out;
     visit([&](Module& m) {
@@ -178,7 +193,8 @@ class Module {
     return n;
   }
 
-  // Training mode (batch statistics in BatchNorm) or evaluation mode (running statistics); recursive.
+  // Training mode (batch statistics in BatchNorm) or evaluation mode (running statistics);
+  // recursive.
   void train(bool on = true) {
     visit([&](Module& m) { m.training_ = on; });
   }
@@ -199,36 +215,48 @@ class Module {
     f(*this);
     for (auto& c : children_) c.second->visit(f);
   }
-  const std::vector<std::pair<std::string, Module*>>& children() const noexcept { return children_view_; }
+  const std::vector<std::pair<std::string, Module*>>& children() const noexcept {
+    return children_view_;
+  }
 
  protected:
-  // What forward() and backward() run: every module implements these (the public calls add the trace span).
+  // What forward() and backward() run: every module implements these (the public calls add the
+  // trace span).
   virtual Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) = 0;
   virtual Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) = 0;
-  // What forward(exec, ids) runs: modules that take token ids override it (and reject T values in forward_impl
-  // with reject_values).
+  // What forward(exec, ids) runs: modules that take token ids override it (and reject T values in
+  // forward_impl with reject_values).
   virtual Tensor<A, D> forward_ids_impl(Exec<D>&, TensorView<const std::int64_t, D> ids) {
-    throw ValueError(ddp::detail::str("ddp: ", where(), ": takes values of the model's floating-point type, got int64 "
-                                      "token ids (shape ", ids.shape(), "); only modules with an embedding "
-                                      "(Embedding, GPT) take ids"));
+    throw ValueError(
+        ddp::detail::str("ddp: ", where(),
+                         ": takes values of the model's floating-point type, got int64 "
+                         "token ids (shape ",
+                         ids.shape(),
+                         "); only modules with an embedding "
+                         "(Embedding, GPT) take ids"));
   }
   // forward_impl of a module that takes token ids: the ValueError for T values of shape `shape`.
   [[noreturn]] void reject_values(const Shape& shape) const {
-    throw ValueError(ddp::detail::str("ddp: ", where(), ": takes int64 token ids, got values of the model's "
-                                      "floating-point type (shape ", shape, "); pass the ids as a "
+    throw ValueError(ddp::detail::str("ddp: ", where(),
+                                      ": takes int64 token ids, got values of the model's "
+                                      "floating-point type (shape ",
+                                      shape,
+                                      "); pass the ids as a "
                                       "TensorView<const std::int64_t, D> to forward(exec, ids)"));
   }
-  // The trace span of one call of this module (`phase`: "forward" or "backward"), named by path() ("model" for
-  // the root); for entry points other than forward/backward, such as BatchNorm2d's fused forward_act.
+  // The trace span of one call of this module (`phase`: "forward" or "backward"), named by path()
+  // ("model" for the root); for entry points other than forward/backward, such as BatchNorm2d's
+  // fused forward_act.
   trace::Span trace_span(std::string_view phase) const {
-    return trace::Span(phase, path_.empty() ? std::string_view("model") : std::string_view(path_), "module",
-                       [this] { return describe(); });
+    return trace::Span(phase, path_.empty() ? std::string_view("model") : std::string_view(path_),
+                       "module", [this] { return describe(); });
   }
-  // Names a module that a parent owns outside the tree (no state_dict entries, e.g. ResNet's pools): errors and
-  // traces then call it `path` instead of "<root>".
+  // Names a module that a parent owns outside the tree (no state_dict entries, e.g. ResNet's
+  // pools): errors and traces then call it `path` instead of "<root>".
   static void set_detached_path(Module& m, std::string path) { m.set_path(std::move(path)); }
 
-  Parameter<T, D>& register_parameter(std::string local_name, Shape shape, Layout layout = Layout::Plain) {
+  Parameter<T, D>& register_parameter(std::string local_name, Shape shape,
+                                      Layout layout = Layout::Plain) {
     params_.push_back(std::make_unique<Parameter<T, D>>(std::move(local_name), shape, layout));
     params_.back()->set_full_name(prefix());
     return *params_.back();
@@ -248,13 +276,14 @@ class Module {
     return ref;
   }
 
-  // DDP_CHECK_INPUTS (nn/check_inputs.hpp): remember_input stamps the pool block holding the input at `p` (forward
-  // calls it; so does a module that points its backward at another input, Conv2d::rebind_input); check_input_kept
-  // throws ValueError if that block was freed since, once per stamp (backward calls it; so does any other backward
-  // entry point). A forward with the check off drops the stamp of an earlier one.
-  // A module whose backward never reads its input (MaxPool2d keeps argmax, Dropout its mask) calls
-  // backward_reads_no_input() in its constructor: parents may then free that input early (ResNet's recompute_relu,
-  // GPT's blocks) and the check leaves it alone.
+  // DDP_CHECK_INPUTS (nn/check_inputs.hpp): remember_input stamps the pool block holding the input
+  // at `p` (forward calls it; so does a module that points its backward at another input,
+  // Conv2d::rebind_input); check_input_kept throws ValueError if that block was freed since, once
+  // per stamp (backward calls it; so does any other backward entry point). A forward with the check
+  // off drops the stamp of an earlier one. A module whose backward never reads its input (MaxPool2d
+  // keeps argmax, Dropout its mask) calls backward_reads_no_input() in its constructor: parents may
+  // then free that input early (ResNet's recompute_relu, GPT's blocks) and the check leaves it
+  // alone.
   void backward_reads_no_input() noexcept { reads_input_ = false; }
   void remember_input(const void* p) {
     if (check_inputs_enabled() && reads_input_)
@@ -270,17 +299,20 @@ class Module {
       return;
     }
     throw ValueError(ddp::detail::str(
-        "ddp: backward of ", where(), ": the input of its forward (at ", input_stamp_.first, ") was freed",
-        now ? " and its memory handed to another tensor" : "", " before backward (", kCheckInputsVar,
-        "=1); keep the batch / input tensor alive until backward returns (modules keep a view of their input, "
+        "ddp: backward of ", where(), ": the input of its forward (at ", input_stamp_.first,
+        ") was freed", now ? " and its memory handed to another tensor" : "", " before backward (",
+        kCheckInputsVar,
+        "=1); keep the batch / input tensor alive until backward returns (modules keep a view of "
+        "their input, "
         "not a copy)"));
   }
 
   // Throws the ValueError backward() raises when no forward state is kept.
   void require_forward_state(bool have, const char* what = "forward") const {
     if (!have)
-      throw ValueError(ddp::detail::str("ddp: backward of ", where(), " called without a preceding ", what,
-                                        " (or twice for one forward); call forward(x) before each backward(dy)"));
+      throw ValueError(ddp::detail::str(
+          "ddp: backward of ", where(), " called without a preceding ", what,
+          " (or twice for one forward); call forward(x) before each backward(dy)"));
   }
 
  private:
@@ -294,7 +326,8 @@ class Module {
 
   std::string path_;
   bool training_ = true;
-  std::pair<const void*, std::optional<BlockStamp>> input_stamp_;  // DDP_CHECK_INPUTS: the last forward's input
+  // DDP_CHECK_INPUTS: the last forward's input
+  std::pair<const void*, std::optional<BlockStamp>> input_stamp_;
   bool reads_input_ = true;  // backward reads the forward's input (backward_reads_no_input)
   std::vector<std::unique_ptr<Parameter<T, D>>> params_;
   std::vector<std::unique_ptr<Buffer<T, D>>> buffers_;

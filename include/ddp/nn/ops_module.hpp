@@ -1,31 +1,36 @@
 // OpsModule: a Module whose forward is written with autograd ops; backward comes from the tape.
 // SPDX-License-Identifier: MIT
 //
-// One model concept (docs/decisions/0076): an OpsModule is an nn::Module like any layer. It registers parameters
-// and children in its constructor (parameters(), state_dict, optimizers, checkpoints and DDP see ordinary
-// parameters) and implements one function from Vars to a Var:
+// One model concept (docs/decisions/0076): an OpsModule is an nn::Module like any layer. It
+// registers parameters and children in its constructor (parameters(), state_dict, optimizers,
+// checkpoints and DDP see ordinary parameters) and implements one function from Vars to a Var:
 //     class SwiGlu : public nn::OpsModule<float, Cpu> {
-//       nn::Parameter<float, Cpu>& w1_ = register_parameter("w1", {16, 8});  // (out, in), as torch.nn.Linear
+//       nn::Parameter<float, Cpu>& w1_ = register_parameter("w1", {16, 8});  // (out, in), as
+//         torch.nn.Linear
 //       ...
 //       Var forward_ops(OpsGraph<float, Cpu>& g, const Var& x) override {
-//         return autograd::linear(autograd::silu(autograd::linear(x, g.param(w1_))) * ..., g.param(w2_));
+//         return autograd::linear(autograd::silu(autograd::linear(x, g.param(w1_))) * ...,
+//           g.param(w2_));
 //       }
 //     };
-// forward(exec, x) / backward(exec, dy) work as for every module, so it sits in a Sequential or Residual next to
-// explicit layers, and DDP wraps it. Inside forward_ops:
-// - g.param(p): the leaf of parameter p for this forward. Every use of p in one forward (tied weights, a block
-//   applied twice, loops) gets the SAME leaf, so backward sums the uses and p.grad_done() (DDP's ready hook) runs
-//   once, when the last use has been accumulated, interleaved with the rest of backward.
-// - g(child, x): runs a child. An OpsModule child runs its forward_ops in this graph (any number of times); any
-//   other module (Conv2d, BatchNorm2d, a Sequential of them) runs its explicit forward, and backward calls its
-//   explicit backward (same speed as outside). Such a layer keeps the state of one forward, so it may be called
-//   once per forward of the graph's root.
-// Outside the module interface, an OpsGraph on a model gives its output as a Var, to compose with a loss op:
+// forward(exec, x) / backward(exec, dy) work as for every module, so it sits in a Sequential or
+// Residual next to explicit layers, and DDP wraps it. Inside forward_ops:
+// - g.param(p): the leaf of parameter p for this forward. Every use of p in one forward (tied
+//   weights, a block applied twice, loops) gets the SAME leaf, so backward sums the uses and
+//   p.grad_done() (DDP's ready hook) runs once, when the last use has been accumulated, interleaved
+//   with the rest of backward.
+// - g(child, x): runs a child. An OpsModule child runs its forward_ops in this graph (any number of
+//   times); any other module (Conv2d, BatchNorm2d, a Sequential of them) runs its explicit forward,
+//   and backward calls its explicit backward (same speed as outside). Such a layer keeps the state
+//   of one forward, so it may be called once per forward of the graph's root.
+// Outside the module interface, an OpsGraph on a model gives its output as a Var, to compose with a
+// loss op:
 //     nn::OpsGraph<double, Cpu> g(exec, model);
 //     auto loss = autograd::cross_entropy(g(model, x), labels);
-//     loss.backward();                                          // every parameter's grad(), each reported once
-// Cost: the tape's bookkeeping and one copy per op output (docs/decisions/0071); a hot layer can still be written
-// as an explicit Module and called from ops with g(layer, x).
+//     loss.backward();                                          // every parameter's grad(), each
+//       reported once
+// Cost: the tape's bookkeeping and one copy per op output (docs/decisions/0071); a hot layer can
+// still be written as an explicit Module and called from ops with g(layer, x).
 #pragma once
 
 #include <algorithm>
@@ -51,9 +56,9 @@ namespace ddp::nn {
 template <class T, Device D>
 class OpsModule;
 
-// The state of one forward through an op-written model: its root module (whose subtree holds every parameter and
-// child the forward may use), one leaf per parameter, and the explicit layers already run. Create one per forward
-// (OpsModule::forward does); the Vars it hands out outlive it.
+// The state of one forward through an op-written model: its root module (whose subtree holds every
+// parameter and child the forward may use), one leaf per parameter, and the explicit layers already
+// run. Create one per forward (OpsModule::forward does); the Vars it hands out outlive it.
 template <class T, Device D>
 class OpsGraph {
  public:
@@ -72,11 +77,13 @@ class OpsGraph {
   // The leaf of parameter p in this forward (created on first use, the same Var afterwards).
   Var param(Parameter<T, D>& p) {
     if (!params_.count(&p))
-      throw ValueError(ddp::detail::str(
-          "ddp: ", root_->where(), ": forward_ops uses parameter '", p.name(),
-          "', which is not in this module's subtree; an op-written forward may use only the parameters of its "
-          "own module and children (register_parameter / register_module it there), or DDP, optimizers and "
-          "checkpoints would not see its gradient"));
+      throw ValueError(ddp::detail::str("ddp: ", root_->where(), ": forward_ops uses parameter '",
+                                        p.name(),
+                                        "', which is not in this module's subtree; an op-written "
+                                        "forward may use only the parameters of its "
+                                        "own module and children (register_parameter / "
+                                        "register_module it there), or DDP, optimizers and "
+                                        "checkpoints would not see its gradient"));
     if (explicit_params_.count(&p)) throw used_both_ways(p);
     auto it = leaves_.find(&p);
     if (it == leaves_.end()) it = leaves_.emplace(&p, Var::parameter(p, *exec_)).first;
@@ -88,32 +95,39 @@ class OpsGraph {
   // child(x) as part of this graph (see the header comment); child must be in the root's subtree.
   Var operator()(Module<T, D>& child, const Var& x) {
     if (!modules_.count(&child))
-      throw ValueError(ddp::detail::str("ddp: ", root_->where(), ": forward_ops calls ", child.where(),
-                                        ", which is not in this module's subtree; register it as a child "
-                                        "(register_module) so that its parameters are this model's"));
+      throw ValueError(
+          ddp::detail::str("ddp: ", root_->where(), ": forward_ops calls ", child.where(),
+                           ", which is not in this module's subtree; register it as a child "
+                           "(register_module) so that its parameters are this model's"));
     if (auto* ops = dynamic_cast<OpsModule<T, D>*>(&child)) return ops->run_in(*this, x);
     return run_explicit(child, x);
   }
-  // child(ids) for an OpsModule that takes int64 token ids (forward_ops_ids), e.g. the model itself.
+  // child(ids) for an OpsModule that takes int64 token ids (forward_ops_ids), e.g. the model
+  // itself.
   Var operator()(OpsModule<T, D>& child, const Tensor<std::int64_t, D>& ids) {
     if (!modules_.count(&child))
-      throw ValueError(ddp::detail::str("ddp: ", root_->where(), ": an OpsGraph calls ", child.where(),
-                                        ", which is not in its root's subtree; register it as a child "
-                                        "(register_module) so that its parameters are this model's"));
+      throw ValueError(
+          ddp::detail::str("ddp: ", root_->where(), ": an OpsGraph calls ", child.where(),
+                           ", which is not in its root's subtree; register it as a child "
+                           "(register_module) so that its parameters are this model's"));
     return child.run_ids_in(*this, ids);
   }
 
  private:
-  // An explicit layer as one node: its forward now, its backward when the tape reaches the node. The node
-  // requires a gradient when x does or the layer has parameters (their gradients come from its backward).
+  // An explicit layer as one node: its forward now, its backward when the tape reaches the node.
+  // The node requires a gradient when x does or the layer has parameters (their gradients come from
+  // its backward).
   Var run_explicit(Module<T, D>& layer, const Var& x) {
     if (!explicit_run_.insert(&layer).second)
-      throw ValueError(ddp::detail::str(
-          "ddp: ", root_->where(), ": forward_ops calls ", layer.where(),
-          " a second time in one forward; it is an explicit layer (hand-written backward) that keeps the state "
-          "of ONE forward for its backward, so it may run once per forward. Use a second instance, or write the "
-          "shared part with ops (an OpsModule child, or autograd::conv2d / linear on g.param(...) weights), which "
-          "may run any number of times"));
+      throw ValueError(ddp::detail::str("ddp: ", root_->where(), ": forward_ops calls ",
+                                        layer.where(),
+                                        " a second time in one forward; it is an explicit layer "
+                                        "(hand-written backward) that keeps the state "
+                                        "of ONE forward for its backward, so it may run once per "
+                                        "forward. Use a second instance, or write the "
+                                        "shared part with ops (an OpsModule child, or "
+                                        "autograd::conv2d / linear on g.param(...) weights), which "
+                                        "may run any number of times"));
     for (auto* p : layer.parameters()) {
       if (leaves_.count(p)) throw used_both_ways(*p);
       explicit_params_.insert(p);
@@ -123,8 +137,10 @@ class OpsGraph {
     n->value = std::move(y);
     n->op = "explicit module";
     n->exec = *exec_;
-    const bool needs = autograd::grad_enabled() && (x.requires_grad() || !layer.parameters().empty());
-    if (!needs) return Var(std::move(n));  // a constant (inference): the layer's backward is never called
+    const bool needs =
+        autograd::grad_enabled() && (x.requires_grad() || !layer.parameters().empty());
+    // a constant (inference): the layer's backward is never called
+    if (!needs) return Var(std::move(n));
     n->leaf = false;
     n->requires_grad = true;
     n->inputs = {x.node_ptr()};  // keeps x's value alive: the layer's backward reads a view of it
@@ -137,12 +153,14 @@ class OpsGraph {
     return Var(std::move(n));
   }
 
-  // A parameter both behind g.param and inside an explicit layer of one forward would report its gradient twice.
+  // A parameter both behind g.param and inside an explicit layer of one forward would report its
+  // gradient twice.
   ValueError used_both_ways(const Parameter<T, D>& p) const {
     return ValueError(ddp::detail::str(
         "ddp: ", root_->where(), ": parameter '", p.name(),
         "' is used both through g.param() and by the explicit "
-        "layer that owns it in one forward; each would report its gradient separately. Use it one way: call the "
+        "layer that owns it in one forward; each would report its gradient separately. Use it one "
+        "way: call the "
         "layer with g(layer, x) only, or write that layer's use with ops on g.param()"));
   }
 
@@ -152,7 +170,8 @@ class OpsGraph {
   std::unordered_set<const Parameter<T, D>*> params_;
   std::unordered_map<const Parameter<T, D>*, Var> leaves_;
   std::unordered_set<const Module<T, D>*> explicit_run_;
-  std::unordered_set<const Parameter<T, D>*> explicit_params_;  // parameters of the explicit layers run
+  // parameters of the explicit layers run
+  std::unordered_set<const Parameter<T, D>*> explicit_params_;
 };
 
 template <class T, Device D>
@@ -162,9 +181,11 @@ class OpsModule : public Module<T, D> {
   using Graph = OpsGraph<T, D>;
 
  protected:
-  // The forward, written with ops: x -> y. Parameters through g.param(p), children through g(child, x).
+  // The forward, written with ops: x -> y. Parameters through g.param(p), children through g(child,
+  // x).
   virtual Var forward_ops(Graph& g, const Var& x) = 0;
-  // The forward of a model that takes int64 token ids (an embedding first); others leave it (ValueError).
+  // The forward of a model that takes int64 token ids (an embedding first); others leave it
+  // (ValueError).
   virtual Var forward_ops_ids(Graph&, const Tensor<std::int64_t, D>& ids) {
     throw ValueError(ddp::detail::str("ddp: ", this->where(),
                                       ": takes values of the model's floating-point type, "
@@ -174,7 +195,8 @@ class OpsModule : public Module<T, D> {
                                       "overrides forward_ops_ids"));
   }
 
-  // Module's interface: x becomes a leaf (its gradient is backward's dx), the output Var is kept for backward.
+  // Module's interface: x becomes a leaf (its gradient is backward's dx), the output Var is kept
+  // for backward.
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     reset();
     warn_zero_weights_once(exec);
@@ -186,18 +208,20 @@ class OpsModule : public Module<T, D> {
     reset();
     warn_zero_weights_once(exec);
     Graph g(exec, *this);
-    const auto t = Tensor<std::int64_t, D>::borrow(const_cast<std::int64_t*>(ids.data()), ids.shape());
+    const auto t =
+        Tensor<std::int64_t, D>::borrow(const_cast<std::int64_t*>(ids.data()), ids.shape());
     return keep_output(exec, forward_ops_ids(g, t));
   }
-  // dx from dy: runs the tape from the kept output; every parameter's grad_done() fires as its gradient is final.
-  // A model that took ids returns an empty tensor (as nn::GPT).
+  // dx from dy: runs the tape from the kept output; every parameter's grad_done() fires as its
+  // gradient is final. A model that took ids returns an empty tensor (as nn::GPT).
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(out_.defined());
     Var out = std::move(out_), in = std::move(in_);
     out_ = Var();
     in_ = Var();
     expect_shape(dy, out.shape(), "output gradient dy", "OpsModule.backward");
-    if (out.requires_grad()) out.backward(Tensor<T, D>::borrow(const_cast<T*>(dy.data()), dy.shape()));
+    if (out.requires_grad())
+      out.backward(Tensor<T, D>::borrow(const_cast<T*>(dy.data()), dy.shape()));
     if (!in.defined()) return Tensor<T, D>();
     if (in.has_grad()) return std::move(in.node().grad);
     Tensor<T, D> dx(in.shape());  // the output does not depend on x
@@ -212,9 +236,10 @@ class OpsModule : public Module<T, D> {
     out_ = Var();
     in_ = Var();
   }
-  // Once, at the first forward: a weight (rank >= 2) still all zeros was most likely never initialised (a
-  // parameter from register_parameter starts at zero, and a zero weight often passes no gradient, so the loss
-  // stays where it is). A warning, not an error: some weights start at zero on purpose (LoRA's B).
+  // Once, at the first forward: a weight (rank >= 2) still all zeros was most likely never
+  // initialised (a parameter from register_parameter starts at zero, and a zero weight often passes
+  // no gradient, so the loss stays where it is). A warning, not an error: some weights start at
+  // zero on purpose (LoRA's B).
   void warn_zero_weights_once(Exec<D>& exec) {
     if (zero_weights_checked_) return;
     zero_weights_checked_ = true;
@@ -222,17 +247,22 @@ class OpsModule : public Module<T, D> {
       if (p->value().rank() < 2 || p->value().numel() == 0) continue;
       const Tensor<T, Cpu> host = to<Cpu>(p->value().cview(), exec);
       if (std::all_of(host.data(), host.data() + host.numel(), [](T v) { return v == T(0); }))
-        DDP_LOG_WARN("ddp: ", this->where(), ": parameter '", p->name(), "' ", p->value().shape(),
-                     " is all zeros at the first forward: a parameter made with register_parameter starts at zero. "
-                     "Initialise it in the constructor, e.g. nn::init_normal(p, 0.0, 0.02) or nn::init_uniform(p, "
-                     "-b, b) with b = nn::fan_in_bound(fan_in) (<ddp/nn/init.hpp>), unless zeros are meant");
+        DDP_LOG_WARN(
+            "ddp: ", this->where(), ": parameter '", p->name(), "' ", p->value().shape(),
+            " is all zeros at the first forward: a parameter made with register_parameter starts "
+            "at zero. "
+            "Initialise it in the constructor, e.g. nn::init_normal(p, 0.0, 0.02) or "
+            "nn::init_uniform(p, "
+            "-b, b) with b = nn::fan_in_bound(fan_in) (<ddp/nn/init.hpp>), unless zeros are meant");
     }
   }
   Tensor<T, D> keep_output(Exec<D>& exec, Var out) {
     if (!out.defined())
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": forward_ops returned an empty Var"));
+      throw ValueError(
+          ddp::detail::str("ddp: ", this->where(), ": forward_ops returned an empty Var"));
     out_ = std::move(out);
-    Tensor<T, D> y(out_.shape());  // the caller owns y; out_'s value stays with the tape (ops' backward read it)
+    // the caller owns y; out_'s value stays with the tape (ops' backward read it)
+    Tensor<T, D> y(out_.shape());
     copy(out_.value().cview(), y.view(), exec);
     return y;
   }

@@ -1,8 +1,9 @@
 // ReLU as a module (torch.nn.ReLU): y = max(x, 0), NaN stays NaN; backward masks dy with y > 0.
 // SPDX-License-Identifier: MIT
 //
-// Runs on any device through Kernels<D>::relu_forward / relu_backward (kernels/elementwise.hpp's functors).
-// The ResNet blocks and stem do not use it: their ReLUs are fused into BatchNorm2d::forward_act.
+// Runs on any device through Kernels<D>::relu_forward / relu_backward (kernels/elementwise.hpp's
+// functors). The ResNet blocks and stem do not use it: their ReLUs are fused into
+// BatchNorm2d::forward_act.
 #pragma once
 
 #include <string>

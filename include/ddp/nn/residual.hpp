@@ -1,31 +1,34 @@
-// ResidualBlock: forward and backward of ResNet's residual blocks, written once for BasicBlock and Bottleneck.
+// ResidualBlock: forward and backward of ResNet's residual blocks, written once for BasicBlock and
+// Bottleneck.
 // SPDX-License-Identifier: MIT
 //
-//   out = relu( bn_L(conv_L( ... relu(bn_1(conv_1(x))) ... )) + identity ),  identity = downsample(x) or x
-// A block registers its modules under torchvision's names and in its order (conv1, bn1, ..., downsample),
-// then lists its main path as (conv, bn) stages with add_stage() and its projection with set_downsample().
-// Forward: each stage but the last is conv -> bn + ReLU (BatchNorm2d::forward_act without a residual); the
-// last is conv -> bn + identity + ReLU (forward_act with the residual), so the skip is added before the
-// final ReLU. The ReLUs run on the BatchNorm outputs, which is safe because BatchNorm's backward needs its
-// input, not its output (torchvision's ReLU(inplace=True)).
-// The downsample's output (the skip term) is freed once the last bn has added it: backward does not read it.
-// Backward (how it works): the last bn's backward_act takes dy and the block's output y, applies the mask
-// g = dy * (y > 0) and returns g as its dresidual: g is the skip path's gradient, passed through
-// downsample.backward when there is one. The main path then runs conv_L back and, for each earlier stage
-// from the last to the first, bn + ReLU mask (backward_act on that stage's output) and conv; conv_1's backward
-// adds its input gradient to the skip gradient in place (Conv2d::backward_accumulate: beta = 1 in cuBLAS and
+//   out = relu( bn_L(conv_L( ... relu(bn_1(conv_1(x))) ... )) + identity ),  identity =
+//     downsample(x) or x
+// A block registers its modules under torchvision's names and in its order (conv1, bn1, ...,
+// downsample), then lists its main path as (conv, bn) stages with add_stage() and its projection
+// with set_downsample(). Forward: each stage but the last is conv -> bn + ReLU
+// (BatchNorm2d::forward_act without a residual); the last is conv -> bn + identity + ReLU
+// (forward_act with the residual), so the skip is added before the final ReLU. The ReLUs run on the
+// BatchNorm outputs, which is safe because BatchNorm's backward needs its input, not its output
+// (torchvision's ReLU(inplace=True)). The downsample's output (the skip term) is freed once the
+// last bn has added it: backward does not read it. Backward (how it works): the last bn's
+// backward_act takes dy and the block's output y, applies the mask g = dy * (y > 0) and returns g
+// as its dresidual: g is the skip path's gradient, passed through downsample.backward when there is
+// one. The main path then runs conv_L back and, for each earlier stage from the last to the first,
+// bn + ReLU mask (backward_act on that stage's output) and conv; conv_1's backward adds its input
+// gradient to the skip gradient in place (Conv2d::backward_accumulate: beta = 1 in cuBLAS and
 // cuDNN, docs/decisions/0061), so dx = main + skip costs neither a pass nor a tensor of its own.
-// Gradient order (what DDP's first-step buckets follow): bn_L, then the downsample's (downsample.1, .0),
-// then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample: bn2.weight,
-// bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight, bn1.weight,
-// bn1.bias, conv1.weight.
-// Recomputation (BlockOptions::recompute_relu, docs/decisions/0068): stage i's a = relu(bn_i(c_i)) is read in
-// backward by conv_{i+1}'s wgrad (its input) and by bn_i's ReLU mask, nothing else, and conv_{i+1}'s backward
-// comes first. So forward frees a once conv_{i+1} has run, and backward computes it again just before
-// conv_{i+1}'s backward (Conv2d::rebind_input) and frees it after bn_i's; the same kernel on the same c_i with
-// the same gamma and beta gives the same bits, hence the same gradients. A synchronised bn keeps its a.
-// On the GPU each bn + (residual) + ReLU is one fused pass (kernels/cuda/bn_act.cuh); on the CPU it is the
-// unfused passes in a row, bit-identical to bn, add, relu (kernels/cpu/bn_act.hpp).
+// Gradient order (what DDP's first-step buckets follow): bn_L, then the downsample's (downsample.1,
+// .0), then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample:
+// bn2.weight, bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight,
+// bn1.weight, bn1.bias, conv1.weight. Recomputation (BlockOptions::recompute_relu,
+// docs/decisions/0068): stage i's a = relu(bn_i(c_i)) is read in backward by conv_{i+1}'s wgrad
+// (its input) and by bn_i's ReLU mask, nothing else, and conv_{i+1}'s backward comes first. So
+// forward frees a once conv_{i+1} has run, and backward computes it again just before conv_{i+1}'s
+// backward (Conv2d::rebind_input) and frees it after bn_i's; the same kernel on the same c_i with
+// the same gamma and beta gives the same bits, hence the same gradients. A synchronised bn keeps
+// its a. On the GPU each bn + (residual) + ReLU is one fused pass (kernels/cuda/bn_act.cuh); on the
+// CPU it is the unfused passes in a row, bit-identical to bn, add, relu (kernels/cpu/bn_act.hpp).
 #pragma once
 
 #include <cstddef>
@@ -48,22 +51,29 @@ struct BlockOptions {
   std::int64_t planes = 64;
   std::int64_t stride = 1;
   bool downsample = false;  // add the 1x1 conv + BN projection on the skip path
-  // Free each relu(bn) output of the main path (all stages but the last) once the next conv has read it in
-  // forward, and compute it again in backward from the kept conv output (BatchNorm2d::recompute_act): less
-  // memory between forward and backward for one more BatchNorm forward per stage (docs/decisions/0068: off by
-  // default, as in PyTorch, while the GPU cost is estimated at about 3 % of a ResNet-50 step).
+  // Free each relu(bn) output of the main path (all stages but the last) once the next conv has
+  // read it in forward, and compute it again in backward from the kept conv output
+  // (BatchNorm2d::recompute_act): less memory between forward and backward for one more BatchNorm
+  // forward per stage (docs/decisions/0068: off by default, as in PyTorch, while the GPU cost is
+  // estimated at about 3 % of a ResNet-50 step).
   bool recompute_relu = false;
 };
 
 namespace detail {
-// Sequential(Conv2d(inplanes, outplanes, 1, stride, bias=False), BatchNorm2d(outplanes)): torchvision's
-// downsample, named "downsample.0" / "downsample.1".
+// Sequential(Conv2d(inplanes, outplanes, 1, stride, bias=False), BatchNorm2d(outplanes)):
+// torchvision's downsample, named "downsample.0" / "downsample.1".
 template <class T, Device D, class A = T>
-std::unique_ptr<Sequential<T, D, A>> make_downsample(std::int64_t inplanes, std::int64_t outplanes, std::int64_t stride) {
+std::unique_ptr<Sequential<T, D, A>> make_downsample(std::int64_t inplanes, std::int64_t outplanes,
+                                                     std::int64_t stride) {
   auto ds = std::make_unique<Sequential<T, D, A>>();
-  ds->push_back(std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{
-      .in_channels = inplanes, .out_channels = outplanes, .kernel_size = 1, .stride = stride, .padding = 0, .bias = false}));
-  ds->push_back(std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = outplanes}));
+  ds->push_back(std::make_unique<Conv2d<T, D, A>>(Conv2dOptions{.in_channels = inplanes,
+                                                                .out_channels = outplanes,
+                                                                .kernel_size = 1,
+                                                                .stride = stride,
+                                                                .padding = 0,
+                                                                .bias = false}));
+  ds->push_back(
+      std::make_unique<BatchNorm2d<T, D, A>>(BatchNorm2dOptions{.num_features = outplanes}));
   return ds;
 }
 }  // namespace detail
@@ -90,8 +100,9 @@ class ResidualBlock : public Module<T, D, A> {
       id = downsample_->forward(exec, x);
       skip = id.cview();
     } else if (!(x.shape() == last.c.shape())) {
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(), " and main-path output ",
-                                        last.c.shape(), " differ but the block has no downsample"));
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": input ", x.shape(),
+                                        " and main-path output ", last.c.shape(),
+                                        " differ but the block has no downsample"));
     }
     Tensor<A, D> out = last.bn->forward_act(exec, last.c.cview(), skip, true);
     y_ = out.cview();
@@ -103,7 +114,8 @@ class ResidualBlock : public Module<T, D, A> {
     this->require_forward_state(have_state_);
     have_state_ = false;
     if (!(dy.shape() == y_.shape()))
-      throw ValueError(ddp::detail::str("ddp: backward of ", this->where(), ": output gradient has shape ", dy.shape(),
+      throw ValueError(ddp::detail::str("ddp: backward of ", this->where(),
+                                        ": output gradient has shape ", dy.shape(),
                                         " but the output has shape ", y_.shape()));
     Tensor<A, D> g(dy.shape());  // dy * (out > 0): the skip path's gradient
     Stage& last = stages_.back();
@@ -137,10 +149,13 @@ class ResidualBlock : public Module<T, D, A> {
 
  protected:
   // Appends (conv, bn) to the main path; a block calls it once per stage, first stage first.
-  void add_stage(Conv2d<T, D, A>* conv, BatchNorm2d<T, D, A>* bn) { stages_.push_back(Stage{.conv = conv, .bn = bn}); }
+  void add_stage(Conv2d<T, D, A>* conv, BatchNorm2d<T, D, A>* bn) {
+    stages_.push_back(Stage{.conv = conv, .bn = bn});
+  }
   // The skip path's projection (nullptr: identity).
   void set_downsample(Sequential<T, D, A>* downsample) { downsample_ = downsample; }
-  // Whether forward frees the stages' relu(bn) outputs and backward recomputes them (BlockOptions::recompute_relu).
+  // Whether forward frees the stages' relu(bn) outputs and backward recomputes them
+  // (BlockOptions::recompute_relu).
   void set_recompute_relu(bool on) noexcept { recompute_relu_ = on; }
 
  private:
@@ -148,7 +163,8 @@ class ResidualBlock : public Module<T, D, A> {
     Conv2d<T, D, A>* conv = nullptr;
     BatchNorm2d<T, D, A>* bn = nullptr;
     Tensor<A, D> c;  // conv output (N, H', W', C'), bn's input
-    Tensor<A, D> a;  // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+    // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+    Tensor<A, D> a;
     bool recomputed = false;  // a was freed after forward; backward computes it again
   };
 

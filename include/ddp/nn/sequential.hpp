@@ -1,9 +1,10 @@
 // Sequential: runs child modules in order (torch.nn.Sequential); children are named "0", "1", ...
 // SPDX-License-Identifier: MIT
 //
-// forward keeps every intermediate output (children keep views of their inputs), and returns the last
-// one; backward walks the children in reverse. ResNet's layer1..4 and each block's downsample are Sequentials,
-// which is where state_dict names like "layer2.0.downsample.1.running_mean" come from.
+// forward keeps every intermediate output (children keep views of their inputs), and returns the
+// last one; backward walks the children in reverse. ResNet's layer1..4 and each block's downsample
+// are Sequentials, which is where state_dict names like "layer2.0.downsample.1.running_mean" come
+// from.
 #pragma once
 
 #include <memory>
@@ -32,10 +33,13 @@ class Sequential : public Module<T, D, A> {
   std::size_t size() const noexcept { return layers_.size(); }
   Module<T, D, A>& operator[](std::size_t i) { return *layers_.at(i); }
 
-  std::string describe() const override { return ddp::detail::str("Sequential(", layers_.size(), " modules)"); }
+  std::string describe() const override {
+    return ddp::detail::str("Sequential(", layers_.size(), " modules)");
+  }
 
   Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) override {
-    if (layers_.empty()) throw ValueError(ddp::detail::str("ddp: ", this->where(), " has no modules to run"));
+    if (layers_.empty())
+      throw ValueError(ddp::detail::str("ddp: ", this->where(), " has no modules to run"));
     outputs_.clear();
     outputs_.reserve(layers_.size() - 1);
     TensorView<const A, D> cur = x;

@@ -1,9 +1,9 @@
 // Sigmoid as a module (torch.nn.Sigmoid): y = sigmoid(x) = 1 / (1 + exp(-x)); any shape.
 // SPDX-License-Identifier: MIT
 //
-// Forward keeps a view of its output y, as ReLU does (the caller keeps y alive until backward returns); backward
-// returns dx = dy (1 - y) y, torch's formula from the output. Runs on any device through
-// Kernels<D>::sigmoid_forward / sigmoid_backward (kernels/elementwise.hpp's functors).
+// Forward keeps a view of its output y, as ReLU does (the caller keeps y alive until backward
+// returns); backward returns dx = dy (1 - y) y, torch's formula from the output. Runs on any device
+// through Kernels<D>::sigmoid_forward / sigmoid_backward (kernels/elementwise.hpp's functors).
 #pragma once
 
 #include <string>

@@ -1,9 +1,9 @@
 // SiLU as a module (torch.nn.SiLU): y = x sigmoid(x) = x / (1 + exp(-x)); any shape.
 // SPDX-License-Identifier: MIT
 //
-// Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp); backward returns
-// dx = dy s (1 + x (1 - s)), s = sigmoid(x), torch's formula. Runs on any device through
-// Kernels<D>::silu_forward / silu_backward (kernels/elementwise.hpp's functors).
+// Forward keeps a view of x (THE CALLER KEEPS x ALIVE until backward returns, nn/module.hpp);
+// backward returns dx = dy s (1 + x (1 - s)), s = sigmoid(x), torch's formula. Runs on any device
+// through Kernels<D>::silu_forward / silu_backward (kernels/elementwise.hpp's functors).
 #pragma once
 
 #include <string>

@@ -1,9 +1,9 @@
 // Tanh as a module (torch.nn.Tanh): y = tanh(x); any shape.
 // SPDX-License-Identifier: MIT
 //
-// Forward keeps a view of its output y, as ReLU does (the caller keeps y alive until backward returns); backward
-// returns dx = dy (1 - y^2), torch's formula from the output. Runs on any device through
-// Kernels<D>::tanh_forward / tanh_backward (kernels/elementwise.hpp's functors).
+// Forward keeps a view of its output y, as ReLU does (the caller keeps y alive until backward
+// returns); backward returns dx = dy (1 - y^2), torch's formula from the output. Runs on any device
+// through Kernels<D>::tanh_forward / tanh_backward (kernels/elementwise.hpp's functors).
 #pragma once
 
 #include <string>

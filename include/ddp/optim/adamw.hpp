@@ -1,23 +1,25 @@
-// AdamW: torch.optim.AdamW (decoupled weight decay, bias-corrected moments, parameter groups; amsgrad off).
+// AdamW: torch.optim.AdamW (decoupled weight decay, bias-corrected moments, parameter groups;
+// amsgrad off).
 // SPDX-License-Identifier: MIT
 //
-// Update per parameter p with gradient g and its own step count t (torch 1.13's _single_tensor_adamw; the
-// arithmetic is kernels/elementwise.hpp's AdamwStep):
+// Update per parameter p with gradient g and its own step count t (torch 1.13's
+// _single_tensor_adamw; the arithmetic is kernels/elementwise.hpp's AdamwStep):
 //   t += 1
-//   p  = p * (1 - lr * weight_decay)                      decay applied to the weights, not to the gradient
+//   p  = p * (1 - lr * weight_decay)                      decay applied to the weights, not to the
+//     gradient
 //   m  = beta1 * m + (1 - beta1) * g                      exp_avg,    zeros before the first step
 //   v  = beta2 * v + (1 - beta2) * g^2                    exp_avg_sq, zeros before the first step
 //   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // Worked example: lr 0.1, weight_decay 0, p = 1, g = 2 on the first step: m = 0.2, v = 0.004, the
-// corrections make m / sqrt(v) = 1, so p = 1 - 0.1 = 0.9 (Adam's first step is lr * sign(g)).
-// A parameter without a gradient (nn::Parameter::has_grad() false: torch's .grad is None) is skipped
-// entirely, as torch skips it: no decay, its moments keep their values and its step count does not move, so
-// its bias corrections differ from a parameter stepped every time. amsgrad and maximize are not supported.
-// Parameter groups (optim/param_groups.hpp) override weight_decay and the lr per group.
-// State for snapshots (train/checkpoint.hpp, optim/optimizer.hpp): exp_avg, exp_avg_sq and the step count
-// per parameter, torch's state[p]['exp_avg'], ['exp_avg_sq'], ['step'].
-// A step is one Kernels<D>::adamw_step_multi call over every parameter that has a gradient (one launch on
-// the GPU, tensor after tensor on the CPU). Not thread-safe; step() must not overlap a backward.
+// corrections make m / sqrt(v) = 1, so p = 1 - 0.1 = 0.9 (Adam's first step is lr * sign(g)). A
+// parameter without a gradient (nn::Parameter::has_grad() false: torch's .grad is None) is skipped
+// entirely, as torch skips it: no decay, its moments keep their values and its step count does not
+// move, so its bias corrections differ from a parameter stepped every time. amsgrad and maximize
+// are not supported. Parameter groups (optim/param_groups.hpp) override weight_decay and the lr per
+// group. State for snapshots (train/checkpoint.hpp, optim/optimizer.hpp): exp_avg, exp_avg_sq and
+// the step count per parameter, torch's state[p]['exp_avg'], ['exp_avg_sq'], ['step']. A step is
+// one Kernels<D>::adamw_step_multi call over every parameter that has a gradient (one launch on the
+// GPU, tensor after tensor on the CPU). Not thread-safe; step() must not overlap a backward.
 #pragma once
 
 #include <array>
@@ -59,18 +61,19 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
   using value_type = T;
   using device_type = D;
   static constexpr std::string_view kind = "adamw";
-  static constexpr std::array<StateTensor, 2> state_tensors{StateTensor{"exp_avg", "first moment"},
-                                                            StateTensor{"exp_avg_sq", "second moment"}};
+  static constexpr std::array<StateTensor, 2> state_tensors{
+      StateTensor{"exp_avg", "first moment"}, StateTensor{"exp_avg_sq", "second moment"}};
 
-  AdamW(std::vector<ParamGroup<T, D>> groups, const AdamwOptions& o) : Base(o, validated(std::move(groups), o), "AdamW") {
+  AdamW(std::vector<ParamGroup<T, D>> groups, const AdamwOptions& o)
+      : Base(o, validated(std::move(groups), o), "AdamW") {
     exp_avg_.resize(flat_.params.size());
     exp_avg_sq_.resize(flat_.params.size());
     param_steps_.assign(flat_.params.size(), 0);
   }
   AdamW(std::vector<nn::Parameter<T, D>*> params, const AdamwOptions& o)
       : AdamW(std::vector<ParamGroup<T, D>>{ParamGroup<T, D>{.params = std::move(params)}}, o) {}
-  // AdamW({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s iterator-pair
-  // constructor.
+  // AdamW({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s
+  // iterator-pair constructor.
   AdamW(std::initializer_list<nn::Parameter<T, D>*> params, const AdamwOptions& o)
       : AdamW(std::vector<nn::Parameter<T, D>*>(params), o) {}
   template <class A>  // any activation type: the parameters are T
@@ -86,23 +89,31 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
       if (param_steps_[i] == 0) init_moments(i);
       ++param_steps_[i];
       const std::size_t g = flat_.group_of[i];
-      ts.push_back(kernels::AdamwTensor<T>{.param = p.value().data(), .grad = p.grad().data(),
-                                           .exp_avg = exp_avg_[i].data(), .exp_avg_sq = exp_avg_sq_[i].data(),
-                                           .numel = p.numel(), .lr = flat_.group_lr(g, o_.lr),
+      ts.push_back(kernels::AdamwTensor<T>{.param = p.value().data(),
+                                           .grad = p.grad().data(),
+                                           .exp_avg = exp_avg_[i].data(),
+                                           .exp_avg_sq = exp_avg_sq_[i].data(),
+                                           .numel = p.numel(),
+                                           .lr = flat_.group_lr(g, o_.lr),
                                            .weight_decay = flat_.weight_decay(g, o_.weight_decay),
                                            .step = param_steps_[i]});
     }
     if (!ts.empty())
       Kernels<D>::adamw_step_multi(
-          exec, kernels::MultiAdamwArgs<T, D>{.tensors = ts, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps});
+          exec, kernels::MultiAdamwArgs<T, D>{
+                    .tensors = ts, .beta1 = o_.beta1, .beta2 = o_.beta2, .eps = o_.eps});
     ++steps_;
   }
 
-  // Steps parameter i has taken (0: no state yet); exp_avg / exp_avg_sq exist exactly when it is > 0.
+  // Steps parameter i has taken (0: no state yet); exp_avg / exp_avg_sq exist exactly when it is >
+  // 0.
   std::int64_t param_step(std::size_t i) const { return param_steps_.at(i); }
-  // Sets parameter i's step count (from a snapshot); n > 0 creates zero moments if it had none, 0 drops them.
+  // Sets parameter i's step count (from a snapshot); n > 0 creates zero moments if it had none, 0
+  // drops them.
   void set_param_step(std::size_t i, std::int64_t n) {
-    if (n < 0) throw ValueError(ddp::detail::str("ddp: AdamW: step count ", n, " of parameter ", i, " must be >= 0"));
+    if (n < 0)
+      throw ValueError(
+          ddp::detail::str("ddp: AdamW: step count ", n, " of parameter ", i, " must be >= 0"));
     if (n > 0 && !has_moments(i)) init_moments(i);
     if (n == 0) drop_moments(i);
     param_steps_.at(i) = n;
@@ -112,8 +123,9 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
     if (param_steps_.at(i) == 0) return nullptr;
     return &moment(name, i);
   }
-  // The moment `name` of parameter i for the caller to fill; creates both moments (zeros) if i had none.
-  // It counts as state once param_step(i) > 0: a snapshot restores both moments and the step count.
+  // The moment `name` of parameter i for the caller to fill; creates both moments (zeros) if i had
+  // none. It counts as state once param_step(i) > 0: a snapshot restores both moments and the step
+  // count.
   Tensor<T, D>& set_state(std::string_view name, std::size_t i) {
     if (!has_moments(i)) init_moments(i);
     return moment(name, i);
@@ -124,14 +136,19 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
   }
 
  private:
-  static detail::FlatGroups<T, D> validated(std::vector<ParamGroup<T, D>> groups, const AdamwOptions& o) {
-    if (!(o.lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: AdamW: invalid learning rate ", o.lr, " (--lr must be >= 0)"));
-    if (!(o.eps >= 0.0)) throw ValueError(ddp::detail::str("ddp: AdamW: invalid eps ", o.eps, " (must be >= 0)"));
+  static detail::FlatGroups<T, D> validated(std::vector<ParamGroup<T, D>> groups,
+                                            const AdamwOptions& o) {
+    if (!(o.lr >= 0.0))
+      throw ValueError(
+          ddp::detail::str("ddp: AdamW: invalid learning rate ", o.lr, " (--lr must be >= 0)"));
+    if (!(o.eps >= 0.0))
+      throw ValueError(ddp::detail::str("ddp: AdamW: invalid eps ", o.eps, " (must be >= 0)"));
     if (!(o.beta1 >= 0.0 && o.beta1 < 1.0) || !(o.beta2 >= 0.0 && o.beta2 < 1.0))
       throw ValueError(ddp::detail::str("ddp: AdamW: invalid betas (", o.beta1, ", ", o.beta2,
                                         "); each must be in [0, 1)"));
     if (!(o.weight_decay >= 0.0))
-      throw ValueError(ddp::detail::str("ddp: AdamW: invalid weight_decay ", o.weight_decay, " (must be >= 0)"));
+      throw ValueError(
+          ddp::detail::str("ddp: AdamW: invalid weight_decay ", o.weight_decay, " (must be >= 0)"));
     return detail::FlatGroups<T, D>(std::move(groups), "AdamW");
   }
   bool has_moments(std::size_t i) const { return !exp_avg_.at(i).empty(); }
@@ -149,11 +166,13 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
   Tensor<T, D>& moment(std::string_view name, std::size_t i) {
     if (name == "exp_avg") return exp_avg_.at(i);
     if (name == "exp_avg_sq") return exp_avg_sq_.at(i);
-    throw ValueError(ddp::detail::str("ddp: AdamW has no state '", name, "'; it keeps exp_avg and exp_avg_sq"));
+    throw ValueError(
+        ddp::detail::str("ddp: AdamW has no state '", name, "'; it keeps exp_avg and exp_avg_sq"));
   }
 
-  std::vector<Tensor<T, D>> exp_avg_, exp_avg_sq_;  // [i]: parameters()[i]'s shape once it has state, else empty
-  std::vector<std::int64_t> param_steps_;           // torch's state['step'] per parameter
+  // [i]: parameters()[i]'s shape once it has state, else empty
+  std::vector<Tensor<T, D>> exp_avg_, exp_avg_sq_;
+  std::vector<std::int64_t> param_steps_;  // torch's state['step'] per parameter
 };
 
 }  // namespace ddp::optim

@@ -1,21 +1,27 @@
-// clip_grad_norm: torch.nn.utils.clip_grad_norm_ (L2 norm over every gradient, scaled down to max_norm).
+// clip_grad_norm: torch.nn.utils.clip_grad_norm_ (L2 norm over every gradient, scaled down to
+// max_norm).
 // SPDX-License-Identifier: MIT
 //
 // How it works (torch 1.13's clip_grad_norm_ with norm_type 2):
-//   total     = sqrt(sum over parameters with a gradient of sum(g^2))   (accumulated in double here)
+//   total     = sqrt(sum over parameters with a gradient of sum(g^2))   (accumulated in double
+//     here)
 //   clip_coef = max_norm / (total + 1e-6), clamped to at most 1
-//   g        *= clip_coef for every gradient (skipped when clip_coef is 1: multiplying by 1 changes nothing)
-// and returns total, the norm before clipping. Parameters without a gradient (has_grad() false: torch's
-// .grad is None) are left out of the norm and untouched. Like torch's default (error_if_nonfinite=False), a
-// NaN or infinite total is returned as is and the gradients are scaled by the resulting NaN / 0 factor.
-// Example: gradients (3, 4) and (0) with max_norm 1: total 5, clip_coef 1 / 5.000001, gradients (0.6, 0.8), (0).
+//   g        *= clip_coef for every gradient (skipped when clip_coef is 1: multiplying by 1 changes
+//     nothing)
+// and returns total, the norm before clipping. Parameters without a gradient (has_grad() false:
+// torch's .grad is None) are left out of the norm and untouched. Like torch's default
+// (error_if_nonfinite=False), a NaN or infinite total is returned as is and the gradients are
+// scaled by the resulting NaN / 0 factor.
+// Example: gradients (3, 4) and (0) with max_norm 1: total 5, clip_coef 1 / 5.000001, gradients
+//   (0.6, 0.8), (0).
 //
-// Distributed use. Call it after backward and before step(). Under DDP (parallel/), the gradients are
-// already averaged over all ranks and identical on every rank when backward returns, so this local norm IS
-// the global norm and every rank clips by the same factor: no communication is needed. (A ZeRO-style
-// optimizer that shards gradients or optimizer state must instead all-reduce the per-rank sums of squares
-// before the square root: that is the place to hook it, sum_of_squares() below, when such sharding exists.)
-// On the GPU this waits for exec's stream once (the norm is needed on the host), as torch's .item() would.
+// Distributed use. Call it after backward and before step(). Under DDP (parallel/), the gradients
+// are already averaged over all ranks and identical on every rank when backward returns, so this
+// local norm IS the global norm and every rank clips by the same factor: no communication is
+// needed. (A ZeRO-style optimizer that shards gradients or optimizer state must instead all-reduce
+// the per-rank sums of squares before the square root: that is the place to hook it,
+// sum_of_squares() below, when such sharding exists.) On the GPU this waits for exec's stream once
+// (the norm is needed on the host), as torch's .item() would.
 #pragma once
 
 #include <cmath>
@@ -42,31 +48,37 @@ std::vector<kernels::TensorPtr<T>> grads_of(const std::vector<nn::Parameter<T, D
 }
 }  // namespace detail
 
-// Sum of g^2 over every gradient of `params` (in double). A sharded optimizer would all-reduce this.
+// Sum of g^2 over every gradient of `params` (in double). A sharded optimizer would all-reduce
+// this.
 template <class T, Device D>
 double sum_of_squares(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params) {
   const auto grads = detail::grads_of(params);
   return Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads});
 }
 
-// Scales the gradients of `params` so that their total L2 norm, known to be `total` (e.g. GradScaler::unscale's
-// norm), becomes at most max_norm; returns total. The second half of clip_grad_norm, for callers that have the norm.
+// Scales the gradients of `params` so that their total L2 norm, known to be `total` (e.g.
+// GradScaler::unscale's norm), becomes at most max_norm; returns total. The second half of
+// clip_grad_norm, for callers that have the norm.
 template <class T, Device D>
-double clip_to_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm, double total) {
+double clip_to_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm,
+                    double total) {
   if (!(max_norm >= 0.0))
-    throw ValueError(ddp::detail::str("ddp: clip_grad_norm: max_norm ", max_norm, " must be >= 0 (--clip-grad-norm)"));
+    throw ValueError(ddp::detail::str("ddp: clip_grad_norm: max_norm ", max_norm,
+                                      " must be >= 0 (--clip-grad-norm)"));
   const double clip_coef = max_norm / (total + 1e-6);
   if (!(clip_coef >= 1.0)) {  // also scales by a NaN factor, as torch does
     const auto grads = detail::grads_of(params);
-    Kernels<D>::scale_multi(exec, kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = clip_coef});
+    Kernels<D>::scale_multi(exec,
+                            kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = clip_coef});
   }
   return total;
 }
 
-// Clips the gradients of `params` in place to a total L2 norm of at most max_norm; returns the norm before.
-// Throws ValueError for a negative or NaN max_norm.
+// Clips the gradients of `params` in place to a total L2 norm of at most max_norm; returns the norm
+// before. Throws ValueError for a negative or NaN max_norm.
 template <class T, Device D>
-double clip_grad_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm) {
+double clip_grad_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params,
+                      double max_norm) {
   return clip_to_norm(exec, params, max_norm, std::sqrt(sum_of_squares(exec, params)));
 }
 

@@ -1,36 +1,42 @@
 // GradScaler: dynamic loss scaling for fp16 mixed precision (torch.cuda.amp.GradScaler's rule).
 // SPDX-License-Identifier: MIT
 //
-// Why: in fp16 (5 exponent bits) gradients below ~6e-8 flush to zero and above 65504 overflow. Multiplying the
-// loss gradient by a large scale S moves the backward pass's values into fp16's range; the gradients are divided
-// by S again before the optimizer sees them. When a step's gradients hold an inf or a NaN (S was too large), the
-// step is skipped and S shrinks; after growth_interval finite steps in a row S grows:
+// Why: in fp16 (5 exponent bits) gradients below ~6e-8 flush to zero and above 65504 overflow.
+// Multiplying the loss gradient by a large scale S moves the backward pass's values into fp16's
+// range; the gradients are divided by S again before the optimizer sees them. When a step's
+// gradients hold an inf or a NaN (S was too large), the step is skipped and S shrinks; after
+// growth_interval finite steps in a row S grows:
 //   found_inf:  skip opt.step(),  S *= backoff_factor,  finite_run = 0
-//   finite:     opt.step(),       finite_run += 1; if finite_run == growth_interval: S *= growth_factor, finite_run = 0
-// With S and both factors powers of two (the defaults), scaling and unscaling are exact in binary floating point:
-// a run whose gradients never overflow ends bit-identical to the same run without a scaler (no denormals assumed).
+//   finite:     opt.step(),       finite_run += 1; if finite_run == growth_interval: S *=
+//     growth_factor, finite_run = 0
+// With S and both factors powers of two (the defaults), scaling and unscaling are exact in binary
+// floating point: a run whose gradients never overflow ends bit-identical to the same run without a
+// scaler (no denormals assumed).
 //
-// One step (what torch's scaler.scale(loss).backward(); scaler.unscale_(opt); clip; scaler.step(opt);
-// scaler.update() does, in this order -- the DDP tutorial's minGPT trainer clips before unscale_, i.e. it clips
-// the *scaled* gradients against grad_norm_clip, a defect we do not copy):
+// One step (what torch's scaler.scale(loss).backward(); scaler.unscale_(opt); clip;
+// scaler.step(opt); scaler.update() does, in this order -- the DDP tutorial's minGPT trainer clips
+// before unscale_, i.e. it clips the *scaled* gradients against grad_norm_clip, a defect we do not
+// copy):
 //   ce.forward(...); Tensor dlogits = ce.backward(exec);
 //   scaler.scale_grad(exec, dlogits.view());                  // d(S * loss)
 //   model.backward(exec, dlogits.cview());
-//   const auto u = scaler.unscale(exec, params);             // divides by S; u.norm: the unscaled global L2 norm
+//   const auto u = scaler.unscale(exec, params);             // divides by S; u.norm: the unscaled
+//     global L2 norm
 //   if (!u.found_inf) optim::clip_to_norm(exec, params, max_norm, u.norm);
 //   scaler.step(exec, opt);                                  // opt.step(exec) unless found_inf
 //   scaler.update();
-// unscale's inf check is the global sum of squares (in double, so any finite float squares without overflow):
-// it is non-finite exactly when some gradient is inf or NaN. The same sum gives clipping its norm, so a scaled
-// step costs one pass over the gradients more than an unscaled one (the division), and one host sync on the GPU,
-// as torch's found_inf.item() in step().
-// Distributed: under DDP the gradients are averaged over the ranks before backward returns, so every rank sees the
-// same inf/NaN and takes the same decision without communication (an inf on one rank is an inf in the sum). A
-// sharded optimizer (ZeRO) would have to all-reduce found_inf, as torch's ShardedGradScaler does.
-// Disabled (enabled = false, torch's GradScaler(enabled=False)): scale() is 1, scale_grad does nothing, unscale
-// only computes the norm, step always steps, update does nothing.
-// State for snapshots: state() / load_state() as strings for a snapshot's metadata (scale, the finite run, the
-// steps skipped so far, which a trainer needs to count its iterations: opt.steps() + skipped_steps()).
+// unscale's inf check is the global sum of squares (in double, so any finite float squares without
+// overflow): it is non-finite exactly when some gradient is inf or NaN. The same sum gives clipping
+// its norm, so a scaled step costs one pass over the gradients more than an unscaled one (the
+// division), and one host sync on the GPU, as torch's found_inf.item() in step(). Distributed:
+// under DDP the gradients are averaged over the ranks before backward returns, so every rank sees
+// the same inf/NaN and takes the same decision without communication (an inf on one rank is an inf
+// in the sum). A sharded optimizer (ZeRO) would have to all-reduce found_inf, as torch's
+// ShardedGradScaler does. Disabled (enabled = false, torch's GradScaler(enabled=False)): scale() is
+// 1, scale_grad does nothing, unscale only computes the norm, step always steps, update does
+// nothing. State for snapshots: state() / load_state() as strings for a snapshot's metadata (scale,
+// the finite run, the steps skipped so far, which a trainer needs to count its iterations:
+// opt.steps() + skipped_steps()).
 #pragma once
 
 #include <charconv>
@@ -53,7 +59,7 @@
 
 namespace ddp::optim {
 
-struct GradScalerOptions {  // torch.cuda.amp.GradScaler's defaults
+struct GradScalerOptions {      // torch.cuda.amp.GradScaler's defaults
   double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -63,7 +69,8 @@ struct GradScalerOptions {  // torch.cuda.amp.GradScaler's defaults
 
 struct UnscaleResult {
   bool found_inf = false;  // some gradient is inf or NaN: the step must be skipped
-  double norm = 0.0;       // the global L2 norm of the unscaled gradients (non-finite when found_inf)
+  // the global L2 norm of the unscaled gradients (non-finite when found_inf)
+  double norm = 0.0;
 };
 
 template <class T, Device D>
@@ -72,13 +79,17 @@ class GradScaler {
   explicit GradScaler(const GradScalerOptions& o = {}) : o_(o), scale_(o.init_scale) {
     if (!o.enabled) return;
     if (!(o.init_scale > 0.0) || !std::isfinite(o.init_scale))
-      throw ValueError(ddp::detail::str("ddp: GradScaler's init_scale must be finite and > 0, got ", o.init_scale));
+      throw ValueError(ddp::detail::str("ddp: GradScaler's init_scale must be finite and > 0, got ",
+                                        o.init_scale));
     if (!(o.growth_factor > 1.0) || !std::isfinite(o.growth_factor))
-      throw ValueError(ddp::detail::str("ddp: GradScaler's growth_factor must be finite and > 1, got ", o.growth_factor));
+      throw ValueError(ddp::detail::str(
+          "ddp: GradScaler's growth_factor must be finite and > 1, got ", o.growth_factor));
     if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0))
-      throw ValueError(ddp::detail::str("ddp: GradScaler's backoff_factor must be in (0, 1), got ", o.backoff_factor));
+      throw ValueError(ddp::detail::str("ddp: GradScaler's backoff_factor must be in (0, 1), got ",
+                                        o.backoff_factor));
     if (o.growth_interval < 1)
-      throw ValueError(ddp::detail::str("ddp: GradScaler's growth_interval must be >= 1, got ", o.growth_interval));
+      throw ValueError(ddp::detail::str("ddp: GradScaler's growth_interval must be >= 1, got ",
+                                        o.growth_interval));
   }
 
   bool enabled() const noexcept { return o_.enabled; }
@@ -94,27 +105,31 @@ class GradScaler {
   void scale_grad(Exec<D>& exec, TensorView<T, D> dloss) const {
     if (!o_.enabled || scale_ == 1.0) return;
     const kernels::TensorPtr<T> t{.data = dloss.data(), .numel = dloss.numel()};
-    Kernels<D>::scale_multi(exec, kernels::MultiScaleArgs<T, D>{.tensors = {&t, 1}, .alpha = scale_});
+    Kernels<D>::scale_multi(exec,
+                            kernels::MultiScaleArgs<T, D>{.tensors = {&t, 1}, .alpha = scale_});
   }
 
-  // After backward: checks every gradient of `params` for inf/NaN and, if there is none, divides them by scale().
-  // Returns the decision and the unscaled norm (for clip_to_norm). Once per step (a second call is an error:
-  // it would divide twice).
+  // After backward: checks every gradient of `params` for inf/NaN and, if there is none, divides
+  // them by scale(). Returns the decision and the unscaled norm (for clip_to_norm). Once per step
+  // (a second call is an error: it would divide twice).
   UnscaleResult unscale(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params) {
     if (unscaled_)
-      throw ValueError("ddp: GradScaler::unscale called twice in one step; call update() after each step");
+      throw ValueError(
+          "ddp: GradScaler::unscale called twice in one step; call update() after each step");
     const auto grads = detail::grads_of(params);
-    const double sum = Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads});
+    const double sum =
+        Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads});
     const double s = scale();
     result_ = {.found_inf = !std::isfinite(sum), .norm = std::sqrt(sum) / s};
     if (!result_.found_inf && s != 1.0)
-      Kernels<D>::scale_multi(exec, kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = 1.0 / s});
+      Kernels<D>::scale_multi(exec,
+                              kernels::MultiScaleArgs<T, D>{.tensors = grads, .alpha = 1.0 / s});
     unscaled_ = true;
     return result_;
   }
 
-  // opt.step(exec) unless this step's gradients held an inf or NaN (unscales first if unscale was not called).
-  // Returns whether the optimizer stepped.
+  // opt.step(exec) unless this step's gradients held an inf or NaN (unscales first if unscale was
+  // not called). Returns whether the optimizer stepped.
   template <class Opt>
   bool step(Exec<D>& exec, Opt& opt) {
     if (!unscaled_) unscale(exec, opt.parameters());
@@ -123,7 +138,8 @@ class GradScaler {
     return true;
   }
 
-  // The scale rule (file comment), after step(); also ends the step (the next one may unscale again).
+  // The scale rule (file comment), after step(); also ends the step (the next one may unscale
+  // again).
   void update() {
     if (!unscaled_)
       throw ValueError("ddp: GradScaler::update called without unscale or step in this step");
@@ -139,14 +155,15 @@ class GradScaler {
     }
   }
 
-  // Snapshot metadata entries (prefix "grad_scaler."); doubles in the shortest form that reads back exactly.
+  // Snapshot metadata entries (prefix "grad_scaler."); doubles in the shortest form that reads back
+  // exactly.
   std::map<std::string, std::string> state() const {
     return {{"grad_scaler.scale", shortest(scale_)},
             {"grad_scaler.finite_run", std::to_string(finite_run_)},
             {"grad_scaler.skipped_steps", std::to_string(skipped_)}};
   }
-  // Restores what state() wrote; entries that are absent (a snapshot of a run without a scaler) keep their value.
-  // `source` names the file in errors.
+  // Restores what state() wrote; entries that are absent (a snapshot of a run without a scaler)
+  // keep their value. `source` names the file in errors.
   void load_state(const std::map<std::string, std::string>& meta, const std::string& source) {
     const auto read = [&](const char* key, auto& into) {
       const auto it = meta.find(key);
@@ -154,16 +171,17 @@ class GradScaler {
       const std::string& v = it->second;
       const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), into);
       if (ec != std::errc() || end != v.data() + v.size())
-        throw ValueError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(source), ": metadata ", key, " = ",
-                                          ddp::detail::quoted(v), " is not a number"));
+        throw ValueError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(source),
+                                          ": metadata ", key, " = ", ddp::detail::quoted(v),
+                                          " is not a number"));
     };
     read("grad_scaler.scale", scale_);
     read("grad_scaler.finite_run", finite_run_);
     read("grad_scaler.skipped_steps", skipped_);
     if (!(scale_ > 0.0) || !std::isfinite(scale_) || finite_run_ < 0 || skipped_ < 0)
-      throw ValueError(ddp::detail::str("ddp: snapshot ", ddp::detail::quoted(source),
-                                        ": invalid grad_scaler state (scale ", scale_, ", finite_run ", finite_run_,
-                                        ", skipped_steps ", skipped_, ")"));
+      throw ValueError(ddp::detail::str(
+          "ddp: snapshot ", ddp::detail::quoted(source), ": invalid grad_scaler state (scale ",
+          scale_, ", finite_run ", finite_run_, ", skipped_steps ", skipped_, ")"));
   }
 
  private:

@@ -1,24 +1,27 @@
-// Learning-rate schedules as pure functions of the optimizer step: linear warmup, then constant, step,
-// multi-step or cosine decay.
+// Learning-rate schedules as pure functions of the optimizer step: linear warmup, then constant,
+// step, multi-step or cosine decay.
 // SPDX-License-Identifier: MIT
 //
-// lr_at(t) is the rate for optimizer step t (0-based: the rate of the first step is lr_at(0)), the closed
-// form of what torch's schedulers give after t calls of scheduler.step(), one per optimizer step:
+// lr_at(t) is the rate for optimizer step t (0-based: the rate of the first step is lr_at(0)), the
+// closed form of what torch's schedulers give after t calls of scheduler.step(), one per optimizer
+// step:
 //   constant:  base                                                    (torch: no scheduler)
 //   step:      base * gamma^floor(t / step_size)                       StepLR(step_size, gamma)
-//   multistep: base * gamma^(number of milestones <= t)                MultiStepLR(milestones, gamma)
-//   cosine:    eta_min + (base - eta_min) * (1 + cos(pi t / t_max)) / 2   CosineAnnealingLR(t_max, eta_min)
-// The cosine is not clamped at t_max: like torch's, it rises again after t_max (period 2 t_max); choose
-// t_max = the number of steps after warmup to end at eta_min. Example: base 0.1, t_max 10: 0.05 at t = 5,
-// 0 at 10, 0.05 at 15, 0.1 at 20.
-// With warmup_steps = W > 0 the first W steps ramp linearly and the schedule proper starts at step W from
-// its own step 0, torch's SequentialLR([LinearLR(start_factor, 1.0, total_iters=W), X], milestones=[W]):
+//   multistep: base * gamma^(number of milestones <= t)                MultiStepLR(milestones,
+//     gamma)
+//   cosine:    eta_min + (base - eta_min) * (1 + cos(pi t / t_max)) / 2   CosineAnnealingLR(t_max,
+//     eta_min)
+// The cosine is not clamped at t_max: like torch's, it rises again after t_max (period 2 t_max);
+// choose t_max = the number of steps after warmup to end at eta_min. Example: base 0.1, t_max 10:
+// 0.05 at t = 5, 0 at 10, 0.05 at 15, 0.1 at 20. With warmup_steps = W > 0 the first W steps ramp
+// linearly and the schedule proper starts at step W from its own step 0, torch's
+// SequentialLR([LinearLR(start_factor, 1.0, total_iters=W), X], milestones=[W]):
 //   t < W:   base * (warmup_start_factor + (1 - warmup_start_factor) * t / W)
 //   t >= W:  X(t - W)
 // Example: base 0.4, W 4, start factor 0.25: 0.1, 0.175, 0.25, 0.325, then X(0) = 0.4 at t = 4.
-// All counts are in optimizer steps; a schedule given in epochs is converted by the caller (epochs *
-// steps per epoch). The only state is the step, which the optimizer counts (steps(), saved in snapshots), so a
-// resumed run continues the schedule with apply(opt) and nothing else to save.
+// All counts are in optimizer steps; a schedule given in epochs is converted by the caller (epochs
+// * steps per epoch). The only state is the step, which the optimizer counts (steps(), saved in
+// snapshots), so a resumed run continues the schedule with apply(opt) and nothing else to save.
 #pragma once
 
 #include <cmath>
@@ -38,16 +41,19 @@ enum class LrPolicy { Constant, Step, MultiStep, Cosine };
 struct LrScheduleOptions {
   LrPolicy policy = LrPolicy::Constant;
   double base_lr = 0.1;
-  std::int64_t step_size = 30;           // Step: steps between decays
-  double gamma = 0.1;                    // Step, MultiStep: decay factor
-  std::vector<std::int64_t> milestones;  // MultiStep: steps (after warmup) at which lr *= gamma, increasing
-  std::int64_t t_max = 90;               // Cosine: steps of one half-period
-  double eta_min = 0.0;                  // Cosine: the minimum
-  std::int64_t warmup_steps = 0;         // W: linear warmup steps before the schedule (0: none)
-  double warmup_start_factor = 1.0 / 3;  // the first step's lr is base * this (torch LinearLR's default)
+  std::int64_t step_size = 30;  // Step: steps between decays
+  double gamma = 0.1;           // Step, MultiStep: decay factor
+  // MultiStep: steps (after warmup) at which lr *= gamma, increasing
+  std::vector<std::int64_t> milestones;
+  std::int64_t t_max = 90;        // Cosine: steps of one half-period
+  double eta_min = 0.0;           // Cosine: the minimum
+  std::int64_t warmup_steps = 0;  // W: linear warmup steps before the schedule (0: none)
+  // the first step's lr is base * this (torch LinearLR's default)
+  double warmup_start_factor = 1.0 / 3;
 };
 
-// "constant" | "step" | "multistep" | "cosine" -> LrPolicy; anything else is a ConfigError listing the choices.
+// "constant" | "step" | "multistep" | "cosine" -> LrPolicy; anything else is a ConfigError listing
+// the choices.
 inline LrPolicy parse_lr_policy(const std::string& s) {
   if (s == "constant") return LrPolicy::Constant;
   if (s == "step") return LrPolicy::Step;
@@ -60,30 +66,35 @@ inline LrPolicy parse_lr_policy(const std::string& s) {
 class LrSchedule {
  public:
   explicit LrSchedule(const LrScheduleOptions& o) : o_(o) {
-    if (!(o.base_lr >= 0.0) || o.step_size < 1 || o.t_max < 1 || o.warmup_steps < 0 || !(o.gamma > 0.0) ||
-        !(o.eta_min >= 0.0) || !(o.warmup_start_factor > 0.0 && o.warmup_start_factor <= 1.0))
-      throw ValueError(ddp::detail::str(
-          "ddp: invalid LR schedule: base_lr ", o.base_lr, " (>= 0), step_size ", o.step_size, " (>= 1), gamma ",
-          o.gamma, " (> 0), t_max ", o.t_max, " (>= 1), eta_min ", o.eta_min, " (>= 0), warmup_steps ",
-          o.warmup_steps, " (>= 0), warmup_start_factor ", o.warmup_start_factor, " (in (0, 1])"));
+    if (!(o.base_lr >= 0.0) || o.step_size < 1 || o.t_max < 1 || o.warmup_steps < 0 ||
+        !(o.gamma > 0.0) || !(o.eta_min >= 0.0) ||
+        !(o.warmup_start_factor > 0.0 && o.warmup_start_factor <= 1.0))
+      throw ValueError(
+          ddp::detail::str("ddp: invalid LR schedule: base_lr ", o.base_lr, " (>= 0), step_size ",
+                           o.step_size, " (>= 1), gamma ", o.gamma, " (> 0), t_max ", o.t_max,
+                           " (>= 1), eta_min ", o.eta_min, " (>= 0), warmup_steps ", o.warmup_steps,
+                           " (>= 0), warmup_start_factor ", o.warmup_start_factor, " (in (0, 1])"));
     for (std::size_t i = 0; i < o.milestones.size(); ++i)
       if (o.milestones[i] < 1 || (i > 0 && o.milestones[i] <= o.milestones[i - 1]))
-        throw ValueError(ddp::detail::str("ddp: invalid LR schedule: milestones [", ddp::detail::join(o.milestones, ", "),
-                                          "] must be positive and strictly increasing (steps after warmup)"));
+        throw ValueError(ddp::detail::str(
+            "ddp: invalid LR schedule: milestones [", ddp::detail::join(o.milestones, ", "),
+            "] must be positive and strictly increasing (steps after warmup)"));
     if (o.policy == LrPolicy::MultiStep && o.milestones.empty())
-      throw ValueError("ddp: invalid LR schedule: multistep needs at least one milestone (--lr-milestones)");
+      throw ValueError(
+          "ddp: invalid LR schedule: multistep needs at least one milestone (--lr-milestones)");
   }
 
   // The learning rate of optimizer step `step` (0-based; negative counts as 0).
   double lr_at(std::int64_t step) const { return lr_at(step, o_.base_lr); }
-  // The same schedule started from `base_lr` instead of options().base_lr (a parameter group's own initial lr;
-  // eta_min stays absolute, as in torch).
+  // The same schedule started from `base_lr` instead of options().base_lr (a parameter group's own
+  // initial lr; eta_min stays absolute, as in torch).
   double lr_at(std::int64_t step, double base_lr) const {
     if (step < 0) step = 0;
     const std::int64_t w = o_.warmup_steps;
     if (step < w)
-      return base_lr * (o_.warmup_start_factor +
-                           (1.0 - o_.warmup_start_factor) * static_cast<double>(step) / static_cast<double>(w));
+      return base_lr *
+             (o_.warmup_start_factor +
+              (1.0 - o_.warmup_start_factor) * static_cast<double>(step) / static_cast<double>(w));
     const std::int64_t t = step - w;
     switch (o_.policy) {
       case LrPolicy::Step:
@@ -95,16 +106,17 @@ class LrSchedule {
       }
       case LrPolicy::Cosine:
         return o_.eta_min + (base_lr - o_.eta_min) *
-                                (1.0 + std::cos(std::numbers::pi * static_cast<double>(t) / static_cast<double>(o_.t_max))) /
+                                (1.0 + std::cos(std::numbers::pi * static_cast<double>(t) /
+                                                static_cast<double>(o_.t_max))) /
                                 2.0;
       case LrPolicy::Constant:
-      default:
-        return base_lr;
+      default: return base_lr;
     }
   }
 
-  // Sets opt's learning rates for its next step, opt.steps() (call before each opt.step(), and after a
-  // resume): lr() from base_lr, and each parameter group with its own lr from that group's initial lr.
+  // Sets opt's learning rates for its next step, opt.steps() (call before each opt.step(), and
+  // after a resume): lr() from base_lr, and each parameter group with its own lr from that group's
+  // initial lr.
   template <class Opt>
   void apply(Opt& opt) const {
     const std::int64_t step = opt.steps();

@@ -1,16 +1,19 @@
-// Parameter groups (torch's optimizer param_groups): per-group weight decay and learning rate, the usual split
-// of a model into "decay" and "no decay" groups, and GroupedOptimizer, what SGD and AdamW share around them.
+// Parameter groups (torch's optimizer param_groups): per-group weight decay and learning rate, the
+// usual split of a model into "decay" and "no decay" groups, and GroupedOptimizer, what SGD and
+// AdamW share around them.
 // SPDX-License-Identifier: MIT
 //
-// A group is a list of parameters plus the hyper-parameters it overrides, as in torch's param_groups; SGD
-// and AdamW take a list of groups (optim/sgd.hpp, optim/adamw.hpp). A group without its own lr follows the
-// optimizer's lr() (set_lr); a group with one keeps it (set_group_lr), and LrSchedule::apply schedules it from
-// that initial value as torch's schedulers schedule each group from its initial_lr.
-//   torch:  AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+// A group is a list of parameters plus the hyper-parameters it overrides, as in torch's
+// param_groups; SGD and AdamW take a list of groups (optim/sgd.hpp, optim/adamw.hpp). A group
+// without its own lr follows the optimizer's lr() (set_lr); a group with one keeps it
+// (set_group_lr), and LrSchedule::apply schedules it from that initial value as torch's schedulers
+// schedule each group from its initial_lr.
+//   torch:  AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay":
+//     0.0}], lr=1e-3)
 //   ddp:    AdamW<float, D>(weight_decay_groups(model, 0.05), {.lr = 1e-3})
 // weight_decay_groups applies the common recipe: no weight decay on parameters with fewer than two
-// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear weights);
-// linear_weight_decay_groups minGPT's: decay on Linear weights only (not on embeddings).
+// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear
+// weights); linear_weight_decay_groups minGPT's: decay on Linear weights only (not on embeddings).
 #pragma once
 
 #include <cstddef>
@@ -39,11 +42,11 @@ struct ParamGroup {
 };
 
 namespace detail {
-// Two groups of `params` (in their order): "decay" (is_decay(p)) with `weight_decay`, "no_decay" with 0; a group
-// with no parameter is left out.
+// Two groups of `params` (in their order): "decay" (is_decay(p)) with `weight_decay`, "no_decay"
+// with 0; a group with no parameter is left out.
 template <class T, Device D, class IsDecay>
-std::vector<ParamGroup<T, D>> split_decay(const std::vector<nn::Parameter<T, D>*>& params, double weight_decay,
-                                          IsDecay is_decay) {
+std::vector<ParamGroup<T, D>> split_decay(const std::vector<nn::Parameter<T, D>*>& params,
+                                          double weight_decay, IsDecay is_decay) {
   ParamGroup<T, D> decay{.weight_decay = weight_decay, .name = "decay"};
   ParamGroup<T, D> no_decay{.weight_decay = 0.0, .name = "no_decay"};
   for (auto* p : params) (is_decay(*p) ? decay : no_decay).params.push_back(p);
@@ -54,43 +57,49 @@ std::vector<ParamGroup<T, D>> split_decay(const std::vector<nn::Parameter<T, D>*
 }
 }  // namespace detail
 
-// Two groups of `params` (in their order): "decay" (parameters of rank >= 2) with `weight_decay` and
-// "no_decay" (rank <= 1: biases, BatchNorm weights and biases) with 0. A group with no parameter is left out.
-// Example, Linear(20, 1) + BatchNorm: decay = {fc.weight}, no_decay = {fc.bias, bn.weight, bn.bias}.
+// Two groups of `params` (in their order): "decay" (parameters of rank >= 2) with `weight_decay`
+// and "no_decay" (rank <= 1: biases, BatchNorm weights and biases) with 0. A group with no
+// parameter is left out. Example, Linear(20, 1) + BatchNorm: decay = {fc.weight}, no_decay =
+// {fc.bias, bn.weight, bn.bias}.
 template <class T, Device D>
 std::vector<ParamGroup<T, D>> weight_decay_groups(const std::vector<nn::Parameter<T, D>*>& params,
                                                   double weight_decay) {
-  return detail::split_decay(params, weight_decay, [](const nn::Parameter<T, D>& p) { return p.shape().rank() >= 2; });
+  return detail::split_decay(params, weight_decay,
+                             [](const nn::Parameter<T, D>& p) { return p.shape().rank() >= 2; });
 }
 template <class T, Device D, class A>
 std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D, A>& model, double weight_decay) {
   return weight_decay_groups(model.parameters(), weight_decay);
 }
 
-// minGPT's recipe (the DDP tutorial's create_optimizer): "decay" holds the weights of nn::Linear modules only
-// (the attention's packed projection included: torch's in_proj_weight, our c_attn Linear); every other
-// parameter -- biases, LayerNorm and Embedding weights, GPT's pos_emb -- is in "no_decay". In
-// model.parameters() order (the tutorial sorts by name, which only renumbers torch's optimizer state).
+// minGPT's recipe (the DDP tutorial's create_optimizer): "decay" holds the weights of nn::Linear
+// modules only (the attention's packed projection included: torch's in_proj_weight, our c_attn
+// Linear); every other parameter -- biases, LayerNorm and Embedding weights, GPT's pos_emb -- is in
+// "no_decay". In model.parameters() order (the tutorial sorts by name, which only renumbers torch's
+// optimizer state).
 template <class T, Device D>
-std::vector<ParamGroup<T, D>> linear_weight_decay_groups(nn::Module<T, D>& model, double weight_decay) {
+std::vector<ParamGroup<T, D>> linear_weight_decay_groups(nn::Module<T, D>& model,
+                                                         double weight_decay) {
   std::set<const nn::Parameter<T, D>*> linear_weights;
   model.visit([&](nn::Module<T, D>& m) {
     if (auto* l = dynamic_cast<nn::Linear<T, D>*>(&m)) linear_weights.insert(&l->weight());
   });
-  return detail::split_decay(model.parameters(), weight_decay,
-                             [&](const nn::Parameter<T, D>& p) { return linear_weights.contains(&p); });
+  return detail::split_decay(model.parameters(), weight_decay, [&](const nn::Parameter<T, D>& p) {
+    return linear_weights.contains(&p);
+  });
 }
 
 namespace detail {
 
-// The groups of an optimizer flattened: parameter i of the optimizer is params[i], in group group_of[i].
-// Parameter indices are what snapshots and state accessors use (the order of the groups, then of each
-// group's list, like torch's state_dict numbering).
+// The groups of an optimizer flattened: parameter i of the optimizer is params[i], in group
+// group_of[i]. Parameter indices are what snapshots and state accessors use (the order of the
+// groups, then of each group's list, like torch's state_dict numbering).
 template <class T, Device D>
 struct FlatGroups {
   std::vector<nn::Parameter<T, D>*> params;
   std::vector<std::size_t> group_of;
-  std::vector<ParamGroup<T, D>> groups;  // as given (lr: the initial one), with params cleared (params holds them)
+  // as given (lr: the initial one), with params cleared (params holds them)
+  std::vector<ParamGroup<T, D>> groups;
   std::vector<std::optional<double>> lr;  // each group's current own lr (unset: the optimizer's)
 
   // Validates (no null, no parameter twice, at least one parameter, lr and weight decay >= 0);
@@ -99,38 +108,47 @@ struct FlatGroups {
     std::set<const nn::Parameter<T, D>*> seen;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       ParamGroup<T, D>& group = groups[g];
-      if ((group.lr && !(*group.lr >= 0.0)) || (group.weight_decay && !(*group.weight_decay >= 0.0)))
-        throw ValueError(ddp::detail::str("ddp: ", who, ": parameter group ", g, " ('", group.name, "') has lr ",
-                                          group.lr.value_or(0.0), " and weight_decay ", group.weight_decay.value_or(0.0),
+      if ((group.lr && !(*group.lr >= 0.0)) ||
+          (group.weight_decay && !(*group.weight_decay >= 0.0)))
+        throw ValueError(ddp::detail::str("ddp: ", who, ": parameter group ", g, " ('", group.name,
+                                          "') has lr ", group.lr.value_or(0.0),
+                                          " and weight_decay ", group.weight_decay.value_or(0.0),
                                           "; both must be >= 0"));
       lr.push_back(group.lr);
       for (auto* p : group.params) {
-        if (!p) throw ValueError(ddp::detail::str("ddp: ", who, ": parameter group ", g, " holds a null parameter"));
+        if (!p)
+          throw ValueError(
+              ddp::detail::str("ddp: ", who, ": parameter group ", g, " holds a null parameter"));
         if (!seen.insert(p).second)
-          throw ValueError(ddp::detail::str("ddp: ", who, ": parameter '", p->name(),
-                                            "' appears more than once in the parameter groups (group ", g,
-                                            "); give each parameter to one group"));
+          throw ValueError(
+              ddp::detail::str("ddp: ", who, ": parameter '", p->name(),
+                               "' appears more than once in the parameter groups (group ", g,
+                               "); give each parameter to one group"));
         params.push_back(p);
         group_of.push_back(g);
       }
       group.params.clear();
     }
     if (params.empty())
-      throw ValueError(ddp::detail::str("ddp: ", who, " got an empty parameter list; pass model.parameters()"));
+      throw ValueError(
+          ddp::detail::str("ddp: ", who, " got an empty parameter list; pass model.parameters()"));
   }
-  double weight_decay(std::size_t g, double fallback) const { return groups[g].weight_decay.value_or(fallback); }
+  double weight_decay(std::size_t g, double fallback) const {
+    return groups[g].weight_decay.value_or(fallback);
+  }
   double group_lr(std::size_t g, double fallback) const { return lr.at(g).value_or(fallback); }
   void set_group_lr(std::size_t g, double v, const char* who) {
     if (!(v >= 0.0))
-      throw ValueError(ddp::detail::str("ddp: ", who, ": invalid learning rate ", v, " for parameter group ", g,
-                                        " (must be >= 0)"));
+      throw ValueError(ddp::detail::str("ddp: ", who, ": invalid learning rate ", v,
+                                        " for parameter group ", g, " (must be >= 0)"));
     lr.at(g) = v;
   }
 };
 
-// What every optimizer over parameter groups has besides its update: the options (lr and weight_decay at
-// least), the flattened groups, the step count, and their accessors (the Optimizer concept's, optim/optimizer.hpp).
-// SGD and AdamW derive from it; `who` names the optimizer in messages.
+// What every optimizer over parameter groups has besides its update: the options (lr and
+// weight_decay at least), the flattened groups, the step count, and their accessors (the Optimizer
+// concept's, optim/optimizer.hpp). SGD and AdamW derive from it; `who` names the optimizer in
+// messages.
 template <class T, Device D, class Options>
 class GroupedOptimizer {
  public:
@@ -140,7 +158,9 @@ class GroupedOptimizer {
 
   double lr() const noexcept { return o_.lr; }
   void set_lr(double lr) {
-    if (!(lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: ", who_, ": invalid learning rate ", lr, " (must be >= 0)"));
+    if (!(lr >= 0.0))
+      throw ValueError(
+          ddp::detail::str("ddp: ", who_, ": invalid learning rate ", lr, " (must be >= 0)"));
     o_.lr = lr;
   }
   const Options& options() const noexcept { return o_; }

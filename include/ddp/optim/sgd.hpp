@@ -1,22 +1,24 @@
-// SGD: torch.optim.SGD (momentum, dampening, nesterov, weight decay, parameter groups) over a module's parameters.
+// SGD: torch.optim.SGD (momentum, dampening, nesterov, weight decay, parameter groups) over a
+// module's parameters.
 // SPDX-License-Identifier: MIT
 //
-// Update per parameter p with gradient g (PyTorch's rule; the arithmetic is kernels/elementwise.hpp's SgdStep):
+// Update per parameter p with gradient g (PyTorch's rule; the arithmetic is
+// kernels/elementwise.hpp's SgdStep):
 //   g = g + weight_decay * p
 //   if momentum != 0:  buf = (first step of p) ? g : momentum * buf + (1 - dampening) * g
 //                      g   = nesterov ? g + momentum * buf : buf
 //   p = p - lr * g
 // Worked example: lr 0.1, momentum 0.9, p = 1, g = 0.5 on both steps: step 1 buf = 0.5, p = 0.95;
-// step 2 buf = 0.9 * 0.5 + 0.5 = 0.95, p = 0.95 - 0.095 = 0.855.
-// A parameter without a gradient (nn::Parameter::has_grad() false: torch's .grad is None, e.g. a layer no
-// rank used since zero_grad()) is skipped entirely, as torch skips it: no weight decay, its momentum buffer
-// keeps its value and its "first step" is still to come.
-// Parameter groups (optim/param_groups.hpp) override weight_decay and the lr per group.
-// The momentum buffers are the optimizer's state: snapshots save them by parameter name
-// (train/checkpoint.hpp), under the same names torch's optimizer.state_dict() indexes by position.
-// Not thread-safe; step() must not overlap a backward that writes the same gradients.
-// A step is one Kernels<D>::sgd_step_multi call per parameter group over its parameters that have a
-// gradient: one kernel launch per group on the GPU, tensor after tensor on the CPU.
+// step 2 buf = 0.9 * 0.5 + 0.5 = 0.95, p = 0.95 - 0.095 = 0.855. A parameter without a gradient
+// (nn::Parameter::has_grad() false: torch's .grad is None, e.g. a layer no rank used since
+// zero_grad()) is skipped entirely, as torch skips it: no weight decay, its momentum buffer keeps
+// its value and its "first step" is still to come. Parameter groups (optim/param_groups.hpp)
+// override weight_decay and the lr per group. The momentum buffers are the optimizer's state:
+// snapshots save them by parameter name (train/checkpoint.hpp), under the same names torch's
+// optimizer.state_dict() indexes by position. Not thread-safe; step() must not overlap a backward
+// that writes the same gradients. A step is one Kernels<D>::sgd_step_multi call per parameter group
+// over its parameters that have a gradient: one kernel launch per group on the GPU, tensor after
+// tensor on the CPU.
 #pragma once
 
 #include <array>
@@ -58,25 +60,29 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
   using value_type = T;
   using device_type = D;
   static constexpr std::string_view kind = "sgd";
-  // The per-parameter state snapshots save (train/checkpoint.hpp): "optimizer.momentum_buffer.<param name>".
-  static constexpr std::array<StateTensor, 1> state_tensors{StateTensor{"momentum_buffer", "momentum buffer"}};
+  // The per-parameter state snapshots save (train/checkpoint.hpp):
+  // "optimizer.momentum_buffer.<param name>".
+  static constexpr std::array<StateTensor, 1> state_tensors{
+      StateTensor{"momentum_buffer", "momentum buffer"}};
 
-  SGD(std::vector<ParamGroup<T, D>> groups, const SgdOptions& o) : Base(o, validated(std::move(groups), o), "SGD") {
+  SGD(std::vector<ParamGroup<T, D>> groups, const SgdOptions& o)
+      : Base(o, validated(std::move(groups), o), "SGD") {
     buffers_.resize(flat_.params.size());
     have_buffer_.assign(flat_.params.size(), false);
   }
   SGD(std::vector<nn::Parameter<T, D>*> params, const SgdOptions& o)
       : SGD(std::vector<ParamGroup<T, D>>{ParamGroup<T, D>{.params = std::move(params)}}, o) {}
-  // SGD({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s iterator-pair
-  // constructor.
+  // SGD({&a, &b}, o): without this overload the braces would also match vector<ParamGroup>'s
+  // iterator-pair constructor.
   SGD(std::initializer_list<nn::Parameter<T, D>*> params, const SgdOptions& o)
       : SGD(std::vector<nn::Parameter<T, D>*>(params), o) {}
   // A model's parameters, whatever its activation type A (bf16 activations keep float parameters).
   template <class A>
   SGD(nn::Module<T, D, A>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
 
-  // One update of every parameter that has a gradient: one Kernels<D>::sgd_step_multi call per group (one
-  // launch per group on the GPU; on the CPU tensor after tensor, the same bits as one sgd_step each).
+  // One update of every parameter that has a gradient: one Kernels<D>::sgd_step_multi call per
+  // group (one launch per group on the GPU; on the CPU tensor after tensor, the same bits as one
+  // sgd_step each).
   void step(Exec<D>& exec) {
     const bool use_momentum = o_.momentum != 0.0;
     std::vector<kernels::SgdTensor<T>> ts;
@@ -86,46 +92,67 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
         nn::Parameter<T, D>& p = *flat_.params[i];
         if (flat_.group_of[i] != g || !p.has_grad()) continue;
         if (use_momentum && buffers_[i].shape() != p.shape()) buffers_[i] = Tensor<T, D>(p.shape());
-        ts.push_back(kernels::SgdTensor<T>{.param = p.value().data(), .grad = p.grad().data(),
-                                           .momentum_buffer = use_momentum ? buffers_[i].data() : nullptr,
-                                           .numel = p.numel(), .first_step = !have_buffer_[i]});
+        ts.push_back(
+            kernels::SgdTensor<T>{.param = p.value().data(),
+                                  .grad = p.grad().data(),
+                                  .momentum_buffer = use_momentum ? buffers_[i].data() : nullptr,
+                                  .numel = p.numel(),
+                                  .first_step = !have_buffer_[i]});
         if (use_momentum) have_buffer_[i] = true;
       }
       if (ts.empty()) continue;
       Kernels<D>::sgd_step_multi(
-          exec, kernels::MultiSgdArgs<T, D>{.tensors = ts, .lr = flat_.group_lr(g, o_.lr),
-                                            .momentum = o_.momentum, .dampening = o_.dampening,
+          exec, kernels::MultiSgdArgs<T, D>{.tensors = ts,
+                                            .lr = flat_.group_lr(g, o_.lr),
+                                            .momentum = o_.momentum,
+                                            .dampening = o_.dampening,
                                             .weight_decay = flat_.weight_decay(g, o_.weight_decay),
                                             .nesterov = o_.nesterov});
     }
     ++steps_;
   }
 
-  // Momentum buffer of parameter i (same shape as it), or nullptr before its first step / without momentum.
-  Tensor<T, D>* momentum_buffer(std::size_t i) { return have_buffer_.at(i) ? &buffers_[i] : nullptr; }
-  // Installs a buffer (e.g. from a snapshot); the next step continues from it instead of starting afresh.
+  // Momentum buffer of parameter i (same shape as it), or nullptr before its first step / without
+  // momentum.
+  Tensor<T, D>* momentum_buffer(std::size_t i) {
+    return have_buffer_.at(i) ? &buffers_[i] : nullptr;
+  }
+  // Installs a buffer (e.g. from a snapshot); the next step continues from it instead of starting
+  // afresh.
   Tensor<T, D>& set_momentum_buffer(std::size_t i) {
-    if (buffers_.at(i).shape() != flat_.params[i]->shape()) buffers_[i] = Tensor<T, D>(flat_.params[i]->shape());
+    if (buffers_.at(i).shape() != flat_.params[i]->shape())
+      buffers_[i] = Tensor<T, D>(flat_.params[i]->shape());
     have_buffer_[i] = true;
     return buffers_[i];
   }
   void clear_momentum_buffers() { have_buffer_.assign(flat_.params.size(), false); }
 
   // The generic state interface (optim/optimizer.hpp) snapshots and copy_state use.
-  Tensor<T, D>* state(std::string_view /*name: momentum_buffer*/, std::size_t i) { return momentum_buffer(i); }
-  Tensor<T, D>& set_state(std::string_view /*name: momentum_buffer*/, std::size_t i) { return set_momentum_buffer(i); }
+  Tensor<T, D>* state(std::string_view /*name: momentum_buffer*/, std::size_t i) {
+    return momentum_buffer(i);
+  }
+  Tensor<T, D>& set_state(std::string_view /*name: momentum_buffer*/, std::size_t i) {
+    return set_momentum_buffer(i);
+  }
   void clear_state() { clear_momentum_buffers(); }
 
  private:
-  static detail::FlatGroups<T, D> validated(std::vector<ParamGroup<T, D>> groups, const SgdOptions& o) {
-    if (!(o.lr >= 0.0)) throw ValueError(ddp::detail::str("ddp: SGD: invalid learning rate ", o.lr, " (--lr must be >= 0)"));
-    if (!(o.momentum >= 0.0)) throw ValueError(ddp::detail::str("ddp: SGD: invalid momentum ", o.momentum, " (must be >= 0)"));
+  static detail::FlatGroups<T, D> validated(std::vector<ParamGroup<T, D>> groups,
+                                            const SgdOptions& o) {
+    if (!(o.lr >= 0.0))
+      throw ValueError(
+          ddp::detail::str("ddp: SGD: invalid learning rate ", o.lr, " (--lr must be >= 0)"));
+    if (!(o.momentum >= 0.0))
+      throw ValueError(
+          ddp::detail::str("ddp: SGD: invalid momentum ", o.momentum, " (must be >= 0)"));
     if (!(o.weight_decay >= 0.0))
-      throw ValueError(ddp::detail::str("ddp: SGD: invalid weight_decay ", o.weight_decay, " (must be >= 0)"));
+      throw ValueError(
+          ddp::detail::str("ddp: SGD: invalid weight_decay ", o.weight_decay, " (must be >= 0)"));
     if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
-      throw ValueError(ddp::detail::str("ddp: SGD: nesterov momentum requires momentum > 0 and dampening 0, got "
-                                        "momentum ",
-                                        o.momentum, " and dampening ", o.dampening));
+      throw ValueError(
+          ddp::detail::str("ddp: SGD: nesterov momentum requires momentum > 0 and dampening 0, got "
+                           "momentum ",
+                           o.momentum, " and dampening ", o.dampening));
     return detail::FlatGroups<T, D>(std::move(groups), "SGD");
   }
 

@@ -1,6 +1,6 @@
-// DdpOptions: every knob of DistributedDataParallel, passed once: DDP reads its own (broadcast_buffers), the
-// reducer the bucket schedule's, the device's transport the hook and bucket-view ones. make_comm_hook builds the
-// hook a CPU transport runs from them.
+// DdpOptions: every knob of DistributedDataParallel, passed once: DDP reads its own
+// (broadcast_buffers), the reducer the bucket schedule's, the device's transport the hook and
+// bucket-view ones. make_comm_hook builds the hook a CPU transport runs from them.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -21,19 +21,24 @@ namespace ddp::parallel {
 struct DdpOptions {
   std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;             // --bucket-cap-mb (25)
   std::size_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;  // 1 MiB
-  bool broadcast_buffers = true;        // rank 0's buffers before a forward that follows a synchronised one
-  bool find_unused_parameters = false;  // true: parameters without a gradient are allowed (reducer.hpp)
-  bool rebuild_buckets = true;          // rebuild buckets in gradient arrival order after the first step
-  CommHookKind comm_hook = CommHookKind::Allreduce;  // --comm-hook allreduce|fp16|bf16|powersgd (CPU and CUDA)
-  PowerSgdOptions powersgd;  // comm_hook == PowerSgd: --powersgd-rank, --powersgd-start-iter (parallel/powersgd.hpp)
-  // Every step uses the same parameters (torch's static_graph): unused ones are found in the first synchronised
-  // step, then reused without the flag all-reduce (reducer.hpp). --static-graph
+  // rank 0's buffers before a forward that follows a synchronised one
+  bool broadcast_buffers = true;
+  // true: parameters without a gradient are allowed (reducer.hpp)
+  bool find_unused_parameters = false;
+  // rebuild buckets in gradient arrival order after the first step
+  bool rebuild_buckets = true;
+  // --comm-hook allreduce|fp16|bf16|powersgd (CPU and CUDA)
+  CommHookKind comm_hook = CommHookKind::Allreduce;
+  // comm_hook == PowerSgd: --powersgd-rank, --powersgd-start-iter (parallel/powersgd.hpp)
+  PowerSgdOptions powersgd;
+  // Every step uses the same parameters (torch's static_graph): unused ones are found in the first
+  // synchronised step, then reused without the flag all-reduce (reducer.hpp). --static-graph
   bool static_graph = false;
-  // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the parameter's slot, so
-  // no copy into the bucket before the all-reduce nor back after it (parallel/grad_views.hpp).
-  // --gradient-as-bucket-view[=true|false]. Unset: on for CPU models, off for CUDA ones until a GPU run has
-  // verified it there (docs/decisions/0054; torch's default is off because its users may replace or
-  // detach .grad, which ddp's grad() does not allow).
+  // Gradients live in the buckets (torch's gradient_as_bucket_view): grad() is a view of the
+  // parameter's slot, so no copy into the bucket before the all-reduce nor back after it
+  // (parallel/grad_views.hpp). --gradient-as-bucket-view[=true|false]. Unset: on for CPU models,
+  // off for CUDA ones until a GPU run has verified it there (docs/decisions/0054; torch's default
+  // is off because its users may replace or detach .grad, which ddp's grad() does not allow).
   std::optional<bool> gradient_as_bucket_view;
 
   template <Device D>

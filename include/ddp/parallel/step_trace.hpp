@@ -1,5 +1,6 @@
-// StepTrace: the last synchronised step as DDP's reducer saw it (bucket launch and completion times, the end of
-// backward): the metrics' comm_ms and comm_exposed_ms and the trace's all-reduce events read it.
+// StepTrace: the last synchronised step as DDP's reducer saw it (bucket launch and completion
+// times, the end of backward): the metrics' comm_ms and comm_exposed_ms and the trace's all-reduce
+// events read it.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -17,8 +18,9 @@ struct BucketTrace {
   std::size_t index = 0;
   std::int64_t numel = 0;
   std::size_t num_params = 0;
-  Clock::time_point launched;   // when its all-reduce was issued
-  Clock::time_point completed;  // when the backend completed it; launched when the transport cannot tell (CUDA)
+  Clock::time_point launched;  // when its all-reduce was issued
+  // when the backend completed it; launched when the transport cannot tell (CUDA)
+  Clock::time_point completed;
 };
 // The last synchronised step as seen by the schedule.
 struct StepTrace {
@@ -28,8 +30,9 @@ struct StepTrace {
   Clock::time_point backward_end;    // finish() entered
   Clock::time_point finished;        // finish() returned: the averaged gradients are in grad()
   std::vector<BucketTrace> buckets;  // in launch order
-  // The transport reports completion times (the CPU's; the CUDA transport's all-reduces end on a stream, after
-  // finish() returns, so there BucketTrace::completed is the launch and the two durations below mean nothing).
+  // The transport reports completion times (the CPU's; the CUDA transport's all-reduces end on a
+  // stream, after finish() returns, so there BucketTrace::completed is the launch and the two
+  // durations below mean nothing).
   bool completions_known = false;
   // How many buckets were launched before backward ended (the overlap).
   std::size_t launched_before_backward_end() const {
@@ -37,10 +40,12 @@ struct StepTrace {
     for (const auto& b : buckets) n += b.launched < backward_end ? 1 : 0;
     return n;
   }
-  // Seconds during which at least one bucket's all-reduce was in flight (the union of launch..completion).
+  // Seconds during which at least one bucket's all-reduce was in flight (the union of
+  // launch..completion).
   double comm_seconds() const {
     double total = 0.0;
-    Clock::time_point covered{};  // intervals come in launch order; completions are in order too (one queue)
+    // intervals come in launch order; completions are in order too (one queue)
+    Clock::time_point covered{};
     for (const auto& b : buckets) {
       const Clock::time_point from = std::max(b.launched, covered);
       if (b.completed > from) total += std::chrono::duration<double>(b.completed - from).count();
@@ -48,10 +53,13 @@ struct StepTrace {
     }
     return total;
   }
-  // Seconds the step spent in finish(): communication that backward did not hide, plus unpacking the averages.
-  double exposed_comm_seconds() const { return std::chrono::duration<double>(finished - backward_end).count(); }
-  // How many buckets were launched while backward was still producing gradients (strict overlap: the
-  // bucket holding the last gradient can only start after it, so at most buckets.size() - 1).
+  // Seconds the step spent in finish(): communication that backward did not hide, plus unpacking
+  // the averages.
+  double exposed_comm_seconds() const {
+    return std::chrono::duration<double>(finished - backward_end).count();
+  }
+  // How many buckets were launched while backward was still producing gradients (strict overlap:
+  // the bucket holding the last gradient can only start after it, so at most buckets.size() - 1).
   std::size_t launched_during_backward() const {
     std::size_t n = 0;
     for (const auto& b : buckets) n += b.launched < last_gradient ? 1 : 0;

@@ -1,17 +1,22 @@
-// DDP's data movement on the CPU: Broadcaster<Cpu> (rank 0's values on every rank) and Transport<T, Cpu> (the
-// gradient buckets' pack / all-reduce / unpack that the Reducer drives).
+// DDP's data movement on the CPU: Broadcaster<Cpu> (rank 0's values on every rank) and Transport<T,
+// Cpu> (the gradient buckets' pack / all-reduce / unpack that the Reducer drives).
 // SPDX-License-Identifier: MIT
 //
 // Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/reducer.hpp for the contract):
-//   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters without a
+//   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters
+//     without a
 //               gradient) and hand it to the communication hook with each parameter's torch shape
 //               (parallel/comm_hooks.hpp; by default an
-//               asynchronous all-reduce (Avg) that the backend's progress thread runs while backward goes on)
-//   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each slot into its
-//               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps those)
-// With gradient_as_bucket_view the gradients ARE the slots (parallel/grad_views.hpp): launch only zeroes the
-// slots of parameters without a gradient, finish copies nothing.
-// Example: bucket {fc.bias (10), fc.weight (10 x 64)} -> flat of 650 floats, fc.bias at 0, fc.weight at 10.
+//               asynchronous all-reduce (Avg) that the backend's progress thread runs while
+//                 backward goes on)
+//   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each
+//     slot into its
+//               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps
+//                 those)
+// With gradient_as_bucket_view the gradients ARE the slots (parallel/grad_views.hpp): launch only
+// zeroes the slots of parameters without a gradient, finish copies nothing.
+// Example: bucket {fc.bias (10), fc.weight (10 x 64)} -> flat of 650 floats, fc.bias at 0,
+//   fc.weight at 10.
 // The CUDA versions (device buffers, a communication stream ordered by events) are in
 // parallel/cuda/transport.cuh, compiled only by nvcc; <ddp/ddp.hpp> includes them there.
 #pragma once
@@ -41,13 +46,16 @@
 
 namespace ddp::parallel {
 
-// Broadcaster<D>: rank 0's values on every rank, for data in D's memory. Collective: every rank calls the same
-// broadcasts in the same order. The primary template turns a missing device into a message.
+// Broadcaster<D>: rank 0's values on every rank, for data in D's memory. Collective: every rank
+// calls the same broadcasts in the same order. The primary template turns a missing device into a
+// message.
 template <Device D>
 class Broadcaster {
   static_assert(ddp::detail::dependent_false<D>,
-                "ddp: DistributedDataParallel and broadcasts on CUDA need the CUDA transport, which only nvcc "
-                "compiles: include <ddp/ddp.hpp> (or <ddp/parallel/cuda/transport.cuh>) in a .cu file and link "
+                "ddp: DistributedDataParallel and broadcasts on CUDA need the CUDA transport, "
+                "which only nvcc "
+                "compiles: include <ddp/ddp.hpp> (or <ddp/parallel/cuda/transport.cuh>) in a .cu "
+                "file and link "
                 "ddp::cuda and ddp::nccl");
 };
 
@@ -55,8 +63,10 @@ class Broadcaster {
 template <class T, Device D>
 class Transport {
   static_assert(ddp::detail::dependent_false<D>,
-                "ddp: DistributedDataParallel on CUDA needs the CUDA transport, which only nvcc compiles: include "
-                "<ddp/ddp.hpp> (or <ddp/parallel/cuda/transport.cuh>) in a .cu file and link ddp::cuda and ddp::nccl");
+                "ddp: DistributedDataParallel on CUDA needs the CUDA transport, which only nvcc "
+                "compiles: include "
+                "<ddp/ddp.hpp> (or <ddp/parallel/cuda/transport.cuh>) in a .cu file and link "
+                "ddp::cuda and ddp::nccl");
 };
 
 template <>
@@ -65,12 +75,12 @@ class Broadcaster<Cpu> {
   // `comm` must outlive this object.
   explicit Broadcaster(comm::Communicator& comm) : comm_(&comm) {}
 
-  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of every part on every rank, as one flat broadcast
-  // (one part: in place). The host always waits (host_wait is for the CUDA version, which can leave the broadcast on
-  // the exec's stream).
+  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of every part on every rank,
+  // as one flat broadcast (one part: in place). The host always waits (host_wait is for the CUDA
+  // version, which can leave the broadcast on the exec's stream).
   template <comm::CommElement V>
-  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cpu>& /*exec*/ = {}, bool /*host_wait*/ = true,
-                 int root = 0) {
+  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cpu>& /*exec*/ = {},
+                 bool /*host_wait*/ = true, int root = 0) {
     if (comm_->size() == 1 || parts.empty()) return;
     if (parts.size() == 1) {
       comm_->broadcast(parts.front(), {.root = root}).wait();
@@ -99,7 +109,8 @@ template <class T>
 class Transport<T, Cpu> {
  public:
   // `comm` and the parameters must outlive this object.
-  Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const DdpOptions& o, comm::Communicator& comm)
+  Transport(const std::vector<nn::Parameter<T, Cpu>*>& params, const DdpOptions& o,
+            comm::Communicator& comm)
       : params_(params),
         comm_(&comm),
         hook_(make_comm_hook<T>(o.comm_hook, o.powersgd)),
@@ -107,8 +118,8 @@ class Transport<T, Cpu> {
         view_(o.grads_in_buckets<Cpu>()) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
-  // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it first. The
-  // parameters outlive us: their gradients move back into memory of their own.
+  // A reduction still in flight (backward threw half-way) writes into our buffers: wait for it
+  // first. The parameters outlive us: their gradients move back into memory of their own.
   ~Transport() {
     drain();
     if (view_) own_grads(params_, Exec<Cpu>{});
@@ -116,7 +127,9 @@ class Transport<T, Cpu> {
 
   // Replaces the communication hook (parallel/comm_hooks.hpp); nothing may be in flight.
   void set_comm_hook(CommHook<T> hook) {
-    if (!hook) throw ValueError("ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T>()");
+    if (!hook)
+      throw ValueError(
+          "ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T>()");
     drain();
     hook_ = std::move(hook);
   }
@@ -130,12 +143,15 @@ class Transport<T, Cpu> {
       for (std::size_t i : layouts[b].params) fresh[b].shapes.push_back(params_[i]->torch_shape());
       flats.push_back(fresh[b].flat.data());
     }
-    if (view_) view_grads_in_buckets(params_, layouts, flats, Exec<Cpu>{});  // before the old buffers go
+    // before the old buffers go
+    if (view_) view_grads_in_buckets(params_, layouts, flats, Exec<Cpu>{});
     layouts_ = layouts;
-    buckets_ = std::move(fresh);  // moving the vectors keeps every flat buffer where the views point
+    // moving the vectors keeps every flat buffer where the views point
+    buckets_ = std::move(fresh);
   }
 
-  void begin_step(const Exec<Cpu>& /*exec*/) {}  // finish() waited for every collective of the last step
+  void begin_step(const Exec<Cpu>& /*exec*/) {
+  }  // finish() waited for every collective of the last step
 
   void launch(std::size_t b, const std::vector<bool>& zero) {
     Bucket& bk = buckets_[b];
@@ -148,8 +164,12 @@ class Transport<T, Cpu> {
       else if (!view_)
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
-    GradBucket<T> gb{.index = b, .buffer = std::span<T>(bk.flat), .layout = &l, .comm = comm_,
-                     .is_last = b + 1 == layouts_.size(), .shapes = bk.shapes};
+    GradBucket<T> gb{.index = b,
+                     .buffer = std::span<T>(bk.flat),
+                     .layout = &l,
+                     .comm = comm_,
+                     .is_last = b + 1 == layouts_.size(),
+                     .shapes = bk.shapes};
     bk.pending = hook_(gb);
   }
 
@@ -159,7 +179,8 @@ class Transport<T, Cpu> {
     r.work.wait();
     bk.completed = r.work.completed_at();
     if (r.then) r.then();
-    if (view_) return;  // the slots are the gradients (a parameter no rank used: see docs/decisions/0033)
+    // the slots are the gradients (a parameter no rank used: see docs/decisions/0033)
+    if (view_) return;
     const BucketLayout& l = layouts_[b];
     for (std::size_t k = 0; k < l.params.size(); ++k) {
       if (keep[l.params[k]]) continue;
@@ -172,14 +193,18 @@ class Transport<T, Cpu> {
     for (Bucket& bk : buckets_) {
       try {
         bk.pending.work.wait();
-      } catch (...) {  // dropped: the caller is already handling another error, or abandons the step
+        // dropped: the caller is already handling another error, or abandons the step
+      } catch (...) {
       }
       bk.pending = HookResult{};
     }
   }
 
-  // When bucket b's reduction completed (after its finish; nullopt: nothing ran, e.g. world size 1).
-  std::optional<Clock::time_point> completed_at(std::size_t b) const { return buckets_[b].completed; }
+  // When bucket b's reduction completed (after its finish; nullopt: nothing ran, e.g. world size
+  // 1).
+  std::optional<Clock::time_point> completed_at(std::size_t b) const {
+    return buckets_[b].completed;
+  }
 
   void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order); }
   void any_rank(std::span<std::int64_t> flags) {
@@ -191,10 +216,12 @@ class Transport<T, Cpu> {
 
  private:
   struct Bucket {
-    HostVector<T> flat;  // gradients back to back, bucket order (tensor memory's page policy: core/host_memory.hpp)
-    HookResult pending;   // the hook's reduction in flight (an empty Work when none)
+    // gradients back to back, bucket order (tensor memory's page policy: core/host_memory.hpp)
+    HostVector<T> flat;
+    HookResult pending;         // the hook's reduction in flight (an empty Work when none)
     std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
-    std::optional<Clock::time_point> completed;  // the last finished reduction's completion (traces)
+    // the last finished reduction's completion (traces)
+    std::optional<Clock::time_point> completed;
   };
 
   std::vector<nn::Parameter<T, Cpu>*> params_;

@@ -1,17 +1,18 @@
-// FileStore: a Store shared by the processes of one machine through a file (like PyTorch's FileStore, own format).
+// FileStore: a Store shared by the processes of one machine through a file (like PyTorch's
+// FileStore, own format).
 // SPDX-License-Identifier: MIT
 //
 //   ddp::store::FileStore store("/tmp/job42.store");   // every process opens the same path
 //
 // How it works: the file is an append-only log of records
 //     [u8 kind: 0 set, 1 delete][u64 key length][key][u64 value length][value]   (little-endian)
-// Every operation takes flock(LOCK_EX) on the file (plus a mutex, because flock does not exclude threads
-// sharing one open file), reads the records it has not seen yet into its map, and for a mutation
-// appends one record while still holding the lock, so read-modify-write operations (add, compare_set,
-// append) are atomic across processes. get/wait poll (1 ms doubling to 50 ms) until the keys exist or
-// the timeout passes. Worked example: process A add("n",1) appends (0,"n","1"); process B add("n",2)
-// reads that record first, so it appends (0,"n","3").
-// The file is never compacted; it is meant for rendezvous-sized traffic. Remove it between jobs.
+// Every operation takes flock(LOCK_EX) on the file (plus a mutex, because flock does not exclude
+// threads sharing one open file), reads the records it has not seen yet into its map, and for a
+// mutation appends one record while still holding the lock, so read-modify-write operations (add,
+// compare_set, append) are atomic across processes. get/wait poll (1 ms doubling to 50 ms) until
+// the keys exist or the timeout passes. Worked example: process A add("n",1) appends (0,"n","1");
+// process B add("n",2) reads that record first, so it appends (0,"n","3"). The file is never
+// compacted; it is meant for rendezvous-sized traffic. Remove it between jobs.
 #pragma once
 
 #include <fcntl.h>
@@ -41,7 +42,8 @@ class FileStore final : public Store {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd_ < 0)
       throw StoreError(detail::str("ddp: cannot open FileStore ", detail::quoted(path_), ": ",
-                                   net::errno_text(errno), ". The directory must exist and be writable."));
+                                   net::errno_text(errno),
+                                   ". The directory must exist and be writable."));
   }
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;
@@ -71,8 +73,9 @@ class FileStore final : public Store {
       const char* b = reinterpret_cast<const char*>(it->second.data());
       auto [p, ec] = std::from_chars(b, b + it->second.size(), v);
       if (ec != std::errc() || p != b + it->second.size())
-        throw StoreError(detail::str("ddp: FileStore add(", detail::quoted(key), ") found a value that is not an integer: ",
-                                     detail::quoted(to_string(it->second))));
+        throw StoreError(detail::str(
+            "ddp: FileStore add(", detail::quoted(key),
+            ") found a value that is not an integer: ", detail::quoted(to_string(it->second))));
     }
     v += delta;
     write_record(0, key, to_bytes(std::to_string(v)));
@@ -109,10 +112,11 @@ class FileStore final : public Store {
       }
       auto now = Clock::now();
       if (now >= deadline)
-        throw TimeoutError(detail::str("ddp: store wait([", detail::join(quoted_keys(keys), ", "), "]) timed out after ",
-                                       timeout.count(), " ms on FileStore ", detail::quoted(path_),
-                                       ". The process that sets these keys may not have started; raise "
-                                       "--timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+        throw TimeoutError(detail::str(
+            "ddp: store wait([", detail::join(quoted_keys(keys), ", "), "]) timed out after ",
+            timeout.count(), " ms on FileStore ", detail::quoted(path_),
+            ". The process that sets these keys may not have started; raise "
+            "--timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
       std::this_thread::sleep_for(std::min<Clock::duration>(nap, deadline - now));
       nap = std::min(nap * 2, std::chrono::milliseconds{50});
     }
@@ -145,8 +149,8 @@ class FileStore final : public Store {
     explicit Locked(FileStore& s) : s_(s), lock_(s.mu_) {
       while (::flock(s_.fd_, LOCK_EX) != 0)
         if (errno != EINTR)
-          throw StoreError(detail::str("ddp: flock on FileStore ", detail::quoted(s_.path_), " failed: ",
-                                       net::errno_text(errno)));
+          throw StoreError(detail::str("ddp: flock on FileStore ", detail::quoted(s_.path_),
+                                       " failed: ", net::errno_text(errno)));
       try {
         s_.refresh();
       } catch (...) {
@@ -170,7 +174,8 @@ class FileStore final : public Store {
     return std::ranges::all_of(keys, [&](const std::string& k) { return map_.contains(k); });
   }
 
-  // Reads every complete record after pos_. A record cut short (a writer died mid-append) stops the scan.
+  // Reads every complete record after pos_. A record cut short (a writer died mid-append) stops the
+  // scan.
   void refresh() {
     Bytes buf;
     std::uint8_t chunk[64 * 1024];
@@ -178,14 +183,16 @@ class FileStore final : public Store {
       ssize_t n = ::pread(fd_, chunk, sizeof(chunk), static_cast<off_t>(pos_ + buf.size()));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
-        throw StoreError(detail::str("ddp: reading FileStore ", detail::quoted(path_), " failed: ", net::errno_text(errno)));
+        throw StoreError(detail::str("ddp: reading FileStore ", detail::quoted(path_),
+                                     " failed: ", net::errno_text(errno)));
       if (n == 0) break;
       buf.insert(buf.end(), chunk, chunk + n);
     }
     std::size_t p = 0;
     auto u64 = [&](std::size_t at) {
       std::uint64_t x = 0;
-      for (int i = 0; i < 8; ++i) x |= std::uint64_t{buf[at + static_cast<std::size_t>(i)]} << (8 * i);
+      for (int i = 0; i < 8; ++i)
+        x |= std::uint64_t{buf[at + static_cast<std::size_t>(i)]} << (8 * i);
       return x;
     };
     for (;;) {
@@ -194,7 +201,8 @@ class FileStore final : public Store {
       if (buf.size() - p - 9 < klen + 8) break;
       std::uint64_t vlen = u64(p + 9 + klen);
       if (buf.size() - p - 17 - klen < vlen) break;
-      std::string key(buf.begin() + static_cast<std::ptrdiff_t>(p + 9), buf.begin() + static_cast<std::ptrdiff_t>(p + 9 + klen));
+      std::string key(buf.begin() + static_cast<std::ptrdiff_t>(p + 9),
+                      buf.begin() + static_cast<std::ptrdiff_t>(p + 9 + klen));
       if (buf[p] == 1) {
         map_.erase(key);
       } else {
@@ -222,7 +230,8 @@ class FileStore final : public Store {
       ssize_t n = ::write(fd_, rec.data() + done, rec.size() - done);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
-        throw StoreError(detail::str("ddp: writing FileStore ", detail::quoted(path_), " failed: ", net::errno_text(errno)));
+        throw StoreError(detail::str("ddp: writing FileStore ", detail::quoted(path_),
+                                     " failed: ", net::errno_text(errno)));
       done += static_cast<std::size_t>(n);
     }
     refresh();  // picks up our own record (and advances pos_ past it)

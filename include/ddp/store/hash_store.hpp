@@ -1,4 +1,5 @@
-// HashStore: an in-process Store (a map under a mutex); ranks-as-threads tests rendezvous through it.
+// HashStore: an in-process Store (a map under a mutex); ranks-as-threads tests rendezvous through
+// it.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -41,8 +42,9 @@ class HashStore final : public Store {
         auto* first = reinterpret_cast<const char*>(slot.data());
         auto [ptr, ec] = std::from_chars(first, first + slot.size(), value);
         if (ec != std::errc() || ptr != first + slot.size())
-          throw StoreError(::ddp::detail::str("ddp: store add('", key, "') found a value that is not an integer: ",
-                                       ::ddp::detail::quoted(to_string(slot))));
+          throw StoreError(::ddp::detail::str(
+              "ddp: store add('", key,
+              "') found a value that is not an integer: ", ::ddp::detail::quoted(to_string(slot))));
       }
       value += delta;
       slot = to_bytes(std::to_string(value));
@@ -108,8 +110,9 @@ class HashStore final : public Store {
                    std::chrono::milliseconds timeout) {
     timeout = capped_timeout(timeout);
     if (!cv_.wait_for(lock, timeout, [&] { return all_present(keys); }))
-      throw TimeoutError(::ddp::detail::str("ddp: store wait for [", ::ddp::detail::join(keys, ", "), "] timed out after ",
-                                     timeout.count(), " ms on the in-process HashStore"));
+      throw TimeoutError(::ddp::detail::str("ddp: store wait for [",
+                                            ::ddp::detail::join(keys, ", "), "] timed out after ",
+                                            timeout.count(), " ms on the in-process HashStore"));
   }
 
   std::mutex mu_;

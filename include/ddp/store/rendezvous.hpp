@@ -3,22 +3,27 @@
 //
 //   auto info = ddp::env::detect(...);
 //   auto store = ddp::store::make_store(info, 30s);            // rank 0 also hosts the server
-//   auto store = ddp::store::make_store(info, 30s, 29600);     // DDP_STORE_PORT / --store-port override
+//   auto store = ddp::store::make_store(info, 30s, 29600);     // DDP_STORE_PORT / --store-port
+//     override
 //
 // The rules (docs/decisions/0003):
 //   - world_size == 1 and no master address: an in-process HashStore (nothing to rendezvous with).
 //   - launcher_owns_store (torchrun's agent already serves MASTER_ADDR:MASTER_PORT, signalled by
-//     TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client of that store; nobody binds the port.
-//   - otherwise rank 0 hosts a TcpStoreServer on 0.0.0.0:<port> (or [::]:<port>) and every rank, rank 0 included, is a
-//     client of master_addr:<port>. The server lives as long as rank 0's returned store.
-//   <port> is store_port when given (the caller reads DDP_STORE_PORT or a flag; the library never calls
+//     TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client of that store; nobody binds the
+//     port.
+//   - otherwise rank 0 hosts a TcpStoreServer on 0.0.0.0:<port> (or [::]:<port>) and every rank,
+//     rank 0 included, is a client of master_addr:<port>. The server lives as long as rank 0's
+//     returned store.
+//   <port> is store_port when given (the caller reads DDP_STORE_PORT or a flag; the library never
+//     calls
 //   getenv), else master_port. With store_port and launcher_owns_store, rank 0 hosts on store_port:
 //   the override exists precisely to move our store off the port torchrun's agent holds.
-//   - launcher_owns_store: the launcher's store outlives the workers and serves every restart, so each attempt
-//     works under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env:// rendezvous does
-//     (torch/distributed/rendezvous.py): keys of an attempt that died half-way - a rank that never joined
-//     leaves the communicator's join count short - cannot shift or mislead the next attempt
-//     (docs/decisions/0036). Every key a program writes there gets the prefix, as in torch.
+//   - launcher_owns_store: the launcher's store outlives the workers and serves every restart, so
+//     each attempt works under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env://
+//     rendezvous does (torch/distributed/rendezvous.py): keys of an attempt that died half-way - a
+//     rank that never joined leaves the communicator's join count short - cannot shift or mislead
+//     the next attempt (docs/decisions/0036). Every key a program writes there gets the prefix, as
+//     in torch.
 #pragma once
 
 #include <chrono>
@@ -39,40 +44,47 @@ namespace ddp::store {
 
 struct RendezvousOptions {
   TcpProtocol protocol = TcpProtocol::Auto;
-  std::string bind_host;  // where rank 0's server listens; "" = every interface ("::" for an IPv6 master address)
+  // where rank 0's server listens; "" = every interface ("::" for an IPv6 master address)
+  std::string bind_host;
 };
 
 // Throws ConfigError when a multi-rank job has no master address or port, StoreError when rank 0
 // cannot bind (the message says what probably holds the port), TimeoutError when a client cannot
 // reach the store within `timeout`.
-inline std::unique_ptr<Store> make_store(const env::LaunchInfo& info, std::chrono::milliseconds timeout,
+inline std::unique_ptr<Store> make_store(const env::LaunchInfo& info,
+                                         std::chrono::milliseconds timeout,
                                          std::optional<std::uint16_t> store_port = std::nullopt,
                                          const RendezvousOptions& opts = {}) {
   if (info.world_size <= 1 && info.master_addr.empty()) return std::make_unique<HashStore>(timeout);
   if (info.master_addr.empty())
-    throw ConfigError(detail::str("ddp[rank ", info.rank, '/', info.world_size, "]: launched by ", info.source,
-                                  " with WORLD_SIZE=", info.world_size,
-                                  " but MASTER_ADDR is not set; the ranks cannot find the store. Export MASTER_ADDR "
-                                  "(--master-addr) with the host of rank 0."));
+    throw ConfigError(detail::str(
+        "ddp[rank ", info.rank, '/', info.world_size, "]: launched by ", info.source,
+        " with WORLD_SIZE=", info.world_size,
+        " but MASTER_ADDR is not set; the ranks cannot find the store. Export MASTER_ADDR "
+        "(--master-addr) with the host of rank 0."));
   const bool client_only = info.launcher_owns_store && !store_port;
   const std::uint16_t port = store_port.value_or(info.master_port);
   if (port == 0)
-    throw ConfigError(detail::str("ddp[rank ", info.rank, '/', info.world_size, "]: launched by ", info.source,
-                                  " but MASTER_PORT is not set (or 0); export MASTER_PORT (--master-port), e.g. 29500."));
+    throw ConfigError(detail::str(
+        "ddp[rank ", info.rank, '/', info.world_size, "]: launched by ", info.source,
+        " but MASTER_PORT is not set (or 0); export MASTER_PORT (--master-port), e.g. 29500."));
   std::unique_ptr<TcpStoreServer> server;
   if (info.rank == 0 && !client_only) {
-    std::string bind = !opts.bind_host.empty()                                   ? opts.bind_host
+    std::string bind = !opts.bind_host.empty()                           ? opts.bind_host
                        : info.master_addr.find(':') != std::string::npos ? std::string("::")
-                                                                          : std::string("0.0.0.0");
+                                                                         : std::string("0.0.0.0");
     server = std::make_unique<TcpStoreServer>(bind, port);
     DDP_LOG_INFO("store server listening on ", net::endpoint(bind, server->port()));
   }
-  auto store = std::make_unique<TcpStore>(
-      info.master_addr, server ? server->port() : port,
-      TcpStoreOptions{.protocol = opts.protocol, .timeout = timeout, .rank = info.rank, .world_size = info.world_size});
+  auto store = std::make_unique<TcpStore>(info.master_addr, server ? server->port() : port,
+                                          TcpStoreOptions{.protocol = opts.protocol,
+                                                          .timeout = timeout,
+                                                          .rank = info.rank,
+                                                          .world_size = info.world_size});
   if (server) store->keep_alive(std::move(server));
   if (info.launcher_owns_store)
-    return std::make_unique<PrefixStore>(detail::str("/worker/attempt_", info.restart_count), std::move(store));
+    return std::make_unique<PrefixStore>(detail::str("/worker/attempt_", info.restart_count),
+                                         std::move(store));
   return store;
 }
 

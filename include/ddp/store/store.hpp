@@ -24,15 +24,19 @@ namespace ddp::store {
 using Bytes = std::vector<std::uint8_t>;
 
 inline Bytes to_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
-inline std::string to_string(std::span<const std::uint8_t> b) { return std::string(b.begin(), b.end()); }
+inline std::string to_string(std::span<const std::uint8_t> b) {
+  return std::string(b.begin(), b.end());
+}
 
-inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{300'000};  // PyTorch's default: 5 minutes
+// PyTorch's default: 5 minutes
+inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{300'000};
 
-// While alive, every blocking store call this thread makes (connect, round trip, get, wait) gives up after
-// at most `cap`, whatever the store's or the call's own timeout. For best-effort calls that must not hold
-// a failing program up: the collectives publish a failure through the store when the store's host may be
-// frozen (SIGSTOP) or unreachable (link down), where a full store timeout would double the time to exit.
-// Per thread, so other threads' calls on the same store keep their timeouts. Nests: the smaller cap wins.
+// While alive, every blocking store call this thread makes (connect, round trip, get, wait) gives
+// up after at most `cap`, whatever the store's or the call's own timeout. For best-effort calls
+// that must not hold a failing program up: the collectives publish a failure through the store when
+// the store's host may be frozen (SIGSTOP) or unreachable (link down), where a full store timeout
+// would double the time to exit. Per thread, so other threads' calls on the same store keep their
+// timeouts. Nests: the smaller cap wins.
 class ScopedTimeoutCap {
  public:
   explicit ScopedTimeoutCap(std::chrono::milliseconds cap) noexcept : saved_(current_) {
@@ -44,12 +48,13 @@ class ScopedTimeoutCap {
 
  private:
   friend std::chrono::milliseconds capped_timeout(std::chrono::milliseconds t) noexcept;
-  static inline thread_local std::chrono::milliseconds current_{0};  // this thread's cap (zero: none)
+  // this thread's cap (zero: none)
+  static inline thread_local std::chrono::milliseconds current_{0};
   std::chrono::milliseconds saved_;
 };
 
-// `t`, lowered to this thread's ScopedTimeoutCap if one is active. Store implementations apply it to every
-// timeout they block for.
+// `t`, lowered to this thread's ScopedTimeoutCap if one is active. Store implementations apply it
+// to every timeout they block for.
 inline std::chrono::milliseconds capped_timeout(std::chrono::milliseconds t) noexcept {
   const auto cap = ScopedTimeoutCap::current_;
   return cap.count() > 0 && cap < t ? cap : t;
@@ -67,9 +72,9 @@ class Store {
   virtual Bytes get(std::string_view key) = 0;
   // Adds delta to the integer stored at key (0 when absent) and returns the new value.
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
-  // Sets key to desired when its current value equals expected (or when the key is absent and expected
-  // is empty); returns the value now stored (PyTorch semantics: when absent and expected is not empty,
-  // returns expected without storing).
+  // Sets key to desired when its current value equals expected (or when the key is absent and
+  // expected is empty); returns the value now stored (PyTorch semantics: when absent and expected
+  // is not empty, returns expected without storing).
   virtual Bytes compare_set(std::string_view key, std::span<const std::uint8_t> expected,
                             std::span<const std::uint8_t> desired) = 0;
   // True when every key exists; never blocks.
@@ -92,12 +97,15 @@ class Store {
   }
   virtual void multi_set(std::span<const std::string> keys, std::span<const Bytes> values) {
     if (keys.size() != values.size())
-      throw ValueError(::ddp::detail::str("ddp: store multi_set got ", keys.size(), " keys but ", values.size(), " values"));
+      throw ValueError(::ddp::detail::str("ddp: store multi_set got ", keys.size(), " keys but ",
+                                          values.size(), " values"));
     for (std::size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
   }
 
   // Convenience overloads for text values.
-  void set(std::string_view key, std::string_view value) { set(key, std::span<const std::uint8_t>(to_bytes(value))); }
+  void set(std::string_view key, std::string_view value) {
+    set(key, std::span<const std::uint8_t>(to_bytes(value)));
+  }
   std::string get_string(std::string_view key) { return to_string(get(key)); }
   bool check(std::string_view key) {
     std::string k(key);

@@ -1,4 +1,5 @@
-// TcpStore: a Store client of a PyTorch-compatible TCPStore server (ours, PyTorch 1.x's or 2.x's, torchrun's agent).
+// TcpStore: a Store client of a PyTorch-compatible TCPStore server (ours, PyTorch 1.x's or 2.x's,
+// torchrun's agent).
 // SPDX-License-Identifier: MIT
 //
 //   ddp::store::TcpStore store("10.0.0.1", 29500, {.timeout = 30s, .rank = 2, .world_size = 4});
@@ -6,24 +7,28 @@
 //   auto peer = store.get_string("rank/0/addr");   // waits up to the timeout for rank 0
 //
 // Contract: thread-safe (one mutex serialises the connection); every call is bounded by the store
-// timeout (connect, get, wait) and throws TimeoutError naming the key, the timeout and host:port, or
-// StoreError for a broken connection. A failed call drops the connection; the next call reconnects.
+// timeout (connect, get, wait) and throws TimeoutError naming the key, the timeout and host:port,
+// or StoreError for a broken connection. A failed call drops the connection; the next call
+// reconnects.
 //
 // How the protocol is chosen (TcpStoreOptions::protocol):
 //   V1   PyTorch 1.x opcodes, no handshake.
 //   V2   PyTorch 2.x: VALIDATE (magic 0x3C85F7CE) first on every connection.
-//   Auto probe on a throw-away connection with the single byte 06. A 1.x server reads it as GETNUMKEYS
+//   Auto probe on a throw-away connection with the single byte 06. A 1.x server reads it as
+//     GETNUMKEYS
 //        and answers 8 bytes at once: V1. A 2.x server requires VALIDATE first, so it either closes
 //        the connection (non-libuv backend) or ignores the byte (libuv backend); after EOF, or
 //        probe_timeout of silence: V2. The probe is harmless on both: it changes nothing, and
-//        closing the connection discards it. Sending VALIDATE to a 1.x server instead would be read as
-//        SET with a ~1 GB key length and freeze that (single-threaded) server, which is why the probe
+//        closing the connection discards it. Sending VALIDATE to a 1.x server instead would be read
+//          as
+//        SET with a ~1 GB key length and freeze that (single-threaded) server, which is why the
+//          probe
 //        is never VALIDATE. Our own TcpStoreServer answers the probe as 1.x would.
 // Operations a 1.x server lacks are emulated: append by get + compare_set retries, multi_get and
 // multi_set one key at a time.
 //
-// Keys travel as "/" + key, like PyTorch's Python/C++ client, so ranks using PyTorch and ranks using
-// ddp see the same keys (TcpStoreOptions::slash_prefix=false sends them verbatim).
+// Keys travel as "/" + key, like PyTorch's Python/C++ client, so ranks using PyTorch and ranks
+// using ddp see the same keys (TcpStoreOptions::slash_prefix=false sends them verbatim).
 #pragma once
 
 #include <array>
@@ -48,19 +53,26 @@ enum class TcpProtocol : std::uint8_t { Auto, V1, V2 };
 
 struct TcpStoreOptions {
   TcpProtocol protocol = TcpProtocol::Auto;
-  std::chrono::milliseconds timeout = kDefaultStoreTimeout;  // connect, get, wait and every round trip
-  std::chrono::milliseconds probe_timeout{1000};             // Auto: silence this long means 2.x
-  int rank = -1;                                             // for "ddp[rank r/n]:" in errors; -1: unknown
+  // connect, get, wait and every round trip
+  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+  std::chrono::milliseconds probe_timeout{1000};  // Auto: silence this long means 2.x
+  // for "ddp[rank r/n]:" in errors; -1: unknown
+  int rank = -1;
   int world_size = 0;
-  bool slash_prefix = true;                                  // send "/" + key, as PyTorch's client does
+  // send "/" + key, as PyTorch's client does
+  bool slash_prefix = true;
 };
 
 class TcpStore final : public Store {
  public:
-  // Connects (retrying with backoff until opts.timeout) and settles the protocol. Throws TimeoutError
-  // when the server cannot be reached in time.
+  // Connects (retrying with backoff until opts.timeout) and settles the protocol. Throws
+  // TimeoutError when the server cannot be reached in time.
   TcpStore(std::string host, std::uint16_t port, TcpStoreOptions opts = {})
-      : Store(opts.timeout), host_(std::move(host)), port_(port), opts_(opts), where_(net::endpoint(host_, port_)) {
+      : Store(opts.timeout),
+        host_(std::move(host)),
+        port_(port),
+        opts_(opts),
+        where_(net::endpoint(host_, port_)) {
     std::lock_guard lock(mu_);
     try {
       ensure_connected(Clock::now() + opts_.timeout);
@@ -81,7 +93,9 @@ class TcpStore final : public Store {
   void keep_alive(std::unique_ptr<TcpStoreServer> server) { server_ = std::move(server); }
 
   void set(std::string_view key, std::span<const std::uint8_t> value) override {
-    wire::Request rq{.op = wire::Op::Set, .keys = {wire_key(key)}, .values = {Bytes(value.begin(), value.end())}};
+    wire::Request rq{.op = wire::Op::Set,
+                     .keys = {wire_key(key)},
+                     .values = {Bytes(value.begin(), value.end())}};
     call("set", quote(key), [&](Clock::time_point d) { send(rq, d); });
   }
   using Store::set;
@@ -107,7 +121,8 @@ class TcpStore final : public Store {
     return call("compare_set", quote(key), [&](Clock::time_point d) {
       send({.op = wire::Op::CompareSet,
             .keys = {wire_key(key)},
-            .values = {Bytes(expected.begin(), expected.end()), Bytes(desired.begin(), desired.end())}},
+            .values = {Bytes(expected.begin(), expected.end()),
+                       Bytes(desired.begin(), desired.end())}},
            d);
       return read_blob(d);
     });
@@ -122,7 +137,9 @@ class TcpStore final : public Store {
   using Store::check;
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
-    call("wait", quote_list(keys), [&](Clock::time_point d) { wait_locked(wire_keys(keys), d); }, timeout);
+    call(
+        "wait", quote_list(keys), [&](Clock::time_point d) { wait_locked(wire_keys(keys), d); },
+        timeout);
   }
   using Store::wait;
 
@@ -142,7 +159,9 @@ class TcpStore final : public Store {
 
   void append(std::string_view key, std::span<const std::uint8_t> value) override {
     if (proto_ == wire::Protocol::V2) {
-      wire::Request rq{.op = wire::Op::Append, .keys = {wire_key(key)}, .values = {Bytes(value.begin(), value.end())}};
+      wire::Request rq{.op = wire::Op::Append,
+                       .keys = {wire_key(key)},
+                       .values = {Bytes(value.begin(), value.end())}};
       call("append", quote(key), [&](Clock::time_point d) { send(rq, d); });
       return;
     }
@@ -170,14 +189,18 @@ class TcpStore final : public Store {
   void multi_set(std::span<const std::string> keys, std::span<const Bytes> values) override {
     if (proto_ != wire::Protocol::V2) return Store::multi_set(keys, values);
     if (keys.size() != values.size())
-      throw ValueError(ddp::detail::str("ddp: store multi_set got ", keys.size(), " keys but ", values.size(), " values"));
-    wire::Request rq{.op = wire::Op::MultiSet, .keys = wire_keys(keys), .values = {values.begin(), values.end()}};
+      throw ValueError(ddp::detail::str("ddp: store multi_set got ", keys.size(), " keys but ",
+                                        values.size(), " values"));
+    wire::Request rq{.op = wire::Op::MultiSet,
+                     .keys = wire_keys(keys),
+                     .values = {values.begin(), values.end()}};
     call("multi_set", quote_list(keys), [&](Clock::time_point d) { send(rq, d); });
   }
 
  private:
   std::string prefix() const {
-    return opts_.rank >= 0 ? ddp::detail::str("ddp[rank ", opts_.rank, '/', opts_.world_size, "]: ") : "ddp: ";
+    return opts_.rank >= 0 ? ddp::detail::str("ddp[rank ", opts_.rank, '/', opts_.world_size, "]: ")
+                           : "ddp: ";
   }
   static std::string quote(std::string_view k) { return ddp::detail::quoted(k); }
   static std::string quote_list(std::span<const std::string> keys) {
@@ -185,7 +208,9 @@ class TcpStore final : public Store {
     for (const auto& k : keys) q.push_back(ddp::detail::quoted(k));
     return ddp::detail::str('[', ddp::detail::join(q, ", "), ']');
   }
-  std::string wire_key(std::string_view k) const { return opts_.slash_prefix ? ddp::detail::str('/', k) : std::string(k); }
+  std::string wire_key(std::string_view k) const {
+    return opts_.slash_prefix ? ddp::detail::str('/', k) : std::string(k);
+  }
   std::vector<std::string> wire_keys(std::span<const std::string> keys) const {
     std::vector<std::string> out;
     for (const auto& k : keys) out.push_back(wire_key(k));
@@ -194,8 +219,9 @@ class TcpStore final : public Store {
 
   // Runs one operation under the lock with a deadline; maps failures to messages naming the call.
   template <class F>
-  std::invoke_result_t<F&, Clock::time_point> call(std::string_view op, std::string_view what, F&& f,
-                                                   std::optional<std::chrono::milliseconds> t = {}) {
+  std::invoke_result_t<F&, Clock::time_point> call(
+      std::string_view op, std::string_view what, F&& f,
+      std::optional<std::chrono::milliseconds> t = {}) {
     auto timeout = capped_timeout(t.value_or(timeout_));
     std::lock_guard lock(mu_);
     auto deadline = Clock::now() + timeout;
@@ -205,23 +231,30 @@ class TcpStore final : public Store {
       connecting = false;
       return f(deadline);
     } catch (const TimeoutError& e) {
-      sock_.reset();  // a half-finished exchange (or a parked WAIT) must not leak into the next call
-      if (connecting) throw TimeoutError(ddp::detail::str(prefix(), "store ", op, '(', what, "): ", strip(e.what())));
-      // Connected, so the store was reachable: a get or wait timed out because no rank set the key, anything
-      // else because the store's host stopped answering (on rank 0 that may be this very process).
+      // a half-finished exchange (or a parked WAIT) must not leak into the next call
+      sock_.reset();
+      if (connecting)
+        throw TimeoutError(
+            ddp::detail::str(prefix(), "store ", op, '(', what, "): ", strip(e.what())));
+      // Connected, so the store was reachable: a get or wait timed out because no rank set the key,
+      // anything else because the store's host stopped answering (on rank 0 that may be this very
+      // process).
       const bool blocking = op == "get" || op == "wait" || op == "multi_get";
       const std::string why =
-          blocking ? std::string("the key was not set in time: the rank that sets it may not have started, died or "
-                                 "is stuck (or the store's host stopped answering)")
+          blocking ? std::string(
+                         "the key was not set in time: the rank that sets it may not have started, "
+                         "died or "
+                         "is stuck (or the store's host stopped answering)")
                    : ddp::detail::str("the store did not answer: its host (",
                                       opts_.rank == 0 ? "this process, rank 0," : "rank 0",
                                       " or the launcher's agent) may be stopped or overloaded");
-      throw TimeoutError(ddp::detail::str(prefix(), "store ", op, '(', what, ") timed out after ", timeout.count(),
-                                          " ms on ", where_, ": ", why,
-                                          ". Raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+      throw TimeoutError(ddp::detail::str(
+          prefix(), "store ", op, '(', what, ") timed out after ", timeout.count(), " ms on ",
+          where_, ": ", why, ". Raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
     } catch (const StoreError& e) {
       sock_.reset();
-      throw StoreError(ddp::detail::str(prefix(), "store ", op, '(', what, ") failed: ", strip(e.what())));
+      throw StoreError(
+          ddp::detail::str(prefix(), "store ", op, '(', what, ") failed: ", strip(e.what())));
     }
   }
   // "ddp: x" -> "x", to nest a lower-level message in ours.
@@ -241,7 +274,8 @@ class TcpStore final : public Store {
     }
     Fd s = connect_tcp(host_, port_, deadline);
     if (proto_ == wire::Protocol::V2) {
-      auto b = wire::encode_request({.op = wire::Op::Validate, .nonce = wire::kValidationMagic}, proto_);
+      auto b =
+          wire::encode_request({.op = wire::Op::Validate, .nonce = wire::kValidationMagic}, proto_);
       write_all(s, b, deadline, where_);
     }
     sock_ = std::move(s);
@@ -262,7 +296,9 @@ class TcpStore final : public Store {
     return got == sizeof(reply) ? wire::Protocol::V1 : wire::Protocol::V2;
   }
 
-  void send(const wire::Request& rq, Clock::time_point d) { write_all(sock_, wire::encode_request(rq, proto_), d, where_); }
+  void send(const wire::Request& rq, Clock::time_point d) {
+    write_all(sock_, wire::encode_request(rq, proto_), d, where_);
+  }
   std::uint8_t read_u8(Clock::time_point d) {
     std::uint8_t b = 0;
     read_exact(sock_, std::span<std::uint8_t>(&b, 1), d, where_);
@@ -276,8 +312,9 @@ class TcpStore final : public Store {
   Bytes read_blob(Clock::time_point d) {
     auto n = static_cast<std::uint64_t>(read_i64(d));
     if (n > wire::Limits{}.max_value_bytes)
-      throw StoreError(ddp::detail::str("ddp: the store at ", where_, " announced a value of ", n,
-                                        " bytes (over the 1 GiB limit); is this really a PyTorch TCPStore?"));
+      throw StoreError(
+          ddp::detail::str("ddp: the store at ", where_, " announced a value of ", n,
+                           " bytes (over the 1 GiB limit); is this really a PyTorch TCPStore?"));
     Bytes out(static_cast<std::size_t>(n));
     read_exact(sock_, out, d, where_);
     return out;

@@ -1,27 +1,32 @@
-// TcpStoreServer: a key-value server that speaks PyTorch's TCPStore protocol (1.x and 2.x) to any number of clients.
+// TcpStoreServer: a key-value server that speaks PyTorch's TCPStore protocol (1.x and 2.x) to any
+// number of clients.
 // SPDX-License-Identifier: MIT
 //
 //   ddp::store::TcpStoreServer server("0.0.0.0", 0);       // port 0: the OS picks a free port
 //   std::uint16_t port = server.port();                     // hand it to the workers (MASTER_PORT)
 //   // ... the destructor stops the server thread and closes every connection.
 //
-// How it works: one background thread runs a poll() loop over the listening socket, a self-pipe (for
-// stop) and every client, all non-blocking. Each client has an input buffer; whatever bytes arrive are
-// appended and wire::parse_request() is asked for complete requests. Half a frame just waits in that
-// client's buffer, so a slow or stuck client never delays the others (PyTorch 1.13's server does a
-// blocking recv per request and stalls everyone). Responses go to a per-client output buffer written as
-// the socket accepts them.
-//   The protocol generation is decided per connection from its first request (wire::detect_protocol):
+// How it works: one background thread runs a poll() loop over the listening socket, a self-pipe
+// (for stop) and every client, all non-blocking. Each client has an input buffer; whatever bytes
+// arrive are appended and wire::parse_request() is asked for complete requests. Half a frame just
+// waits in that client's buffer, so a slow or stuck client never delays the others (PyTorch 1.13's
+// server does a blocking recv per request and stalls everyone). Responses go to a per-client output
+// buffer written as the socket accepts them.
+//   The protocol generation is decided per connection from its first request
+//     (wire::detect_protocol):
 // a 2.x client opens with VALIDATE, a 1.x client never sends it.
-//   WAIT (and GET / MULTI_GET of a missing key) parks the connection: its remaining keys are recorded and
+//   WAIT (and GET / MULTI_GET of a missing key) parks the connection: its remaining keys are
+//     recorded and
 // every later mutation of a key crosses it off; when none remain the answer is sent and the parked
 // connection's buffered requests are processed. While parked, only CANCEL_WAIT is acted on.
 //   A malformed or oversized request closes only that connection, logged at WARN with the reason.
-//   Fairness and memory: each poll round serves at most 1024 requests / reads at most 1 MiB per client,
+//   Fairness and memory: each poll round serves at most 1024 requests / reads at most 1 MiB per
+//     client,
 // and a client with more than max_backlog_bytes of unread answers is not read from until it drains.
 //
-// Worked example: client A sends WAIT(["/x"]) -> A parks with remaining {"/x"}. Client B sends SET("/x","1")
-// -> the store maps "/x" to "1", A's remaining becomes {}, A receives 00 (STOP_WAITING).
+// Worked example: client A sends WAIT(["/x"]) -> A parks with remaining {"/x"}. Client B sends
+// SET("/x","1") -> the store maps "/x" to "1", A's remaining becomes {}, A receives 00
+// (STOP_WAITING).
 #pragma once
 
 #include <poll.h>
@@ -48,11 +53,11 @@
 namespace ddp::store {
 
 struct TcpStoreServerOptions {
-  wire::Limits limits{};            // per-request caps; larger requests close the connection
-  bool accept_v1 = true;            // serve PyTorch 1.x clients
-  bool accept_v2 = true;            // serve PyTorch 2.x clients (VALIDATE first)
-  // Unsent response bytes after which a client that does not read its answers is no longer read from
-  // (so it cannot make the server buffer without bound).
+  wire::Limits limits{};  // per-request caps; larger requests close the connection
+  bool accept_v1 = true;  // serve PyTorch 1.x clients
+  bool accept_v2 = true;  // serve PyTorch 2.x clients (VALIDATE first)
+  // Unsent response bytes after which a client that does not read its answers is no longer read
+  // from (so it cannot make the server buffer without bound).
   std::size_t max_backlog_bytes = 16u << 20;
 };
 
@@ -94,20 +99,21 @@ class TcpStoreServer {
     std::string peer;
     std::optional<wire::Protocol> proto;
     Bytes in;
-    std::size_t in_pos = 0;        // bytes of `in` already consumed
-    std::size_t in_need = 1;       // re-parse once in.size() - in_pos reaches this
+    std::size_t in_pos = 0;   // bytes of `in` already consumed
+    std::size_t in_need = 1;  // re-parse once in.size() - in_pos reaches this
     Bytes out;
     std::size_t out_pos = 0;
     // Parked on WAIT/GET/MULTI_GET: keys not yet seen, and the request to answer when none remain.
     std::set<std::string> remaining;
     std::optional<wire::Request> parked;
-    bool more = false;     // stopped at the per-round request budget with complete requests left
-    bool eof = false;      // the peer closed its side; finish what it sent, then close
+    bool more = false;  // stopped at the per-round request budget with complete requests left
+    bool eof = false;   // the peer closed its side; finish what it sent, then close
     bool closing = false;
   };
 
-  // Fairness: per poll round a client gets at most kRequestsPerRound requests and kReadPerRound bytes,
-  // so one client flooding requests delays the others by one bounded round, not by its whole backlog.
+  // Fairness: per poll round a client gets at most kRequestsPerRound requests and kReadPerRound
+  // bytes, so one client flooding requests delays the others by one bounded round, not by its whole
+  // backlog.
   static constexpr int kRequestsPerRound = 1024;
   static constexpr std::size_t kReadPerRound = 1u << 20;
   static std::size_t backlog(const Conn& c) noexcept { return c.out.size() - c.out_pos; }
@@ -120,7 +126,8 @@ class TcpStoreServer {
       fds.push_back({wake_read_.get(), POLLIN, 0});
       bool busy = false;
       for (auto& c : conns_) {
-        // A client that does not read its answers stops being read from once max_backlog_bytes wait.
+        // A client that does not read its answers stops being read from once max_backlog_bytes
+        // wait.
         short ev = !c->eof && backlog(*c) < opts_.max_backlog_bytes ? POLLIN : 0;
         if (c->out_pos < c->out.size()) ev |= POLLOUT;
         fds.push_back({c->sock.get(), ev, 0});
@@ -129,7 +136,8 @@ class TcpStoreServer {
       int rc = ::poll(fds.data(), fds.size(), busy ? 0 : -1);
       if (rc < 0) {
         if (errno == EINTR) continue;
-        DDP_LOG_ERROR("store server on ", net::endpoint(host_, port_), ": poll failed: ", net::errno_text(errno));
+        DDP_LOG_ERROR("store server on ", net::endpoint(host_, port_),
+                      ": poll failed: ", net::errno_text(errno));
         break;
       }
       if (fds[1].revents) break;
@@ -143,9 +151,12 @@ class TcpStoreServer {
       for (auto& cp : conns_) {
         Conn& c = *cp;
         // Continue clients that hit the round budget or were paused by the backlog cap.
-        if (!c.closing && !c.parked && c.in_pos < c.in.size() && (c.more || backlog(c) < opts_.max_backlog_bytes)) process(c);
+        if (!c.closing && !c.parked && c.in_pos < c.in.size() &&
+            (c.more || backlog(c) < opts_.max_backlog_bytes))
+          process(c);
         if (c.eof && !c.closing && !c.more && backlog(c) == 0)
-          drop(c, c.in_pos == c.in.size() || c.parked ? "" : "peer closed in the middle of a request");
+          drop(c,
+               c.in_pos == c.in.size() || c.parked ? "" : "peer closed in the middle of a request");
       }
       std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->closing; });
       num_clients_.store(conns_.size());
@@ -157,8 +168,10 @@ class TcpStoreServer {
     for (;;) {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
-      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN: no more pending; other errors (EMFILE...) retried on the next poll
+      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      // EAGAIN: no more pending; other errors (EMFILE...) retried on the next poll
+      if (fd < 0) return;
       auto c = std::make_unique<Conn>();
       c->sock = Fd(fd);
       net::set_nodelay(fd);
@@ -171,7 +184,8 @@ class TcpStoreServer {
   void drop(Conn& c, std::string_view reason) {
     if (c.closing) return;
     if (!reason.empty())
-      DDP_LOG_WARN("store server ", net::endpoint(host_, port_), ": closing connection from ", c.peer, ": ", reason);
+      DDP_LOG_WARN("store server ", net::endpoint(host_, port_), ": closing connection from ",
+                   c.peer, ": ", reason);
     c.closing = true;
     c.more = false;
     c.remaining.clear();
@@ -200,7 +214,8 @@ class TcpStoreServer {
     process(c);
   }
 
-  // Parses and executes complete requests in c.in (up to the round budget), stopping while c is parked.
+  // Parses and executes complete requests in c.in (up to the round budget), stopping while c is
+  // parked.
   void process(Conn& c) {
     c.more = false;
     int budget = kRequestsPerRound;
@@ -210,26 +225,30 @@ class TcpStoreServer {
       if (!c.proto) {
         c.proto = wire::detect_protocol(rest);
         if (!c.proto) break;  // fewer than 5 bytes starting with 0: wait for more
-        if ((*c.proto == wire::Protocol::V1 && !opts_.accept_v1) || (*c.proto == wire::Protocol::V2 && !opts_.accept_v2))
-          return drop(c, ddp::detail::str("client speaks ", wire::protocol_name(*c.proto), ", disabled on this server"));
+        if ((*c.proto == wire::Protocol::V1 && !opts_.accept_v1) ||
+            (*c.proto == wire::Protocol::V2 && !opts_.accept_v2))
+          return drop(c, ddp::detail::str("client speaks ", wire::protocol_name(*c.proto),
+                                          ", disabled on this server"));
       }
       if (budget-- == 0) {
         c.more = true;
         break;
       }
       auto r = wire::parse_request(rest, *c.proto, opts_.limits);
-      if (r.status == wire::ParseStatus::Error) return drop(c, ddp::detail::str("malformed request: ", r.error));
+      if (r.status == wire::ParseStatus::Error)
+        return drop(c, ddp::detail::str("malformed request: ", r.error));
       if (r.status == wire::ParseStatus::NeedMore) {
         c.in_need = r.need;
         break;
       }
-      if (c.parked && r.request.op != wire::Op::CancelWait) break;  // answer the parked request first
+      // answer the parked request first
+      if (c.parked && r.request.op != wire::Op::CancelWait) break;
       c.in_pos += r.consumed;
       c.in_need = 1;
       execute(c, std::move(r.request));
     }
-    // Drop consumed bytes when all are consumed, or lazily once they are most of the buffer, so a stream
-    // of tiny requests costs O(bytes), not O(bytes^2) in memmove.
+    // Drop consumed bytes when all are consumed, or lazily once they are most of the buffer, so a
+    // stream of tiny requests costs O(bytes), not O(bytes^2) in memmove.
     if (c.in_pos == c.in.size()) {
       c.in.clear();
       c.in_pos = 0;
@@ -248,7 +267,8 @@ class TcpStoreServer {
       case Op::Ping: w.le(rq.nonce); break;
       case Op::Set: set_key(rq.keys[0], std::move(rq.values[0])); break;
       case Op::MultiSet:
-        for (std::size_t i = 0; i < rq.keys.size(); ++i) set_key(rq.keys[i], std::move(rq.values[i]));
+        for (std::size_t i = 0; i < rq.keys.size(); ++i)
+          set_key(rq.keys[i], std::move(rq.values[i]));
         break;
       case Op::Append: {
         Bytes v = data_.count(rq.keys[0]) ? data_[rq.keys[0]] : Bytes{};
@@ -257,7 +277,8 @@ class TcpStoreServer {
         break;
       }
       case Op::CompareSet: {
-        // PyTorch semantics: absent + empty expected -> store desired; absent otherwise -> echo expected.
+        // PyTorch semantics: absent + empty expected -> store desired; absent otherwise -> echo
+        // expected.
         auto it = data_.find(rq.keys[0]);
         if (it == data_.end()) {
           if (rq.values[0].empty()) {
@@ -283,7 +304,8 @@ class TcpStoreServer {
                                             " whose value is not an integer"));
         }
         // Wrap like PyTorch's int64 arithmetic would on overflow, without UB.
-        v = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) + static_cast<std::uint64_t>(rq.delta));
+        v = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) +
+                                      static_cast<std::uint64_t>(rq.delta));
         w.le(v);
         set_key(rq.keys[0], to_bytes(std::to_string(v)));
         break;
@@ -303,11 +325,14 @@ class TcpStoreServer {
         break;
       }
       case Op::Check:
-        w.u8(std::ranges::all_of(rq.keys, [&](const std::string& k) { return present(k); }) ? wire::kCheckReady
-                                                                                             : wire::kCheckNotReady);
+        w.u8(std::ranges::all_of(rq.keys, [&](const std::string& k) { return present(k); })
+                 ? wire::kCheckReady
+                 : wire::kCheckNotReady);
         break;
       case Op::GetNumKeys: w.le<std::int64_t>(static_cast<std::int64_t>(data_.size())); break;
-      case Op::DeleteKey: w.le<std::int64_t>(static_cast<std::int64_t>(data_.erase(rq.keys[0]))); break;
+      case Op::DeleteKey:
+        w.le<std::int64_t>(static_cast<std::int64_t>(data_.erase(rq.keys[0])));
+        break;
       case Op::CancelWait:
         c.remaining.clear();
         c.parked.reset();
@@ -332,7 +357,9 @@ class TcpStoreServer {
         break;
       }
       case Op::WatchKey:
-        return drop(c, "WATCH_KEY (PyTorch 1.x watch_key callbacks) is not supported by the ddp store server");
+        return drop(
+            c,
+            "WATCH_KEY (PyTorch 1.x watch_key callbacks) is not supported by the ddp store server");
     }
     auto& b = w.bytes();
     c.out.insert(c.out.end(), b.begin(), b.end());
@@ -374,7 +401,8 @@ class TcpStoreServer {
       c.out.insert(c.out.end(), b.begin(), b.end());
       resume_.push_back(&c);
     }
-    if (resuming_) return;  // a resumed connection's requests may notify again: handled by the outer loop
+    // a resumed connection's requests may notify again: handled by the outer loop
+    if (resuming_) return;
     resuming_ = true;
     while (!resume_.empty()) {
       Conn* c = resume_.front();
@@ -386,7 +414,8 @@ class TcpStoreServer {
 
   void flush(Conn& c) {
     while (!c.closing && c.out_pos < c.out.size()) {
-      ssize_t n = ::send(c.sock.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+      ssize_t n =
+          ::send(c.sock.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_pos += static_cast<std::size_t>(n);
       } else if (n < 0 && errno == EINTR) {

@@ -1,8 +1,9 @@
-// PyTorch TCPStore wire format: request/response encoding and an incremental request parser, both generations.
+// PyTorch TCPStore wire format: request/response encoding and an incremental request parser, both
+// generations.
 // SPDX-License-Identifier: MIT
 //
-// How the protocol works (verified against Debian's torch 1.13 with a byte-logging proxy, and read from
-// PyTorch 2.x's TCPStoreBackend/TCPStoreLibUvBackend):
+// How the protocol works (verified against Debian's torch 1.13 with a byte-logging proxy, and read
+// from PyTorch 2.x's TCPStoreBackend/TCPStoreLibUvBackend):
 // - A request is one opcode byte followed by its arguments. Integers and lengths are 64-bit
 //   little-endian (host order on every platform PyTorch supports). A string or byte vector is
 //   [u64 length][bytes]. A key list is [u64 count] followed by that many strings.
@@ -10,8 +11,10 @@
 //   worker counter "init/" travels without the slash.
 // - Opcodes differ between the generations:
 //       op            1.x  2.x   arguments                      response
-//       VALIDATE       -    0    u32 magic 0x3C85F7CE          none (2.x servers ignore/close a client
-//                                                              whose first request is anything else)
+//       VALIDATE       -    0    u32 magic 0x3C85F7CE          none (2.x servers ignore/close a
+//         client
+//                                                              whose first request is anything
+//                                                                else)
 //       SET            0    1    key, value                     none
 //       COMPARE_SET    1    2    key, expected, desired         value now stored
 //       GET            2    3    key                            value
@@ -19,7 +22,8 @@
 //       CHECK          4    5    key list                       u8 READY=0 / NOT_READY=1
 //       WAIT           5    6    key list                       u8 STOP_WAITING=0 once all exist
 //       GETNUMKEYS     6    7    -                              i64
-//       WATCH_KEY      7    -    key                            (callback protocol; not supported here)
+//       WATCH_KEY      7    -    key                            (callback protocol; not supported
+//         here)
 //       DELETE_KEY     8    8    key                            i64 number deleted (0 or 1)
 //       APPEND         -    9    key, value                     none
 //       MULTI_GET      -   10    key list                       one value per key
@@ -27,18 +31,20 @@
 //       CANCEL_WAIT    -   12    -                              u8 WAIT_CANCELED=1
 //       PING           -   13    u32 nonce                      u32 nonce
 //       QUEUE_PUSH     -   14    key, value                     none
-//       QUEUE_POP      -   15    key                            i64 length before pop [+ value if > 0]
+//       QUEUE_POP      -   15    key                            i64 length before pop [+ value if >
+//         0]
 //       QUEUE_LEN      -   16    key                            i64
-//   Worked example (1.x): store.set("k1", "v1") is 00 | 03 00..00 2f 6b 31 | 02 00..00 76 31 (22 bytes).
+//   Worked example (1.x): store.set("k1", "v1") is 00 | 03 00..00 2f 6b 31 | 02 00..00 76 31 (22
+//     bytes).
 // - Telling the generations apart from the first request: a 2.x client always opens with VALIDATE,
 //   bytes 00 CE F7 85 3C. A 1.x request starting with 00 is a SET whose key length would have those
-//   four bytes as its low half, i.e. >= 0x3C85F7CE, far above kMaxKeyBytes, so the rule "first byte 0
-//   and the next four are the magic => 2.x, otherwise 1.x" never misreads a valid request.
+//   four bytes as its low half, i.e. >= 0x3C85F7CE, far above kMaxKeyBytes, so the rule "first byte
+//   0 and the next four are the magic => 2.x, otherwise 1.x" never misreads a valid request.
 //
-// The parser (parse_request) never blocks and never reads past the buffer: it reports NeedMore with the
-// smallest total size that could complete the request (so a caller re-parses only once that many bytes
-// arrived, keeping a 1 GiB value linear), Complete with the bytes consumed, or Error with a reason.
-// It is the entry point of the libFuzzer target tests/fuzz/fuzz_store_wire.cpp.
+// The parser (parse_request) never blocks and never reads past the buffer: it reports NeedMore with
+// the smallest total size that could complete the request (so a caller re-parses only once that
+// many bytes arrived, keeping a 1 GiB value linear), Complete with the bytes consumed, or Error
+// with a reason. It is the entry point of the libFuzzer target tests/fuzz/fuzz_store_wire.cpp.
 #pragma once
 
 #include <array>
@@ -63,17 +69,34 @@ inline std::string_view protocol_name(Protocol p) noexcept {
 
 // Protocol-independent operation; opcode() maps it to the byte of one generation.
 enum class Op : std::uint8_t {
-  Validate, Set, CompareSet, Get, Add, Check, Wait, GetNumKeys, WatchKey, DeleteKey, Append, MultiGet,
-  MultiSet, CancelWait, Ping, QueuePush, QueuePop, QueueLen
+  Validate,
+  Set,
+  CompareSet,
+  Get,
+  Add,
+  Check,
+  Wait,
+  GetNumKeys,
+  WatchKey,
+  DeleteKey,
+  Append,
+  MultiGet,
+  MultiSet,
+  CancelWait,
+  Ping,
+  QueuePush,
+  QueuePop,
+  QueueLen
 };
 
 inline constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
 inline constexpr std::uint8_t kCheckReady = 0, kCheckNotReady = 1;
 inline constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;
 
-// Limits on what one request may carry; anything larger is a protocol error that closes the connection.
-// Keys are names, so 64 KiB is generous; values carry things like NCCL ids and small blobs, 1 GiB
-// bounds memory a bad or hostile client can make us buffer; 128 Ki keys per request matches PyTorch's.
+// Limits on what one request may carry; anything larger is a protocol error that closes the
+// connection. Keys are names, so 64 KiB is generous; values carry things like NCCL ids and small
+// blobs, 1 GiB bounds memory a bad or hostile client can make us buffer; 128 Ki keys per request
+// matches PyTorch's.
 struct Limits {
   std::uint64_t max_key_bytes = 64 * 1024;
   std::uint64_t max_value_bytes = std::uint64_t{1} << 30;
@@ -81,10 +104,10 @@ struct Limits {
 };
 
 inline std::string_view op_name(Op op) noexcept {
-  constexpr std::string_view kNames[] = {"VALIDATE",   "SET",        "COMPARE_SET", "GET",        "ADD",
-                                         "CHECK",      "WAIT",       "GETNUMKEYS",  "WATCH_KEY",  "DELETE_KEY",
-                                         "APPEND",     "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",
-                                         "QUEUE_PUSH", "QUEUE_POP",  "QUEUE_LEN"};
+  constexpr std::string_view kNames[] = {
+      "VALIDATE",  "SET",         "COMPARE_SET", "GET",        "ADD",       "CHECK",
+      "WAIT",      "GETNUMKEYS",  "WATCH_KEY",   "DELETE_KEY", "APPEND",    "MULTI_GET",
+      "MULTI_SET", "CANCEL_WAIT", "PING",        "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -92,7 +115,8 @@ inline std::string_view op_name(Op op) noexcept {
 inline std::optional<std::uint8_t> opcode(Op op, Protocol p) noexcept {
   const int i = static_cast<int>(op);
   if (p == Protocol::V1) {
-    if (op >= Op::Set && op <= Op::DeleteKey) return static_cast<std::uint8_t>(i - 1);  // SET=0 ... DELETE_KEY=8
+    // SET=0 ... DELETE_KEY=8
+    if (op >= Op::Set && op <= Op::DeleteKey) return static_cast<std::uint8_t>(i - 1);
     return std::nullopt;
   }
   if (op == Op::WatchKey) return std::nullopt;
@@ -111,14 +135,15 @@ inline std::optional<Op> op_of(std::uint8_t code, Protocol p) noexcept {
 }
 
 // One decoded request. Which fields are used depends on op:
-//   keys: Set/CompareSet/Get/Add/WatchKey/DeleteKey/Append/Queue*: one; Check/Wait/MultiGet/MultiSet: n.
+//   keys: Set/CompareSet/Get/Add/WatchKey/DeleteKey/Append/Queue*: one;
+//     Check/Wait/MultiGet/MultiSet: n.
 //   values: Set/Append/QueuePush: one; CompareSet: {expected, desired}; MultiSet: one per key.
 struct Request {
   Op op = Op::GetNumKeys;
   std::vector<std::string> keys;
   std::vector<Bytes> values;
-  std::int64_t delta = 0;     // Add
-  std::uint32_t nonce = 0;    // Ping, Validate (the magic)
+  std::int64_t delta = 0;   // Add
+  std::uint32_t nonce = 0;  // Ping, Validate (the magic)
 };
 
 enum class ParseStatus : std::uint8_t { NeedMore, Complete, Error };
@@ -193,7 +218,8 @@ class Reader {
 }  // namespace detail
 
 // Decodes the request at the start of buf. See the file comment for the contract.
-inline ParseResult parse_request(std::span<const std::uint8_t> buf, Protocol p, const Limits& limits = {}) {
+inline ParseResult parse_request(std::span<const std::uint8_t> buf, Protocol p,
+                                 const Limits& limits = {}) {
   ParseResult res;
   detail::Reader rd(buf);
   std::uint8_t code = 0;
@@ -253,8 +279,8 @@ inline ParseResult parse_request(std::span<const std::uint8_t> buf, Protocol p, 
   }
   if (rq.op == Op::Validate && rq.nonce != kValidationMagic) {
     res.status = ParseStatus::Error;
-    res.error = ddp::detail::str("VALIDATE with wrong magic 0x", std::hex, rq.nonce, " (expected 0x",
-                                 kValidationMagic, ")");
+    res.error = ddp::detail::str("VALIDATE with wrong magic 0x", std::hex, rq.nonce,
+                                 " (expected 0x", kValidationMagic, ")");
     return res;
   }
   res.status = ParseStatus::Complete;
@@ -262,7 +288,8 @@ inline ParseResult parse_request(std::span<const std::uint8_t> buf, Protocol p, 
   return res;
 }
 
-// Which generation a connection speaks, from its first bytes; nullopt while fewer than 5 bytes decide.
+// Which generation a connection speaks, from its first bytes; nullopt while fewer than 5 bytes
+// decide.
 inline std::optional<Protocol> detect_protocol(std::span<const std::uint8_t> first) noexcept {
   if (first.empty()) return std::nullopt;
   if (first[0] != 0) return Protocol::V1;
@@ -283,7 +310,8 @@ class Writer {
   template <class T>
   Writer& le(T v) {
     auto x = static_cast<std::uint64_t>(v);
-    for (std::size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<std::uint8_t>(x >> (8 * i)));
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+      out_.push_back(static_cast<std::uint8_t>(x >> (8 * i)));
     return *this;
   }
   Writer& blob(std::span<const std::uint8_t> b) {
@@ -292,7 +320,8 @@ class Writer {
     return *this;
   }
   Writer& blob(std::string_view s) {
-    return blob(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
+    return blob(
+        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
   }
   Bytes& bytes() noexcept { return out_; }
 
@@ -300,7 +329,8 @@ class Writer {
   Bytes out_;
 };
 
-// Serialises rq (as parse_request would read it back) in protocol p; throws StoreError when p lacks rq.op.
+// Serialises rq (as parse_request would read it back) in protocol p; throws StoreError when p lacks
+// rq.op.
 inline Bytes encode_request(const Request& rq, Protocol p) {
   auto code = opcode(rq.op, p);
   if (!code)
@@ -310,8 +340,9 @@ inline Bytes encode_request(const Request& rq, Protocol p) {
   w.u8(*code);
   auto need = [&](std::size_t k, std::size_t v) {
     if (rq.keys.size() < k || rq.values.size() < v)
-      throw ValueError(ddp::detail::str("ddp: store request ", op_name(rq.op), " needs ", k, " key(s) and ", v,
-                                        " value(s), got ", rq.keys.size(), " and ", rq.values.size()));
+      throw ValueError(ddp::detail::str("ddp: store request ", op_name(rq.op), " needs ", k,
+                                        " key(s) and ", v, " value(s), got ", rq.keys.size(),
+                                        " and ", rq.values.size()));
   };
   switch (rq.op) {
     case Op::Validate:
@@ -319,7 +350,9 @@ inline Bytes encode_request(const Request& rq, Protocol p) {
     case Op::Set:
     case Op::Append:
     case Op::QueuePush: need(1, 1), w.blob(rq.keys[0]).blob(rq.values[0]); break;
-    case Op::CompareSet: need(1, 2), w.blob(rq.keys[0]).blob(rq.values[0]).blob(rq.values[1]); break;
+    case Op::CompareSet:
+      need(1, 2), w.blob(rq.keys[0]).blob(rq.values[0]).blob(rq.values[1]);
+      break;
     case Op::Get:
     case Op::WatchKey:
     case Op::DeleteKey:

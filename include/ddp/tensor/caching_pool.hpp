@@ -1,31 +1,36 @@
-// CachingPool<B>: a stream-aware caching allocator over a device backend B (CUDA in tensor/cuda/allocator.hpp,
-// a fake device in the tests), so that its bookkeeping is tested without a GPU.
+// CachingPool<B>: a stream-aware caching allocator over a device backend B (CUDA in
+// tensor/cuda/allocator.hpp, a fake device in the tests), so that its bookkeeping is tested without
+// a GPU.
 // SPDX-License-Identifier: MIT
 //
-// Why: device malloc/free synchronise the device, and a training step allocates ~1,000 temporaries. After a
-// warm-up step every request must be served from the cache, and nothing may wait on the host in the steady
-// state. What makes reuse safe is stream order:
-// - A block belongs to the stream it was allocated on. Freed, it goes straight back to that stream's cache:
-//   the next request on the same stream is enqueued after every earlier use of the block, so reusing it at
-//   once is safe without any synchronisation.
-// - A block also used on another stream (record_stream(p, s), e.g. NCCL's stream reading a gradient bucket)
-//   is not reusable when freed: the pool records an event on each such stream and returns the block to its
-//   cache only once every event has completed (checked without waiting, at the next allocate). This is what
-//   PyTorch's caching allocator does with Tensor.record_stream.
-// - Out of device memory: the pool waits for pending events, returns every cached block to the device and
-//   tries once more; allocate returns nullptr if that fails too (the caller raises its own error).
-// Sizes are rounded up to a size class (round_size: multiples of 512 B up to 1 MiB, then 16 classes per power of
-// two in steps of at most 2 MiB, so less than max(512 B, min(1/16, 2 MiB)) is wasted) and cached blocks are
-// reused only by requests of the same class on the same stream (blocks are not split): a training step repeats
-// the same sizes, so after the first step every request is a cache hit.
-// Thread-safety: every member locks one mutex; deallocate never throws (it runs in destructors).
+// Why: device malloc/free synchronise the device, and a training step allocates ~1,000 temporaries.
+// After a warm-up step every request must be served from the cache, and nothing may wait on the
+// host in the steady state. What makes reuse safe is stream order:
+// - A block belongs to the stream it was allocated on. Freed, it goes straight back to that
+//   stream's cache: the next request on the same stream is enqueued after every earlier use of the
+//   block, so reusing it at once is safe without any synchronisation.
+// - A block also used on another stream (record_stream(p, s), e.g. NCCL's stream reading a gradient
+//   bucket) is not reusable when freed: the pool records an event on each such stream and returns
+//   the block to its cache only once every event has completed (checked without waiting, at the
+//   next allocate). This is what PyTorch's caching allocator does with Tensor.record_stream.
+// - Out of device memory: the pool waits for pending events, returns every cached block to the
+//   device and tries once more; allocate returns nullptr if that fails too (the caller raises its
+//   own error).
+// Sizes are rounded up to a size class (round_size: multiples of 512 B up to 1 MiB, then 16 classes
+// per power of two in steps of at most 2 MiB, so less than max(512 B, min(1/16, 2 MiB)) is wasted)
+// and cached blocks are reused only by requests of the same class on the same stream (blocks are
+// not split): a training step repeats the same sizes, so after the first step every request is a
+// cache hit. Thread-safety: every member locks one mutex; deallocate never throws (it runs in
+// destructors).
 //
 // The backend B provides (all calls made under the pool's lock):
-//   using Stream = ...; using Event = ...;           // cheap, copyable handles (Stream: a pointer or an integer)
+//   using Stream = ...; using Event = ...;           // cheap, copyable handles (Stream: a pointer
+//     or an integer)
 //   void* malloc(std::size_t bytes);                  // nullptr when out of memory
 //   void free(void* p) noexcept;
 //   Event create_event();  void destroy_event(Event) noexcept;
-//   void record(Event, Stream);                       // the event completes when the stream reaches this point
+//   void record(Event, Stream);                       // the event completes when the stream
+//     reaches this point
 //   bool query(Event);                                // completed? never blocks
 //   void synchronize(Event);                          // blocks until completed
 #pragma once
@@ -47,7 +52,8 @@
 namespace ddp {
 
 template <class B>
-concept PoolBackend = requires(B& b, std::size_t n, void* p, typename B::Event e, typename B::Stream s) {
+concept PoolBackend = requires(B& b, std::size_t n, void* p, typename B::Event e,
+                               typename B::Stream s) {
   { b.malloc(n) } -> std::same_as<void*>;
   b.free(p);
   { b.create_event() } -> std::same_as<typename B::Event>;
@@ -59,20 +65,25 @@ concept PoolBackend = requires(B& b, std::size_t n, void* p, typename B::Event e
 
 // Counters of one pool, in bytes of rounded block sizes unless named otherwise.
 struct PoolStats {
-  std::size_t current_bytes = 0;   // handed out and not yet freed
-  std::size_t peak_bytes = 0;      // high-water mark of current_bytes since construction or reset_peak()
+  std::size_t current_bytes = 0;  // handed out and not yet freed
+  // high-water mark of current_bytes since construction or reset_peak()
+  std::size_t peak_bytes = 0;
   std::size_t reserved_bytes = 0;  // obtained from the device: in use + cached + waiting for events
   std::size_t pending_blocks = 0;  // freed blocks waiting for another stream's events
-  std::int64_t device_mallocs = 0; // backend malloc calls that succeeded (the steady state adds none)
-  std::int64_t device_frees = 0;   // blocks returned to the backend
-  std::int64_t cache_hits = 0;     // requests served from the cache
-  std::size_t current_requested_bytes = 0;  // bytes the callers asked for, of the blocks handed out now
-  std::size_t peak_requested_bytes = 0;     // high-water mark of current_requested_bytes (reset with peak_bytes)
+  // backend malloc calls that succeeded (the steady state adds none)
+  std::int64_t device_mallocs = 0;
+  std::int64_t device_frees = 0;  // blocks returned to the backend
+  std::int64_t cache_hits = 0;    // requests served from the cache
+  // bytes the callers asked for, of the blocks handed out now
+  std::size_t current_requested_bytes = 0;
+  // high-water mark of current_requested_bytes (reset with peak_bytes)
+  std::size_t peak_requested_bytes = 0;
 };
 
-// Which allocation holds an address (CachingPool::stamp): the block's start and the serial number of the
-// allocate call that handed it out, unique over the pool's life. Equal stamps before and after some code mean the
-// memory was not freed (nor freed and handed out again) in between: the DDP_CHECK_INPUTS check (nn/check_inputs.hpp).
+// Which allocation holds an address (CachingPool::stamp): the block's start and the serial number
+// of the allocate call that handed it out, unique over the pool's life. Equal stamps before and
+// after some code mean the memory was not freed (nor freed and handed out again) in between: the
+// DDP_CHECK_INPUTS check (nn/check_inputs.hpp).
 struct BlockStamp {
   std::uintptr_t block = 0;
   std::uint64_t allocation = 0;
@@ -81,12 +92,18 @@ struct BlockStamp {
 
 // What a program reads about one device's tensor memory (cpu_memory_stats, cuda_memory_stats).
 struct MemoryStats {
-  std::size_t current_bytes = 0;    // in use by live tensors now (size classes, see CachingPool::round_size)
-  std::size_t peak_bytes = 0;       // high-water mark of current_bytes since start or the last reset
-  std::size_t reserved_bytes = 0;   // obtained from the device (malloc, cudaMalloc): in use + cached for reuse
-  std::int64_t device_mallocs = 0;  // device allocations so far (constant once training reached steady state)
-  std::size_t current_requested_bytes = 0;  // what live tensors asked for, before rounding to size classes
-  std::size_t peak_requested_bytes = 0;     // its high-water mark (PyTorch's "requested_bytes.all.peak")
+  // in use by live tensors now (size classes, see CachingPool::round_size)
+  std::size_t current_bytes = 0;
+  // high-water mark of current_bytes since start or the last reset
+  std::size_t peak_bytes = 0;
+  // obtained from the device (malloc, cudaMalloc): in use + cached for reuse
+  std::size_t reserved_bytes = 0;
+  // device allocations so far (constant once training reached steady state)
+  std::int64_t device_mallocs = 0;
+  // what live tensors asked for, before rounding to size classes
+  std::size_t current_requested_bytes = 0;
+  // its high-water mark (PyTorch's "requested_bytes.all.peak")
+  std::size_t peak_requested_bytes = 0;
 
   static MemoryStats of(const PoolStats& s) noexcept {
     return {.current_bytes = s.current_bytes,
@@ -107,28 +124,30 @@ class CachingPool {
   explicit CachingPool(B backend = B{}) : b_(std::move(backend)) {}
   CachingPool(const CachingPool&) = delete;
   CachingPool& operator=(const CachingPool&) = delete;
-  // Returns what is cached or pending to the backend; blocks still handed out are left alone (their owners
-  // may outlive the pool at program exit).
+  // Returns what is cached or pending to the backend; blocks still handed out are left alone (their
+  // owners may outlive the pool at program exit).
   ~CachingPool() {
     std::lock_guard lk(mu_);
     release_cached_locked();
     for (Event e : spare_events_) b_.destroy_event(e);
   }
 
-  // Size class of a request (docs/decisions/0062): up to kSmallSize (1 MiB) a multiple of 512 B, as PyTorch
-  // rounds small blocks; above, kClassesPerOctave classes per power of two, with steps of at most kLargeStep
-  // (2 MiB, PyTorch's rounding of large blocks). So a class is >= bytes and less than
-  // max(512 B, min(bytes / 16, 2 MiB)) larger. E.g. 513 B -> 1 KiB, 1 MiB + 1 B -> 1 MiB + 64 KiB,
-  // 12.25 MiB (a 16x56x56x64 float activation) -> 12.5 MiB, 49 MiB (16x112x112x64) -> 50 MiB, 196 MiB exact.
+  // Size class of a request (docs/decisions/0062): up to kSmallSize (1 MiB) a multiple of 512 B, as
+  // PyTorch rounds small blocks; above, kClassesPerOctave classes per power of two, with steps of
+  // at most kLargeStep (2 MiB, PyTorch's rounding of large blocks). So a class is >= bytes and less
+  // than max(512 B, min(bytes / 16, 2 MiB)) larger. E.g. 513 B -> 1 KiB, 1 MiB + 1 B -> 1 MiB + 64
+  // KiB, 12.25 MiB (a 16x56x56x64 float activation) -> 12.5 MiB, 49 MiB (16x112x112x64) -> 50 MiB,
+  // 196 MiB exact.
   static constexpr std::size_t round_size(std::size_t bytes) noexcept {
     if (bytes <= kMinBlock) return kMinBlock;
-    const std::size_t step =
-        bytes <= kSmallSize ? kMinBlock : std::min(kLargeStep, std::bit_floor(bytes) / kClassesPerOctave);
+    const std::size_t step = bytes <= kSmallSize
+                                 ? kMinBlock
+                                 : std::min(kLargeStep, std::bit_floor(bytes) / kClassesPerOctave);
     return (bytes + step - 1) / step * step;
   }
 
-  // A block of at least `bytes` for use on `stream`; nullptr for 0 bytes or when the device is out of memory
-  // even after the cache was returned to it.
+  // A block of at least `bytes` for use on `stream`; nullptr for 0 bytes or when the device is out
+  // of memory even after the cache was returned to it.
   void* allocate(std::size_t bytes, Stream stream) {
     if (bytes == 0) return nullptr;
     const std::size_t size = round_size(bytes);
@@ -149,7 +168,9 @@ class CachingPool {
       }
       ++stats_.device_mallocs;
       stats_.reserved_bytes += size;
-      blk = &blocks_.emplace(reinterpret_cast<std::uintptr_t>(p), Block{.ptr = p, .size = size, .stream = stream})
+      blk = &blocks_
+                 .emplace(reinterpret_cast<std::uintptr_t>(p),
+                          Block{.ptr = p, .size = size, .stream = stream})
                  .first->second;
     }
     blk->in_use = true;
@@ -158,32 +179,34 @@ class CachingPool {
     stats_.current_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
     stats_.current_requested_bytes += bytes;
-    stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.current_requested_bytes);
+    stats_.peak_requested_bytes =
+        std::max(stats_.peak_requested_bytes, stats_.current_requested_bytes);
     return blk->ptr;
   }
 
-  // Marks the block holding `p` (any address inside a block handed out) as used on `stream` too, so that
-  // its reuse after deallocate waits for that stream's work. Addresses the pool did not hand out are
-  // ignored (memory the caller allocated some other way).
+  // Marks the block holding `p` (any address inside a block handed out) as used on `stream` too, so
+  // that its reuse after deallocate waits for that stream's work. Addresses the pool did not hand
+  // out are ignored (memory the caller allocated some other way).
   void record_stream(const void* p, Stream stream) {
     std::lock_guard lk(mu_);
     Block* blk = find_locked(p);
     if (!blk || !blk->in_use || key(stream) == key(blk->stream)) return;
-    if (std::find_if(blk->uses.begin(), blk->uses.end(), [&](Stream s) { return key(s) == key(stream); }) ==
-        blk->uses.end())
+    if (std::find_if(blk->uses.begin(), blk->uses.end(),
+                     [&](Stream s) { return key(s) == key(stream); }) == blk->uses.end())
       blk->uses.push_back(stream);
   }
 
-  // `stream` is about to be destroyed (a communicator's own stream): every block in use that it used
-  // (record_stream) takes an event recorded on it now instead, so that the block's deallocate, later, never
-  // records on the destroyed stream. The stream must touch those blocks no more. (The first GPU run,
-  // 2026-11-27, crashed in cudaEventRecord freeing a tensor that an nccl all-reduce had used after the
-  // communicator, and its stream, were gone.)
+  // `stream` is about to be destroyed (a communicator's own stream): every block in use that it
+  // used (record_stream) takes an event recorded on it now instead, so that the block's deallocate,
+  // later, never records on the destroyed stream. The stream must touch those blocks no more. (The
+  // first GPU run, 2026-11-27, crashed in cudaEventRecord freeing a tensor that an nccl all-reduce
+  // had used after the communicator, and its stream, were gone.)
   void retire_stream(Stream stream) {
     std::lock_guard lk(mu_);
     for (auto& [addr, blk] : blocks_) {
       if (!blk.in_use) continue;
-      auto it = std::find_if(blk.uses.begin(), blk.uses.end(), [&](Stream s) { return key(s) == key(stream); });
+      auto it = std::find_if(blk.uses.begin(), blk.uses.end(),
+                             [&](Stream s) { return key(s) == key(stream); });
       if (it == blk.uses.end()) continue;
       Event e = take_event_locked();
       b_.record(e, stream);
@@ -192,17 +215,19 @@ class CachingPool {
     }
   }
 
-  // The stamp of the block handed out that contains address p; nullopt when the pool did not hand p out or its
-  // block is free now.
+  // The stamp of the block handed out that contains address p; nullopt when the pool did not hand p
+  // out or its block is free now.
   std::optional<BlockStamp> stamp(const void* p) {
     std::lock_guard lk(mu_);
     const Block* blk = find_locked(p);
     if (!blk || !blk->in_use) return std::nullopt;
-    return BlockStamp{.block = reinterpret_cast<std::uintptr_t>(blk->ptr), .allocation = blk->allocation};
+    return BlockStamp{.block = reinterpret_cast<std::uintptr_t>(blk->ptr),
+                      .allocation = blk->allocation};
   }
 
-  // Returns the block starting at `p` to the cache (at once, or after the events of the other streams that
-  // used it). Never throws; a pointer the pool does not know, or a double free, is logged and ignored.
+  // Returns the block starting at `p` to the cache (at once, or after the events of the other
+  // streams that used it). Never throws; a pointer the pool does not know, or a double free, is
+  // logged and ignored.
   void deallocate(void* p) noexcept {
     if (!p) return;
     try {
@@ -232,12 +257,13 @@ class CachingPool {
       pending_.push_back(std::move(pend));
       ++stats_.pending_blocks;
     } catch (const std::exception& e) {
-      log::write(log::Level::Error, "caching allocator: free of ", p, " failed: ", e.what(), "; the block is leaked");
+      log::write(log::Level::Error, "caching allocator: free of ", p, " failed: ", e.what(),
+                 "; the block is leaked");
     }
   }
 
-  // Waits for pending events and returns every cached block to the device (e.g. before measuring another
-  // model's peak). Returns the bytes given back.
+  // Waits for pending events and returns every cached block to the device (e.g. before measuring
+  // another model's peak). Returns the bytes given back.
   std::size_t release_cached() {
     std::lock_guard lk(mu_);
     return release_cached_locked();
@@ -263,10 +289,12 @@ class CachingPool {
     void* ptr = nullptr;
     std::size_t size = 0;       // rounded size class
     std::size_t requested = 0;  // what the caller of allocate asked for while in use (<= size)
-    std::uint64_t allocation = 0;  // serial number of the allocate call that handed it out (BlockStamp)
-    Stream stream{};            // the stream it was allocated on: its cache
-    std::vector<Stream> uses;   // other streams that used it since it was handed out
-    std::vector<Event> retired; // events recorded on used streams that were destroyed since (retire_stream)
+    // serial number of the allocate call that handed it out (BlockStamp)
+    std::uint64_t allocation = 0;
+    Stream stream{};           // the stream it was allocated on: its cache
+    std::vector<Stream> uses;  // other streams that used it since it was handed out
+    // events recorded on used streams that were destroyed since (retire_stream)
+    std::vector<Event> retired;
     bool in_use = false;
   };
   struct Pending {
@@ -297,7 +325,8 @@ class CachingPool {
     return e;
   }
 
-  // Moves every pending block whose events have all completed back to its stream's cache (no waiting).
+  // Moves every pending block whose events have all completed back to its stream's cache (no
+  // waiting).
   void process_events_locked() {
     auto done = [&](Pending& pd) {
       for (Event e : pd.events)
@@ -343,7 +372,8 @@ class CachingPool {
   mutable std::mutex mu_;
   B b_;
   std::map<std::uintptr_t, Block> blocks_;  // every block obtained from the device, by address
-  std::map<std::pair<std::uintptr_t, std::size_t>, std::vector<Block*>> free_;  // (stream, size) -> cached
+  // (stream, size) -> cached
+  std::map<std::pair<std::uintptr_t, std::size_t>, std::vector<Block*>> free_;
   std::vector<Pending> pending_;
   std::vector<Event> spare_events_;  // recorded events are reused, not destroyed
   PoolStats stats_;

@@ -1,16 +1,21 @@
-// Precision: the arithmetic a CUDA run uses for its GEMM-shaped work (convolutions, Linear), and its flag.
+// Precision: the arithmetic a CUDA run uses for its GEMM-shaped work (convolutions, Linear), and
+// its flag.
 // SPDX-License-Identifier: MIT
 //
-//   Fp32  exact fp32 FMAs (SIMT implicit GEMM; cuBLAS CUBLAS_COMPUTE_32F): matches the CPU to rounding.
+//   Fp32  exact fp32 FMAs (SIMT implicit GEMM; cuBLAS CUBLAS_COMPUTE_32F): matches the CPU to
+//     rounding.
 //   Tf32  tensor cores with TF32 operands (10 mantissa bits) and fp32 accumulation: ~1e-3 relative.
 //         The default on the GPU, as PyTorch's cudnn.allow_tf32.
 //   Bf16  tensor cores with bf16 operands (7 mantissa bits) and fp32 accumulation: ~1e-2 relative.
-//   Fp16  tensor cores with fp16 operands (10 mantissa bits, 5 exponent bits: |x| > 65504 overflows, < 6e-8
-//         flushes) and fp32 accumulation; for cuBLAS GEMMs only (Linear, attention: the GPT's --use_amp
-//         --amp_dtype fp16, with a loss scaler, optim/grad_scaler.hpp). The convolutions refuse it, and
+//   Fp16  tensor cores with fp16 operands (10 mantissa bits, 5 exponent bits: |x| > 65504
+//     overflows, < 6e-8
+//         flushes) and fp32 accumulation; for cuBLAS GEMMs only (Linear, attention: the GPT's
+//           --use_amp
+//         --amp_dtype fp16, with a loss scaler, optim/grad_scaler.hpp). The convolutions refuse it,
+//           and
 //         parse_precision does not offer it, so --precision cannot select it for a ResNet.
-// Whatever the precision, tensors in memory stay float32 (weights, activations, gradients), the loss is
-// float32, and BatchNorm, pooling, losses and SGD run in fp32 (their statistics in double).
+// Whatever the precision, tensors in memory stay float32 (weights, activations, gradients), the
+// loss is float32, and BatchNorm, pooling, losses and SGD run in fp32 (their statistics in double).
 // Exec<Cuda> carries it (tensor/device.hpp); the CPU ignores it. parse_precision reads --precision.
 #pragma once
 
@@ -27,14 +32,10 @@ enum class Precision : std::uint8_t { Fp32, Tf32, Bf16, Fp16 };
 
 inline constexpr std::string_view precision_name(Precision p) noexcept {
   switch (p) {
-    case Precision::Fp32:
-      return "fp32";
-    case Precision::Tf32:
-      return "tf32";
-    case Precision::Bf16:
-      return "bf16";
-    case Precision::Fp16:
-      return "fp16";
+    case Precision::Fp32: return "fp32";
+    case Precision::Tf32: return "tf32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
   }
   return "?";
 }

@@ -1,46 +1,62 @@
-// Prefetcher<D, T...>: host batches onto device D one step ahead of their use; PrefetchRing holds its slots.
+// Prefetcher<D, T...>: host batches onto device D one step ahead of their use; PrefetchRing holds
+// its slots.
 // SPDX-License-Identifier: MIT
 //
-// A training step on the GPU reads its batch from device memory, and the batch comes from the loader in
-// pageable host memory. Copying it from there on the compute stream stalls the step for the copy. The CUDA
-// prefetcher instead copies the next batch into a pinned slot, uploads it on a copy stream while the current
-// step computes, and makes the compute stream wait for the upload's event (docs/decisions/0050):
-//   Prefetcher<D, float, std::int64_t> uploads(exec);        // D = Cuda: tensor/cuda/prefetcher.hpp
+// A training step on the GPU reads its batch from device memory, and the batch comes from the
+// loader in pageable host memory. Copying it from there on the compute stream stalls the step for
+// the copy. The CUDA prefetcher instead copies the next batch into a pinned slot, uploads it on a
+// copy stream while the current step computes, and makes the compute stream wait for the upload's
+// event (docs/decisions/0050):
+//   Prefetcher<D, float, std::int64_t> uploads(exec);        // D = Cuda:
+//     tensor/cuda/prefetcher.hpp
 //   auto feed = prefetch_feed(uploads, [&] { return loader.next(); },
-//                             [](const data::Batch& b) { return std::tuple(b.images.cview(), b.labels.cview()); });
-//   while (const auto* b = feed.next()) step(std::get<0>(b->input), std::get<1>(b->input), b->host.step);
-// Each batch's tensors are views of device memory (for Cpu: of the host batch itself, no copy and no look-ahead,
-// so the CPU path is what it was), ordered before the exec's work enqueued after next(); they stay valid until
-// the following next(). A batch's tensors may change shape from one batch to the next (the last, smaller batch
-// of an epoch); the element types are fixed by T....
+//                             [](const data::Batch& b) { return std::tuple(b.images.cview(),
+//                               b.labels.cview()); });
+//   while (const auto* b = feed.next()) step(std::get<0>(b->input), std::get<1>(b->input),
+//     b->host.step);
+// Each batch's tensors are views of device memory (for Cpu: of the host batch itself, no copy and
+// no look-ahead, so the CPU path is what it was), ordered before the exec's work enqueued after
+// next(); they stay valid until the following next(). A batch's tensors may change shape from one
+// batch to the next (the last, smaller batch of an epoch); the element types are fixed by T....
 //
-// PrefetchRing<Backend, T...> is the GPU version's bookkeeping, written against a Backend so that a CPU unit
-// test can drive it with fake streams and events (tests/unit/tensor/test_prefetch.cpp). It owns `slots` (>= 2)
-// slots; each has a host staging buffer and a device buffer per tensor, an `uploaded` event (recorded on the copy
-// stream after the slot's uploads) and a `consumed` event (recorded on the compute stream when the batch is
-// released: the next pop(), release(), or discard(), which a new feed calls). Slots are filled and taken in ring
-// order:
-//   push(host...)  the slot after the last one filled must be free (neither staged nor in use; else ValueError).
-//                  If it held a batch before, the host waits for its `uploaded` event (its staging buffer may be
-//                  overwritten only after the DMA that read it) and the copy stream waits for its `consumed`
-//                  event (its device buffer only after the compute stream is done with it). A tensor larger than
-//                  the slot's buffers gets new ones (allocations() counts them); new device memory may have been
-//                  freed by compute-stream work still in flight, so `consumed` is then recorded on the compute
-//                  stream first. Then: memcpy into the staging buffer, uploads on the copy stream, `uploaded`.
-//   pop()          releases the batch taken before, makes the compute stream wait for the oldest staged slot's
+// PrefetchRing<Backend, T...> is the GPU version's bookkeeping, written against a Backend so that a
+// CPU unit test can drive it with fake streams and events (tests/unit/tensor/test_prefetch.cpp). It
+// owns `slots` (>= 2) slots; each has a host staging buffer and a device buffer per tensor, an
+// `uploaded` event (recorded on the copy stream after the slot's uploads) and a `consumed` event
+// (recorded on the compute stream when the batch is released: the next pop(), release(), or
+// discard(), which a new feed calls). Slots are filled and taken in ring order:
+//   push(host...)  the slot after the last one filled must be free (neither staged nor in use; else
+//     ValueError).
+//                  If it held a batch before, the host waits for its `uploaded` event (its staging
+//                    buffer may be
+//                  overwritten only after the DMA that read it) and the copy stream waits for its
+//                    `consumed`
+//                  event (its device buffer only after the compute stream is done with it). A
+//                    tensor larger than
+//                  the slot's buffers gets new ones (allocations() counts them); new device memory
+//                    may have been
+//                  freed by compute-stream work still in flight, so `consumed` is then recorded on
+//                    the compute
+//                  stream first. Then: memcpy into the staging buffer, uploads on the copy stream,
+//                    `uploaded`.
+//   pop()          releases the batch taken before, makes the compute stream wait for the oldest
+//     staged slot's
 //                  `uploaded` event and returns views of its device buffers.
-// Two slots give one batch in use and one uploading (the feed's look-ahead is slots - 1). After an exception
-// (a CUDA error) the prefetcher's state is unknown: destroy it. Its destructor waits for the uploads in flight.
+// Two slots give one batch in use and one uploading (the feed's look-ahead is slots - 1). After an
+// exception (a CUDA error) the prefetcher's state is unknown: destroy it. Its destructor waits for
+// the uploads in flight.
 //
 // The Backend (tensor/cuda/prefetcher.hpp: CudaUploadBackend) provides:
 //   using device = Cuda;                        the device tag of the views pop() returns
 //   using Event = ...;                          default-constructible, one per slot and side
-//   template <class T> using HostBuffer = ...;  HostBuffer<T>(count), data(): staging memory (pinned)
+//   template <class T> using HostBuffer = ...;  HostBuffer<T>(count), data(): staging memory
+//     (pinned)
 //   template <class T> using DeviceBuffer = ...;  DeviceBuffer<T>(Shape{count}), data()
 //   void upload(void* dst, const void* src, std::size_t bytes);   enqueued on the copy stream
 //   void record_upload(Event&);  void copy_wait(const Event&);     on the copy stream
 //   void record_compute(Event&); void compute_wait(const Event&);  on the compute stream
-//   void host_wait(const Event&);                                  the host blocks until the event is reached
+//   void host_wait(const Event&);                                  the host blocks until the event
+//     is reached
 //   void finish() noexcept;                                        the host waits for every upload
 #pragma once
 
@@ -75,25 +91,30 @@ class PrefetchRing {
   using Views = std::tuple<TensorView<const T, device>...>;
 
   // Throws ValueError for fewer than 2 slots (one batch in use and one uploading is the point).
-  PrefetchRing(Backend backend, std::size_t slots) : backend_(std::move(backend)), slots_(check_slots(slots)) {}
+  PrefetchRing(Backend backend, std::size_t slots)
+      : backend_(std::move(backend)), slots_(check_slots(slots)) {}
   PrefetchRing(const PrefetchRing&) = delete;
   PrefetchRing& operator=(const PrefetchRing&) = delete;
-  ~PrefetchRing() { backend_.finish(); }  // staging buffers are freed below: no DMA may still read them
+  // staging buffers are freed below: no DMA may still read them
+  ~PrefetchRing() { backend_.finish(); }
 
   std::size_t slots() const noexcept { return slots_.size(); }
-  std::size_t lookahead() const noexcept { return slots_.size() - 1; }  // batches staged beyond the one in use
+  // batches staged beyond the one in use
+  std::size_t lookahead() const noexcept { return slots_.size() - 1; }
   std::size_t staged() const noexcept { return staged_; }
-  std::size_t allocations() const noexcept { return allocations_; }  // staging + device buffer pairs made
+  // staging + device buffer pairs made
+  std::size_t allocations() const noexcept { return allocations_; }
 
-  // Stages one batch: host memory -> the next slot's staging buffer -> its device buffer on the copy stream.
-  // The host views may be freed when push returns.
+  // Stages one batch: host memory -> the next slot's staging buffer -> its device buffer on the
+  // copy stream. The host views may be freed when push returns.
   void push(TensorView<const T, Cpu>... host) { push(HostViews{host...}); }
   void push(const HostViews& host) { push(host, std::index_sequence_for<T...>{}); }
 
-  // The oldest staged batch on the device, ordered before the compute stream's later work; the batch popped
-  // before it is released. Throws ValueError when none is staged.
+  // The oldest staged batch on the device, ordered before the compute stream's later work; the
+  // batch popped before it is released. Throws ValueError when none is staged.
   Views pop() {
-    if (staged_ == 0) throw ValueError("ddp: Prefetcher::pop: no batch is staged; push() one first");
+    if (staged_ == 0)
+      throw ValueError("ddp: Prefetcher::pop: no batch is staged; push() one first");
     release();
     Slot& s = slots_[take_];
     backend_.compute_wait(s.uploaded);
@@ -113,17 +134,18 @@ class PrefetchRing {
     in_use_.reset();
   }
 
-  // Releases the batch in use and drops the staged ones (an epoch left early). A dropped slot's upload may
-  // still be in flight; refilling it waits for that as for any other.
+  // Releases the batch in use and drops the staged ones (an epoch left early). A dropped slot's
+  // upload may still be in flight; refilling it waits for that as for any other.
   void discard() {
     release();
-    for (std::size_t i = 0; staged_ > 0; ++i, --staged_) slots_[(take_ + i) % slots_.size()].state = State::Free;
+    for (std::size_t i = 0; staged_ > 0; ++i, --staged_)
+      slots_[(take_ + i) % slots_.size()].state = State::Free;
     take_ = fill_;
   }
 
  private:
-  // Empty: never filled. Free: filled before, its batch released or dropped. Staged: uploading or uploaded, not
-  // popped. InUse: popped, not released.
+  // Empty: never filled. Free: filled before, its batch released or dropped. Staged: uploading or
+  // uploaded, not popped. InUse: popped, not released.
   enum class State { Empty, Free, Staged, InUse };
   template <class U>
   struct Buffers {
@@ -140,8 +162,8 @@ class PrefetchRing {
 
   static std::size_t check_slots(std::size_t n) {
     if (n < 2)
-      throw ValueError(
-          detail::str("ddp: Prefetcher: needs at least 2 slots (one batch in use, one uploading), got ", n));
+      throw ValueError(detail::str(
+          "ddp: Prefetcher: needs at least 2 slots (one batch in use, one uploading), got ", n));
     return n;
   }
   std::size_t next(std::size_t i) const noexcept { return (i + 1) % slots_.size(); }
@@ -150,12 +172,15 @@ class PrefetchRing {
   void push(const HostViews& host, std::index_sequence<K...>) {
     Slot& s = slots_[fill_];
     if (s.state == State::Staged || s.state == State::InUse)
-      throw ValueError(detail::str("ddp: Prefetcher::push: all ", slots_.size(), " slots hold batches (", staged_,
-                                   " staged, ", in_use_ ? 1 : 0, " in use); pop() one before pushing another, "
+      throw ValueError(detail::str("ddp: Prefetcher::push: all ", slots_.size(),
+                                   " slots hold batches (", staged_, " staged, ", in_use_ ? 1 : 0,
+                                   " in use); pop() one before pushing another, "
                                    "or give the prefetcher more slots"));
-    // New device memory (a first fill, a larger tensor) may have been freed by compute-stream work in flight.
+    // New device memory (a first fill, a larger tensor) may have been freed by compute-stream work
+    // in flight.
     bool fresh = s.state == State::Empty;
-    if (s.state == State::Free) backend_.host_wait(s.uploaded);  // the last DMA out of the staging buffers is done
+    // the last DMA out of the staging buffers is done
+    if (s.state == State::Free) backend_.host_wait(s.uploaded);
     s.state = State::Free;
     ((fresh = grow<K>(s, std::get<K>(host).numel()) || fresh), ...);
     if (fresh) backend_.record_compute(s.consumed);
@@ -168,8 +193,8 @@ class PrefetchRing {
     ++staged_;
   }
 
-  // Tensor K's buffers in slot s, larger ones when they cannot hold `numel` elements (the old staging buffer's
-  // DMA is done: push waited for it). True when new ones were made.
+  // Tensor K's buffers in slot s, larger ones when they cannot hold `numel` elements (the old
+  // staging buffer's DMA is done: push waited for it). True when new ones were made.
   template <std::size_t K>
   bool grow(Slot& s, std::int64_t numel) {
     using U = std::tuple_element_t<K, std::tuple<T...>>;
@@ -184,7 +209,8 @@ class PrefetchRing {
   }
 
   template <std::size_t K>
-  void stage(Slot& s, const TensorView<const std::tuple_element_t<K, std::tuple<T...>>, Cpu>& host) {
+  void stage(Slot& s,
+             const TensorView<const std::tuple_element_t<K, std::tuple<T...>>, Cpu>& host) {
     if (host.numel() == 0) return;
     auto& b = std::get<K>(s.buffers);
     std::memcpy(b.host.data(), host.data(), host.bytes());
@@ -196,7 +222,8 @@ class PrefetchRing {
     return Views{TensorView<const T, device>(std::get<K>(s.buffers).dev.data(), s.shapes[K])...};
   }
 
-  Backend backend_;  // declared first: destroyed last, after the buffers and events that use its streams
+  // declared first: destroyed last, after the buffers and events that use its streams
+  Backend backend_;
   std::vector<Slot> slots_;
   std::size_t fill_ = 0;  // the slot push() fills next
   std::size_t take_ = 0;  // the slot pop() takes next (staged_ slots from here on are staged)
@@ -205,12 +232,14 @@ class PrefetchRing {
   std::size_t allocations_ = 0;
 };
 
-// Prefetcher<D, T...>: the prefetcher of device D (Cuda: tensor/cuda/prefetcher.hpp). Batches of T... tensors.
+// Prefetcher<D, T...>: the prefetcher of device D (Cuda: tensor/cuda/prefetcher.hpp). Batches of
+// T... tensors.
 template <Device D, class... T>
 class Prefetcher;
 
-// On the CPU the batch is used where the loader put it: pop() returns views of the pushed host tensors, which
-// the caller keeps alive until it has finished with them (prefetch_feed does). No copy, no look-ahead.
+// On the CPU the batch is used where the loader put it: pop() returns views of the pushed host
+// tensors, which the caller keeps alive until it has finished with them (prefetch_feed does). No
+// copy, no look-ahead.
 template <class... T>
 class Prefetcher<Cpu, T...> {
  public:
@@ -224,7 +253,8 @@ class Prefetcher<Cpu, T...> {
   void push(TensorView<const T, Cpu>... host) { staged_.emplace_back(host...); }
   void push(const HostViews& host) { staged_.push_back(host); }
   Views pop() {
-    if (staged_.empty()) throw ValueError("ddp: Prefetcher::pop: no batch is staged; push() one first");
+    if (staged_.empty())
+      throw ValueError("ddp: Prefetcher::pop: no batch is staged; push() one first");
     Views v = staged_.front();
     staged_.pop_front();
     return v;
@@ -236,11 +266,12 @@ class Prefetcher<Cpu, T...> {
   std::deque<HostViews> staged_;
 };
 
-// The loop side of a prefetcher: host batches from `source` (a callable returning std::optional<HostBatch>,
-// nullopt at the end), their tensors `fields(batch)` (a tuple of host views in the prefetcher's order) staged
-// lookahead() batches ahead. next() returns the next batch (the host batch, moved out of the source's result,
-// and its device views), or nullptr at the end; both stay valid until the following next(). A feed starts by
-// discarding what an earlier feed left in the prefetcher (one per epoch).
+// The loop side of a prefetcher: host batches from `source` (a callable returning
+// std::optional<HostBatch>, nullopt at the end), their tensors `fields(batch)` (a tuple of host
+// views in the prefetcher's order) staged lookahead() batches ahead. next() returns the next batch
+// (the host batch, moved out of the source's result, and its device views), or nullptr at the end;
+// both stay valid until the following next(). A feed starts by discarding what an earlier feed left
+// in the prefetcher (one per epoch).
 template <class Pf, class Source, class Fields>
 class PrefetchFeed {
  public:
@@ -271,8 +302,9 @@ class PrefetchFeed {
   }
 
  private:
-  // Fetches and stages batches until n are staged or the source ends. A host batch is moved into ahead_ after
-  // its push: moving it keeps its tensors' memory, which the CPU prefetcher's views point into.
+  // Fetches and stages batches until n are staged or the source ends. A host batch is moved into
+  // ahead_ after its push: moving it keeps its tensors' memory, which the CPU prefetcher's views
+  // point into.
   void top_up(std::size_t n) {
     while (!ended_ && ahead_.size() < n) {
       std::optional<HostBatch> b = source_();

@@ -1,25 +1,30 @@
-// Seeded, counter-based random numbers (Philox4x32-10) with independent streams per (seed, rank, stream).
+// Seeded, counter-based random numbers (Philox4x32-10) with independent streams per (seed, rank,
+// stream).
 // SPDX-License-Identifier: MIT
 //
-// How it works. Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) is a
-// bijection of a 128-bit counter under a 64-bit key: ten rounds of two 32x32->64 multiplies, xors and a
-// Weyl key bump. It has no hidden state: block b of a stream is philox(counter, key) with
+// How it works. Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11)
+// is a bijection of a 128-bit counter under a 64-bit key: ten rounds of two 32x32->64 multiplies,
+// xors and a Weyl key bump. It has no hidden state: block b of a stream is philox(counter, key)
+// with
 //   key     = (seed & 0xffffffff, seed >> 32)
 //   counter = (b & 0xffffffff, b >> 32, rank, stream)
-// so rank 3's stream never overlaps rank 2's, and an init stream never overlaps a data stream, whatever
-// the number of draws. Each block gives four 32-bit words w[0..3]. A fill of n elements starting at block
-// offset o gives element i the word w[i % 4] of block o + i / 4 and then advances offset by ceil(n / 4):
+// so rank 3's stream never overlaps rank 2's, and an init stream never overlaps a data stream,
+// whatever the number of draws. Each block gives four 32-bit words w[0..3]. A fill of n elements
+// starting at block offset o gives element i the word w[i % 4] of block o + i / 4 and then advances
+// offset by ceil(n / 4):
 //   uniform(lo, hi):  u = (w + 0.5) / 2^32 in (0, 1), computed in double;  x = lo + (hi - lo) * u
 //   normal(mean, sd): Box-Muller on the word pairs (w0, w1) and (w2, w3) of a block:
-//                     r = sqrt(-2 ln u(w0)), x0 = r cos(2 pi u(w1)), x1 = r sin(2 pi u(w1)); x = mean + sd * x
-// The integer part is exact everywhere; the double math (log, sqrt, cos, sin) is correctly rounded to
-// within 1 ulp of double by glibc and CUDA, so after rounding to float the results are identical across
-// runs, thread counts and platforms except in (astronomically rare) double-rounding cases.
-// Worked example: Generator(42, /*rank*/1, kStreamInit).fill_uniform(v /*6 elements*/, 0, 1) draws blocks 0
-// and 1 of counter (., ., 1, 0) under key (42, 0), uses words 0..3 of block 0 and 0..1 of block 1, and
-// leaves offset() == 2. Test vectors from the Random123 distribution are pinned in test_random.cpp.
-// The process-wide default generator (end of file; torch.manual_seed's) is what layers draw their default
-// initialisation from when they are constructed (nn/init.hpp, docs/decisions/0064).
+//                     r = sqrt(-2 ln u(w0)), x0 = r cos(2 pi u(w1)), x1 = r sin(2 pi u(w1)); x =
+//                       mean + sd * x
+// The integer part is exact everywhere; the double math (log, sqrt, cos, sin) is correctly rounded
+// to within 1 ulp of double by glibc and CUDA, so after rounding to float the results are identical
+// across runs, thread counts and platforms except in (astronomically rare) double-rounding cases.
+// Worked example: Generator(42, /*rank*/1, kStreamInit).fill_uniform(v /*6 elements*/, 0, 1) draws
+// blocks 0 and 1 of counter (., ., 1, 0) under key (42, 0), uses words 0..3 of block 0 and 0..1 of
+// block 1, and leaves offset() == 2. Test vectors from the Random123 distribution are pinned in
+// test_random.cpp. The process-wide default generator (end of file; torch.manual_seed's) is what
+// layers draw their default initialisation from when they are constructed (nn/init.hpp,
+// docs/decisions/0064).
 #pragma once
 
 #include <array>
@@ -35,11 +40,14 @@
 
 namespace ddp {
 
-// One Philox4x32-10 evaluation in place: c (the counter) becomes the four output words under key (k0, k1).
-// Plain arrays, not std::array, so that device code can call it (std::array's operator[] is host-only for nvcc).
-DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::uint32_t k0, std::uint32_t k1) {
+// One Philox4x32-10 evaluation in place: c (the counter) becomes the four output words under key
+// (k0, k1). Plain arrays, not std::array, so that device code can call it (std::array's operator[]
+// is host-only for nvcc).
+DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::uint32_t k0,
+                                                  std::uint32_t k1) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
-  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments (golden ratio, sqrt 3)
+  // Weyl key increments (golden ratio, sqrt 3)
+  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * c[0];
     const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * c[2];
@@ -56,7 +64,8 @@ DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::ui
 }
 
 // Host convenience form: returns the four output words for `ctr` under `key`.
-inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
+inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr,
+                                                  std::array<std::uint32_t, 2> key) {
   std::uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
   philox4x32_10_inplace(c, key[0], key[1]);
   return {c[0], c[1], c[2], c[3]};
@@ -91,7 +100,8 @@ class Generator {
   // Block b of this stream (does not advance).
   std::array<std::uint32_t, 4> block(std::uint64_t b) const {
     return philox4x32_10(
-        {static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(b >> 32), state_.rank, state_.stream},
+        {static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(b >> 32), state_.rank,
+         state_.stream},
         {static_cast<std::uint32_t>(state_.seed), static_cast<std::uint32_t>(state_.seed >> 32)});
   }
   // 64 random bits from words 0 and 1 of the next block (consumes one block).
@@ -99,8 +109,8 @@ class Generator {
     const auto w = block(state_.offset++);
     return static_cast<std::uint64_t>(w[0]) | (static_cast<std::uint64_t>(w[1]) << 32);
   }
-  // Uniform integer in [0, n) without modulo bias: values below 2^64 mod n are rejected, so every residue
-  // is hit by exactly floor(2^64 / n) accepted values. Consumes one block per attempt.
+  // Uniform integer in [0, n) without modulo bias: values below 2^64 mod n are rejected, so every
+  // residue is hit by exactly floor(2^64 / n) accepted values. Consumes one block per attempt.
   std::uint64_t uniform_int(std::uint64_t n) {
     if (n <= 1) return 0;
     const std::uint64_t threshold = (0 - n) % n;
@@ -110,7 +120,9 @@ class Generator {
     }
   }
 
-  static double to_unit(std::uint32_t w) noexcept { return (static_cast<double>(w) + 0.5) * 0x1p-32; }
+  static double to_unit(std::uint32_t w) noexcept {
+    return (static_cast<double>(w) + 0.5) * 0x1p-32;
+  }
 
   template <class T>
   void fill_uniform(TensorView<T, Cpu> v, double lo, double hi) {
@@ -135,7 +147,8 @@ class Generator {
         z[2 * pair] = r * std::cos(theta);
         z[2 * pair + 1] = r * std::sin(theta);
       }
-      for (std::int64_t j = 0; j < 4 && i + j < n; ++j) v.data()[i + j] = static_cast<T>(mean + stddev * z[j]);
+      for (std::int64_t j = 0; j < 4 && i + j < n; ++j)
+        v.data()[i + j] = static_cast<T>(mean + stddev * z[j]);
     }
     state_.offset += static_cast<std::uint64_t>((n + 3) / 4);
   }
@@ -145,12 +158,13 @@ class Generator {
 };
 
 // ---- The process-wide default generator (torch.default_generator's role) ----
-// Layers draw their default initialisation from it when they are constructed, so a model built twice after the
-// same manual_seed(s) is bit-identical. It is Generator(seed, rank 0, kStreamInit): after manual_seed(s) it draws
-// exactly what Generator(s) draws. Before any manual_seed its seed is kDefaultSeed, libtorch's default_rng_seed_val
-// (the seed C++ torch's CPU generator starts from; Python's torch reseeds it at random at import), so an unseeded
-// program is still reproducible. Every rank may use the same seed or not: DDP broadcasts rank 0's parameters.
-// Thread-safe: each use holds one process-wide mutex; threads drawing at the same time get disjoint draws in an
+// Layers draw their default initialisation from it when they are constructed, so a model built
+// twice after the same manual_seed(s) is bit-identical. It is Generator(seed, rank 0, kStreamInit):
+// after manual_seed(s) it draws exactly what Generator(s) draws. Before any manual_seed its seed is
+// kDefaultSeed, libtorch's default_rng_seed_val (the seed C++ torch's CPU generator starts from;
+// Python's torch reseeds it at random at import), so an unseeded program is still reproducible.
+// Every rank may use the same seed or not: DDP broadcasts rank 0's parameters. Thread-safe: each
+// use holds one process-wide mutex; threads drawing at the same time get disjoint draws in an
 // unspecified order (build a model on one thread when its numbers matter).
 inline constexpr std::uint64_t kDefaultSeed = 67280421310721ull;
 
@@ -166,7 +180,8 @@ inline DefaultGenerator& default_generator() {
 }
 }  // namespace detail
 
-// Restarts the default generator at offset 0 of Generator(seed, 0, kStreamInit) (torch.manual_seed).
+// Restarts the default generator at offset 0 of Generator(seed, 0, kStreamInit)
+// (torch.manual_seed).
 inline void manual_seed(std::uint64_t seed) {
   detail::DefaultGenerator& d = detail::default_generator();
   const std::lock_guard lock(d.mutex);
@@ -181,7 +196,8 @@ inline std::uint64_t initial_seed() {
   return d.initial_seed;
 }
 
-// Returns f(gen) with gen the default generator, held locked for the call (f must not use the default generator).
+// Returns f(gen) with gen the default generator, held locked for the call (f must not use the
+// default generator).
 template <class F>
 decltype(auto) with_default_generator(F&& f) {
   detail::DefaultGenerator& d = detail::default_generator();

@@ -1,9 +1,9 @@
 // Shape: the extents of a tensor (rank 0 to 5), with int64 element counts and readable printing.
 // SPDX-License-Identifier: MIT
 //
-// Layout conventions (docs/decisions/0005): activations are NHWC (N, H, W, C), conv weights are KRSC
-// (C_out, kH, kW, C_in); the last dimension is contiguous. Shape only stores extents: every tensor
-// in ddp is dense and row-major, so strides follow from the shape (see TensorView::stride).
+// Layout conventions (docs/decisions/0005): activations are NHWC (N, H, W, C), conv weights are
+// KRSC (C_out, kH, kW, C_in); the last dimension is contiguous. Shape only stores extents: every
+// tensor in ddp is dense and row-major, so strides follow from the shape (see TensorView::stride).
 #pragma once
 
 #include <array>
@@ -24,15 +24,17 @@ class Shape {
   static constexpr int kMaxRank = 5;
 
   Shape() = default;  // rank 0: a scalar with numel() == 1
-  Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+  Shape(std::initializer_list<std::int64_t> dims)
+      : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
   // The extents listed in dims (a shape computed at run time: permuted, broadcast, flattened).
   explicit Shape(std::span<const std::int64_t> dims) {
     if (dims.size() > static_cast<std::size_t>(kMaxRank))
-      throw ValueError(detail::str("ddp: a Shape has at most ", kMaxRank, " dimensions, got ", dims.size()));
+      throw ValueError(
+          detail::str("ddp: a Shape has at most ", kMaxRank, " dimensions, got ", dims.size()));
     for (std::int64_t d : dims) {
       if (d < 0)
-        throw ValueError(
-            detail::str("ddp: Shape dimensions must be >= 0, got ", d, " in a shape of rank ", dims.size()));
+        throw ValueError(detail::str("ddp: Shape dimensions must be >= 0, got ", d,
+                                     " in a shape of rank ", dims.size()));
       dims_[static_cast<std::size_t>(rank_++)] = d;
     }
   }
@@ -41,7 +43,8 @@ class Shape {
   // Extent of dimension i; negative i counts from the end (-1 is the last dimension).
   std::int64_t operator[](int i) const {
     const int j = i < 0 ? i + rank_ : i;
-    DDP_CHECK_AS(ValueError, j >= 0 && j < rank_, "dimension ", i, " of a rank-", rank_, " shape ", to_string());
+    DDP_CHECK_AS(ValueError, j >= 0 && j < rank_, "dimension ", i, " of a rank-", rank_, " shape ",
+                 to_string());
     return dims_[static_cast<std::size_t>(j)];
   }
   std::int64_t numel() const noexcept {
@@ -52,7 +55,8 @@ class Shape {
   // Elements between consecutive indices of dimension i (row-major, dense).
   std::int64_t stride(int i) const {
     std::int64_t s = 1;
-    for (int j = rank_ - 1; j > (i < 0 ? i + rank_ : i); --j) s *= dims_[static_cast<std::size_t>(j)];
+    for (int j = rank_ - 1; j > (i < 0 ? i + rank_ : i); --j)
+      s *= dims_[static_cast<std::size_t>(j)];
     return s;
   }
   const std::int64_t* begin() const noexcept { return dims_.data(); }
@@ -61,7 +65,8 @@ class Shape {
   friend bool operator==(const Shape& a, const Shape& b) noexcept {
     if (a.rank_ != b.rank_) return false;
     for (int i = 0; i < a.rank_; ++i)
-      if (a.dims_[static_cast<std::size_t>(i)] != b.dims_[static_cast<std::size_t>(i)]) return false;
+      if (a.dims_[static_cast<std::size_t>(i)] != b.dims_[static_cast<std::size_t>(i)])
+        return false;
     return true;
   }
 

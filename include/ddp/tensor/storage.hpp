@@ -2,18 +2,20 @@
 // SPDX-License-Identifier: MIT
 //
 // Allocator<D> is the only place that allocates device memory. Allocator<Cpu> is defined here;
-// Allocator<Cuda> is provided by the CUDA layer (tensor/cuda/allocator.hpp), so Storage<Cuda> is usable only
-// in programs that include it. Sizes are bytes (std::size_t); a zero-byte storage owns no memory.
+// Allocator<Cuda> is provided by the CUDA layer (tensor/cuda/allocator.hpp), so Storage<Cuda> is
+// usable only in programs that include it. Sizes are bytes (std::size_t); a zero-byte storage owns
+// no memory.
 //
 // Host memory comes from a CachingPool (tensor/caching_pool.hpp), the same pool the GPU uses, over
-// host_alloc (core/host_memory.hpp: 64-byte aligned, huge-page advised from 4 MiB). Why the pool: a training
-// step frees and re-allocates the same ~1,000 temporaries every step, many above glibc's mmap threshold (a 16x64x112x112 float activation is 49 MiB). glibc returns those to the
-// kernel at free and trims its heap between steps, so every step page-faulted its activations in again:
-// ~48K page faults per resnet18 step at 224 px and batch 16, about 6% of the step (bench_resnet_cpu). From
-// the cache, the second step allocates nothing (cpu_memory_stats().device_mallocs stays constant) and touches
-// pages that are already mapped. Host code runs in program order, so the pool has one stream and a freed
-// block is reusable at once. DDP_CPU_CACHING=0 (config.hpp; the default under AddressSanitizer) calls
-// host_alloc/host_free per tensor instead.
+// host_alloc (core/host_memory.hpp: 64-byte aligned, huge-page advised from 4 MiB). Why the pool: a
+// training step frees and re-allocates the same ~1,000 temporaries every step, many above glibc's
+// mmap threshold (a 16x64x112x112 float activation is 49 MiB). glibc returns those to the kernel at
+// free and trims its heap between steps, so every step page-faulted its activations in again: ~48K
+// page faults per resnet18 step at 224 px and batch 16, about 6% of the step (bench_resnet_cpu).
+// From the cache, the second step allocates nothing (cpu_memory_stats().device_mallocs stays
+// constant) and touches pages that are already mapped. Host code runs in program order, so the pool
+// has one stream and a freed block is reusable at once. DDP_CPU_CACHING=0 (config.hpp; the default
+// under AddressSanitizer) calls host_alloc/host_free per tensor instead.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +34,8 @@
 namespace ddp {
 
 template <Device D>
-struct Allocator;  // static void* allocate(std::size_t bytes); static void deallocate(void*) noexcept;
+// static void* allocate(std::size_t bytes); static void deallocate(void*) noexcept;
+struct Allocator;
 
 namespace detail {
 
@@ -51,8 +54,8 @@ struct HostPoolBackend {
 
 using HostPool = CachingPool<HostPoolBackend>;
 
-// Created on first use and never destroyed: tensors with static storage duration may be freed after main
-// returns, later than any pool object with static storage duration would live.
+// Created on first use and never destroyed: tensors with static storage duration may be freed after
+// main returns, later than any pool object with static storage duration would live.
 inline HostPool& host_pool() {
   static HostPool* const pool = new HostPool();
   return *pool;
@@ -68,13 +71,15 @@ struct Allocator<Cpu> {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     if constexpr (BuildConfig::cpu_caching) {
-      p = detail::host_pool().allocate(bytes, 0);  // on failure it returned its cache to malloc and retried
+      // on failure it returned its cache to malloc and retried
+      p = detail::host_pool().allocate(bytes, 0);
     } else {
       p = host_alloc(bytes);
     }
     if (!p)
       throw ValueError(detail::str("ddp: out of host memory allocating ", bytes, " bytes (",
-                                   static_cast<double>(bytes) / (1 << 20), " MiB); reduce --batch-size"));
+                                   static_cast<double>(bytes) / (1 << 20),
+                                   " MiB); reduce --batch-size"));
     return p;
   }
   static void deallocate(void* p) noexcept {
@@ -90,7 +95,8 @@ struct Allocator<Cpu> {
   }
 };
 
-// Host tensor memory: in use, peak, reserved from malloc and malloc calls (all zero with DDP_CPU_CACHING=0).
+// Host tensor memory: in use, peak, reserved from malloc and malloc calls (all zero with
+// DDP_CPU_CACHING=0).
 inline MemoryStats cpu_memory_stats() {
   return BuildConfig::cpu_caching ? MemoryStats::of(detail::host_pool().stats()) : MemoryStats{};
 }
@@ -108,8 +114,9 @@ class Storage {
  public:
   Storage() = default;
   explicit Storage(std::size_t bytes) : data_(Allocator<D>::allocate(bytes)), bytes_(bytes) {}
-  // Memory someone else owns and frees (`bytes` at `data`, in D's memory); it must outlive this Storage. DDP's
-  // gradient_as_bucket_view makes gradients such views into its buckets (parallel/grad_views.hpp).
+  // Memory someone else owns and frees (`bytes` at `data`, in D's memory); it must outlive this
+  // Storage. DDP's gradient_as_bucket_view makes gradients such views into its buckets
+  // (parallel/grad_views.hpp).
   static Storage borrowed(void* data, std::size_t bytes) noexcept {
     Storage s;
     s.data_ = data;
@@ -120,7 +127,9 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   Storage(Storage&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), owns_(std::exchange(o.owns_, true)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)),
+        owns_(std::exchange(o.owns_, true)) {}
   Storage& operator=(Storage&& o) noexcept {
     if (this != &o) {
       release();

@@ -1,4 +1,5 @@
-// Tensor<T, D>: a dense row-major array that owns its Storage<D> (or borrows memory: Tensor::borrow); move-only. Kernels take its view().
+// Tensor<T, D>: a dense row-major array that owns its Storage<D> (or borrows memory:
+// Tensor::borrow); move-only. Kernels take its view().
 // SPDX-License-Identifier: MIT
 //
 //   auto x = Tensor<float, Cpu>::zeros({16, 224, 224, 3});   // NHWC activations
@@ -28,7 +29,8 @@ namespace ddp {
 
 template <class T, Device D>
 class Tensor {
-  static_assert(!std::is_const_v<T>, "ddp: Tensor owns its elements; use TensorView<const T, D> for read-only access");
+  static_assert(!std::is_const_v<T>,
+                "ddp: Tensor owns its elements; use TensorView<const T, D> for read-only access");
   static_assert(std::is_trivially_copyable_v<T>, "ddp: tensor elements must be trivially copyable");
 
  public:
@@ -37,10 +39,12 @@ class Tensor {
 
   Tensor() = default;  // empty: shape (0), no memory
   // Uninitialised elements (the contents are whatever the allocator returned).
-  explicit Tensor(Shape shape) : storage_(static_cast<std::size_t>(shape.numel()) * sizeof(T)), shape_(shape) {}
+  explicit Tensor(Shape shape)
+      : storage_(static_cast<std::size_t>(shape.numel()) * sizeof(T)), shape_(shape) {}
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
-  Tensor(Tensor&& o) noexcept : storage_(std::move(o.storage_)), shape_(std::exchange(o.shape_, Shape{0})) {}
+  Tensor(Tensor&& o) noexcept
+      : storage_(std::move(o.storage_)), shape_(std::exchange(o.shape_, Shape{0})) {}
   Tensor& operator=(Tensor&& o) noexcept {
     storage_ = std::move(o.storage_);
     shape_ = std::exchange(o.shape_, Shape{0});
@@ -49,8 +53,8 @@ class Tensor {
   ~Tensor() = default;
 
   static Tensor empty(Shape shape) { return Tensor(shape); }
-  // A tensor over shape.numel() elements at `data` that it does not own: the owner keeps the memory alive for
-  // as long as the tensor (or what it is moved into) exists, and frees it.
+  // A tensor over shape.numel() elements at `data` that it does not own: the owner keeps the memory
+  // alive for as long as the tensor (or what it is moved into) exists, and frees it.
   static Tensor borrow(T* data, Shape shape) noexcept {
     Tensor t;
     t.storage_ = Storage<D>::borrowed(data, static_cast<std::size_t>(shape.numel()) * sizeof(T));
@@ -71,8 +75,8 @@ class Tensor {
   // Copies `values` (row-major) into a new tensor; their count must equal shape.numel().
   static Tensor from(Shape shape, std::span<const T> values) requires std::is_same_v<D, Cpu> {
     if (static_cast<std::int64_t>(values.size()) != shape.numel())
-      throw ValueError(detail::str("ddp: Tensor::from: shape ", shape, " holds ", shape.numel(), " elements but ",
-                                   values.size(), " values were given"));
+      throw ValueError(detail::str("ddp: Tensor::from: shape ", shape, " holds ", shape.numel(),
+                                   " elements but ", values.size(), " values were given"));
     Tensor t(shape);
     std::copy(values.begin(), values.end(), t.data());
     return t;
@@ -101,14 +105,15 @@ class Tensor {
   TensorView<T, D> view() noexcept { return TensorView<T, D>(data(), shape_); }
   TensorView<const T, D> view() const noexcept { return TensorView<const T, D>(data(), shape_); }
   TensorView<const T, D> cview() const noexcept { return view(); }
-  // A Tensor where a view is expected (module forward, kernels, collectives) stops here with one readable line
-  // instead of a page of "no known conversion" notes (docs/decisions/0066). Views stay explicit: a view does not own
-  // its memory, and an implicit one of a temporary would dangle.
+  // A Tensor where a view is expected (module forward, kernels, collectives) stops here with one
+  // readable line instead of a page of "no known conversion" notes (docs/decisions/0066). Views
+  // stay explicit: a view does not own its memory, and an implicit one of a temporary would dangle.
   template <class U>
-    requires std::is_same_v<std::remove_const_t<U>, T>
+  requires std::is_same_v<std::remove_const_t<U>, T>
   operator TensorView<U, D>() const {
     static_assert(sizeof(U) == 0,
-                  "ddp: a Tensor was passed where a TensorView is expected: pass x.cview() (read-only) or x.view() "
+                  "ddp: a Tensor was passed where a TensorView is expected: pass x.cview() "
+                  "(read-only) or x.view() "
                   "(writable), and keep x alive while the view is in use");
     return {};
   }
@@ -116,16 +121,19 @@ class Tensor {
   // Reinterprets the same elements with another shape of equal numel (the data is not moved).
   void reshape(Shape s) {
     if (s.numel() != numel())
-      throw ValueError(detail::str("ddp: cannot reshape a tensor of ", shape_, " (", numel(), " elements) to ", s, " (",
-                                   s.numel(), " elements)"));
+      throw ValueError(detail::str("ddp: cannot reshape a tensor of ", shape_, " (", numel(),
+                                   " elements) to ", s, " (", s.numel(), " elements)"));
     shape_ = s;
   }
 
   // CPU element access: t(n, h, w, c).
   template <class... I>
-  requires(std::is_same_v<D, Cpu> && (std::is_integral_v<I> && ...)) T& operator()(I... idx) { return view()(idx...); }
+  requires(std::is_same_v<D, Cpu> && (std::is_integral_v<I> && ...)) T& operator()(I... idx) {
+    return view()(idx...);
+  }
   template <class... I>
-  requires(std::is_same_v<D, Cpu> && (std::is_integral_v<I> && ...)) const T& operator()(I... idx) const {
+  requires(std::is_same_v<D, Cpu> && (std::is_integral_v<I> && ...)) const T& operator()(
+      I... idx) const {
     return view()(idx...);
   }
 

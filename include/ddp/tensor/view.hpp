@@ -1,4 +1,5 @@
-// TensorView<T, D>: a non-owning pointer + Shape over dense row-major memory; what kernels and comm take.
+// TensorView<T, D>: a non-owning pointer + Shape over dense row-major memory; what kernels and comm
+// take.
 // SPDX-License-Identifier: MIT
 //
 // A view is a small value (pointer and extents); copying it never copies data. Views of const T are
@@ -32,7 +33,8 @@ class TensorView {
   }
   // TensorView<float, D> -> TensorView<const float, D>.
   template <class U>
-  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>) TensorView(const TensorView<U, D>& o)
+  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+      TensorView(const TensorView<U, D>& o)
       : data_(o.data()), shape_(o.shape()) {}  // NOLINT: implicit on purpose
 
   T* data() const noexcept { return data_; }
@@ -48,20 +50,21 @@ class TensorView {
   // The same memory seen with another shape of the same numel, e.g. (N, H, W, C) as (N*H*W, C).
   TensorView reshape(Shape s) const {
     if (s.numel() != numel())
-      throw ValueError(detail::str("ddp: cannot reshape a view of ", shape_, " (", numel(), " elements) to ", s, " (",
-                                   s.numel(), " elements)"));
+      throw ValueError(detail::str("ddp: cannot reshape a view of ", shape_, " (", numel(),
+                                   " elements) to ", s, " (", s.numel(), " elements)"));
     return TensorView(data_, s);
   }
   // Elements [begin, end) of dimension 0, e.g. images 4..8 of a batch.
   TensorView slice(std::int64_t begin, std::int64_t end) const {
-    DDP_CHECK_AS(ValueError, rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "slice [", begin, ", ", end,
-                 ") of ", shape_);
+    DDP_CHECK_AS(ValueError, rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "slice [",
+                 begin, ", ", end, ") of ", shape_);
     Shape s = shape_;
     s = with_dim0(s, end - begin);
     return TensorView(data_ + begin * stride(0), s);
   }
 
-  // Element access on the CPU: v(n, h, w, c). Checked only in rank, not in range (hot loops use data()).
+  // Element access on the CPU: v(n, h, w, c). Checked only in rank, not in range (hot loops use
+  // data()).
   template <class... I>
   requires(std::is_same_v<D, Cpu> && (std::is_integral_v<I> && ...)) T& operator()(I... idx) const {
     DDP_CHECK_EQ(static_cast<int>(sizeof...(I)), rank(), "index count must equal the view's rank");
@@ -77,16 +80,11 @@ class TensorView {
  private:
   static Shape with_dim0(const Shape& s, std::int64_t d0) {
     switch (s.rank()) {
-      case 1:
-        return Shape{d0};
-      case 2:
-        return Shape{d0, s[1]};
-      case 3:
-        return Shape{d0, s[1], s[2]};
-      case 4:
-        return Shape{d0, s[1], s[2], s[3]};
-      default:
-        return Shape{d0, s[1], s[2], s[3], s[4]};
+      case 1: return Shape{d0};
+      case 2: return Shape{d0, s[1]};
+      case 3: return Shape{d0, s[1], s[2]};
+      case 4: return Shape{d0, s[1], s[2], s[3]};
+      default: return Shape{d0, s[1], s[2], s[3], s[4]};
     }
   }
   T* data_ = nullptr;
@@ -100,7 +98,8 @@ using CpuView = TensorView<T, Cpu>;
 template <class T, Device D>
 void expect_shape(const TensorView<T, D>& v, const Shape& want, const char* what, const char* op) {
   if (!(v.shape() == want))
-    throw ValueError(detail::str("ddp: ", op, ": ", what, " has shape ", v.shape(), " but must be ", want));
+    throw ValueError(
+        detail::str("ddp: ", op, ": ", what, " has shape ", v.shape(), " but must be ", want));
 }
 
 }  // namespace ddp

@@ -1,13 +1,16 @@
-// parse_args: cxxopts::Options::parse whose errors name the flag (cxxopts says "Argument 'abc' failed to parse"
-// and stops there, leaving the user to guess which of twenty flags it was).
+// parse_args: cxxopts::Options::parse whose errors name the flag (cxxopts says "Argument 'abc'
+// failed to parse" and stops there, leaving the user to guess which of twenty flags it was).
 // SPDX-License-Identifier: MIT
 //
 //   const auto args = ddp::train::parse_args(options, argc, argv);
-//   // ./resnet --batch_size abc  ->  ConfigError "ddp: --batch_size: 'abc' is not a value of its type (cxxopts:
-//   //                                  Argument 'abc' failed to parse); --help lists the flags and their defaults"
-// Every other cxxopts error (an unknown flag, a missing value) already names its option; it becomes a ConfigError
-// with "ddp: " in front, so the programs' error path is one exception type. The "--help lists ..." hint is added
-// only where `options` has a --help (train::init_process_group(argc, argv, options) adds one).
+//   // ./resnet --batch_size abc  ->  ConfigError "ddp: --batch_size: 'abc' is not a value of its
+//     type (cxxopts:
+//   //                                  Argument 'abc' failed to parse); --help lists the flags and
+//     their defaults"
+// Every other cxxopts error (an unknown flag, a missing value) already names its option; it becomes
+// a ConfigError with "ddp: " in front, so the programs' error path is one exception type. The
+// "--help lists ..." hint is added only where `options` has a --help
+// (train::init_process_group(argc, argv, options) adds one).
 #pragma once
 
 #include <cctype>
@@ -25,22 +28,24 @@ namespace ddp::train {
 
 namespace detail {
 
-// The argument cxxopts quotes in "Argument ‘abc’ failed to parse" (UTF-8 quotes, or ASCII ones where cxxopts
-// was built without them), or "" when the text has another form.
+// The argument cxxopts quotes in "Argument ‘abc’ failed to parse" (UTF-8 quotes, or ASCII ones
+// where cxxopts was built without them), or "" when the text has another form.
 inline std::string quoted_argument(std::string_view what) {
-  for (const auto& [open, close] : {std::pair<std::string_view, std::string_view>{"\u2018", "\u2019"},
-                                    std::pair<std::string_view, std::string_view>{"'", "'"}}) {
+  for (const auto& [open, close] :
+       {std::pair<std::string_view, std::string_view>{"\u2018", "\u2019"},
+        std::pair<std::string_view, std::string_view>{"'", "'"}}) {
     const std::size_t a = what.find(open);
     if (a == std::string_view::npos) continue;
     const std::size_t b = what.find(close, a + open.size());
-    if (b != std::string_view::npos) return std::string(what.substr(a + open.size(), b - a - open.size()));
+    if (b != std::string_view::npos)
+      return std::string(what.substr(a + open.size(), b - a - open.size()));
   }
   return {};
 }
 
-// The flag of argv whose value `value` cxxopts cannot parse: each "--name=value", "--name value" or "-n value" is
-// parsed alone, and the first that fails is the one ("--name abc --batch_size abc" names --batch_size when only
-// it takes a number); "" when none fails alone.
+// The flag of argv whose value `value` cxxopts cannot parse: each "--name=value", "--name value" or
+// "-n value" is parsed alone, and the first that fails is the one ("--name abc --batch_size abc"
+// names --batch_size when only it takes a number); "" when none fails alone.
 inline std::string flag_with_bad_value(cxxopts::Options& options, int argc, const char* const* argv,
                                        std::string_view value) {
   for (int i = 1; i < argc; ++i) {
@@ -69,11 +74,14 @@ inline std::string flag_with_bad_value(cxxopts::Options& options, int argc, cons
   return {};
 }
 
-// Whether `options` has the option of long name `name` ("help"), or, for a one-letter `name`, of that short name.
+// Whether `options` has the option of long name `name` ("help"), or, for a one-letter `name`, of
+// that short name.
 inline bool has_option(const cxxopts::Options& options, std::string_view name) {
-  const auto named = [&](const auto& o) {  // generic: only the branch of this cxxopts' type is instantiated
+  // generic: only the branch of this cxxopts' type is instantiated
+  const auto named = [&](const auto& o) {
     if (name.size() == 1 && o.s == name) return true;
-    if constexpr (std::is_same_v<std::decay_t<decltype(o.l)>, std::string>) {  // cxxopts < 3.1: one long name
+    // cxxopts < 3.1: one long name
+    if constexpr (std::is_same_v<std::decay_t<decltype(o.l)>, std::string>) {
       return o.l == name;
     } else {
       for (const std::string& l : o.l)
@@ -89,29 +97,35 @@ inline bool has_option(const cxxopts::Options& options, std::string_view name) {
 
 }  // namespace detail
 
-// A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ConfigError naming `flag`.
+// A switch's value: true/1/on/yes or false/0/off/no (any case); anything else is a ConfigError
+// naming `flag`.
 inline bool parse_flag_bool(std::string_view flag, std::string_view value) {
   std::string v(value);
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
   if (v == "false" || v == "0" || v == "off" || v == "no") return false;
-  throw ConfigError(ddp::detail::str("ddp: ", flag, " takes true or false (also 1/0, on/off, yes/no), got '", value, "'"));
+  throw ConfigError(ddp::detail::str(
+      "ddp: ", flag, " takes true or false (also 1/0, on/off, yes/no), got '", value, "'"));
 }
 
-inline cxxopts::ParseResult parse_args(cxxopts::Options& options, int argc, const char* const* argv) {
+inline cxxopts::ParseResult parse_args(cxxopts::Options& options, int argc,
+                                       const char* const* argv) {
   try {
     return options.parse(argc, argv);
   } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
     const bool help = detail::has_option(options, "help");
     const std::string value = detail::quoted_argument(e.what());
-    const std::string flag = value.empty() ? std::string() : detail::flag_with_bad_value(options, argc, argv, value);
-    if (flag.empty()) throw ConfigError(ddp::detail::str("ddp: ", e.what(), help ? "; --help lists the flags" : ""));
+    const std::string flag =
+        value.empty() ? std::string() : detail::flag_with_bad_value(options, argc, argv, value);
+    if (flag.empty())
+      throw ConfigError(
+          ddp::detail::str("ddp: ", e.what(), help ? "; --help lists the flags" : ""));
     throw ConfigError(ddp::detail::str("ddp: ", flag, ": ", ddp::detail::quoted(value),
                                        " is not a value of its type (cxxopts: ", e.what(), ")",
                                        help ? "; --help lists the flags and their defaults" : ""));
   } catch (const cxxopts::exceptions::exception& e) {
-    throw ConfigError(ddp::detail::str("ddp: ", e.what(),
-                                       detail::has_option(options, "help") ? "; --help lists the flags" : ""));
+    throw ConfigError(ddp::detail::str(
+        "ddp: ", e.what(), detail::has_option(options, "help") ? "; --help lists the flags" : ""));
   }
 }
 

@@ -1,19 +1,23 @@
-// Progress: rank 0's report of a training run with an ETA, live on a terminal, plain lines in a log.
+// Progress: rank 0's report of a training run with an ETA, live on a terminal, plain lines in a
+// log.
 // SPDX-License-Identifier: MIT
 //
-//   train::Progress progress(std::cout, {.total_steps = (epochs - start_epoch) * steps, .log_every = 10,
+//   train::Progress progress(std::cout, {.total_steps = (epochs - start_epoch) * steps, .log_every
+//     = 10,
 //                                        .live = train::live_progress_wanted()});
-//   progress.step(epoch, step, steps, loss, samples_per_sec, "lr 0.1");  // after each optimizer step
+//   progress.step(epoch, step, steps, loss, samples_per_sec, "lr 0.1");  // after each optimizer
+//     step
 //   progress.end_epoch();                                                   // after each epoch
 //
-// Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most every
-// 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next. Plain (a pipe or a
-// file: a launcher's log, ddprun's "[rank0]: " prefixes; or a terminal other ranks write to as well: mpirun,
-// srun, torchrun with several local workers, see stdout_shared_by): a line every log_every steps and at each
-// epoch's last step, as the examples always printed, now ending in the ETA:
+// Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most
+// every 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next.
+// Plain (a pipe or a file: a launcher's log, ddprun's "[rank0]: " prefixes; or a terminal other
+// ranks write to as well: mpirun, srun, torchrun with several local workers, see stdout_shared_by):
+// a line every log_every steps and at each epoch's last step, as the examples always printed, now
+// ending in the ETA:
 //   "epoch 1 step 3/20 loss 2.3100 samples/s 812.5 lr 0.1 eta 0:42"
-// The ETA is the steps left times the mean step time since the first step this run (so data loading and
-// evaluation between epochs count): h:mm:ss, or m:ss under an hour.
+// The ETA is the steps left times the mean step time since the first step this run (so data loading
+// and evaluation between epochs count): h:mm:ss, or m:ss under an hour.
 #pragma once
 
 #include <unistd.h>
@@ -32,52 +36,65 @@
 namespace ddp::train {
 
 // "epoch 1 step 3/20 loss 2.3100 samples/s 812.5": the fields every progress report starts with.
-inline std::string progress_line(long long epoch, long long step, long long steps, double loss, double samples_per_sec) {
+inline std::string progress_line(long long epoch, long long step, long long steps, double loss,
+                                 double samples_per_sec) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "epoch %lld step %lld/%lld loss %.4f samples/s %.1f", epoch, step, steps, loss,
-                samples_per_sec);
+  std::snprintf(buf, sizeof buf, "epoch %lld step %lld/%lld loss %.4f samples/s %.1f", epoch, step,
+                steps, loss, samples_per_sec);
   return buf;
 }
 
-// The variable showing that a launcher puts other ranks' output on the terminal this process writes to, or ""
-// when none does. A redrawn line stays open (no newline) between redraws, so their lines would be glued onto it
-// and cut it apart; and a launcher that relays output may hold the open line back until a newline comes.
-//   OMPI_COMM_WORLD_SIZE  Open MPI's mpirun/mpiexec: each rank's stdout is a pty that mpirun reads and relays,
+// The variable showing that a launcher puts other ranks' output on the terminal this process writes
+// to, or "" when none does. A redrawn line stays open (no newline) between redraws, so their lines
+// would be glued onto it and cut it apart; and a launcher that relays output may hold the open line
+// back until a newline comes.
+//   OMPI_COMM_WORLD_SIZE  Open MPI's mpirun/mpiexec: each rank's stdout is a pty that mpirun reads
+//     and relays,
 //                         so isatty() says yes although every rank ends up on mpirun's terminal
-//   PMIX_RANK             PMIx launchers: Open MPI 5's prterun, PRRTE, srun --mpi=pmix, MPICH built with PMIx
-//   PMI_RANK, PMI_ID      MPICH's Hydra (PMI_ID with -pmi-port), Intel MPI, Cray PALS, srun --mpi=pmi2 (pipes
-//                         today, which isatty() already refuses; a pty would not be this rank's alone either)
+//   PMIX_RANK             PMIx launchers: Open MPI 5's prterun, PRRTE, srun --mpi=pmix, MPICH built
+//     with PMIx
+//   PMI_RANK, PMI_ID      MPICH's Hydra (PMI_ID with -pmi-port), Intel MPI, Cray PALS, srun
+//     --mpi=pmi2 (pipes
+//                         today, which isatty() already refuses; a pty would not be this rank's
+//                           alone either)
 //   MV2_COMM_WORLD_SIZE   MVAPICH2's mpirun_rsh (output relayed over ssh)
-//   SLURM_STEP_ID         an srun task (srun relays every task's output; srun --pty gives task 0 a pty); an
+//   SLURM_STEP_ID         an srun task (srun relays every task's output; srun --pty gives task 0 a
+//     pty); an
 //                         sbatch script itself has no step id and writes to its own file
-//   LOCAL_WORLD_SIZE > 1  torchrun (or torch.distributed.launch) without --redirects/--tee: the node's workers
-//                         inherit torchrun's terminal and all write to it. One worker per node has it alone.
-// ddprun needs no entry: its workers write to pipes, and when ddprun's own stdout is a terminal it sets
-// DDP_PROGRESS=live for them and keeps rank 0's line below the others (launch/supervisor.hpp).
+//   LOCAL_WORLD_SIZE > 1  torchrun (or torch.distributed.launch) without --redirects/--tee: the
+//     node's workers
+//                         inherit torchrun's terminal and all write to it. One worker per node has
+//                           it alone.
+// ddprun needs no entry: its workers write to pipes, and when ddprun's own stdout is a terminal it
+// sets DDP_PROGRESS=live for them and keeps rank 0's line below the others (launch/supervisor.hpp).
 inline std::string_view stdout_shared_by(const env::Env& env) {
-  for (std::string_view v :
-       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_ID", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID"})
+  for (std::string_view v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_ID",
+                             "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID"})
     if (env.has(v)) return v;
   if (const auto n = env.get("LOCAL_WORLD_SIZE"); n && env::detail::parse_int(*n).value_or(1) > 1)
     return "LOCAL_WORLD_SIZE";
   return {};
 }
 
-// Whether rank 0 should redraw one line, from the environment `env` and whether stdout is a terminal:
-// DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a terminal that understands '\r' and
-// erase-line (TERM set and not "dumb") and no launcher may share it with other ranks (stdout_shared_by).
-// Throws ConfigError for any other DDP_PROGRESS.
+// Whether rank 0 should redraw one line, from the environment `env` and whether stdout is a
+// terminal: DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a terminal that
+// understands '\r' and erase-line (TERM set and not "dumb") and no launcher may share it with other
+// ranks (stdout_shared_by). Throws ConfigError for any other DDP_PROGRESS.
 inline bool live_progress_wanted(const env::Env& env, bool stdout_is_terminal) {
   const std::string mode = env.get("DDP_PROGRESS").value_or("auto");
   if (mode == "live") return true;
   if (mode == "lines") return false;
-  if (mode != "auto") throw ConfigError(ddp::detail::str("DDP_PROGRESS='", mode, "' is not one of auto, live, lines"));
+  if (mode != "auto")
+    throw ConfigError(
+        ddp::detail::str("DDP_PROGRESS='", mode, "' is not one of auto, live, lines"));
   const std::string term = env.get("TERM").value_or("");
   return stdout_is_terminal && !term.empty() && term != "dumb" && stdout_shared_by(env).empty();
 }
 
 // The same for this process: its environment and its stdout.
-inline bool live_progress_wanted() { return live_progress_wanted(env::Env::process(), ::isatty(STDOUT_FILENO) == 1); }
+inline bool live_progress_wanted() {
+  return live_progress_wanted(env::Env::process(), ::isatty(STDOUT_FILENO) == 1);
+}
 
 // "h:mm:ss", or "m:ss" under an hour; seconds rounded up (a countdown that shows 0:00 is done).
 inline std::string format_eta(double seconds) {
@@ -94,8 +111,9 @@ class Progress {
  public:
   struct Options {
     long long total_steps = 0;  // steps this run will take (all epochs left); <= 0: no ETA
-    long long log_every = 1;    // plain mode: a line every this many steps (and at an epoch's last step)
-    bool live = false;          // redraw one line in place (live_progress_wanted())
+    // plain mode: a line every this many steps (and at an epoch's last step)
+    long long log_every = 1;
+    bool live = false;  // redraw one line in place (live_progress_wanted())
     std::chrono::milliseconds redraw_every{100};  // live mode: at most this often
   };
 
@@ -104,12 +122,14 @@ class Progress {
     if (o_.log_every < 1) o_.log_every = 1;
   }
   ~Progress() {
-    if (open_) out_ << '\n' << std::flush;  // a live line ends before whatever the program prints next
+    // a live line ends before whatever the program prints next
+    if (open_) out_ << '\n' << std::flush;
   }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
-  // Reports step `step` (1-based) of `steps` in `epoch`; `extra` (e.g. "lr 0.1") goes before the ETA.
+  // Reports step `step` (1-based) of `steps` in `epoch`; `extra` (e.g. "lr 0.1") goes before the
+  // ETA.
   void step(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
             std::string_view extra = {}, Clock::time_point now = Clock::now()) {
     ++done_;
@@ -117,7 +137,8 @@ class Progress {
     if (o_.live) {
       if (!last && open_ && now - drawn_ < o_.redraw_every) return;
       drawn_ = now;
-      out_ << '\r' << line(epoch, step, steps, loss, samples_per_sec, extra, now) << "\033[K" << std::flush;
+      out_ << '\r' << line(epoch, step, steps, loss, samples_per_sec, extra, now) << "\033[K"
+           << std::flush;
       open_ = true;
     } else if (step % o_.log_every == 0 || last) {
       out_ << line(epoch, step, steps, loss, samples_per_sec, extra, now) << std::endl;
@@ -131,13 +152,15 @@ class Progress {
   }
 
  private:
-  // The report of one step: progress_line's fields, `extra`, then "eta m:ss" when the total is known.
-  std::string line(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
-                   std::string_view extra, Clock::time_point now) const {
+  // The report of one step: progress_line's fields, `extra`, then "eta m:ss" when the total is
+  // known.
+  std::string line(long long epoch, long long step, long long steps, double loss,
+                   double samples_per_sec, std::string_view extra, Clock::time_point now) const {
     std::string s = progress_line(epoch, step, steps, loss, samples_per_sec);
     if (!extra.empty()) s.append(" ").append(extra);
     if (o_.total_steps > 0 && done_ > 0) {
-      const double per_step = std::chrono::duration<double>(now - start_).count() / static_cast<double>(done_);
+      const double per_step =
+          std::chrono::duration<double>(now - start_).count() / static_cast<double>(done_);
       const long long left = o_.total_steps > done_ ? o_.total_steps - done_ : 0;
       s.append(" eta ").append(format_eta(per_step * static_cast<double>(left)));
     }

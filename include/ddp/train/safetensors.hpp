@@ -1,29 +1,35 @@
-// Reading and writing safetensors files (the format of Hugging Face's `safetensors` package): names ->
-// (dtype, shape, little-endian bytes) plus string metadata. Checkpoints and PyTorch interop go through it.
+// Reading and writing safetensors files (the format of Hugging Face's `safetensors` package): names
+// -> (dtype, shape, little-endian bytes) plus string metadata. Checkpoints and PyTorch interop go
+// through it.
 // SPDX-License-Identifier: MIT
 //
 // File layout (how it works):
 //   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian
 //   bytes [8, 8 + N)    JSON header, UTF-8, padded with spaces so that 8 + N is a multiple of 8:
 //                         {"__metadata__": {"epoch": "3"},
-//                          "fc.bias":   {"dtype": "F32", "shape": [10],    "data_offsets": [0, 40]},
-//                          "fc.weight": {"dtype": "F32", "shape": [10, 4], "data_offsets": [40, 200]}}
-//   bytes [8 + N, end)  the data section; data_offsets are [begin, end) byte offsets relative to its start.
-// Worked example: the two tensors above make a 200-byte data section; the header JSON is 170 bytes, padded
-// to N = 176, so the file is 8 + 176 + 200 = 384 bytes and "fc.weight" lives at file bytes [224, 384).
+//                          "fc.bias":   {"dtype": "F32", "shape": [10],    "data_offsets": [0,
+//                            40]},
+//                          "fc.weight": {"dtype": "F32", "shape": [10, 4], "data_offsets": [40,
+//                            200]}}
+//   bytes [8 + N, end)  the data section; data_offsets are [begin, end) byte offsets relative to
+//     its start.
+// Worked example: the two tensors above make a 200-byte data section; the header JSON is 170 bytes,
+// padded to N = 176, so the file is 8 + 176 + 200 = 384 bytes and "fc.weight" lives at file bytes
+// [224, 384).
 //
-// Validation on read follows the reference implementation: the header length must fit in the file (and
-// under kMaxHeaderBytes), the header must be a JSON object without duplicate names, every entry needs a
-// known dtype, a shape of non-negative integers and offsets with begin <= end, shape * dtype size must equal
-// end - begin, and the entries sorted by begin must tile the data section exactly (no gap, no overlap, no
-// trailing bytes). Any violation is an IoError naming the file and the tensor; nothing is allocated
-// before the sizes involved are known to be backed by the file.
+// Validation on read follows the reference implementation: the header length must fit in the file
+// (and under kMaxHeaderBytes), the header must be a JSON object without duplicate names, every
+// entry needs a known dtype, a shape of non-negative integers and offsets with begin <= end, shape
+// * dtype size must equal end - begin, and the entries sorted by begin must tile the data section
+// exactly (no gap, no overlap, no trailing bytes). Any violation is an IoError naming the file and
+// the tensor; nothing is allocated before the sizes involved are known to be backed by the file.
 //
-// Writing is atomic (train/atomic_file.hpp): the bytes go to `<path>.tmp`, which is fsync'ed and renamed
-// over `<path>`, and the directory is fsync'ed, so a reader sees either the old file or the new one, never
-// a torn one. With keep_previous the old file stays available as `<path>.prev`.
-// Data is written in the order tensors were added; header keys keep that order, `__metadata__` first.
-// All multi-byte values are little-endian: this header only builds on little-endian hosts (x86, ARM).
+// Writing is atomic (train/atomic_file.hpp): the bytes go to `<path>.tmp`, which is fsync'ed and
+// renamed over `<path>`, and the directory is fsync'ed, so a reader sees either the old file or the
+// new one, never a torn one. With keep_previous the old file stays available as `<path>.prev`. Data
+// is written in the order tensors were added; header keys keep that order, `__metadata__` first.
+// All multi-byte values are little-endian: this header only builds on little-endian hosts (x86,
+// ARM).
 #pragma once
 
 #include <algorithm>
@@ -52,11 +58,12 @@
 
 namespace ddp::train {
 
-static_assert(std::endian::native == std::endian::little,
-              "ddp: safetensors I/O writes host bytes as little-endian; big-endian hosts are not supported");
+static_assert(
+    std::endian::native == std::endian::little,
+    "ddp: safetensors I/O writes host bytes as little-endian; big-endian hosts are not supported");
 
-// Refuse headers larger than this (the reference implementation's limit): a corrupt length field must
-// not turn into a 16 EiB allocation.
+// Refuse headers larger than this (the reference implementation's limit): a corrupt length field
+// must not turn into a 16 EiB allocation.
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
 // Where one tensor lives in a file and what it is.
@@ -89,9 +96,9 @@ struct TensorEntry {
   template <class T>
   std::vector<T> as() const {
     if (dtype_of<T> != dtype)
-      throw ValueError(ddp::detail::str("ddp: tensor holds ", dtype_name(dtype), " but was read as ",
-                                        dtype_name(dtype_of<T>),
-                                        "; convert explicitly or read it with the matching element type."));
+      throw ValueError(ddp::detail::str(
+          "ddp: tensor holds ", dtype_name(dtype), " but was read as ", dtype_name(dtype_of<T>),
+          "; convert explicitly or read it with the matching element type."));
     std::vector<T> out(data.size() / sizeof(T));
     if (!data.empty()) std::memcpy(out.data(), data.data(), data.size());
     return out;
@@ -109,10 +116,11 @@ struct SafetensorsFile {
   const TensorEntry& at(const std::string& name) const;
 };
 
-// The safetensors name of a dtype is dtype_name(); this is the inverse. nullopt for names ddp has no
-// type for (BOOL, I8, I16, U16, U32, U64, F8_*) and for garbage.
+// The safetensors name of a dtype is dtype_name(); this is the inverse. nullopt for names ddp has
+// no type for (BOOL, I8, I16, U16, U32, U64, F8_*) and for garbage.
 inline std::optional<DType> parse_dtype_name(std::string_view s) {
-  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8})
+  for (DType t :
+       {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8})
     if (dtype_name(t) == s) return t;
   return std::nullopt;
 }
@@ -128,11 +136,16 @@ inline std::string shape_str(const std::vector<std::int64_t>& shape) {
 }
 
 // Checks one header entry and returns its TensorInfo; `data_bytes` is the size of the data section.
-inline TensorInfo parse_entry(std::string_view path, const std::string& name, const nlohmann::json& j) {
-  auto bad = [&](std::string_view what) { return st_error(path, ddp::detail::str("tensor '", name, "': ", what)); };
-  if (!j.is_object()) throw bad("header entry is not a JSON object; the file is corrupt or not safetensors");
+inline TensorInfo parse_entry(std::string_view path, const std::string& name,
+                              const nlohmann::json& j) {
+  auto bad = [&](std::string_view what) {
+    return st_error(path, ddp::detail::str("tensor '", name, "': ", what));
+  };
+  if (!j.is_object())
+    throw bad("header entry is not a JSON object; the file is corrupt or not safetensors");
   for (const char* key : {"dtype", "shape", "data_offsets"})
-    if (!j.contains(key)) throw bad(ddp::detail::str("header entry has no \"", key, "\"; the file is corrupt"));
+    if (!j.contains(key))
+      throw bad(ddp::detail::str("header entry has no \"", key, "\"; the file is corrupt"));
   const auto& jd = j["dtype"];
   if (!jd.is_string()) throw bad("\"dtype\" is not a string");
   auto dtype = parse_dtype_name(jd.get_ref<const std::string&>());
@@ -151,33 +164,40 @@ inline TensorInfo parse_entry(std::string_view path, const std::string& name, co
     auto v = d.get<std::uint64_t>();
     if (v > kLimit) throw bad(ddp::detail::str("shape ", js.dump(), " is too large"));
     info.shape.push_back(static_cast<std::int64_t>(v));
-    if (v != 0 && bytes > kLimit / v) throw bad(ddp::detail::str("shape ", js.dump(), " is too large"));
+    if (v != 0 && bytes > kLimit / v)
+      throw bad(ddp::detail::str("shape ", js.dump(), " is too large"));
     bytes *= v;
   }
   const auto& jo = j["data_offsets"];
-  if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
-    throw bad(ddp::detail::str("\"data_offsets\" ", jo.dump(), " is not a pair of non-negative integers"));
+  if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() ||
+      !jo[1].is_number_unsigned())
+    throw bad(ddp::detail::str("\"data_offsets\" ", jo.dump(),
+                               " is not a pair of non-negative integers"));
   info.begin = jo[0].get<std::uint64_t>();
   info.end = jo[1].get<std::uint64_t>();
   if (info.end < info.begin)
-    throw bad(ddp::detail::str("data_offsets [", info.begin, ", ", info.end, "] end before they begin"));
+    throw bad(
+        ddp::detail::str("data_offsets [", info.begin, ", ", info.end, "] end before they begin"));
   if (info.end - info.begin != bytes)
-    throw bad(ddp::detail::str("shape ", shape_str(info.shape), " x ", dtype_name(*dtype), " needs ", bytes,
-                               " bytes but data_offsets [", info.begin, ", ", info.end, "] hold ",
-                               info.end - info.begin));
+    throw bad(ddp::detail::str("shape ", shape_str(info.shape), " x ", dtype_name(*dtype),
+                               " needs ", bytes, " bytes but data_offsets [", info.begin, ", ",
+                               info.end, "] hold ", info.end - info.begin));
   return info;
 }
 
 // Parses and validates a header. `data_bytes`: size of the data section (file size - 8 - N).
 inline void parse_header(std::string_view path, std::string_view header, std::uint64_t data_bytes,
-                         std::map<std::string, TensorInfo>& tensors, std::map<std::string, std::string>& metadata,
+                         std::map<std::string, TensorInfo>& tensors,
+                         std::map<std::string, std::string>& metadata,
                          std::vector<std::string>& order) {
-  // nlohmann::json keeps the last of duplicate keys silently; a parser callback sees every top-level key.
+  // nlohmann::json keeps the last of duplicate keys silently; a parser callback sees every
+  // top-level key.
   std::set<std::string> seen;
   std::string duplicate;
   auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
     if (ev == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-      if (!seen.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
+      if (!seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
     }
     return true;
   };
@@ -185,19 +205,24 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
   try {
     j = nlohmann::json::parse(header.begin(), header.end(), cb);
   } catch (const nlohmann::json::exception& e) {
-    throw st_error(path, ddp::detail::str("the ", header.size(), "-byte header is not valid JSON (", e.what(),
-                                          "); the file is corrupt or not a safetensors file"));
+    throw st_error(
+        path, ddp::detail::str("the ", header.size(), "-byte header is not valid JSON (", e.what(),
+                               "); the file is corrupt or not a safetensors file"));
   }
-  if (!j.is_object()) throw st_error(path, "the header is not a JSON object; this is not a safetensors file");
+  if (!j.is_object())
+    throw st_error(path, "the header is not a JSON object; this is not a safetensors file");
   if (!duplicate.empty())
-    throw st_error(path, ddp::detail::str("tensor '", duplicate, "' appears twice in the header; the file is corrupt"));
+    throw st_error(path, ddp::detail::str("tensor '", duplicate,
+                                          "' appears twice in the header; the file is corrupt"));
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (!it.value().is_object()) throw st_error(path, "\"__metadata__\" is not a JSON object of strings");
+      if (!it.value().is_object())
+        throw st_error(path, "\"__metadata__\" is not a JSON object of strings");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string())
-          throw st_error(path, ddp::detail::str("metadata '", m.key(), "' is ", m.value().dump(),
-                                                ", not a string (safetensors metadata is str -> str)"));
+          throw st_error(path,
+                         ddp::detail::str("metadata '", m.key(), "' is ", m.value().dump(),
+                                          ", not a string (safetensors metadata is str -> str)"));
         metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -210,7 +235,8 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
   for (const auto& [name, info] : tensors) by_offset.emplace_back(info.begin, name);
   std::sort(by_offset.begin(), by_offset.end(), [&](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first < b.first;
-    return tensors.at(a.second).end < tensors.at(b.second).end;  // empty tensors first at the same offset
+    // empty tensors first at the same offset
+    return tensors.at(a.second).end < tensors.at(b.second).end;
   });
   std::uint64_t expected = 0;
   std::string prev;
@@ -219,31 +245,34 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
     if (begin < expected)
       throw st_error(
           path, ddp::detail::str("tensor '", name, "': data_offsets [", info.begin, ", ", info.end,
-                                 "] overlap tensor '", prev, "' (which ends at ", expected, "); the file is corrupt"));
+                                 "] overlap tensor '", prev, "' (which ends at ", expected,
+                                 "); the file is corrupt"));
     if (begin > expected)
-      throw st_error(
-          path, ddp::detail::str("tensor '", name, "': data_offsets [", info.begin, ", ", info.end,
-                                 "] leave a gap: the previous tensor ends at ", expected, "; the file is corrupt"));
+      throw st_error(path, ddp::detail::str("tensor '", name, "': data_offsets [", info.begin, ", ",
+                                            info.end, "] leave a gap: the previous tensor ends at ",
+                                            expected, "; the file is corrupt"));
     if (info.end > data_bytes)
-      throw st_error(path,
-                     ddp::detail::str("tensor '", name, "': data_offsets [", info.begin, ", ", info.end,
-                                      "] run past the data section of ", data_bytes, " bytes; the file is truncated"));
+      throw st_error(path, ddp::detail::str("tensor '", name, "': data_offsets [", info.begin, ", ",
+                                            info.end, "] run past the data section of ", data_bytes,
+                                            " bytes; the file is truncated"));
     expected = info.end;
     prev = name;
     order.push_back(name);
   }
   if (expected != data_bytes)
-    throw st_error(path, ddp::detail::str("the tensors cover ", expected, " bytes but the data section holds ",
-                                          data_bytes, "; the file has trailing garbage or a wrong header"));
+    throw st_error(
+        path, ddp::detail::str("the tensors cover ", expected, " bytes but the data section holds ",
+                               data_bytes, "; the file has trailing garbage or a wrong header"));
 }
 
 // A 64-bit hash of a byte string, for detecting corruption (not an adversary): four lanes of
-// multiply-xorshift over 8-byte words, so a ResNet-18 snapshot (~90 MB) hashes in tens of milliseconds.
-// Any single flipped bit changes the result. Tensors are hashed one by one and chained with
-// chain_hash(), so the reader needs no copy of the whole data section.
+// multiply-xorshift over 8-byte words, so a ResNet-18 snapshot (~90 MB) hashes in tens of
+// milliseconds. Any single flipped bit changes the result. Tensors are hashed one by one and
+// chained with chain_hash(), so the reader needs no copy of the whole data section.
 inline std::uint64_t hash_bytes(std::span<const std::uint8_t> b) {
   constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
-  std::uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+  std::uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
+                           0x082EFA98EC4E6C89ull};
   auto mix = [](std::uint64_t h, std::uint64_t w) {
     h = (h ^ w) * kMul;
     return h ^ (h >> 29);
@@ -272,29 +301,35 @@ inline std::uint64_t read_u64_le(const std::uint8_t* p) {
 }
 
 // Validates the 8-byte prefix against the file size and returns N.
-inline std::uint64_t check_header_length(std::string_view path, std::uint64_t n, std::uint64_t file_bytes) {
+inline std::uint64_t check_header_length(std::string_view path, std::uint64_t n,
+                                         std::uint64_t file_bytes) {
   if (n > kMaxHeaderBytes)
-    throw st_error(path, ddp::detail::str("header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
-                                          " bytes; the file is corrupt or not a safetensors file"));
+    throw st_error(path,
+                   ddp::detail::str("header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
+                                    " bytes; the file is corrupt or not a safetensors file"));
   if (n > file_bytes - 8)
-    throw st_error(path, ddp::detail::str("header length ", n, " runs past the end of the ", file_bytes,
-                                          "-byte file; the file is truncated or not a safetensors file"));
-  if (n < 2) throw st_error(path, ddp::detail::str("header length ", n, " is too small for a JSON object"));
+    throw st_error(path,
+                   ddp::detail::str("header length ", n, " runs past the end of the ", file_bytes,
+                                    "-byte file; the file is truncated or not a safetensors file"));
+  if (n < 2)
+    throw st_error(path, ddp::detail::str("header length ", n, " is too small for a JSON object"));
   return n;
 }
 
-// Opens `path` for binary reading and returns its size; IoError if it is missing, not a regular file
-// (a directory, a FIFO) or unreadable.
+// Opens `path` for binary reading and returns its size; IoError if it is missing, not a regular
+// file (a directory, a FIFO) or unreadable.
 inline std::uint64_t open_for_read(const std::string& path, std::ifstream& in) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-    throw st_error(
-        path, "is not a regular file (a directory?); check the path (the program's snapshot or weights file flag)");
+    throw st_error(path,
+                   "is not a regular file (a directory?); check the path (the program's snapshot "
+                   "or weights file flag)");
   in.open(path, std::ios::binary | std::ios::ate);
   if (!in)
-    throw st_error(path, ddp::detail::str("cannot open it for reading (", std::strerror(errno),
-                                          "); check the path (the program's snapshot or weights file flag)"));
+    throw st_error(
+        path, ddp::detail::str("cannot open it for reading (", std::strerror(errno),
+                               "); check the path (the program's snapshot or weights file flag)"));
   const auto size = in.tellg();
   if (size < 0) throw st_error(path, "cannot determine its size; is it a regular file?");
   in.seekg(0);
@@ -314,20 +349,25 @@ inline const TensorEntry& SafetensorsFile::at(const std::string& name) const {
     }
     some.push_back(n);
   }
-  throw IoError(ddp::detail::str("ddp: tensor '", name, "' is not in the safetensors file (it holds ", tensors.size(),
+  throw IoError(ddp::detail::str("ddp: tensor '", name,
+                                 "' is not in the safetensors file (it holds ", tensors.size(),
                                  " tensors: ", ddp::detail::join(some, ", "), ")"));
 }
 
 // Parses a whole file held in memory; `source` names it in errors. Throws IoError.
-inline SafetensorsFile parse_safetensors(std::span<const std::uint8_t> bytes, std::string_view source = "<memory>") {
+inline SafetensorsFile parse_safetensors(std::span<const std::uint8_t> bytes,
+                                         std::string_view source = "<memory>") {
   if (bytes.size() < 8)
-    throw detail::st_error(source,
-                           ddp::detail::str("only ", bytes.size(),
-                                            " bytes, too short for the 8-byte header length; the file is truncated"));
-  std::uint64_t n = detail::check_header_length(source, detail::read_u64_le(bytes.data()), bytes.size());
+    throw detail::st_error(
+        source,
+        ddp::detail::str("only ", bytes.size(),
+                         " bytes, too short for the 8-byte header length; the file is truncated"));
+  std::uint64_t n =
+      detail::check_header_length(source, detail::read_u64_le(bytes.data()), bytes.size());
   SafetensorsFile f;
   std::map<std::string, TensorInfo> infos;
-  std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), static_cast<std::size_t>(n));
+  std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8),
+                          static_cast<std::size_t>(n));
   std::uint64_t data_bytes = bytes.size() - 8 - n;
   detail::parse_header(source, header, data_bytes, infos, f.metadata, f.order);
   const std::uint8_t* data = bytes.data() + 8 + n;
@@ -339,22 +379,24 @@ inline SafetensorsFile parse_safetensors(std::span<const std::uint8_t> bytes, st
   return f;
 }
 
-// Reads the header of a file and, on demand, single tensors straight into caller memory (no staging copy
-// of the whole file). Not thread-safe: one reader per thread. Throws IoError.
+// Reads the header of a file and, on demand, single tensors straight into caller memory (no staging
+// copy of the whole file). Not thread-safe: one reader per thread. Throws IoError.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::string path) : path_(std::move(path)) {
     file_bytes_ = detail::open_for_read(path_, in_);
     if (file_bytes_ < 8)
-      throw detail::st_error(path_,
-                             ddp::detail::str("only ", file_bytes_,
-                                              " bytes, too short for the 8-byte header length; the file is truncated"));
+      throw detail::st_error(
+          path_, ddp::detail::str(
+                     "only ", file_bytes_,
+                     " bytes, too short for the 8-byte header length; the file is truncated"));
     std::uint8_t prefix[8];
     read_at(0, prefix, 8);
     header_bytes_ = detail::check_header_length(path_, detail::read_u64_le(prefix), file_bytes_);
     std::string header(static_cast<std::size_t>(header_bytes_), '\0');
     read_at(8, header.data(), header.size());
-    detail::parse_header(path_, header, file_bytes_ - 8 - header_bytes_, tensors_, metadata_, order_);
+    detail::parse_header(path_, header, file_bytes_ - 8 - header_bytes_, tensors_, metadata_,
+                         order_);
   }
 
   const std::string& path() const { return path_; }
@@ -366,10 +408,11 @@ class SafetensorsReader {
   const TensorInfo& info(const std::string& name) const {
     auto it = tensors_.find(name);
     if (it == tensors_.end())
-      throw detail::st_error(path_,
-                             ddp::detail::str("tensor '", name, "' is not in the file (it holds ", tensors_.size(),
-                                              " tensors); the checkpoint is for a different model or was written "
-                                              "by another program"));
+      throw detail::st_error(
+          path_,
+          ddp::detail::str("tensor '", name, "' is not in the file (it holds ", tensors_.size(),
+                           " tensors); the checkpoint is for a different model or was written "
+                           "by another program"));
     return it->second;
   }
 
@@ -377,9 +420,10 @@ class SafetensorsReader {
   void read_into(const std::string& name, std::span<std::uint8_t> dst) {
     const TensorInfo& i = info(name);
     if (dst.size() != i.nbytes())
-      throw ValueError(ddp::detail::str("ddp: safetensors file '", path_, "': tensor '", name, "' has ", i.nbytes(),
-                                        " bytes (", dtype_name(i.dtype), ' ', detail::shape_str(i.shape),
-                                        ") but the destination holds ", dst.size()));
+      throw ValueError(ddp::detail::str("ddp: safetensors file '", path_, "': tensor '", name,
+                                        "' has ", i.nbytes(), " bytes (", dtype_name(i.dtype), ' ',
+                                        detail::shape_str(i.shape), ") but the destination holds ",
+                                        dst.size()));
     read_at(8 + header_bytes_ + i.begin, dst.data(), dst.size());
   }
 
@@ -396,8 +440,8 @@ class SafetensorsReader {
     in_.seekg(static_cast<std::streamoff>(offset));
     in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
     if (!in_ || static_cast<std::size_t>(in_.gcount()) != n)
-      throw detail::st_error(path_, ddp::detail::str("short read of ", n, " bytes at offset ", offset,
-                                                     "; the file changed or is truncated"));
+      throw detail::st_error(path_, ddp::detail::str("short read of ", n, " bytes at offset ",
+                                                     offset, "; the file changed or is truncated"));
   }
 
   std::string path_;
@@ -420,68 +464,81 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
 }
 
 // The raw bytes of a file, e.g. for rank 0 to broadcast a snapshot that the others parse with
-// parse_safetensors (no shared filesystem needed). Validation is left to the parser. Throws IoError.
+// parse_safetensors (no shared filesystem needed). Validation is left to the parser. Throws
+// IoError.
 inline std::vector<std::uint8_t> read_file_bytes(const std::string& path) {
   std::ifstream in;
   const auto n = static_cast<std::size_t>(detail::open_for_read(path, in));
   std::vector<std::uint8_t> bytes(n);  // the file's own size
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(n));
   if (!in)
-    throw detail::st_error(path, ddp::detail::str("short read of ", n, " bytes; the file changed while being read"));
+    throw detail::st_error(
+        path, ddp::detail::str("short read of ", n, " bytes; the file changed while being read"));
   return bytes;
 }
 
 // The same hash as SafetensorsWriter::data_hash, over a file read back (tensors in file order).
 inline std::uint64_t data_hash(const SafetensorsFile& f) {
   std::uint64_t h = 0;
-  for (const auto& name : f.order) h = detail::chain_hash(h, detail::hash_bytes(f.tensors.at(name).data));
+  for (const auto& name : f.order)
+    h = detail::chain_hash(h, detail::hash_bytes(f.tensors.at(name).data));
   return h;
 }
 
-// Collects tensors and metadata, then writes one file. add() copies the bytes; add_view() borrows them
-// (the caller keeps them alive until write()). Names must be unique and must not be "__metadata__".
+// Collects tensors and metadata, then writes one file. add() copies the bytes; add_view() borrows
+// them (the caller keeps them alive until write()). Names must be unique and must not be
+// "__metadata__".
 class SafetensorsWriter {
  public:
   SafetensorsWriter() = default;
-  SafetensorsWriter(const SafetensorsWriter&) = delete;  // items_ point into owned_: copying would alias
+  // items_ point into owned_: copying would alias
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
-  SafetensorsWriter(SafetensorsWriter&&) = default;  // moving a vector keeps its buffer, so views stay valid
+  // moving a vector keeps its buffer, so views stay valid
+  SafetensorsWriter(SafetensorsWriter&&) = default;
   SafetensorsWriter& operator=(SafetensorsWriter&&) = default;
 
-  void add(std::string name, DType dtype, std::vector<std::int64_t> shape, std::span<const std::uint8_t> bytes) {
+  void add(std::string name, DType dtype, std::vector<std::int64_t> shape,
+           std::span<const std::uint8_t> bytes) {
     owned_.emplace_back(bytes.begin(), bytes.end());
-    add_view(std::move(name), dtype, std::move(shape), std::span<const std::uint8_t>(owned_.back()));
+    add_view(std::move(name), dtype, std::move(shape),
+             std::span<const std::uint8_t>(owned_.back()));
   }
   template <class T>
   void add(std::string name, std::vector<std::int64_t> shape, std::span<const T> values) {
     add(std::move(name), dtype_of<T>, std::move(shape),
-        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(values.data()), values.size_bytes()));
+        std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(values.data()),
+                                      values.size_bytes()));
   }
   template <class T>
   void add(std::string name, std::vector<std::int64_t> shape, const std::vector<T>& values) {
     add<T>(std::move(name), std::move(shape), std::span<const T>(values));
   }
-  void add_view(std::string name, DType dtype, std::vector<std::int64_t> shape, std::span<const std::uint8_t> bytes) {
+  void add_view(std::string name, DType dtype, std::vector<std::int64_t> shape,
+                std::span<const std::uint8_t> bytes) {
     if (name == "__metadata__" || name.empty())
-      throw ValueError(
-          ddp::detail::str("ddp: ", ddp::detail::quoted(name), " cannot be a tensor name in a safetensors file"));
+      throw ValueError(ddp::detail::str("ddp: ", ddp::detail::quoted(name),
+                                        " cannot be a tensor name in a safetensors file"));
     if (!names_.insert(name).second)
-      throw ValueError(
-          ddp::detail::str("ddp: tensor '", name, "' was added twice to a safetensors file; names must be unique"));
+      throw ValueError(ddp::detail::str(
+          "ddp: tensor '", name, "' was added twice to a safetensors file; names must be unique"));
     std::uint64_t numel = 1;
     for (auto d : shape) {
       if (d < 0)
-        throw ValueError(
-            ddp::detail::str("ddp: tensor '", name, "' has a negative size in shape ", detail::shape_str(shape)));
+        throw ValueError(ddp::detail::str("ddp: tensor '", name, "' has a negative size in shape ",
+                                          detail::shape_str(shape)));
       numel *= static_cast<std::uint64_t>(d);
     }
     if (numel * dtype_size(dtype) != bytes.size())
-      throw ValueError(ddp::detail::str("ddp: tensor '", name, "': shape ", detail::shape_str(shape), " x ",
-                                        dtype_name(dtype), " needs ", numel * dtype_size(dtype), " bytes but ",
-                                        bytes.size(), " were given"));
-    items_.push_back(Item{.name = std::move(name), .dtype = dtype, .shape = std::move(shape), .bytes = bytes});
+      throw ValueError(ddp::detail::str(
+          "ddp: tensor '", name, "': shape ", detail::shape_str(shape), " x ", dtype_name(dtype),
+          " needs ", numel * dtype_size(dtype), " bytes but ", bytes.size(), " were given"));
+    items_.push_back(
+        Item{.name = std::move(name), .dtype = dtype, .shape = std::move(shape), .bytes = bytes});
   }
-  void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+  void set_metadata(std::string key, std::string value) {
+    metadata_[std::move(key)] = std::move(value);
+  }
 
   std::size_t size() const { return items_.size(); }
 
@@ -531,7 +588,8 @@ class SafetensorsWriter {
     return out;
   }
 
-  // Atomically replaces `path` (see the file comment). Throws IoError naming the path and the OS error.
+  // Atomically replaces `path` (see the file comment). Throws IoError naming the path and the OS
+  // error.
   void write(const std::string& path, const WriteOptions& options = {}) const;
 
  private:
@@ -544,7 +602,8 @@ class SafetensorsWriter {
   std::vector<Item> items_;
   std::set<std::string> names_;
   std::map<std::string, std::string> metadata_;
-  std::vector<std::vector<std::uint8_t>> owned_;  // add()'s copies; vector<vector> keeps inner buffers stable
+  // add()'s copies; vector<vector> keeps inner buffers stable
+  std::vector<std::vector<std::uint8_t>> owned_;
 };
 
 // Streams the length, the header and every tensor's bytes into write_file_atomic: no staging copy.

@@ -1,21 +1,24 @@
 // TensorBoard event files of scalars, written without a protobuf library (docs/decisions/0040).
 // SPDX-License-Identifier: MIT
 //
-//   ddp::train::TensorBoardWriter tb("runs/resnet18");      // creates the directory; empty: disabled
+//   ddp::train::TensorBoardWriter tb("runs/resnet18");      // creates the directory; empty:
+//     disabled
 //   tb.add_scalars(120, {{"loss", 2.31f}, {"lr", 0.1f}});   // one Event at step 120, two values
 //   -> runs/resnet18/events.out.tfevents.1764000000.host.4242, read by `tensorboard --logdir runs`
 //
 // The file is a sequence of TFRecords (tensorflow/core/lib/io/record_writer.cc), all little-endian:
-//   uint64 length | uint32 masked_crc32c(length's 8 bytes) | data[length] | uint32 masked_crc32c(data)
+//   uint64 length | uint32 masked_crc32c(length's 8 bytes) | data[length] | uint32
+//     masked_crc32c(data)
 // and each record's data is one serialised tensorflow.Event (tensorflow/core/util/event.proto):
 //   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //   Summary { repeated Value value = 1; }      Value { string tag = 1; float simple_value = 2; }
-// The first record carries file_version "brain.Event:2" (what TensorBoard checks the format by), each later one
-// a Summary of simple values. Only those five fields are ever written, so their protobuf wire encoding is spelled
-// out below (tags, varints, fixed64/fixed32, length-delimited) instead of depending on protobuf.
-// Flushing: records collect in memory and reach the file every `flush_every` events, when `flush_secs` passed since
-// the last flush, on flush() and on close()/destruction, so a clean exit (or an exception unwinding the loop)
-// loses nothing and a crash loses at most the last few seconds. POSIX (gethostname, getpid) for the file name.
+// The first record carries file_version "brain.Event:2" (what TensorBoard checks the format by),
+// each later one a Summary of simple values. Only those five fields are ever written, so their
+// protobuf wire encoding is spelled out below (tags, varints, fixed64/fixed32, length-delimited)
+// instead of depending on protobuf. Flushing: records collect in memory and reach the file every
+// `flush_every` events, when `flush_secs` passed since the last flush, on flush() and on
+// close()/destruction, so a clean exit (or an exception unwinding the loop) loses nothing and a
+// crash loses at most the last few seconds. POSIX (gethostname, getpid) for the file name.
 #pragma once
 
 #include <chrono>
@@ -63,7 +66,8 @@ inline void put_tag(std::string& out, std::uint32_t field, Wire w) {
 }
 template <class U>
 void put_le(std::string& out, U v) {  // U: uint32_t or uint64_t
-  for (std::size_t i = 0; i < sizeof(U); ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  for (std::size_t i = 0; i < sizeof(U); ++i)
+    out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 inline void put_double(std::string& out, std::uint32_t field, double v) {
   std::uint64_t bits = 0;
@@ -90,8 +94,8 @@ inline void put_bytes(std::string& out, std::uint32_t field, std::string_view by
 
 inline constexpr std::string_view kFileVersion = "brain.Event:2";
 
-// The serialised Event: file_version (the first record of a file) or a Summary of `scalars`; step 0 and an
-// empty summary are omitted as proto3 omits defaults.
+// The serialised Event: file_version (the first record of a file) or a Summary of `scalars`; step 0
+// and an empty summary are omitted as proto3 omits defaults.
 inline std::string encode_event(double wall_time, std::int64_t step, std::string_view file_version,
                                 std::span<const Scalar> scalars) {
   std::string event;
@@ -125,9 +129,10 @@ inline std::string frame_record(std::string_view data) {
   return rec;
 }
 
-// events.out.tfevents.<10-digit unix time>.<hostname>.<pid>: TensorBoard lists files whose name contains
-// "tfevents" and orders a run's files by the time in the name; the pid (as torch's SummaryWriter adds) keeps
-// two writers started in the same second (a restarted job, two runs into one directory) apart.
+// events.out.tfevents.<10-digit unix time>.<hostname>.<pid>: TensorBoard lists files whose name
+// contains "tfevents" and orders a run's files by the time in the name; the pid (as torch's
+// SummaryWriter adds) keeps two writers started in the same second (a restarted job, two runs into
+// one directory) apart.
 inline std::string event_file_name(std::time_t unix_time) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
@@ -150,19 +155,23 @@ struct TensorBoardOptions {
 class TensorBoardWriter {
  public:
   TensorBoardWriter() = default;  // disabled: every call is a no-op
-  // Creates `dir` (and its parents) and a new event file in it; IoError if either fails. Empty dir: disabled.
+  // Creates `dir` (and its parents) and a new event file in it; IoError if either fails. Empty dir:
+  // disabled.
   explicit TensorBoardWriter(const std::string& dir, TensorBoardOptions o = {}) : o_(o) {
     if (dir.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec)
-      throw IoError(ddp::detail::str("ddp: cannot create the TensorBoard directory ", ddp::detail::quoted(dir), ": ",
-                                     ec.message(), "; pass a writable --tensorboard-dir"));
+      throw IoError(ddp::detail::str("ddp: cannot create the TensorBoard directory ",
+                                     ddp::detail::quoted(dir), ": ", ec.message(),
+                                     "; pass a writable --tensorboard-dir"));
     const double now = tfevents::unix_seconds();
-    path_ = (std::filesystem::path(dir) / tfevents::event_file_name(static_cast<std::time_t>(now))).string();
+    path_ = (std::filesystem::path(dir) / tfevents::event_file_name(static_cast<std::time_t>(now)))
+                .string();
     out_.open(path_, std::ios::binary | std::ios::trunc);
     if (!out_)
-      throw IoError(ddp::detail::str("ddp: cannot create the TensorBoard event file ", ddp::detail::quoted(path_),
+      throw IoError(ddp::detail::str("ddp: cannot create the TensorBoard event file ",
+                                     ddp::detail::quoted(path_),
                                      "; check that --tensorboard-dir is writable"));
     append(tfevents::encode_event(now, 0, tfevents::kFileVersion, {}));
     flush();  // the file is valid (and TensorBoard lists the run) before the first step
@@ -185,12 +194,14 @@ class TensorBoardWriter {
   bool enabled() const noexcept { return out_.is_open(); }
   const std::string& path() const noexcept { return path_; }  // the event file ("" when disabled)
 
-  // One Event at `step` holding every scalar (TensorBoard draws one curve per tag). wall_time: seconds since
-  // the Unix epoch, now by default.
-  void add_scalars(std::int64_t step, std::span<const Scalar> scalars, double wall_time = tfevents::unix_seconds()) {
+  // One Event at `step` holding every scalar (TensorBoard draws one curve per tag). wall_time:
+  // seconds since the Unix epoch, now by default.
+  void add_scalars(std::int64_t step, std::span<const Scalar> scalars,
+                   double wall_time = tfevents::unix_seconds()) {
     if (!enabled() || scalars.empty()) return;
     append(tfevents::encode_event(wall_time, step, {}, scalars));
-    if (pending_events_ >= o_.flush_every || std::chrono::steady_clock::now() - last_flush_ >= o_.flush_interval)
+    if (pending_events_ >= o_.flush_every ||
+        std::chrono::steady_clock::now() - last_flush_ >= o_.flush_interval)
       flush();
   }
   void add_scalars(std::int64_t step, std::initializer_list<Scalar> scalars) {
@@ -207,7 +218,8 @@ class TensorBoardWriter {
     out_.write(pending_.data(), static_cast<std::streamsize>(pending_.size()));
     out_.flush();
     if (!out_)
-      throw IoError(ddp::detail::str("ddp: writing the TensorBoard event file ", ddp::detail::quoted(path_),
+      throw IoError(ddp::detail::str("ddp: writing the TensorBoard event file ",
+                                     ddp::detail::quoted(path_),
                                      " failed; check the disk has space"));
     pending_.clear();
     pending_events_ = 0;

@@ -1,5 +1,5 @@
-// --trace FILE: a Chrome / Perfetto trace (JSON "traceEvents") of chosen training steps on every rank, merged by
-// rank 0 into one file with one process track per rank.
+// --trace FILE: a Chrome / Perfetto trace (JSON "traceEvents") of chosen training steps on every
+// rank, merged by rank 0 into one file with one process track per rank.
 // SPDX-License-Identifier: MIT
 //
 //   ddp::train::StepTracer<Cpu> tracer(comm, {.path = "trace.json", .first = 3, .last = 5});
@@ -7,23 +7,26 @@
 //     const auto got_batch = Clock::now();
 //     tracer.begin_step(g);           // records from step `first` on: every span of core/trace.hpp
 //     ... forward, loss, backward, optimizer ...
-//     tracer.end_step(g, previous_step_end, got_batch, exec);  // "step g" and "data wait"; at `last`: writes
+//     tracer.end_step(g, previous_step_end, got_batch, exec);  // "step g" and "data wait"; at
+//       `last`: writes
 //   }
 //   tracer.close(exec);               // writes what was recorded if `last` was never reached
-// What a traced step shows, per rank (pid = rank): on thread 0 the step, its data wait, the forward and backward
-// of every module nested as the model nests them (nn::Module opens the spans; the root is "model"), the loss,
-// DDP's wait for the all-reduces after backward ("wait for all-reduces") and the optimizer; on the threads named
-// "all-reduce" each gradient bucket from its launch to its completion by the backend (parallel/reducer.hpp;
-// buckets whose all-reduces overlap in time go on separate lanes, so that each thread's spans nest). Args carry
-// the module's description, the bucket's index, step, parameter count and bytes.
-// Timestamps: every rank converts its steady-clock times to the system clock (microseconds since the Unix epoch,
-// through one pair of readings taken when the tracer starts); rank 0 then subtracts the earliest, so the trace
-// starts at 0 and "otherData.start_unix_us" keeps the absolute time. On one host the ranks share one clock; across
+// What a traced step shows, per rank (pid = rank): on thread 0 the step, its data wait, the forward
+// and backward of every module nested as the model nests them (nn::Module opens the spans; the root
+// is "model"), the loss, DDP's wait for the all-reduces after backward ("wait for all-reduces") and
+// the optimizer; on the threads named "all-reduce" each gradient bucket from its launch to its
+// completion by the backend (parallel/reducer.hpp; buckets whose all-reduces overlap in time go on
+// separate lanes, so that each thread's spans nest). Args carry the module's description, the
+// bucket's index, step, parameter count and bytes. Timestamps: every rank converts its steady-clock
+// times to the system clock (microseconds since the Unix epoch, through one pair of readings taken
+// when the tracer starts); rank 0 then subtracts the earliest, so the trace starts at 0 and
+// "otherData.start_unix_us" keeps the absolute time. On one host the ranks share one clock; across
 // hosts their alignment is that of the hosts' clocks (NTP: typically well under a millisecond).
-// Writing (end_step at `last`, or close) is collective: every rank sends its events to every other through the
-// training communicator (one length and one byte broadcast per rank, rooted there: parallel::Broadcaster<D>, so
-// nccl stages them through the GPU), then rank 0 writes the file atomically (train/atomic_file.hpp). Traces are
-// small (a resnet18 step is ~130 spans, ~25 KB per rank).
+// Writing (end_step at `last`, or close) is collective: every rank sends its events to every other
+// through the training communicator (one length and one byte broadcast per rank, rooted there:
+// parallel::Broadcaster<D>, so nccl stages them through the GPU), then rank 0 writes the file
+// atomically (train/atomic_file.hpp). Traces are small (a resnet18 step is ~130 spans, ~25 KB per
+// rank).
 #pragma once
 
 #include <algorithm>
@@ -54,16 +57,19 @@ namespace ddp::train {
 
 struct TraceOptions {
   std::string path;  // the trace file (--trace); empty: tracing off
-  long first = 3;    // the first traced step, 1-based and counted over epochs (global_step in the metrics)
-  long last = 5;     // the last traced step (inclusive)
+  // the first traced step, 1-based and counted over epochs (global_step in the metrics)
+  long first = 3;
+  long last = 5;  // the last traced step (inclusive)
 };
 
-// "--trace-steps" as "N" or "FIRST:LAST" (1-based, inclusive) into o.first / o.last; ConfigError naming the flag.
+// "--trace-steps" as "N" or "FIRST:LAST" (1-based, inclusive) into o.first / o.last; ConfigError
+// naming the flag.
 inline void parse_trace_steps(const std::string& text, TraceOptions& o) {
   const auto bad = [&](const char* why) {
-    return ConfigError(ddp::detail::str("ddp: --trace-steps ", ddp::detail::quoted(text), " ", why,
-                                        "; give one step (\"4\") or an inclusive range (\"3:5\"), counted from 1 "
-                                        "over all epochs"));
+    return ConfigError(
+        ddp::detail::str("ddp: --trace-steps ", ddp::detail::quoted(text), " ", why,
+                         "; give one step (\"4\") or an inclusive range (\"3:5\"), counted from 1 "
+                         "over all epochs"));
   };
   const auto number = [&](std::string_view s) {
     long v = 0;
@@ -88,16 +94,21 @@ struct ClockPair {
   Clock::time_point steady = Clock::now();
   std::chrono::system_clock::time_point system = std::chrono::system_clock::now();
   double unix_us(Clock::time_point t) const {
-    const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(system.time_since_epoch()) +
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(t - steady);
-    // ~1.8e18 ns does not fit a double's 53 bits (256 ns steps); whole microseconds (~1.8e12) and the rest do.
-    return static_cast<double>(since.count() / 1000) + static_cast<double>(since.count() % 1000) / 1000.0;
+    const auto since =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(system.time_since_epoch()) +
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t - steady);
+    // ~1.8e18 ns does not fit a double's 53 bits (256 ns steps); whole microseconds (~1.8e12) and
+    // the rest do.
+    return static_cast<double>(since.count() / 1000) +
+           static_cast<double>(since.count() % 1000) / 1000.0;
   }
 };
 
-// One rank's events as Chrome "X" (complete) events. Main-track spans go on tid 0; communication events on tids
-// 1, 2, ...: the lowest lane whose previous event has ended, so that every thread's spans nest.
-inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank, const ClockPair& clock) {
+// One rank's events as Chrome "X" (complete) events. Main-track spans go on tid 0; communication
+// events on tids 1, 2, ...: the lowest lane whose previous event has ended, so that every thread's
+// spans nest.
+inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank,
+                                    const ClockPair& clock) {
   std::sort(events.begin(), events.end(), [](const trace::Event& a, const trace::Event& b) {
     return a.start != b.start ? a.start < b.start : a.end > b.end;  // parents before their children
   });
@@ -120,15 +131,22 @@ inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank, 
         args[a.key] = a.text;
     }
     const double ts = clock.unix_us(e.start);
-    out.push_back({{"ph", "X"}, {"name", e.name}, {"cat", e.category}, {"pid", rank}, {"tid", tid}, {"ts", ts},
-                   {"dur", std::max(0.0, clock.unix_us(e.end) - ts)}, {"args", std::move(args)}});
+    out.push_back({{"ph", "X"},
+                   {"name", e.name},
+                   {"cat", e.category},
+                   {"pid", rank},
+                   {"tid", tid},
+                   {"ts", ts},
+                   {"dur", std::max(0.0, clock.unix_us(e.end) - ts)},
+                   {"args", std::move(args)}});
   }
   return out;
 }
 
-// The file rank 0 writes: every rank's events shifted so that the earliest starts at 0, with process and thread
-// names. `per_rank[r]` is rank r's chrome_events.
-inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_rank, const TraceOptions& o) {
+// The file rank 0 writes: every rank's events shifted so that the earliest starts at 0, with
+// process and thread names. `per_rank[r]` is rank r's chrome_events.
+inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_rank,
+                                         const TraceOptions& o) {
   double origin = std::numeric_limits<double>::infinity();
   for (const auto& events : per_rank)
     for (const auto& e : events) origin = std::min(origin, e["ts"].get<double>());
@@ -136,14 +154,29 @@ inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_
   nlohmann::json all = nlohmann::json::array();
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
     const int pid = static_cast<int>(r);
-    all.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", ddp::detail::str("rank ", r)}}}});
-    all.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
-    all.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "train"}}}});
+    all.push_back({{"ph", "M"},
+                   {"name", "process_name"},
+                   {"pid", pid},
+                   {"args", {{"name", ddp::detail::str("rank ", r)}}}});
+    all.push_back({{"ph", "M"},
+                   {"name", "process_sort_index"},
+                   {"pid", pid},
+                   {"args", {{"sort_index", pid}}}});
+    all.push_back({{"ph", "M"},
+                   {"name", "thread_name"},
+                   {"pid", pid},
+                   {"tid", 0},
+                   {"args", {{"name", "train"}}}});
     int lanes = 0;
     for (const auto& e : per_rank[r]) lanes = std::max(lanes, e["tid"].get<int>());
     for (int t = 1; t <= lanes; ++t)
-      all.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t},
-                     {"args", {{"name", t == 1 ? std::string("all-reduce") : ddp::detail::str("all-reduce ", t)}}}});
+      all.push_back(
+          {{"ph", "M"},
+           {"name", "thread_name"},
+           {"pid", pid},
+           {"tid", t},
+           {"args",
+            {{"name", t == 1 ? std::string("all-reduce") : ddp::detail::str("all-reduce ", t)}}}});
     for (auto e : per_rank[r]) {
       e["ts"] = e["ts"].get<double>() - origin;
       all.push_back(std::move(e));
@@ -151,13 +184,18 @@ inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_
   }
   return {{"traceEvents", std::move(all)},
           {"displayTimeUnit", "ms"},
-          {"otherData", {{"producer", "ddp --trace"}, {"start_unix_us", origin}, {"ranks", per_rank.size()},
-                         {"steps", ddp::detail::str(o.first, ":", o.last)}}}};
+          {"otherData",
+           {{"producer", "ddp --trace"},
+            {"start_unix_us", origin},
+            {"ranks", per_rank.size()},
+            {"steps", ddp::detail::str(o.first, ":", o.last)}}}};
 }
 
-// Every rank's string on every rank (collective): per rank r, its length then its bytes, broadcast from r.
+// Every rank's string on every rank (collective): per rank r, its length then its bytes, broadcast
+// from r.
 template <Device D>
-std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D>& exec, const std::string& mine) {
+std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D>& exec,
+                                          const std::string& mine) {
   parallel::Broadcaster<D> bc(comm);
   const int world = comm.size();
   std::vector<std::string> all(static_cast<std::size_t>(world));
@@ -174,14 +212,17 @@ std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D
 
 }  // namespace detail
 
-// Records the steps o.first..o.last of a training loop and writes the merged trace (see the file comment).
-// Every rank constructs one with the same options and calls begin_step/end_step for the same steps.
+// Records the steps o.first..o.last of a training loop and writes the merged trace (see the file
+// comment). Every rank constructs one with the same options and calls begin_step/end_step for the
+// same steps.
 template <Device D>
 class StepTracer {
  public:
-  // On a GPU every span of a traced step waits for exec's stream before it ends, so the trace shows device time
-  // (at the cost of serialising those steps; core/trace.hpp). exec must outlive the tracer.
-  StepTracer(comm::Communicator& comm, TraceOptions o, Exec<D>& exec) : comm_(&comm), o_(std::move(o)) {
+  // On a GPU every span of a traced step waits for exec's stream before it ends, so the trace shows
+  // device time (at the cost of serialising those steps; core/trace.hpp). exec must outlive the
+  // tracer.
+  StepTracer(comm::Communicator& comm, TraceOptions o, Exec<D>& exec)
+      : comm_(&comm), o_(std::move(o)) {
     rec_.set_synchronize([&exec] { synchronize(exec); });  // a no-op on the CPU (tensor/device.hpp)
   }
   StepTracer(const StepTracer&) = delete;
@@ -194,20 +235,30 @@ class StepTracer {
   void begin_step(long step) {
     if (enabled() && !written_ && step >= o_.first && step <= o_.last && !on_) on_.emplace(rec_);
   }
-  // Step `step` ended: adds its "step" span (from `started`, the previous step's end, so that the data wait is
-  // part of it) and its "data wait" (started .. got_batch); after o.last writes the trace (collective).
-  void end_step(long step, Clock::time_point started, Clock::time_point got_batch, const Exec<D>& exec) {
+  // Step `step` ended: adds its "step" span (from `started`, the previous step's end, so that the
+  // data wait is part of it) and its "data wait" (started .. got_batch); after o.last writes the
+  // trace (collective).
+  void end_step(long step, Clock::time_point started, Clock::time_point got_batch,
+                const Exec<D>& exec) {
     if (!on_) return;
     const Clock::time_point now = Clock::now();
     const trace::Arg number = trace::number_arg("step", static_cast<double>(step));
-    rec_.add({.name = ddp::detail::str("step ", step), .category = "step", .start = started, .end = now,
-              .track = trace::kMainTrack, .args = {number}});
-    rec_.add({.name = "data wait", .category = "data", .start = started, .end = got_batch,
-              .track = trace::kMainTrack, .args = {number}});
+    rec_.add({.name = ddp::detail::str("step ", step),
+              .category = "step",
+              .start = started,
+              .end = now,
+              .track = trace::kMainTrack,
+              .args = {number}});
+    rec_.add({.name = "data wait",
+              .category = "data",
+              .start = started,
+              .end = got_batch,
+              .track = trace::kMainTrack,
+              .args = {number}});
     if (step >= o_.last) write(exec);
   }
-  // After training (collective): writes the trace if it was not written yet -- the run ended before o.last, or
-  // before o.first (then the file has no events and rank 0 says so on stderr).
+  // After training (collective): writes the trace if it was not written yet -- the run ended before
+  // o.last, or before o.first (then the file has no events and rank 0 says so on stderr).
   void close(const Exec<D>& exec) {
     if (enabled() && !written_) write(exec);
   }
@@ -227,10 +278,12 @@ class StepTracer {
     }
     const std::string text = detail::merge_chrome_trace(per_rank, o_).dump();
     const auto* p = reinterpret_cast<const std::uint8_t*>(text.data());
-    write_file_atomic(o_.path, {std::span<const std::uint8_t>(p, text.size())}, {}, "trace file (--trace)");
+    write_file_atomic(o_.path, {std::span<const std::uint8_t>(p, text.size())}, {},
+                      "trace file (--trace)");
     if (events == 0)
-      std::cerr << "ddp: --trace " << o_.path << ": no step in " << o_.first << ":" << o_.last
-                << " ran, so the trace has no events; pick steps the run reaches with --trace-steps\n";
+      std::cerr
+          << "ddp: --trace " << o_.path << ": no step in " << o_.first << ":" << o_.last
+          << " ran, so the trace has no events; pick steps the run reaches with --trace-steps\n";
   }
 
   comm::Communicator* comm_;

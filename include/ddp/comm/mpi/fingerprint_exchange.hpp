@@ -1,14 +1,15 @@
-// mpi::FingerprintExchange: one collective's fingerprint exchange on the mpi backend (docs/decisions/0009, 0038): this
-// rank's 32-byte fingerprint to every peer and theirs back, and for a small all-reduce its data in the same exchange
-// ("carried"). Driven by comm/mpi/mpi_communicator.hpp, which owns the ordering and timeouts.
+// mpi::FingerprintExchange: one collective's fingerprint exchange on the mpi backend
+// (docs/decisions/0009, 0038): this rank's 32-byte fingerprint to every peer and theirs back, and
+// for a small all-reduce its data in the same exchange ("carried"). Driven by
+// comm/mpi/mpi_communicator.hpp, which owns the ordering and timeouts.
 // SPDX-License-Identifier: MIT
 //
-// Messages: per peer, message 0 is the fingerprint followed by the first kCarryBytes of carried data; a carried
-// payload larger than that follows at once as messages 1.. of at most kCarryBytes each, sent from the caller's
-// buffer, all on tag 0 of the communicator given (MPI keeps their order between two ranks, so message k lands
-// in slot k). Every message stays under Open MPI's shared-memory eager limit (4 KiB with MPI's header), so the
-// exchange costs about one eager latency. Every receive is kMsgCap bytes, so a peer running another op never
-// truncates one.
+// Messages: per peer, message 0 is the fingerprint followed by the first kCarryBytes of carried
+// data; a carried payload larger than that follows at once as messages 1.. of at most kCarryBytes
+// each, sent from the caller's buffer, all on tag 0 of the communicator given (MPI keeps their
+// order between two ranks, so message k lands in slot k). Every message stays under Open MPI's
+// shared-memory eager limit (4 KiB with MPI's header), so the exchange costs about one eager
+// latency. Every receive is kMsgCap bytes, so a peer running another op never truncates one.
 #pragma once
 
 #include <mpi.h>
@@ -31,28 +32,33 @@
 namespace ddp::comm::mpi {
 
 inline constexpr std::size_t kFingerprintBytes = kFingerprintWords * sizeof(std::uint64_t);
-// Carried data per message: with the fingerprint and MPI's header a message stays under the 4 KiB eager limit
-// (above it a message takes a rendezvous: one 4 KiB message 5.2 us, as a ring 1.3 us). A multiple of every
-// dtype's size, so chunks split on element boundaries.
+// Carried data per message: with the fingerprint and MPI's header a message stays under the 4 KiB
+// eager limit (above it a message takes a rendezvous: one 4 KiB message 5.2 us, as a ring 1.3 us).
+// A multiple of every dtype's size, so chunks split on element boundaries.
 inline constexpr std::size_t kCarryBytes = 4096 - 128;
-// An all-reduce is carried when the bytes a rank receives, (size - 1) copies, fit here (docs/decisions/0038's third
-// pass:
-// 2 ranks, 16 KiB 7.7-9.7 us carried against 14.6-17.3 us as a ring; 128 KiB slower carried).
+// An all-reduce is carried when the bytes a rank receives, (size - 1) copies, fit here
+// (docs/decisions/0038's third pass: 2 ranks, 16 KiB 7.7-9.7 us carried against 14.6-17.3 us as a
+// ring; 128 KiB slower carried).
 inline constexpr std::size_t kCarryMaxBytes = 64 << 10;
-inline constexpr std::size_t kMsgCap = kFingerprintBytes + kCarryBytes;  // the largest exchange message
+// the largest exchange message
+inline constexpr std::size_t kMsgCap = kFingerprintBytes + kCarryBytes;
 
-// Whether an all-reduce of `bytes` on `size` ranks travels with its fingerprint (a one-message payload always does).
+// Whether an all-reduce of `bytes` on `size` ranks travels with its fingerprint (a one-message
+// payload always does).
 inline bool carries(std::size_t bytes, int size) {
-  return bytes <= kCarryBytes || bytes * static_cast<std::size_t>(std::max(1, size - 1)) <= kCarryMaxBytes;
+  return bytes <= kCarryBytes ||
+         bytes * static_cast<std::size_t>(std::max(1, size - 1)) <= kCarryMaxBytes;
 }
-// How many messages a rank whose op is `fp` sends each peer: one, or one per kCarryBytes of a carried all-reduce.
+// How many messages a rank whose op is `fp` sends each peer: one, or one per kCarryBytes of a
+// carried all-reduce.
 inline std::size_t messages_of(const Fingerprint& fp, int size) {
   const std::size_t bytes = fp.kind == OpKind::AllReduce ? fp.count * dtype_size(fp.dtype) : 0;
   return bytes > kCarryBytes && carries(bytes, size) ? (bytes + kCarryBytes - 1) / kCarryBytes : 1;
 }
 
-// Receive buffers of finished exchanges, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which glibc would
-// map and unmap (page faults included) on every op. Not thread-safe: one thread at a time runs ops.
+// Receive buffers of finished exchanges, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which
+// glibc would map and unmap (page faults included) on every op. Not thread-safe: one thread at a
+// time runs ops.
 class ExchangePool {
  public:
   // A buffer of at least `bytes` (the smallest that fits), else a new one; `cap` gets its capacity.
@@ -85,9 +91,10 @@ class ExchangePool {
 
 class FingerprintExchange {
  public:
-  // Posts the exchange of `fp` (and of `carry`'s data when carry.count > 0) with every other rank of `comm`.
-  // Returns MPI's code; on failure some requests may be in flight (pending()).
-  int start(const Fingerprint& fp, BufferRef carry, MPI_Comm comm, int rank, int size, ExchangePool& pool) {
+  // Posts the exchange of `fp` (and of `carry`'s data when carry.count > 0) with every other rank
+  // of `comm`. Returns MPI's code; on failure some requests may be in flight (pending()).
+  int start(const Fingerprint& fp, BufferRef carry, MPI_Comm comm, int rank, int size,
+            ExchangePool& pool) {
     carry_ = carry;
     rank_ = rank;
     size_ = size;
@@ -105,36 +112,44 @@ class FingerprintExchange {
     int rc = MPI_SUCCESS;
     for (int r = 0; r < size && rc == MPI_SUCCESS; ++r)
       for (std::size_t k = 0; r != rank && k < chunks_ && rc == MPI_SUCCESS; ++k)
-        rc = MPI_Irecv(slot(r, k), static_cast<int>(kMsgCap), MPI_BYTE, r, 0, comm, &reqs_[recv_index(r, k)]);
+        rc = MPI_Irecv(slot(r, k), static_cast<int>(kMsgCap), MPI_BYTE, r, 0, comm,
+                       &reqs_[recv_index(r, k)]);
     for (int r = 0; r < size && rc == MPI_SUCCESS; ++r)
       for (std::size_t k = 0; r != rank && k < chunks_ && rc == MPI_SUCCESS; ++k)
-        rc = k == 0 ? MPI_Isend(out_.data(), static_cast<int>(out_.size()), MPI_BYTE, r, 0, comm, &reqs_[send_index(r, k)])
-                    : MPI_Isend(carry.bytes_ptr() + k * kCarryBytes, static_cast<int>(chunk_bytes(k)), MPI_BYTE, r, 0,
-                                comm, &reqs_[send_index(r, k)]);
+        rc = k == 0
+                 ? MPI_Isend(out_.data(), static_cast<int>(out_.size()), MPI_BYTE, r, 0, comm,
+                             &reqs_[send_index(r, k)])
+                 : MPI_Isend(carry.bytes_ptr() + k * kCarryBytes, static_cast<int>(chunk_bytes(k)),
+                             MPI_BYTE, r, 0, comm, &reqs_[send_index(r, k)]);
     return rc;
   }
 
-  // Tests every peer's first message (its fingerprint): `done` once all arrived. Testing these alone lets a
-  // mismatch be reported even when a peer's op sends fewer messages than this one waits for.
+  // Tests every peer's first message (its fingerprint): `done` once all arrived. Testing these
+  // alone lets a mismatch be reported even when a peer's op sends fewer messages than this one
+  // waits for.
   int test_fingerprints(int& done) { return test(reqs_.empty() ? 0 : peers(), done); }
   // Tests the whole exchange (the carried data, and this rank's sends): `done` once all completed.
   int test_all(int& done) { return test(reqs_.size(), done); }
   bool pending() const {
-    return std::any_of(reqs_.begin(), reqs_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+    return std::any_of(reqs_.begin(), reqs_.end(),
+                       [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
   }
 
-  // After test_fingerprints: empty when every rank's fingerprint equals `mine`, else the message every rank
-  // raises (mismatch_message; seq is included, so a rank that skipped an op is seen).
+  // After test_fingerprints: empty when every rank's fingerprint equals `mine`, else the message
+  // every rank raises (mismatch_message; seq is included, so a rank that skipped an op is seen).
   std::string mismatch(const Fingerprint& mine) const {
-    return mismatch_message(rank_, size_, mine, [&](int r) { return r == rank_ ? out_.data() : slot(r, 0); });
+    return mismatch_message(rank_, size_, mine,
+                            [&](int r) { return r == rank_ ? out_.data() : slot(r, 0); });
   }
 
-  // A carried all-reduce once the exchange completed: every rank reduces all copies in rank order, chunk by
-  // chunk (the same chain everywhere, so the results are bit-identical), then divides for Avg.
+  // A carried all-reduce once the exchange completed: every rank reduces all copies in rank order,
+  // chunk by chunk (the same chain everywhere, so the results are bit-identical), then divides for
+  // Avg.
   void reduce(ReduceOp op) const {
     const BufferRef& b = carry_;
     const std::size_t elem = dtype_size(b.dtype);
-    alignas(64) std::byte mine[kCarryBytes];  // this rank's chunk k >= 1, before its place is overwritten
+    // this rank's chunk k >= 1, before its place is overwritten
+    alignas(64) std::byte mine[kCarryBytes];
     for (std::size_t k = 0; size_ > 1 && k < chunks_; ++k) {
       const std::size_t n = chunk_bytes(k);
       std::byte* dst = b.bytes_ptr() + k * kCarryBytes;
@@ -149,14 +164,15 @@ class FingerprintExchange {
     if (op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
   }
 
-  // After a mismatch (test_fingerprints done) every message of the exchange must still be matched: a leftover
-  // would meet a later communicator's receive (MPICH reuses a freed communicator's context id), and a pending
-  // request makes the process end with MPI_Abort. Each peer's fingerprint says how many messages it sent
-  // (messages_of), so per peer the receives beyond those are cancelled and the messages beyond this op's
-  // receives are received and dropped; every peer does the same, so the sends complete too. Waits until
-  // `deadline` at most: whatever is still pending() then must be kept alive by the caller. `carrying`: whether
-  // this communicator's all-reduces are carried at all (not when they run in shared memory, where every
-  // rank's exchange is its fingerprint alone).
+  // After a mismatch (test_fingerprints done) every message of the exchange must still be matched:
+  // a leftover would meet a later communicator's receive (MPICH reuses a freed communicator's
+  // context id), and a pending request makes the process end with MPI_Abort. Each peer's
+  // fingerprint says how many messages it sent (messages_of), so per peer the receives beyond those
+  // are cancelled and the messages beyond this op's receives are received and dropped; every peer
+  // does the same, so the sends complete too. Waits until `deadline` at most: whatever is still
+  // pending() then must be kept alive by the caller. `carrying`: whether this communicator's
+  // all-reduces are carried at all (not when they run in shared memory, where every rank's exchange
+  // is its fingerprint alone).
   void drain(std::chrono::steady_clock::time_point deadline, bool carrying) {
     if (reqs_.empty()) return;
     std::vector<std::pair<int, std::size_t>> surplus;  // (peer, messages beyond this op's receives)
@@ -181,17 +197,20 @@ class FingerprintExchange {
     for (const auto& [r, n] : surplus)
       for (std::size_t i = 0; i < n; ++i, ++used) {
         reqs_.push_back(MPI_REQUEST_NULL);
-        if (MPI_Irecv(sink_.get() + kMsgCap * used, static_cast<int>(kMsgCap), MPI_BYTE, r, 0, comm_, &reqs_.back()) !=
-            MPI_SUCCESS)
+        if (MPI_Irecv(sink_.get() + kMsgCap * used, static_cast<int>(kMsgCap), MPI_BYTE, r, 0,
+                      comm_, &reqs_.back()) != MPI_SUCCESS)
           break;
       }
     for (int done = 0; !done && std::chrono::steady_clock::now() < deadline;) {
-      if (MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+      if (MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE) !=
+          MPI_SUCCESS)
+        break;
       if (!done) std::this_thread::yield();
     }
   }
 
-  // Once the exchange completed (nothing can write into the receive buffer any more): the buffer goes back.
+  // Once the exchange completed (nothing can write into the receive buffer any more): the buffer
+  // goes back.
   void release(ExchangePool& pool) { pool.give(std::move(in_), in_cap_); }
 
  private:
@@ -201,11 +220,16 @@ class FingerprintExchange {
   std::size_t recv_index(int r, std::size_t k) const {
     return k == 0 ? peer_index(r) : peers() + peer_index(r) * (chunks_ - 1) + (k - 1);
   }
-  std::size_t send_index(int r, std::size_t k) const { return peers() * chunks_ + peer_index(r) * chunks_ + k; }
-  std::byte* slot(int r, std::size_t k) const {  // where rank r's message k is received (r != rank_)
+  std::size_t send_index(int r, std::size_t k) const {
+    return peers() * chunks_ + peer_index(r) * chunks_ + k;
+  }
+  // where rank r's message k is received (r != rank_)
+  std::byte* slot(int r, std::size_t k) const {
     return in_.get() + kMsgCap * (static_cast<std::size_t>(r) * chunks_ + k);
   }
-  std::size_t chunk_bytes(std::size_t k) const { return std::min(kCarryBytes, carry_.bytes() - k * kCarryBytes); }
+  std::size_t chunk_bytes(std::size_t k) const {
+    return std::min(kCarryBytes, carry_.bytes() - k * kCarryBytes);
+  }
   int test(std::size_t n, int& done) {
     done = 1;
     if (n == 0) return MPI_SUCCESS;
@@ -217,8 +241,9 @@ class FingerprintExchange {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::size_t chunks_ = 1;
   std::vector<MPI_Request> reqs_;
-  std::vector<std::byte> out_;         // my fingerprint, then the first chunk of carried data
-  std::unique_ptr<std::byte[]> in_;    // chunks_ slots of kMsgCap bytes per rank (this rank's unused)
+  std::vector<std::byte> out_;  // my fingerprint, then the first chunk of carried data
+  // chunks_ slots of kMsgCap bytes per rank (this rank's unused)
+  std::unique_ptr<std::byte[]> in_;
   std::size_t in_cap_ = 0;
   std::unique_ptr<std::byte[]> sink_;  // drain's receives of a peer's surplus messages
 };

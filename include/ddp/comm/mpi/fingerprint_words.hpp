@@ -1,6 +1,6 @@
-// How the mpi backend puts a Fingerprint on the wire: four 64-bit words (kind|dtype|op, root, count, seq),
-// the 32 bytes every rank sends every other before a collective (comm/mpi/mpi_communicator.hpp, docs/decisions/0009),
-// and the message when they differ.
+// How the mpi backend puts a Fingerprint on the wire: four 64-bit words (kind|dtype|op, root,
+// count, seq), the 32 bytes every rank sends every other before a collective
+// (comm/mpi/mpi_communicator.hpp, docs/decisions/0009), and the message when they differ.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -35,9 +35,10 @@ inline Fingerprint unpack_fingerprint(const std::uint64_t* w) {
           .seq = w[3]};
 }
 
-// The message every rank raises when the fingerprints exchanged for one collective differ, or empty when every
-// rank's equals `mine`. bytes_of(r) points at rank r's packed fingerprint (this rank's too), any alignment.
-// It names the first rank whose op differs from this rank's and, when several differ, which.
+// The message every rank raises when the fingerprints exchanged for one collective differ, or empty
+// when every rank's equals `mine`. bytes_of(r) points at rank r's packed fingerprint (this rank's
+// too), any alignment. It names the first rank whose op differs from this rank's and, when several
+// differ, which.
 template <class BytesOf>
 std::string mismatch_message(int rank, int size, const Fingerprint& mine, BytesOf bytes_of) {
   std::uint64_t mine_words[kFingerprintWords], first[kFingerprintWords] = {};
@@ -51,13 +52,16 @@ std::string mismatch_message(int rank, int size, const Fingerprint& mine, BytesO
     differ.push_back(r);
   }
   if (differ.empty()) return {};
-  std::string msg = ddp::detail::str(who(rank, size), ": ", mine.full_label(), " does not match rank ", differ.front(),
-                                     ", which ran ", unpack_fingerprint(first).full_label(), " at this point");
+  std::string msg = ddp::detail::str(who(rank, size), ": ", mine.full_label(),
+                                     " does not match rank ", differ.front(), ", which ran ",
+                                     unpack_fingerprint(first).full_label(), " at this point");
   if (differ.size() > 1)
-    msg += ddp::detail::str(" (", differ.size(), " of ", size, " ranks differ from this one: ",
-                            ddp::detail::join(differ, ", "), ")");
-  return msg + ". Every rank must call the same collectives in the same order with the same dtype, count, root "
-               "and op.";
+    msg += ddp::detail::str(" (", differ.size(), " of ", size,
+                            " ranks differ from this one: ", ddp::detail::join(differ, ", "), ")");
+  return msg +
+         ". Every rank must call the same collectives in the same order with the same dtype, "
+         "count, root "
+         "and op.";
 }
 
 }  // namespace ddp::comm::mpi

@@ -1,5 +1,5 @@
-// DDP_MPI_CHECK: turns a failed MPI call into a ddp::CommError carrying MPI's own error text, and the
-// mapping from ddp's DType to MPI datatypes.
+// DDP_MPI_CHECK: turns a failed MPI call into a ddp::CommError carrying MPI's own error text, and
+// the mapping from ddp's DType to MPI datatypes.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -20,8 +20,8 @@ inline std::string error_text(int code) {
   return std::string(buf, static_cast<std::size_t>(len));
 }
 
-// The MPI datatype that carries `d` (bfloat16/half travel as 16-bit words; reductions on them use the
-// custom ops of mpi_communicator.hpp).
+// The MPI datatype that carries `d` (bfloat16/half travel as 16-bit words; reductions on them use
+// the custom ops of mpi_communicator.hpp).
 inline MPI_Datatype datatype_of(DType d) {
   switch (d) {
     case DType::F32: return MPI_FLOAT;
@@ -37,10 +37,12 @@ inline MPI_Datatype datatype_of(DType d) {
 
 }  // namespace ddp::comm::mpi
 
-// Throws CommError naming the call, MPI's text and the location when expr does not return MPI_SUCCESS.
-#define DDP_MPI_CHECK(expr)                                                                                 \
-  do {                                                                                                      \
-    if (const int ddp_mpi_rc_ = (expr); ddp_mpi_rc_ != MPI_SUCCESS)                                         \
-      throw ::ddp::CommError(::ddp::detail::str("ddp: ", #expr, " failed: ", ::ddp::comm::mpi::error_text(ddp_mpi_rc_), \
-                                                " at ", __FILE__, ':', __LINE__));                          \
+// Throws CommError naming the call, MPI's text and the location when expr does not return
+// MPI_SUCCESS.
+#define DDP_MPI_CHECK(expr)                                                               \
+  do {                                                                                    \
+    if (const int ddp_mpi_rc_ = (expr); ddp_mpi_rc_ != MPI_SUCCESS)                       \
+      throw ::ddp::CommError(::ddp::detail::str(                                          \
+          "ddp: ", #expr, " failed: ", ::ddp::comm::mpi::error_text(ddp_mpi_rc_), " at ", \
+          __FILE__, ':', __LINE__));                                                      \
   } while (0)

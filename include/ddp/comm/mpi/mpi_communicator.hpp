@@ -1,33 +1,35 @@
-// MpiCommunicator: the mpi backend. Rank and size come from MPI itself; every op is non-blocking MPI
-// (MPI_Isend/MPI_Irecv, MPI_Ibcast, ...), run in issue order, after a fingerprint check, by mpi/op_engine.hpp.
+// MpiCommunicator: the mpi backend. Rank and size come from MPI itself; every op is non-blocking
+// MPI (MPI_Isend/MPI_Irecv, MPI_Ibcast, ...), run in issue order, after a fingerprint check, by
+// mpi/op_engine.hpp.
 // SPDX-License-Identifier: MIT
 //
 // All-reduce is ours, on MPI point-to-point calls (docs/decisions/0038): Open MPI's MPI_Iallreduce
-// (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which ran at
-// 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies fit in
-// mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange of eager
-// messages; each rank reduces every rank's copy in rank order); a larger one runs mpi/ring_allreduce.hpp's
-// ring through a reused scratch. When every rank runs on one host (and CommOptions::shm), every all-reduce,
-// broadcast and barrier goes through shared memory instead (comm/shm/collectives.hpp, docs/decisions/0055): the tcp
-// backend's shm collectives (its all-reduce is 1.1-3x Open MPI's own on one host).
-// Every dtype and op reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own
-// block once, before the all-gather. The other collectives use MPI's non-blocking calls: float, double
-// and the integers with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as
-// 16-bit words and reduce through MPI_Op_create'd ops that widen to float; uint8 reduces through our op
-// too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch).
-// Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator (MPI_Abort at
-// exit, op_engine.hpp). A rank that dies is handled by mpirun itself (it kills the job).
-// Fingerprints (docs/decisions/0009): MPI matches collectives by posting order only, so rank 0's
-// all_reduce and rank 1's broadcast would meet and give garbage or hang. Before each collective's own
-// call, every rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every other rank on
-// a second communicator (proto_comm_, point-to-point, receives sized for the largest message any op
-// sends, so that a mismatch never truncates), and compares all of them: a difference fails the op on
-// every rank with the same message, before any data moves. Cost (docs/decisions/0038): one small message exchange per
-// collective, about 1 us on one host, and for a carried all-reduce nothing, since its data travels in
-// the same exchange; CommOptions::check_fingerprints = false skips the comparison (and
-// the exchange, except for carried all-reduces). Send/recv are matched by tag and are not checked.
-// Ring messages use proto_comm_ with tag 1 + seq % 30000 (mpi::RingPool), so that rings in flight together
-// and the user's send/recv tags on comm_ never meet.
+// (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which
+// ran at 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies
+// fit in mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange
+// of eager messages; each rank reduces every rank's copy in rank order); a larger one runs
+// mpi/ring_allreduce.hpp's ring through a reused scratch. When every rank runs on one host (and
+// CommOptions::shm), every all-reduce, broadcast and barrier goes through shared memory instead
+// (comm/shm/collectives.hpp, docs/decisions/0055): the tcp backend's shm collectives (its
+// all-reduce is 1.1-3x Open MPI's own on one host). Every dtype and op reduces through
+// comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own block once, before the
+// all-gather. The other collectives use MPI's non-blocking calls: float, double and the integers
+// with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as 16-bit
+// words and reduce through MPI_Op_create'd ops that widen to float; uint8 reduces through our op
+// too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch). Failure: MPI cannot
+// cancel a collective, so an op that times out breaks the communicator (MPI_Abort at exit,
+// op_engine.hpp). A rank that dies is handled by mpirun itself (it kills the job). Fingerprints
+// (docs/decisions/0009): MPI matches collectives by posting order only, so rank 0's all_reduce and
+// rank 1's broadcast would meet and give garbage or hang. Before each collective's own call, every
+// rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every other rank on a
+// second communicator (proto_comm_, point-to-point, receives sized for the largest message any op
+// sends, so that a mismatch never truncates), and compares all of them: a difference fails the op
+// on every rank with the same message, before any data moves. Cost (docs/decisions/0038): one small
+// message exchange per collective, about 1 us on one host, and for a carried all-reduce nothing,
+// since its data travels in the same exchange; CommOptions::check_fingerprints = false skips the
+// comparison (and the exchange, except for carried all-reduces). Send/recv are matched by tag and
+// are not checked. Ring messages use proto_comm_ with tag 1 + seq % 30000 (mpi::RingPool), so that
+// rings in flight together and the user's send/recv tags on comm_ never meet.
 #pragma once
 
 #include <mpi.h>
@@ -55,7 +57,8 @@ class MpiCommunicator final : public Communicator {
 
   ~MpiCommunicator() override {
     engine_->stop();
-    if (engine_->broken()) return;  // a request may still be pending on them (and on the engine's buffers)
+    // a request may still be pending on them (and on the engine's buffers)
+    if (engine_->broken()) return;
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     if (proto_comm_ != MPI_COMM_NULL) MPI_Comm_free(&proto_comm_);
   }
@@ -64,21 +67,24 @@ class MpiCommunicator final : public Communicator {
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
-  // True when all-reduce, broadcast and barrier go through shared memory (every rank on this host, CommOptions::shm).
+  // True when all-reduce, broadcast and barrier go through shared memory (every rank on this host,
+  // CommOptions::shm).
   bool uses_shm() const noexcept { return engine_->uses_shm(); }
 
  protected:
   Work send_impl(const OpCall& c) override {
     return submit(c, [this, b = c.in, dst = c.peer, tag = c.fp.root] {
       MPI_Request req;
-      DDP_MPI_CHECK(MPI_Isend(b.data, count_of(b), mpi::datatype_of(b.dtype), dst, tag_of(tag), comm_, &req));
+      DDP_MPI_CHECK(
+          MPI_Isend(b.data, count_of(b), mpi::datatype_of(b.dtype), dst, tag_of(tag), comm_, &req));
       return Pending{req, {}};
     });
   }
   Work recv_impl(const OpCall& c) override {
     return submit(c, [this, b = c.in, src = c.peer, tag = c.fp.root] {
       MPI_Request req;
-      DDP_MPI_CHECK(MPI_Irecv(b.data, count_of(b), mpi::datatype_of(b.dtype), src, tag_of(tag), comm_, &req));
+      DDP_MPI_CHECK(
+          MPI_Irecv(b.data, count_of(b), mpi::datatype_of(b.dtype), src, tag_of(tag), comm_, &req));
       return Pending{req, {}};
     });
   }
@@ -101,7 +107,8 @@ class MpiCommunicator final : public Communicator {
       MPI_Request req;
       const bool me = rank_ == root;
       DDP_MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : b.data, me ? b.data : nullptr, count_of(b),
-                                mpi::datatype_of(b.dtype), ops_.of(b.dtype, op), root, comm_, &req));
+                                mpi::datatype_of(b.dtype), ops_.of(b.dtype, op), root, comm_,
+                                &req));
       return Pending{req, [this, b, op, me] {
                        if (me && op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
                      }};
@@ -111,15 +118,17 @@ class MpiCommunicator final : public Communicator {
     return submit(c, [this, in = c.in, out = c.out] {
       MPI_Request req;
       const MPI_Datatype t = mpi::datatype_of(in.dtype);
-      DDP_MPI_CHECK(MPI_Iallgather(in.data, count_of(in), t, out.data, count_of(in), t, comm_, &req));
+      DDP_MPI_CHECK(
+          MPI_Iallgather(in.data, count_of(in), t, out.data, count_of(in), t, comm_, &req));
       return Pending{req, {}};
     });
   }
   Work reduce_scatter_impl(const OpCall& c) override {
     return submit(c, [this, in = c.in, out = c.out, op = c.fp.op] {
       MPI_Request req;
-      DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi::datatype_of(in.dtype),
-                                              ops_.of(in.dtype, op), comm_, &req));
+      DDP_MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out),
+                                              mpi::datatype_of(in.dtype), ops_.of(in.dtype, op),
+                                              comm_, &req));
       return Pending{req, [this, out, op] {
                        if (op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
                      }};
@@ -174,12 +183,18 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_dup(comm_, &proto_comm_));
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(proto_comm_, MPI_ERRORS_RETURN));
     std::unique_ptr<shm::Collectives> shm;
-    if (size_ > 1 && size_ <= shm::kMaxRanks) {  // collective: every rank takes part, even with shm off
-      // shm::Segment's setup exchange over MPI (blocking: it runs in the constructor, before any op).
-      auto gather = [c = comm_](const std::string&, const std::string& mine) { return mpi::all_gather_strings(c, mine); };
-      auto seg = shm::Segment::create(gather, rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_),
-                                      "MPI point-to-point");
-      if (seg) shm = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+    // collective: every rank takes part, even with shm off
+    if (size_ > 1 && size_ <= shm::kMaxRanks) {
+      // shm::Segment's setup exchange over MPI (blocking: it runs in the constructor, before any
+      // op).
+      auto gather = [c = comm_](const std::string&, const std::string& mine) {
+        return mpi::all_gather_strings(c, mine);
+      };
+      auto seg = shm::Segment::create(gather, rank_, size_, opts_.shm,
+                                      shm::Collectives::segment_bytes(size_), "MPI point-to-point");
+      if (seg)
+        shm = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_,
+                                                 opts_.small_allreduce_bytes);
     }
     engine_ = std::make_unique<mpi::OpEngine>(proto_comm_, rank_, size_, opts_, std::move(shm));
   }
@@ -189,13 +204,14 @@ class MpiCommunicator final : public Communicator {
   }
 
   static int count_of(const BufferRef& b) { return static_cast<int>(b.count); }
-  static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }  // MPI guarantees tags < 32768
+  // MPI guarantees tags < 32768
+  static int tag_of(std::int64_t tag) { return static_cast<int>(tag & 0x7fff); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   CommOptions opts_;
   int rank_ = 0, size_ = 1;
   mpi::ReduceOps ops_;  // MPI's reductions (reduce, reduce_scatter) per dtype and op
-  MPI_Comm proto_comm_ = MPI_COMM_NULL;  // fingerprints and rings (see the file comment)
+  MPI_Comm proto_comm_ = MPI_COMM_NULL;    // fingerprints and rings (see the file comment)
   std::unique_ptr<mpi::OpEngine> engine_;  // runs every op (set once the communicators exist)
 };
 

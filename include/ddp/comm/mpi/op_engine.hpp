@@ -1,25 +1,27 @@
-// mpi::OpEngine: how the mpi backend runs its ops: it numbers each one, checks its fingerprint against every
-// rank's, posts its non-blocking MPI call in issue order and tests it against the op's deadline, on whichever
-// thread runs it: the calling thread for a small (or AllreduceOptions::blocking) collective issued while
-// nothing else is pending, else a progress thread, which a thread waiting for the only outstanding
-// collective, still queued, replaces (run_if_next). The tcp backend's counterpart is tcp/op_queue.hpp.
+// mpi::OpEngine: how the mpi backend runs its ops: it numbers each one, checks its fingerprint
+// against every rank's, posts its non-blocking MPI call in issue order and tests it against the
+// op's deadline, on whichever thread runs it: the calling thread for a small (or
+// AllreduceOptions::blocking) collective issued while nothing else is pending, else a progress
+// thread, which a thread waiting for the only outstanding collective, still queued, replaces
+// (run_if_next). The tcp backend's counterpart is tcp/op_queue.hpp.
 // SPDX-License-Identifier: MIT
 //
-// MPI_THREAD_SERIALIZED suffices (mpi/runtime.hpp), since one thread at a time runs ops (the caller or the
-// progress thread, handed over under the queue's lock).
-// Routes (mpi_communicator.hpp picks one per op): Body, the op's own MPI call after the fingerprint
-// exchange; Carried, an all-reduce whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Ring, an
-// all-reduce on point-to-point calls after the exchange (mpi/ring_allreduce.hpp); Shm, an
-// all-reduce, broadcast or barrier through shared memory (comm/shm/collectives.hpp, docs/decisions/0055), which runs
-// alone: after every earlier op completed, so that no MPI request of this rank waits for progress while it spins. Every
-// collective announces itself in the segment when it starts, so that a peer waiting there sees a mismatch at once
-// (mpi/shm_watch.hpp) and reports it through the fingerprint exchange like any other.
-// Ordering: fingerprints go out on the protocol communicator in issue order; bodies go out in issue order
-// too, each only after its fingerprint matched and every earlier op's body was posted, so all ranks post
-// every communicator's calls in the same order (MPI matches collectives by posting order only).
-// Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator; the process then
-// ends with MPI_Abort at exit instead of hanging in MPI_Finalize, which makes mpirun stop every rank
-// (docs/decisions/0009). A fingerprint mismatch leaves nothing pending: such a program can exit normally.
+// MPI_THREAD_SERIALIZED suffices (mpi/runtime.hpp), since one thread at a time runs ops (the caller
+// or the progress thread, handed over under the queue's lock). Routes (mpi_communicator.hpp picks
+// one per op): Body, the op's own MPI call after the fingerprint exchange; Carried, an all-reduce
+// whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Ring, an all-reduce on
+// point-to-point calls after the exchange (mpi/ring_allreduce.hpp); Shm, an all-reduce, broadcast
+// or barrier through shared memory (comm/shm/collectives.hpp, docs/decisions/0055), which runs
+// alone: after every earlier op completed, so that no MPI request of this rank waits for progress
+// while it spins. Every collective announces itself in the segment when it starts, so that a peer
+// waiting there sees a mismatch at once (mpi/shm_watch.hpp) and reports it through the fingerprint
+// exchange like any other. Ordering: fingerprints go out on the protocol communicator in issue
+// order; bodies go out in issue order too, each only after its fingerprint matched and every
+// earlier op's body was posted, so all ranks post every communicator's calls in the same order (MPI
+// matches collectives by posting order only). Failure: MPI cannot cancel a collective, so an op
+// that times out breaks the communicator; the process then ends with MPI_Abort at exit instead of
+// hanging in MPI_Finalize, which makes mpirun stop every rank (docs/decisions/0009). A fingerprint
+// mismatch leaves nothing pending: such a program can exit normally.
 #pragma once
 
 #include <mpi.h>
@@ -64,16 +66,18 @@ struct Pending {
   std::unique_ptr<RingAllreduce> ring;
 };
 using Body = std::function<Pending()>;  // posts the non-blocking call
-// How an op runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange; an
-// all-reduce on a ring after the exchange; an all-reduce, broadcast or barrier through shared memory (run_shm).
+// How an op runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange;
+// an all-reduce on a ring after the exchange; an all-reduce, broadcast or barrier through shared
+// memory (run_shm).
 enum class Route : std::uint8_t { Body, Carried, Ring, Shm };
 
 class OpEngine {
  public:
-  // proto_comm: the fingerprint exchanges' communicator (point-to-point, tag 0); shm: the shared-memory
-  // collectives when every rank runs on this host, else null. Starts the progress thread, pinned to
-  // opts.progress_cpus.
-  OpEngine(MPI_Comm proto_comm, int rank, int size, const CommOptions& opts, std::unique_ptr<shm::Collectives> shm)
+  // proto_comm: the fingerprint exchanges' communicator (point-to-point, tag 0); shm: the
+  // shared-memory collectives when every rank runs on this host, else null. Starts the progress
+  // thread, pinned to opts.progress_cpus.
+  OpEngine(MPI_Comm proto_comm, int rank, int size, const CommOptions& opts,
+           std::unique_ptr<shm::Collectives> shm)
       : proto_comm_(proto_comm), rank_(rank), size_(size), opts_(opts), shm_(std::move(shm)) {
     sequence_.emplace(rank_, size_);
     thread_ = std::thread([this] { progress_loop(); });
@@ -90,15 +94,17 @@ class OpEngine {
 
   bool uses_shm() const noexcept { return shm_ != nullptr; }
 
-  // Numbers the call, then runs it here when comm::runs_inline allows it (at most inline_max_bytes, or a
-  // blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress thread and back:
-  // about 2 x 10-50 us on a busy host), else queues it for the progress thread. The element count must fit
-  // MPI's int. Every route but Body takes call.in as its data (and call.fp.op as its reduction).
+  // Numbers the call, then runs it here when comm::runs_inline allows it (at most inline_max_bytes,
+  // or a blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress
+  // thread and back: about 2 x 10-50 us on a busy host), else queues it for the progress thread.
+  // The element count must fit MPI's int. Every route but Body takes call.in as its data (and
+  // call.fp.op as its reduction).
   Work submit(OpCall call, Body body, Route route = Route::Body) {
     for (const BufferRef* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
-        throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ", INT_MAX,
-                                          " elements per call, got ", b->count, "; split the buffer."));
+        throw ValueError(ddp::detail::str(who(rank_, size_), ": the mpi backend takes at most ",
+                                          INT_MAX, " elements per call, got ", b->count,
+                                          "; split the buffer."));
     std::unique_lock lock(mu_);
     std::string label = sequence_->number(call);
     Task t{.state = std::make_shared<comm::detail::WorkState>(std::move(label)),
@@ -108,16 +114,19 @@ class OpEngine {
            .data = route != Route::Body ? call.in : BufferRef{},
            .route = route};
     Work work(t.state);
-    const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 && !running_here_ &&
-                      runs_inline(std::max(call.in.bytes(), call.out.bytes()), call.blocking, opts_.inline_max_bytes);
+    const bool here = opts_.inline_max_bytes > 0 && !call.fp.is_p2p() && outstanding_ == 0 &&
+                      !running_here_ &&
+                      runs_inline(std::max(call.in.bytes(), call.out.bytes()), call.blocking,
+                                  opts_.inline_max_bytes);
     if (here) {
       run_here(std::move(t), lock);
       return work;
     }
     // Never for send/recv: a recv run to completion here would block the send queued behind it.
-    if (!call.fp.is_p2p()) t.state->help = [alive = std::weak_ptr<OpEngine*>(self_), s = t.state.get()] {
-      if (const auto e = alive.lock()) (*e)->run_if_next(s);
-    };
+    if (!call.fp.is_p2p())
+      t.state->help = [alive = std::weak_ptr<OpEngine*>(self_), s = t.state.get()] {
+        if (const auto e = alive.lock()) (*e)->run_if_next(s);
+      };
     ++outstanding_;
     queue_.push_back(std::move(t));
     lock.unlock();
@@ -135,13 +144,13 @@ class OpEngine {
     if (thread_.joinable()) thread_.join();
   }
 
-  // A request was left pending (see fail): MPI may still use this communicator's buffers and communicators.
-  // Read it after stop().
+  // A request was left pending (see fail): MPI may still use this communicator's buffers and
+  // communicators. Read it after stop().
   bool broken() const noexcept { return broken_; }
 
  private:
-  // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to be
-  // posted, or its own MPI call posted.
+  // Where a task is: its fingerprint exchange in flight, matched and waiting for earlier bodies to
+  // be posted, or its own MPI call posted.
   enum class Stage : std::uint8_t { Fingerprint, Ready, Posted };
   struct Task {
     std::shared_ptr<comm::detail::WorkState> state;
@@ -157,23 +166,26 @@ class OpEngine {
     FingerprintExchange exchange;
   };
 
-  // Work::wait's help (comm/work.hpp): the collective whose state is `s` runs on the waiting thread when it is
-  // the only op outstanding and still queued, i.e. the progress thread has not taken it yet and has nothing in
-  // flight; otherwise nothing happens (the progress thread runs it, or ran it). That saves the hand-back from
-  // the progress thread to the waiter; the wake-up of the progress thread at submit still costs (~16 us per op
-  // on this 2-core VM at 256 KiB), which a caller that waits at once avoids with AllreduceOptions::blocking.
+  // Work::wait's help (comm/work.hpp): the collective whose state is `s` runs on the waiting thread
+  // when it is the only op outstanding and still queued, i.e. the progress thread has not taken it
+  // yet and has nothing in flight; otherwise nothing happens (the progress thread runs it, or ran
+  // it). That saves the hand-back from the progress thread to the waiter; the wake-up of the
+  // progress thread at submit still costs (~16 us per op on this 2-core VM at 256 KiB), which a
+  // caller that waits at once avoids with AllreduceOptions::blocking.
   void run_if_next(const comm::detail::WorkState* s) {
     std::unique_lock lock(mu_);
-    if (running_here_ || outstanding_ != 1 || queue_.empty() || queue_.front().state.get() != s) return;
+    if (running_here_ || outstanding_ != 1 || queue_.empty() || queue_.front().state.get() != s)
+      return;
     Task t = std::move(queue_.front());
     queue_.pop_front();
     --outstanding_;
     run_here(std::move(t), lock);
   }
 
-  // Runs one task to completion on the calling thread, testing it without pause (it is what the caller
-  // would wait for anyway). Only when the progress thread has nothing: ops stay in issue order. `lock` holds
-  // mu_ on entry and is released on return; running_here_ keeps the progress thread off MPI meanwhile.
+  // Runs one task to completion on the calling thread, testing it without pause (it is what the
+  // caller would wait for anyway). Only when the progress thread has nothing: ops stay in issue
+  // order. `lock` holds mu_ on entry and is released on return; running_here_ keeps the progress
+  // thread off MPI meanwhile.
   void run_here(Task&& task, std::unique_lock<std::mutex>& lock) {
     running_here_ = true;
     lock.unlock();
@@ -187,18 +199,20 @@ class OpEngine {
     }
     lock.lock();
     running_here_ = false;
-    const bool queued = !queue_.empty();  // another thread's op, waiting for this one to be posted first
+    // another thread's op, waiting for this one to be posted first
+    const bool queued = !queue_.empty();
     lock.unlock();
     if (queued) cv_.notify_all();
   }
 
-  // How the progress thread works: it starts queued ops in issue order (for a collective, that posts
-  // its fingerprint exchange; for send/recv, the call itself), keeps them in flight, and tests them
-  // all. A collective whose fingerprints matched posts its own call once every earlier op has posted
-  // its own (MPI matches non-blocking collectives by posting order). An op completes when its request
-  // does, so an irecv posted before a send never blocks that send. While ops are in flight it tests
-  // them without pause (Open MPI progresses only inside MPI calls), yielding the core between rounds,
-  // and naps 20 us per round only after 1 ms without progress; idle, it sleeps on the condition variable.
+  // How the progress thread works: it starts queued ops in issue order (for a collective, that
+  // posts its fingerprint exchange; for send/recv, the call itself), keeps them in flight, and
+  // tests them all. A collective whose fingerprints matched posts its own call once every earlier
+  // op has posted its own (MPI matches non-blocking collectives by posting order). An op completes
+  // when its request does, so an irecv posted before a send never blocks that send. While ops are
+  // in flight it tests them without pause (Open MPI progresses only inside MPI calls), yielding the
+  // core between rounds, and naps 20 us per round only after 1 ms without progress; idle, it sleeps
+  // on the condition variable.
   void progress_loop() {
     std::deque<Task> in_flight;
     std::optional<Task> alone;  // a shared-memory op, run right here (run_shm)
@@ -206,10 +220,12 @@ class OpEngine {
     for (;;) {
       {
         std::unique_lock lock(mu_);
-        if (in_flight.empty()) cv_.wait(lock, [&] { return (!queue_.empty() && !running_here_) || stop_; });
+        if (in_flight.empty())
+          cv_.wait(lock, [&] { return (!queue_.empty() && !running_here_) || stop_; });
         if (stop_ && queue_.empty() && in_flight.empty()) return;
         while (!queue_.empty() && !running_here_) {
-          if (queue_.front().route == Route::Shm) {  // runs alone, once everything before it completed
+          // runs alone, once everything before it completed
+          if (queue_.front().route == Route::Shm) {
             if (in_flight.empty()) {
               alone.emplace(std::move(queue_.front()));
               queue_.pop_front();
@@ -254,42 +270,55 @@ class OpEngine {
         }
       }
       const auto now = Clock::now();
-      if (progressed) last_progress = now;
-      else if (now - last_progress > std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      else std::this_thread::yield();
+      if (progressed)
+        last_progress = now;
+      else if (now - last_progress > std::chrono::milliseconds(1))
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else
+        std::this_thread::yield();
     }
   }
 
   void start(Task& t, const std::deque<Task>& in_flight) {
     t.deadline = Clock::now() + t.timeout;
     if (refused_after_failure(t, in_flight)) return;
-    if (shm_ && !t.fp.is_p2p()) shm_->announce(t.fp);  // every collective: a peer in a shm op compares
+    // every collective: a peer in a shm op compares
+    if (shm_ && !t.fp.is_p2p()) shm_->announce(t.fp);
     if (t.route == Route::Shm) return run_shm(t, in_flight);
-    if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route != Route::Carried)) return post(t, in_flight);
-    // The exchange: my fingerprint (and carried data) to every peer, theirs back (mpi/fingerprint_exchange.hpp).
+    if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route != Route::Carried))
+      return post(t, in_flight);
+    // The exchange: my fingerprint (and carried data) to every peer, theirs back
+    // (mpi/fingerprint_exchange.hpp).
     t.stage = Stage::Fingerprint;
-    if (const int rc = t.exchange.start(t.fp, t.data, proto_comm_, rank_, size_, exchange_pool_); rc != MPI_SUCCESS)
+    if (const int rc = t.exchange.start(t.fp, t.data, proto_comm_, rank_, size_, exchange_pool_);
+        rc != MPI_SUCCESS)
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))), in_flight);
   }
 
-  // A shared-memory all-reduce, broadcast or barrier, run to completion on this thread. It starts only when
-  // nothing else is in flight (run_here, or the progress loop's `alone`). Failures: a mismatch is reported
-  // through the fingerprint exchange (report_shm_mismatch); a timeout or a dead peer ends the process with
-  // MPI_Abort at exit, as an MPI op's timeout does, since the peers may be stuck where only mpirun can end them.
+  // A shared-memory all-reduce, broadcast or barrier, run to completion on this thread. It starts
+  // only when nothing else is in flight (run_here, or the progress loop's `alone`). Failures: a
+  // mismatch is reported through the fingerprint exchange (report_shm_mismatch); a timeout or a
+  // dead peer ends the process with MPI_Abort at exit, as an MPI op's timeout does, since the peers
+  // may be stuck where only mpirun can end them.
   void run_shm(Task& t, const std::deque<Task>& in_flight) {
     try {
       ShmWatch w(t.fp, t.deadline, *shm_);
-      if (t.fp.kind == OpKind::AllReduce) shm_->all_reduce(w, t.data.bytes_ptr(), t.data.count);
-      else if (t.fp.kind == OpKind::Broadcast) shm_->broadcast(w, t.data.bytes_ptr(), t.data.bytes(), static_cast<int>(t.fp.root));
-      else shm_->barrier_op(w);
+      if (t.fp.kind == OpKind::AllReduce)
+        shm_->all_reduce(w, t.data.bytes_ptr(), t.data.count);
+      else if (t.fp.kind == OpKind::Broadcast)
+        shm_->broadcast(w, t.data.bytes_ptr(), t.data.bytes(), static_cast<int>(t.fp.root));
+      else
+        shm_->barrier_op(w);
       t.state->complete();
     } catch (const ShmMismatch& m) {
       report_shm_mismatch(t, m, in_flight);
     } catch (const TimeoutError& e) {
       abort_at_exit();
-      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms ", e.what(),
-                                            "; this process ends with MPI_Abort at exit, so that mpirun stops every "
-                                            "rank. Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
+      fail(t,
+           TimeoutError(ddp::detail::str(
+               t.state->label, " timed out after ", t.timeout.count(), " ms ", e.what(),
+               "; this process ends with MPI_Abort at exit, so that mpirun stops every "
+               "rank. Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
            in_flight);
     } catch (const std::exception& e) {
       abort_at_exit();
@@ -297,29 +326,34 @@ class OpEngine {
     }
   }
 
-  // The peer runs another collective than this shm op. So that every rank raises the same message as
-  // for any other mismatch, this rank joins the fingerprint exchange: a peer whose op is not a shm one is
-  // already in it, and a peer in a shm op finds the mismatch too and joins it as well.
+  // The peer runs another collective than this shm op. So that every rank raises the same message
+  // as for any other mismatch, this rank joins the fingerprint exchange: a peer whose op is not a
+  // shm one is already in it, and a peer in a shm op finds the mismatch too and joins it as well.
   void report_shm_mismatch(Task& t, const ShmMismatch& m, const std::deque<Task>& in_flight) {
     std::string msg;
     bool exchanged = false;
-    if (opts_.check_fingerprints) {  // (else the peer's op exchanges nothing: report what it announced)
+    // (else the peer's op exchanges nothing: report what it announced)
+    if (opts_.check_fingerprints) {
       int done = 0;
       int rc = t.exchange.start(t.fp, {}, proto_comm_, rank_, size_, exchange_pool_);
-      while (rc == MPI_SUCCESS && !done && Clock::now() <= t.deadline) rc = t.exchange.test_fingerprints(done);
+      while (rc == MPI_SUCCESS && !done && Clock::now() <= t.deadline)
+        rc = t.exchange.test_fingerprints(done);
       exchanged = rc == MPI_SUCCESS && done;
       if (exchanged) msg = t.exchange.mismatch(t.fp);
     }
     if (msg.empty())
-      msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ", m.peer,
-                             ", which announced ", m.theirs.full_label(), " in shared memory");
+      msg = ddp::detail::str(who(rank_, size_), ": ", t.fp.full_label(), " does not match rank ",
+                             m.peer, ", which announced ", m.theirs.full_label(),
+                             " in shared memory");
     fail_mismatch(t, msg, exchanged, in_flight);
   }
 
-  // Fails the task with a fingerprint mismatch. Once every peer's fingerprint arrived (`exchanged`), every
-  // message of the exchange is matched first (drain), so that none meets a later op. An exchange that still
-  // has requests pending is kept alive (orphans_) and breaks the runtime: MPI may still write its buffers.
-  void fail_mismatch(Task& t, const std::string& msg, bool exchanged, const std::deque<Task>& in_flight) {
+  // Fails the task with a fingerprint mismatch. Once every peer's fingerprint arrived
+  // (`exchanged`), every message of the exchange is matched first (drain), so that none meets a
+  // later op. An exchange that still has requests pending is kept alive (orphans_) and breaks the
+  // runtime: MPI may still write its buffers.
+  void fail_mismatch(Task& t, const std::string& msg, bool exchanged,
+                     const std::deque<Task>& in_flight) {
     if (exchanged) t.exchange.drain(t.deadline, /*carrying=*/shm_ == nullptr);
     if (t.exchange.pending()) {
       abort_at_exit();
@@ -335,8 +369,8 @@ class OpEngine {
     Runtime::instance().mark_broken();
   }
 
-  // Once the communicator failed, every later op fails too, naming the first error (a peer may be stuck in
-  // the failed op, so nothing more is posted). True when t was failed here.
+  // Once the communicator failed, every later op fails too, naming the first error (a peer may be
+  // stuck in the failed op, so nothing more is posted). True when t was failed here.
   bool refused_after_failure(Task& t, const std::deque<Task>& in_flight) {
     try {
       failure_.throw_if_failed(t.state->label);
@@ -356,7 +390,8 @@ class OpEngine {
         t.pending = t.body();
       } else {
         t.pending.ring = rings_.make(t.data, t.fp.op, proto_comm_, rank_, size_, t.fp.seq);
-        if (const int rc = t.pending.ring->start(); rc != MPI_SUCCESS) throw CommError(error_text(rc));
+        if (const int rc = t.pending.ring->start(); rc != MPI_SUCCESS)
+          throw CommError(error_text(rc));
       }
     } catch (const std::exception& e) {
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", e.what())), in_flight);
@@ -368,7 +403,8 @@ class OpEngine {
     if (t.state->is_done()) return true;
     if (t.stage == Stage::Ready) return false;
     if (t.stage == Stage::Fingerprint) {
-      // First every peer's fingerprint, then the rest of the exchange (FingerprintExchange::test_fingerprints).
+      // First every peer's fingerprint, then the rest of the exchange
+      // (FingerprintExchange::test_fingerprints).
       int done = 1;
       int rc = MPI_SUCCESS;
       if (!t.fp_compared && (rc = t.exchange.test_fingerprints(done)) == MPI_SUCCESS && done) {
@@ -381,7 +417,8 @@ class OpEngine {
       }
       if (rc == MPI_SUCCESS && t.fp_compared) rc = t.exchange.test_all(done);
       if (rc != MPI_SUCCESS) {
-        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))), in_flight);
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))),
+             in_flight);
         return true;
       }
       if (t.fp_compared && done) {
@@ -405,7 +442,8 @@ class OpEngine {
         rc = MPI_Test(&t.pending.req, &done, MPI_STATUS_IGNORE);
       }
       if (rc != MPI_SUCCESS) {
-        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))), in_flight);
+        fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))),
+             in_flight);
         return true;
       }
       if (done) {
@@ -420,19 +458,21 @@ class OpEngine {
       }
     }
     if (Clock::now() > t.deadline) {
-      fail(t, TimeoutError(ddp::detail::str(t.state->label, " timed out after ", t.timeout.count(), " ms",
-                                            t.stage == Stage::Fingerprint ? " waiting for the other ranks to reach it"
-                                                                          : "",
-                                            ". MPI cannot cancel it, so this process ends with MPI_Abort at exit. "
-                                            "Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
+      fail(t,
+           TimeoutError(ddp::detail::str(
+               t.state->label, " timed out after ", t.timeout.count(), " ms",
+               t.stage == Stage::Fingerprint ? " waiting for the other ranks to reach it" : "",
+               ". MPI cannot cancel it, so this process ends with MPI_Abort at exit. "
+               "Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.")),
            in_flight);
       return true;
     }
     return false;
   }
 
-  // Fails the task and the communicator. When an MPI request is still pending anywhere (this task's or
-  // another in-flight one's), MPI cannot cancel it, so the runtime is marked broken (MPI_Abort at exit).
+  // Fails the task and the communicator. When an MPI request is still pending anywhere (this task's
+  // or another in-flight one's), MPI cannot cancel it, so the runtime is marked broken (MPI_Abort
+  // at exit).
   template <class E>
   void fail(Task& t, const E& e, const std::deque<Task>& in_flight) {
     failure_.fail(e.what());
@@ -450,14 +490,16 @@ class OpEngine {
   MPI_Comm proto_comm_;
   int rank_, size_;
   CommOptions opts_;
-  std::unique_ptr<shm::Collectives> shm_;  // every rank on this host (CommOptions::shm): all-reduce, broadcast, barrier
+  // every rank on this host (CommOptions::shm): all-reduce, broadcast, barrier
+  std::unique_ptr<shm::Collectives> shm_;
   // Touched only by the thread running ops (the progress thread, or a caller in run_here while the
   // progress thread has nothing; the hand-over goes through mu_).
   FailureState failure_;
-  bool broken_ = false;  // a request was left pending (see fail)
+  bool broken_ = false;         // a request was left pending (see fail)
   RingPool rings_;              // Route::Ring's rings: scratch reused, failed ones kept alive
   ExchangePool exchange_pool_;  // receive buffers of finished fingerprint exchanges
-  std::vector<FingerprintExchange> orphans_;  // exchanges a mismatch left with requests pending (drain)
+  // exchanges a mismatch left with requests pending (drain)
+  std::vector<FingerprintExchange> orphans_;
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
@@ -467,7 +509,8 @@ class OpEngine {
   bool running_here_ = false;    // a caller is running an op (run_here)
   bool stop_ = false;
   std::thread thread_;
-  // What Work::help holds (weakly): a Work waited on after its engine is gone finds nothing to help.
+  // What Work::help holds (weakly): a Work waited on after its engine is gone finds nothing to
+  // help.
   std::shared_ptr<OpEngine*> self_ = std::make_shared<OpEngine*>(this);
 };
 

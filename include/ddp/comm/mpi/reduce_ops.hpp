@@ -1,7 +1,8 @@
-// mpi::ReduceOps: the MPI_Op for each (dtype, reduce op) the mpi backend hands to MPI's own reductions (reduce,
-// reduce_scatter): MPI's built-ins where they do what ours do, MPI_Op_create'd ones running comm/reduce.hpp
-// where they do not (bfloat16 and half, which MPI has no type for, widened to float; uint8, whose sums must
-// wrap modulo 256 as on the tcp backend and in PyTorch, which Open MPI's vectorised uint8 sum does not).
+// mpi::ReduceOps: the MPI_Op for each (dtype, reduce op) the mpi backend hands to MPI's own
+// reductions (reduce, reduce_scatter): MPI's built-ins where they do what ours do, MPI_Op_create'd
+// ones running comm/reduce.hpp where they do not (bfloat16 and half, which MPI has no type for,
+// widened to float; uint8, whose sums must wrap modulo 256 as on the tcp backend and in PyTorch,
+// which Open MPI's vectorised uint8 sum does not).
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -47,8 +48,8 @@ class ReduceOps {
   template <DType D>
   static void make(MPI_Op (&ops)[4]) {
     constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product};
-    MPI_User_function* const fns[] = {&user_reduce<D, kOps[0]>, &user_reduce<D, kOps[1]>, &user_reduce<D, kOps[2]>,
-                                      &user_reduce<D, kOps[3]>};
+    MPI_User_function* const fns[] = {&user_reduce<D, kOps[0]>, &user_reduce<D, kOps[1]>,
+                                      &user_reduce<D, kOps[2]>, &user_reduce<D, kOps[3]>};
     for (int k = 0; k < 4; ++k) DDP_MPI_CHECK(MPI_Op_create(fns[k], 1, &ops[index(kOps[k])]));
   }
 

@@ -3,11 +3,12 @@
 // SPDX-License-Identifier: MIT
 //
 // Example message:
-//   ddp: ncclAllReduce(...) failed: unhandled system error (run with NCCL_DEBUG=INFO for details) [NCCL: socket
+//   ddp: ncclAllReduce(...) failed: unhandled system error (run with NCCL_DEBUG=INFO for details)
+//     [NCCL: socket
 //   connect to 10.0.0.2<43117> failed] at nccl_communicator.hpp:211
-// ncclInProgress is not a failure: communicators created non-blocking (ours are, so that a hung init or
-// collective can be aborted) return it from calls that finish in the background; the communicator
-// polls ncclCommGetAsyncError for those instead of using this macro.
+// ncclInProgress is not a failure: communicators created non-blocking (ours are, so that a hung
+// init or collective can be aborted) return it from calls that finish in the background; the
+// communicator polls ncclCommGetAsyncError for those instead of using this macro.
 #pragma once
 
 #include <nccl.h>
@@ -21,7 +22,8 @@
 
 namespace ddp::comm::nccl {
 
-// "unhandled system error [NCCL: <last error text>]" ; comm may be nullptr (NCCL's process-wide last error).
+// "unhandled system error [NCCL: <last error text>]" ; comm may be nullptr (NCCL's process-wide
+// last error).
 inline std::string error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
   std::string s = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);
@@ -59,10 +61,10 @@ inline ncclRedOp_t op_of(ReduceOp op) {
 }  // namespace ddp::comm::nccl
 
 // Throws CommError naming the call, NCCL's text and the location unless expr returns ncclSuccess.
-#define DDP_NCCL_CHECK(expr)                                                                                   \
-  do {                                                                                                         \
-    if (const ncclResult_t ddp_nccl_rc_ = (expr); ddp_nccl_rc_ != ncclSuccess)                                 \
-      throw ::ddp::CommError(::ddp::detail::str("ddp: ", #expr, " failed: ",                                   \
-                                                ::ddp::comm::nccl::error_text(ddp_nccl_rc_), " at ", __FILE__, \
-                                                ':', __LINE__));                                               \
+#define DDP_NCCL_CHECK(expr)                                                                \
+  do {                                                                                      \
+    if (const ncclResult_t ddp_nccl_rc_ = (expr); ddp_nccl_rc_ != ncclSuccess)              \
+      throw ::ddp::CommError(::ddp::detail::str(                                            \
+          "ddp: ", #expr, " failed: ", ::ddp::comm::nccl::error_text(ddp_nccl_rc_), " at ", \
+          __FILE__, ':', __LINE__));                                                        \
   } while (0)

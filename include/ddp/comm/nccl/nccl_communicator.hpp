@@ -1,14 +1,16 @@
-// NcclCommunicator: the nccl backend (GPU memory). One NCCL communicator per group, the ncclUniqueId
-// exchanged through the store, work on a dedicated stream, completion and failure watched by a thread.
+// NcclCommunicator: the nccl backend (GPU memory). One NCCL communicator per group, the
+// ncclUniqueId exchanged through the store, work on a dedicated stream, completion and failure
+// watched by a thread.
 // SPDX-License-Identifier: MIT
 //
-// How an op runs: Communicator has checked the arguments (buffers must be CUDA device memory). Under the
-// lock the op gets its number (OpSequence); an event recorded on the caller's stream (OpCall::stream; null:
-// the legacy default stream) makes the communicator's own stream wait for it, so the op sees everything
-// the caller's kernels wrote before the call. The NCCL call is enqueued on the communicator's stream, a
-// "done" event is recorded after it, and the caller's stream waits for that event, so the caller's later
-// kernels see the result: the op is stream-ordered and the host never blocks. The watcher thread
-// completes the Work when cudaEventQuery reports "done"; Work::wait() blocks the host until then.
+// How an op runs: Communicator has checked the arguments (buffers must be CUDA device memory).
+// Under the lock the op gets its number (OpSequence); an event recorded on the caller's stream
+// (OpCall::stream; null: the legacy default stream) makes the communicator's own stream wait for
+// it, so the op sees everything the caller's kernels wrote before the call. The NCCL call is
+// enqueued on the communicator's stream, a "done" event is recorded after it, and the caller's
+// stream waits for that event, so the caller's later kernels see the result: the op is
+// stream-ordered and the host never blocks. The watcher thread completes the Work when
+// cudaEventQuery reports "done"; Work::wait() blocks the host until then.
 //
 // Example: grad (4 Mi floats on the device), 2 ranks; backward and the optimizer run on `compute`
 //   Work w = comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = compute});
@@ -16,13 +18,14 @@
 //   ... at the end of the step: w.wait() raises a failure of the op
 //
 // How failure is bounded (docs/decisions/0009): communicators are created non-blocking
-// (ncclConfig_t::blocking = 0), so neither init nor a collective can hang the host. The watcher thread polls
-// the pending events, ncclCommGetAsyncError and, every kStorePollInterval while ops are pending, whether
-// another rank published a failure (FailureReport, comm/failure_report.hpp). On a timeout, an asynchronous
-// NCCL error or another rank's failure, it calls ncclCommAbort (which stops the kernels), fails every
-// pending Work with a CommError/TimeoutError naming the op and its sequence number, and publishes its own
-// message and position so that the other ranks stop too. A timeout also names the ranks whose position is
-// behind. NCCL does not exchange fingerprints, so a mismatched collective shows up as a timeout (or garbage).
+// (ncclConfig_t::blocking = 0), so neither init nor a collective can hang the host. The watcher
+// thread polls the pending events, ncclCommGetAsyncError and, every kStorePollInterval while ops
+// are pending, whether another rank published a failure (FailureReport, comm/failure_report.hpp).
+// On a timeout, an asynchronous NCCL error or another rank's failure, it calls ncclCommAbort (which
+// stops the kernels), fails every pending Work with a CommError/TimeoutError naming the op and its
+// sequence number, and publishes its own message and position so that the other ranks stop too. A
+// timeout also names the ranks whose position is behind. NCCL does not exchange fingerprints, so a
+// mismatched collective shows up as a timeout (or garbage).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -65,12 +68,19 @@ inline constexpr std::chrono::milliseconds kStorePollInterval{200};
 class NcclCommunicator final : public Communicator {
  public:
   // Creates the NCCL communicator of the job described by `info` on CUDA device `device` (-1: the
-  // local rank). Collective: rank 0 publishes the ncclUniqueId in the store, every rank joins. Throws
-  // ConfigError without a usable device, TimeoutError when the ranks do not all join within opts.timeout.
-  NcclCommunicator(const env::LaunchInfo& info, store::Store& store, const CommOptions& opts = {}, int device = -1)
-      : rank_(check_setup(info.rank, info.world_size, opts)), size_(info.world_size), store_(store), opts_(opts),
+  // local rank). Collective: rank 0 publishes the ncclUniqueId in the store, every rank joins.
+  // Throws ConfigError without a usable device, TimeoutError when the ranks do not all join within
+  // opts.timeout.
+  NcclCommunicator(const env::LaunchInfo& info, store::Store& store, const CommOptions& opts = {},
+                   int device = -1)
+      : rank_(check_setup(info.rank, info.world_size, opts)),
+        size_(info.world_size),
+        store_(store),
+        opts_(opts),
         device_(usable_device(device >= 0 ? device : info.local_rank, info.rank, info.world_size)),
-        prefix_(attempt_prefix(store, "nccl", size_)), report_(store, prefix_, rank_, size_), sequence_(rank_, size_) {
+        prefix_(attempt_prefix(store, "nccl", size_)),
+        report_(store, prefix_, rank_, size_),
+        sequence_(rank_, size_) {
     CudaDeviceGuard g(device_);
     ncclUniqueId id{};
     const std::string key = prefix_ + "uid";
@@ -82,8 +92,9 @@ class NcclCommunicator final : public Communicator {
       store_.wait(keys, opts_.timeout);
       const store::Bytes b = store_.get(key);
       if (b.size() != sizeof id)
-        throw CommError(ddp::detail::str(who(rank_, size_), ": the ncclUniqueId in the store has ", b.size(),
-                                         " bytes, expected ", sizeof id, "; another program may use the same store keys."));
+        throw CommError(ddp::detail::str(who(rank_, size_), ": the ncclUniqueId in the store has ",
+                                         b.size(), " bytes, expected ", sizeof id,
+                                         "; another program may use the same store keys."));
       std::memcpy(&id, b.data(), sizeof id);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -114,7 +125,8 @@ class NcclCommunicator final : public Communicator {
       if (barrier_buf_) DDP_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
       if (ready_) DDP_CUDA_CHECK_NOTHROW(cudaEventDestroy(ready_));
       if (stream_) {
-        cuda_retire_stream(stream_);  // tensors that ops here used may be freed after this stream is gone
+        // tensors that ops here used may be freed after this stream is gone
+        cuda_retire_stream(stream_);
         DDP_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
       }
     } catch (const std::exception& e) {
@@ -146,14 +158,17 @@ class NcclCommunicator final : public Communicator {
   }
   Work all_reduce_impl(const OpCall& c) override {
     return enqueue(c, [this, b = c.in, op = c.fp.op](cudaStream_t s) {
-      return ncclAllReduce(b.data, b.data, b.count, nccl::datatype_of(b.dtype), nccl::op_of(op), comm_, s);
+      return ncclAllReduce(b.data, b.data, b.count, nccl::datatype_of(b.dtype), nccl::op_of(op),
+                           comm_, s);
     });
   }
   Work reduce_impl(const OpCall& c) override {
     // In place: NCCL writes recvbuff on the root only, so other ranks' buffers stay unchanged.
-    return enqueue(c, [this, b = c.in, op = c.fp.op, root = static_cast<int>(c.fp.root)](cudaStream_t s) {
-      return ncclReduce(b.data, b.data, b.count, nccl::datatype_of(b.dtype), nccl::op_of(op), root, comm_, s);
-    });
+    return enqueue(
+        c, [this, b = c.in, op = c.fp.op, root = static_cast<int>(c.fp.root)](cudaStream_t s) {
+          return ncclReduce(b.data, b.data, b.count, nccl::datatype_of(b.dtype), nccl::op_of(op),
+                            root, comm_, s);
+        });
   }
   Work all_gather_impl(const OpCall& c) override {
     return enqueue(c, [this, in = c.in, out = c.out](cudaStream_t s) {
@@ -162,13 +177,15 @@ class NcclCommunicator final : public Communicator {
   }
   Work reduce_scatter_impl(const OpCall& c) override {
     return enqueue(c, [this, in = c.in, out = c.out, op = c.fp.op](cudaStream_t s) {
-      return ncclReduceScatter(in.data, out.data, out.count, nccl::datatype_of(in.dtype), nccl::op_of(op), comm_, s);
+      return ncclReduceScatter(in.data, out.data, out.count, nccl::datatype_of(in.dtype),
+                               nccl::op_of(op), comm_, s);
     });
   }
   Work all_to_all_impl(const OpCall& c) override {
     // One group of sends and receives; the own block is a device-to-device copy.
     return enqueue(c, [this, in = c.in, out = c.out](cudaStream_t s) {
-      const std::size_t block = in.count / static_cast<std::size_t>(size_), bb = block * dtype_size(in.dtype);
+      const std::size_t block = in.count / static_cast<std::size_t>(size_),
+                        bb = block * dtype_size(in.dtype);
       const ncclDataType_t t = nccl::datatype_of(in.dtype);
       DDP_CUDA_CHECK(cudaMemcpyAsync(out.bytes_ptr() + static_cast<std::size_t>(rank_) * bb,
                                      in.bytes_ptr() + static_cast<std::size_t>(rank_) * bb, bb,
@@ -200,22 +217,27 @@ class NcclCommunicator final : public Communicator {
       CudaDeviceGuard g(device_);
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
-      const ncclResult_t rc = ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config);
+      const ncclResult_t rc =
+          ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config);
       const auto deadline = Clock::now() + opts_.timeout;
       // Non-blocking split: the parent and (for members) the new communicator report completion.
       try {
         wait_in_progress(comm_, rc, "ncclCommSplit", deadline);
-        if (sub) wait_in_progress(sub, ncclInProgress, "ncclCommSplit (new communicator)", deadline);
+        if (sub)
+          wait_in_progress(sub, ncclInProgress, "ncclCommSplit (new communicator)", deadline);
       } catch (const std::exception& e) {
         if (sub) ncclCommAbort(sub);
         Pending none{.timeout = opts_.timeout};
-        fail_locked(ddp::detail::str(who(rank_, size_), ": new_group failed: ", e.what()), false, none);  // aborts comm_
+        // aborts comm_
+        fail_locked(ddp::detail::str(who(rank_, size_), ": new_group failed: ", e.what()), false,
+                    none);
         throw;
       }
     }
     if (index < 0) return nullptr;
-    return std::unique_ptr<Communicator>(new NcclCommunicator(sub, index, static_cast<int>(ranks.size()), store_, opts_,
-                                                              device_, ddp::detail::str(prefix_, "group", id, '/')));
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(sub, index, static_cast<int>(ranks.size()), store_, opts_, device_,
+                             ddp::detail::str(prefix_, "group", id, '/')));
   }
 
  private:
@@ -229,10 +251,17 @@ class NcclCommunicator final : public Communicator {
   };
 
   // A member of a new_group: the split communicator is already created.
-  NcclCommunicator(ncclComm_t comm, int rank, int size, store::Store& store, const CommOptions& opts, int device,
-                   std::string prefix)
-      : rank_(rank), size_(size), store_(store), opts_(opts), device_(device), prefix_(std::move(prefix)),
-        report_(store, prefix_, rank_, size_), sequence_(rank_, size_), comm_(comm) {
+  NcclCommunicator(ncclComm_t comm, int rank, int size, store::Store& store,
+                   const CommOptions& opts, int device, std::string prefix)
+      : rank_(rank),
+        size_(size),
+        store_(store),
+        opts_(opts),
+        device_(device),
+        prefix_(std::move(prefix)),
+        report_(store, prefix_, rank_, size_),
+        sequence_(rank_, size_),
+        comm_(comm) {
     start();
   }
 
@@ -241,25 +270,30 @@ class NcclCommunicator final : public Communicator {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     if (device < 0 || device >= n)
-      throw ConfigError(ddp::detail::str(who(rank, size), ": --backend nccl needs CUDA device ", device,
-                                         " (the local rank), but ", n, " device(s) are visible; check "
-                                         "CUDA_VISIBLE_DEVICES and --nproc-per-node, or use --backend tcp."));
+      throw ConfigError(
+          ddp::detail::str(who(rank, size), ": --backend nccl needs CUDA device ", device,
+                           " (the local rank), but ", n,
+                           " device(s) are visible; check "
+                           "CUDA_VISIBLE_DEVICES and --nproc-per-node, or use --backend tcp."));
     return device;
   }
 
   // After a non-blocking NCCL call: polls ncclCommGetAsyncError while it reports ncclInProgress.
-  void wait_in_progress(ncclComm_t comm, ncclResult_t rc, std::string_view what, Clock::time_point deadline) {
+  void wait_in_progress(ncclComm_t comm, ncclResult_t rc, std::string_view what,
+                        Clock::time_point deadline) {
     while (rc == ncclInProgress) {
       if (Clock::now() > deadline) {  // the caller aborts the communicator
-        throw TimeoutError(ddp::detail::str(who(rank_, size_), ": ", what, " did not finish within ", opts_.timeout.count(),
-                                            " ms; a rank may be missing or stuck. Raise --timeout-ms (DDP_TIMEOUT_MS) "
-                                            "if startup is slow."));
+        throw TimeoutError(ddp::detail::str(
+            who(rank_, size_), ": ", what, " did not finish within ", opts_.timeout.count(),
+            " ms; a rank may be missing or stuck. Raise --timeout-ms (DDP_TIMEOUT_MS) "
+            "if startup is slow."));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (const ncclResult_t q = ncclCommGetAsyncError(comm, &rc); q != ncclSuccess) rc = q;
     }
     if (rc != ncclSuccess)
-      throw CommError(ddp::detail::str(who(rank_, size_), ": ", what, " failed: ", nccl::error_text(rc, comm)));
+      throw CommError(
+          ddp::detail::str(who(rank_, size_), ": ", what, " failed: ", nccl::error_text(rc, comm)));
   }
 
   void finish_init(ncclResult_t rc, std::string_view what) {
@@ -278,7 +312,8 @@ class NcclCommunicator final : public Communicator {
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, 1));
     watcher_ = std::thread([this] { watch(); });
-    DDP_LOG_DEBUG(who(rank_, size_), ": nccl communicator ready on device ", device_, " (store prefix ", prefix_, ")");
+    DDP_LOG_DEBUG(who(rank_, size_), ": nccl communicator ready on device ", device_,
+                  " (store prefix ", prefix_, ")");
   }
 
   void destroy_comm() {
@@ -293,15 +328,18 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
 
-  // Numbers the op, orders it after the caller's stream, launches it, orders the caller's stream after it
-  // and hands it to the watcher (see the file comment).
+  // Numbers the op, orders it after the caller's stream, launches it, orders the caller's stream
+  // after it and hands it to the watcher (see the file comment).
   Work enqueue(OpCall call, const Launch& launch) {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);
     const Fingerprint& fp = call.fp;
     if (auto refused = failure_.not_run(label)) return Work::completed(label, refused);
-    Pending p{std::make_shared<detail::WorkState>(label), fp,
-              call.timeout.count() > 0 ? call.timeout : opts_.timeout, {}, nullptr};
+    Pending p{std::make_shared<detail::WorkState>(label),
+              fp,
+              call.timeout.count() > 0 ? call.timeout : opts_.timeout,
+              {},
+              nullptr};
     p.deadline = Clock::now() + p.timeout;
     Work work(p.state);
     const auto caller = static_cast<cudaStream_t>(call.stream);
@@ -310,7 +348,8 @@ class NcclCommunicator final : public Communicator {
       DDP_CUDA_CHECK(cudaEventRecord(ready_, caller));
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       wait_in_progress(comm_, launch(stream_), fp.label(), p.deadline);
-      // NCCL reads and writes these blocks on stream_: the caching allocator reuses them only after it has.
+      // NCCL reads and writes these blocks on stream_: the caching allocator reuses them only after
+      // it has.
       for (const BufferRef* b : {&call.in, &call.out})
         if (b->memory == MemoryKind::Cuda) cuda_record_stream(b->data, stream_);
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
@@ -329,14 +368,15 @@ class NcclCommunicator final : public Communicator {
     return work;
   }
 
-  // How the watcher works: ops complete in issue order on one stream, so it polls the oldest pending
-  // event (every 20 us while something is pending), checks ncclCommGetAsyncError and each op's deadline,
-  // and every kStorePollInterval asks the store whether another rank failed.
+  // How the watcher works: ops complete in issue order on one stream, so it polls the oldest
+  // pending event (every 20 us while something is pending), checks ncclCommGetAsyncError and each
+  // op's deadline, and every kStorePollInterval asks the store whether another rank failed.
   void watch() {
     try {
       DDP_CUDA_CHECK(cudaSetDevice(device_));
     } catch (const std::exception& e) {
-      DDP_LOG_ERROR(who(rank_, size_), ": the nccl watcher cannot select device ", device_, ": ", e.what());
+      DDP_LOG_ERROR(who(rank_, size_), ": the nccl watcher cannot select device ", device_, ": ",
+                    e.what());
     }
     auto next_store_poll = Clock::now() + nccl::kStorePollInterval;
     std::unique_lock lock(mu_);
@@ -349,32 +389,41 @@ class NcclCommunicator final : public Communicator {
         Pending p = std::move(pending_.front());
         pending_.pop_front();
         cudaEventDestroy(p.done);
-        if (q == cudaSuccess) p.state->complete();
-        else fail_locked(ddp::detail::str(p.state->label, " failed: ", ddp::detail::cuda_error_text(
-                                              "cudaEventQuery", q, __FILE__, __LINE__)), false, p);
+        if (q == cudaSuccess)
+          p.state->complete();
+        else
+          fail_locked(ddp::detail::str(
+                          p.state->label, " failed: ",
+                          ddp::detail::cuda_error_text("cudaEventQuery", q, __FILE__, __LINE__)),
+                      false, p);
       }
       if (pending_.empty()) continue;
       ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress) {
         fail_all_locked(ddp::detail::str(pending_.front().state->label, " failed: NCCL reported ",
-                                         nccl::error_text(async, comm_)), false);
+                                         nccl::error_text(async, comm_)),
+                        false);
         continue;
       }
       const auto now = Clock::now();
       if (now > pending_.front().deadline) {
         const Pending& f = pending_.front();
-        std::string msg = ddp::detail::str(f.state->label, " timed out after ", f.timeout.count(), " ms. Raise "
+        std::string msg = ddp::detail::str(f.state->label, " timed out after ", f.timeout.count(),
+                                           " ms. Raise "
                                            "--timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.");
         const Fingerprint fp = f.fp;
         const auto timeout = f.timeout;
         const bool publish = !failure_.failed();
         const std::uint64_t at = position(fp);
         lock.unlock();
-        // Published before the report waits for the others' positions: seeing it, they stop and publish theirs.
+        // Published before the report waits for the others' positions: seeing it, they stop and
+        // publish theirs.
         if (publish) report_.publish(msg, at, fp, timeout);
         if (!fp.is_p2p()) msg += report_.timeout_report(fp, timeout);
         lock.lock();
-        if (!pending_.empty()) fail_all_locked(msg, true, !publish);  // enqueue may have failed them meanwhile
+        // enqueue may have failed them meanwhile
+        if (!pending_.empty()) fail_all_locked(msg, true, !publish);
         continue;
       }
       if (now > next_store_poll && size_ > 1) {
@@ -383,7 +432,8 @@ class NcclCommunicator final : public Communicator {
         std::string other = report_.any_peer_failure(opts_.timeout);
         lock.lock();
         if (!other.empty() && !pending_.empty()) {
-          fail_all_locked(ddp::detail::str(pending_.front().state->label, " failed: ", other), false);
+          fail_all_locked(ddp::detail::str(pending_.front().state->label, " failed: ", other),
+                          false);
           continue;
         }
       }
@@ -393,7 +443,8 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // Aborts the communicator, fails every pending op with `msg`, publishes it (see fail_locked). mu_ held.
+  // Aborts the communicator, fails every pending op with `msg`, publishes it (see fail_locked). mu_
+  // held.
   void fail_all_locked(const std::string& msg, bool timed_out, bool publish = true) {
     Pending oldest = std::move(pending_.front());  // msg names it
     pending_.pop_front();
@@ -401,9 +452,9 @@ class NcclCommunicator final : public Communicator {
     fail_locked(msg, timed_out, oldest, publish);
   }
 
-  // Marks the communicator failed and publishes msg with this rank's position at p (first failure only,
-  // unless the caller published already), aborts the NCCL communicator, fails `p` with msg and every other
-  // pending op with a message quoting it. mu_ held.
+  // Marks the communicator failed and publishes msg with this rank's position at p (first failure
+  // only, unless the caller published already), aborts the NCCL communicator, fails `p` with msg
+  // and every other pending op with a message quoting it. mu_ held.
   void fail_locked(const std::string& msg, bool timed_out, Pending& p, bool publish = true) {
     if (failure_.fail(msg) && publish) report_.publish(msg, position(p.fp), p.fp, p.timeout);
     if (comm_ && !aborted_) {
@@ -415,12 +466,13 @@ class NcclCommunicator final : public Communicator {
       Pending q = std::move(pending_.front());
       pending_.pop_front();
       if (q.done) cudaEventDestroy(q.done);
-      q.state->complete(error_of(ddp::detail::str(q.state->label, " was not completed: ", msg), timed_out));
+      q.state->complete(
+          error_of(ddp::detail::str(q.state->label, " was not completed: ", msg), timed_out));
     }
   }
 
-  // Where this rank is in the collective sequence when `fp` fails, for the failure report: a collective's
-  // own number; for send/recv, the last collective issued. mu_ held.
+  // Where this rank is in the collective sequence when `fp` fails, for the failure report: a
+  // collective's own number; for send/recv, the last collective issued. mu_ held.
   std::uint64_t position(const Fingerprint& fp) const noexcept {
     return fp.is_p2p() ? sequence_.last_collective() : fp.seq;
   }
@@ -434,7 +486,8 @@ class NcclCommunicator final : public Communicator {
   store::Store& store_;
   const CommOptions opts_;
   const int device_;
-  const std::string prefix_;  // this communicator's store keys: "ddp/nccl/<attempt>/" or the parent's + "group<id>/"
+  // this communicator's store keys: "ddp/nccl/<attempt>/" or the parent's + "group<id>/"
+  const std::string prefix_;
   FailureReport report_;
   OpSequence sequence_;  // guarded by mu_
   ncclComm_t comm_ = nullptr;

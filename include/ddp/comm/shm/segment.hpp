@@ -1,20 +1,22 @@
-// shm::Segment: one POSIX shared-memory segment mapped by every rank of a communicator on one host, set up
-// through the ranks' own all-gather (the store for tcp, MPI_Allgatherv for mpi) and unlinked as soon as
-// every rank has mapped it, so nothing is left in /dev/shm even when a process is killed later.
+// shm::Segment: one POSIX shared-memory segment mapped by every rank of a communicator on one host,
+// set up through the ranks' own all-gather (the store for tcp, MPI_Allgatherv for mpi) and unlinked
+// as soon as every rank has mapped it, so nothing is left in /dev/shm even when a process is killed
+// later.
 // SPDX-License-Identifier: MIT
 //
-// How setup works (collective over the communicator's ranks, three all-gathers named "host", "name", "ok"):
-//   1. every rank contributes its host identity (hostname + kernel boot id); unless all are equal, every
-//      rank returns an empty segment (the caller keeps its other transport);
+// How setup works (collective over the communicator's ranks, three all-gathers named "host",
+// "name", "ok"):
+//   1. every rank contributes its host identity (hostname + kernel boot id); unless all are equal,
+//      every rank returns an empty segment (the caller keeps its other transport);
 //   2. rank 0 creates "/ddp-<pid>-<random>" (O_EXCL, mode 0600), sizes and maps it, writes a header
 //      {magic, random nonce, size}, and contributes "name nonce" (the others contribute nothing);
 //   3. the others open and map it and check magic and nonce (a different /dev/shm, e.g. another
 //      container with the same hostname, fails here); every rank contributes ok = 1 or 0;
-//   4. once every ok is in, rank 0 unlinks the name. The segment lives on only as long as some process
-//      maps it. Only a kill -9 of rank 0 within this setup (milliseconds) can leave a /dev/shm/ddp-*
-//      entry behind; its name carries the pid that created it.
-// Any failure makes every rank agree on "no shared memory" (with a warning naming the reason), never an
-// error: the backend's other transport still works.
+//   4. once every ok is in, rank 0 unlinks the name. The segment lives on only as long as some
+//      process maps it. Only a kill -9 of rank 0 within this setup (milliseconds) can leave a
+//      /dev/shm/ddp-* entry behind; its name carries the pid that created it.
+// Any failure makes every rank agree on "no shared memory" (with a warning naming the reason),
+// never an error: the backend's other transport still works.
 #pragma once
 
 #include <fcntl.h>
@@ -54,14 +56,17 @@ struct SegmentHeader {
   std::uint64_t ranks;
 };
 
-// One collective exchange of a string per rank: every rank passes its own, all get everyone's in rank
-// order. `step` names the exchange ("host", "name", "ok"), for backends that key it (the store).
-using AllGather = std::function<std::vector<std::string>(const std::string& step, const std::string& mine)>;
+// One collective exchange of a string per rank: every rank passes its own, all get everyone's in
+// rank order. `step` names the exchange ("host", "name", "ok"), for backends that key it (the
+// store).
+using AllGather =
+    std::function<std::vector<std::string>(const std::string& step, const std::string& mine)>;
 
 // AllGather through the store: keys <prefix>shm/<step>/<rank>, each wait bounded by `deadline`.
 inline AllGather store_all_gather(store::Store& store, std::string prefix, int rank, int size,
                                   Clock::time_point deadline) {
-  return [&store, prefix = std::move(prefix), rank, size, deadline](const std::string& step, const std::string& mine) {
+  return [&store, prefix = std::move(prefix), rank, size, deadline](const std::string& step,
+                                                                    const std::string& mine) {
     const std::string p = ddp::detail::str(prefix, "shm/", step, '/');
     store.set(ddp::detail::str(p, rank), mine);
     std::vector<std::string> keys;
@@ -77,7 +82,9 @@ class Segment {
  public:
   Segment() = default;
   Segment(Segment&& o) noexcept
-      : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), name_(std::move(o.name_)),
+      : base_(std::exchange(o.base_, nullptr)),
+        bytes_(std::exchange(o.bytes_, 0)),
+        name_(std::move(o.name_)),
         owner_(std::exchange(o.owner_, false)) {}
   Segment& operator=(Segment&& o) noexcept {
     if (this != &o) {
@@ -95,14 +102,16 @@ class Segment {
   std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
   std::size_t bytes() const noexcept { return bytes_; }
 
-  // Setup (see the file comment). Returns an empty segment on every rank unless all ranks mapped it.
-  // `enabled` false (CommOptions::shm off) contributes a host identity no other rank has, so all fall back;
-  // `fallback` names the transport used instead, for the warning.
-  static Segment create(const AllGather& all_gather, int rank, int size, bool enabled, std::size_t bytes,
-                        std::string_view fallback) {
-    const auto hosts = all_gather("host", enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
+  // Setup (see the file comment). Returns an empty segment on every rank unless all ranks mapped
+  // it. `enabled` false (CommOptions::shm off) contributes a host identity no other rank has, so
+  // all fall back; `fallback` names the transport used instead, for the warning.
+  static Segment create(const AllGather& all_gather, int rank, int size, bool enabled,
+                        std::size_t bytes, std::string_view fallback) {
+    const auto hosts =
+        all_gather("host", enabled ? host_identity() : ddp::detail::str("shm off on rank ", rank));
     for (const auto& h : hosts)
-      if (h != hosts.front()) return {};  // not all on one host: every rank sees the same and agrees
+      // not all on one host: every rank sees the same and agrees
+      if (h != hosts.front()) return {};
 
     Segment seg;
     std::string why, published;
@@ -130,10 +139,14 @@ class Segment {
       throw;
     }
     seg.unlink();  // rank 0: every rank has mapped it (or given up)
-    const auto bad = std::find_if(oks.begin(), oks.end(), [](const std::string& o) { return o != "1"; });
+    const auto bad =
+        std::find_if(oks.begin(), oks.end(), [](const std::string& o) { return o != "1"; });
     if (bad != oks.end()) {
-      if (!why.empty()) DDP_LOG_WARN("no shared memory between local ranks (", why, "); using ", fallback);
-      else DDP_LOG_DEBUG("rank ", bad - oks.begin(), " could not map the shared memory; using ", fallback);
+      if (!why.empty())
+        DDP_LOG_WARN("no shared memory between local ranks (", why, "); using ", fallback);
+      else
+        DDP_LOG_DEBUG("rank ", bad - oks.begin(), " could not map the shared memory; using ",
+                      fallback);
       return {};
     }
     return seg;
@@ -149,7 +162,8 @@ class Segment {
   }
 
  private:
-  std::string create_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
+  std::string create_named(const std::string& name, std::size_t bytes, std::uint64_t nonce,
+                           int ranks) {
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", net::errno_text(errno));
     name_ = name;
@@ -163,21 +177,27 @@ class Segment {
     }
     if (std::string why = map(fd, bytes); !why.empty()) return why;
     auto* h = reinterpret_cast<SegmentHeader*>(base_);
-    *h = {.magic = kMagic, .nonce = nonce, .bytes = bytes, .ranks = static_cast<std::uint64_t>(ranks)};
+    *h = {.magic = kMagic,
+          .nonce = nonce,
+          .bytes = bytes,
+          .ranks = static_cast<std::uint64_t>(ranks)};
     return {};
   }
 
-  std::string open_named(const std::string& name, std::size_t bytes, std::uint64_t nonce, int ranks) {
+  std::string open_named(const std::string& name, std::size_t bytes, std::uint64_t nonce,
+                         int ranks) {
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) return ddp::detail::str("shm_open(", name, ") failed: ", net::errno_text(errno),
-                                        " (a separate /dev/shm, e.g. another container?)");
+    if (fd < 0)
+      return ddp::detail::str("shm_open(", name, ") failed: ", net::errno_text(errno),
+                              " (a separate /dev/shm, e.g. another container?)");
     Fd guard(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes)
       return ddp::detail::str(name, " has ", st.st_size, " bytes, expected ", bytes);
     if (std::string why = map(fd, bytes); !why.empty()) return why;
     const auto* h = reinterpret_cast<const SegmentHeader*>(base_);
-    if (h->magic != kMagic || h->nonce != nonce || h->bytes != bytes || h->ranks != static_cast<std::uint64_t>(ranks)) {
+    if (h->magic != kMagic || h->nonce != nonce || h->bytes != bytes ||
+        h->ranks != static_cast<std::uint64_t>(ranks)) {
       release();
       return ddp::detail::str(name, " is not the segment rank 0 created (header mismatch)");
     }

@@ -1,61 +1,73 @@
-// StagedCommunicator<D>: collectives on CUDA device memory over a host-memory backend (tcp, mpi), staged
-// through pinned host memory, with the nccl backend's stream semantics (docs/decisions/0023).
+// StagedCommunicator<D>: collectives on CUDA device memory over a host-memory backend (tcp, mpi),
+// staged through pinned host memory, with the nccl backend's stream semantics
+// (docs/decisions/0023).
 // SPDX-License-Identifier: MIT
 //
-// Why: NCCL refuses two ranks on one GPU, and PyTorch's gloo takes CUDA tensors; so does `--backend gloo
-// --device cuda` here (several ranks on one GPU, or GPUs without NCCL). memory() is Cuda, so Transport<T,
-// Cuda> and DistributedDataParallel<T, Cuda> use it unchanged; backend() names the host backend ("tcp").
+// Why: NCCL refuses two ranks on one GPU, and PyTorch's gloo takes CUDA tensors; so does `--backend
+// gloo --device cuda` here (several ranks on one GPU, or GPUs without NCCL). memory() is Cuda, so
+// Transport<T, Cuda> and DistributedDataParallel<T, Cuda> use it unchanged; backend() names the
+// host backend ("tcp").
 //
-// How an op on device memory with .stream = s runs (all device work on s, enqueued by the call, which never
-// blocks the host):
-//   s: [earlier work] -> D2H copy into a pinned block -> ready event -> hold -> H2D copy back -> done event
-//   worker thread:  waits for `ready` (polling, bounded by the op's timeout), runs the host op on the pinned
+// How an op on device memory with .stream = s runs (all device work on s, enqueued by the call,
+// which never blocks the host):
+//   s: [earlier work] -> D2H copy into a pinned block -> ready event -> hold -> H2D copy back ->
+//     done event
+//   worker thread:  waits for `ready` (polling, bounded by the op's timeout), runs the host op on
+//     the pinned
 //                   block through the inner communicator, waits for it, opens the hold's gate
-//   then:           the Work completes once `done` has passed; the pinned block is reused after that
-// So the op sees everything enqueued on s before the call, and everything enqueued on s after the call sees
-// the result, as with nccl. The hold is a host function (cudaLaunchHostFunc) that waits for the gate and calls
-// no CUDA API, or, with DDP_STAGING_MEMORY_WAIT=1, a stream memory wait (cuStreamWaitValue32 on a pinned word
-// that the gate's open() writes). PyTorch's ProcessGroupGloo stages the same way but copies on a side stream
-// and makes the caller's stream wait only in Work::wait(); holding the stream instead keeps DDP's contract (the
-// optimizer, enqueued next on the stream, sees the averages without a host wait).
-// Copies made: only what the op reads and writes (send: D2H only; recv: H2D only; broadcast: D2H on the
-// root, H2D elsewhere; reduce: H2D on the root only; barrier: none). Every device access is on s, in
-// stream order like the caller's own kernels, so nothing needs cuda_record_stream: a buffer freed after the
-// call is ordered after our copies exactly as it is after the caller's kernels.
-// Pinned blocks (with their two events and gate) are cached by size and reused once their `done` passed:
-// a training step repeats its sizes, so the steady state allocates no pinned memory.
-// Failure (docs/decisions/0009), bounded and loud: the inner communicator's errors and timeouts (its
-// failure report tells the other ranks) fail the Work with the inner op's exception; a stream that does not
-// reach the op within its timeout is a TimeoutError here. Either way the gate opens, so the stream is never
-// held past the op's timeout; the communicator is broken, and every later call returns a failed Work that
-// quotes the first failure.
-// Ops run one at a time in issue order (collectives must match across ranks). As with nccl outside a group,
-// a send and a recv that depend on each other must be issued in matching order on the two ranks.
-// Ranks must be processes, one CUDA context each (as launchers start them), when they share a GPU: in one
-// process a held stream delays work elsewhere in the context. The first GPU run (2026-11-27, H200) saw every
-// test whose two ranks were threads of one process time out, with host-function holds and again in a run
-// where memory waits were the default (whether its driver offered them was not logged): most likely one rank's
-// work on the legacy default stream (or a device-wide synchronisation) waits for the other rank's held stream,
-// whose hold waits for this rank. Processes ran (ddprun --backend gloo --device cuda, world 2 and
-// 4). Host functions are also run one at a time per process, so a host-function hold can delay another
-// stream's hold: ops on several streams must be issued in dependency order. The memory wait blocks only its
-// own stream and lifts that; it is opt-in until a GPU run has shown it (scripts/gpu_check.sh runs a step
-// with it). Either way an op that cannot proceed ends in a TimeoutError, not a hang.
+//   then:           the Work completes once `done` has passed; the pinned block is reused after
+//     that
+// So the op sees everything enqueued on s before the call, and everything enqueued on s after the
+// call sees the result, as with nccl. The hold is a host function (cudaLaunchHostFunc) that waits
+// for the gate and calls no CUDA API, or, with DDP_STAGING_MEMORY_WAIT=1, a stream memory wait
+// (cuStreamWaitValue32 on a pinned word that the gate's open() writes). PyTorch's ProcessGroupGloo
+// stages the same way but copies on a side stream and makes the caller's stream wait only in
+// Work::wait(); holding the stream instead keeps DDP's contract (the optimizer, enqueued next on
+// the stream, sees the averages without a host wait). Copies made: only what the op reads and
+// writes (send: D2H only; recv: H2D only; broadcast: D2H on the root, H2D elsewhere; reduce: H2D on
+// the root only; barrier: none). Every device access is on s, in stream order like the caller's own
+// kernels, so nothing needs cuda_record_stream: a buffer freed after the call is ordered after our
+// copies exactly as it is after the caller's kernels. Pinned blocks (with their two events and
+// gate) are cached by size and reused once their `done` passed: a training step repeats its sizes,
+// so the steady state allocates no pinned memory. Failure (docs/decisions/0009), bounded and loud:
+// the inner communicator's errors and timeouts (its failure report tells the other ranks) fail the
+// Work with the inner op's exception; a stream that does not reach the op within its timeout is a
+// TimeoutError here. Either way the gate opens, so the stream is never held past the op's timeout;
+// the communicator is broken, and every later call returns a failed Work that quotes the first
+// failure. Ops run one at a time in issue order (collectives must match across ranks). As with nccl
+// outside a group, a send and a recv that depend on each other must be issued in matching order on
+// the two ranks. Ranks must be processes, one CUDA context each (as launchers start them), when
+// they share a GPU: in one process a held stream delays work elsewhere in the context. The first
+// GPU run (2026-11-27, H200) saw every test whose two ranks were threads of one process time out,
+// with host-function holds and again in a run where memory waits were the default (whether its
+// driver offered them was not logged): most likely one rank's work on the legacy default stream (or
+// a device-wide synchronisation) waits for the other rank's held stream, whose hold waits for this
+// rank. Processes ran (ddprun --backend gloo --device cuda, world 2 and 4). Host functions are also
+// run one at a time per process, so a host-function hold can delay another stream's hold: ops on
+// several streams must be issued in dependency order. The memory wait blocks only its own stream
+// and lifts that; it is opt-in until a GPU run has shown it (scripts/gpu_check.sh runs a step with
+// it). Either way an op that cannot proceed ends in a TimeoutError, not a hang.
 //
-// The device side is a template parameter D (the "device ops") so that all of the above is tested on the
-// CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the CUDA one is
-// comm/staging/cuda/staging_device.hpp. D provides:
+// The device side is a template parameter D (the "device ops") so that all of the above is tested
+// on the CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the
+// CUDA one is comm/staging/cuda/staging_device.hpp. D provides:
 //   using Event = ...;                                  // a copyable handle
-//   using Pinned = ...;                                 // move-only page-locked block: std::byte* data(), bytes()
+//   using Pinned = ...;                                 // move-only page-locked block: std::byte*
+//     data(), bytes()
 //   Pinned alloc_pinned(std::size_t bytes);
 //   Event create_event();  void destroy_event(Event) noexcept;
-//   void copy_to_host(void* host, const void* dev, std::size_t bytes, void* stream);    // async on stream
-//   void copy_to_device(void* dev, const void* host, std::size_t bytes, void* stream);  // async on stream
+//   void copy_to_host(void* host, const void* dev, std::size_t bytes, void* stream);    // async on
+//     stream
+//   void copy_to_device(void* dev, const void* host, std::size_t bytes, void* stream);  // async on
+//     stream
 //   void record(Event, void* stream);                   // completes when stream gets there
 //   bool query(Event);                                  // completed? never blocks
-//   void hold(void* stream, staging::Gate& gate);       // stream's later work waits until gate.open()
-//                                                       // (it may attach a word to the gate: Gate::attach)
-//   void bind_thread();                                 // on the worker thread, before its first query
+//   void hold(void* stream, staging::Gate& gate);       // stream's later work waits until
+//     gate.open()
+//                                                       // (it may attach a word to the gate:
+//                                                         Gate::attach)
+//   void bind_thread();                                 // on the worker thread, before its first
+//     query
 // Streams are the options' void* (a cudaStream_t; null: the legacy default stream).
 #pragma once
 
@@ -90,15 +102,16 @@ namespace ddp::comm {
 
 namespace staging {
 
-// What a held stream waits for: opened once by the worker; reset only when its block is reused, after the
-// stream has passed the hold.
+// What a held stream waits for: opened once by the worker; reset only when its block is reused,
+// after the stream has passed the hold.
 class Gate {
  public:
   void open() {
     {
       std::lock_guard lock(mu_);
       open_ = true;
-      if (word_) std::atomic_ref<std::uint32_t>(*word_).store(generation_, std::memory_order_release);
+      if (word_)
+        std::atomic_ref<std::uint32_t>(*word_).store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -115,13 +128,15 @@ class Gate {
     open_ = false;
     ++generation_;
   }
-  // For a device whose streams wait on memory (D::hold): `word` (host memory the device reads, owned by D, alive
-  // as long as the gate) receives the gate's generation on every open(); a hold made while the gate is closed
-  // waits until *word reaches generation(), which reset() advances. Zeroes the word (generations start at 1).
+  // For a device whose streams wait on memory (D::hold): `word` (host memory the device reads,
+  // owned by D, alive as long as the gate) receives the gate's generation on every open(); a hold
+  // made while the gate is closed waits until *word reaches generation(), which reset() advances.
+  // Zeroes the word (generations start at 1).
   void attach(std::uint32_t* word) {
     std::lock_guard lock(mu_);
     word_ = word;
-    std::atomic_ref<std::uint32_t>(*word_).store(open_ ? generation_ : generation_ - 1, std::memory_order_release);
+    std::atomic_ref<std::uint32_t>(*word_).store(open_ ? generation_ : generation_ - 1,
+                                                 std::memory_order_release);
   }
   std::uint32_t* word() {
     std::lock_guard lock(mu_);
@@ -143,8 +158,8 @@ class Gate {
 };
 
 template <class D>
-concept DeviceOps = requires(D& d, typename D::Pinned& pinned, typename D::Event e, void* p, const void* cp,
-                             std::size_t n, Gate& g) {
+concept DeviceOps = requires(D& d, typename D::Pinned& pinned, typename D::Event e, void* p,
+                             const void* cp, std::size_t n, Gate& g) {
   { d.alloc_pinned(n) } -> std::same_as<typename D::Pinned>;
   { pinned.data() } -> std::convertible_to<std::byte*>;
   { pinned.bytes() } -> std::convertible_to<std::size_t>;
@@ -166,23 +181,28 @@ struct StagingStats {
 };
 
 inline constexpr std::chrono::microseconds kPollInterval{20};
-inline constexpr std::size_t kBlockAlign = 4096;  // pinned blocks are whole pages; `out` starts page-aligned
+// pinned blocks are whole pages; `out` starts page-aligned
+inline constexpr std::size_t kBlockAlign = 4096;
 
 }  // namespace staging
 
 template <staging::DeviceOps D>
 class StagedCommunicator final : public Communicator {
  public:
-  // Wraps `inner` (host memory: tcp or mpi), which it owns. `opts` gives the default op timeout and the
-  // bound on destruction (shutdown_timeout). ConfigError if `inner` reaches device memory itself.
+  // Wraps `inner` (host memory: tcp or mpi), which it owns. `opts` gives the default op timeout and
+  // the bound on destruction (shutdown_timeout). ConfigError if `inner` reaches device memory
+  // itself.
   StagedCommunicator(std::unique_ptr<Communicator> inner, D device, const CommOptions& opts = {})
-      : inner_(checked(std::move(inner))), dev_(std::move(device)), opts_(opts),
+      : inner_(checked(std::move(inner))),
+        dev_(std::move(device)),
+        opts_(opts),
         sequence_(inner_->rank(), inner_->size()) {
     worker_ = std::thread([this] { work(); });
   }
 
-  // Runs what was issued (each op bounded by its timeout), waits up to shutdown_timeout for the streams to
-  // pass the last copies, then lets the inner communicator run its own bounded shutdown. Never throws.
+  // Runs what was issued (each op bounded by its timeout), waits up to shutdown_timeout for the
+  // streams to pass the last copies, then lets the inner communicator run its own bounded shutdown.
+  // Never throws.
   ~StagedCommunicator() override {
     {
       std::lock_guard lock(mu_);
@@ -218,8 +238,8 @@ class StagedCommunicator final : public Communicator {
   Work all_to_all_impl(const OpCall& c) override { return stage(c, true, true); }
   Work barrier_impl(const OpCall& c) override { return stage(c, false, false); }
 
-  // The inner communicator's group, staged the same way. Collective on the inner communicator: it runs once
-  // every op issued before it has run, so that it is ordered with them on every rank.
+  // The inner communicator's group, staged the same way. Collective on the inner communicator: it
+  // runs once every op issued before it has run, so that it is ordered with them on every rank.
   std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks, int) override {
     {
       std::unique_lock lock(mu_);
@@ -238,7 +258,8 @@ class StagedCommunicator final : public Communicator {
     typename D::Pinned block;
     Event ready{}, done{};
     bool has_events = false;
-    std::unique_ptr<staging::Gate> gate = std::make_unique<staging::Gate>();  // stable address for the hold
+    // stable address for the hold
+    std::unique_ptr<staging::Gate> gate = std::make_unique<staging::Gate>();
   };
   // One issued op: its call on the pinned block (host memory, no stream), its Work, its slot.
   struct Op {
@@ -251,18 +272,23 @@ class StagedCommunicator final : public Communicator {
   };
 
   static std::unique_ptr<Communicator> checked(std::unique_ptr<Communicator> inner) {
-    if (!inner) throw ConfigError("ddp: StagedCommunicator needs a communicator to wrap, got nullptr");
+    if (!inner)
+      throw ConfigError("ddp: StagedCommunicator needs a communicator to wrap, got nullptr");
     if (inner->memory() != MemoryKind::Cpu)
-      throw ConfigError(ddp::detail::str("ddp: staging through pinned host memory needs a backend on host memory (tcp, "
-                                         "mpi), but the ", inner->backend(), " backend reaches ",
-                                         memory_name(inner->memory()), " itself; use it directly."));
+      throw ConfigError(ddp::detail::str(
+          "ddp: staging through pinned host memory needs a backend on host memory (tcp, "
+          "mpi), but the ",
+          inner->backend(), " backend reaches ", memory_name(inner->memory()),
+          " itself; use it directly."));
     return inner;
   }
 
-  static std::size_t round_up(std::size_t n) { return (n + staging::kBlockAlign - 1) / staging::kBlockAlign * staging::kBlockAlign; }
+  static std::size_t round_up(std::size_t n) {
+    return (n + staging::kBlockAlign - 1) / staging::kBlockAlign * staging::kBlockAlign;
+  }
 
-  // Enqueues the op's device work on the caller's stream and hands it to the worker (see the file comment).
-  // copy_in: the op reads call.in from the device; copy_out: it writes call.out back.
+  // Enqueues the op's device work on the caller's stream and hands it to the worker (see the file
+  // comment). copy_in: the op reads call.in from the device; copy_out: it writes call.out back.
   Work stage(OpCall call, bool copy_in, bool copy_out) {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);
@@ -282,11 +308,21 @@ class StagedCommunicator final : public Communicator {
       dev_.record(slot->ready, s);
       dev_.hold(s, *slot->gate);
       held = true;
-      if (copy_out && call.out.bytes()) dev_.copy_to_device(call.out.data, host_out, call.out.bytes(), s);
+      if (copy_out && call.out.bytes())
+        dev_.copy_to_device(call.out.data, host_out, call.out.bytes(), s);
       dev_.record(slot->done, s);
-      const BufferRef in{.data = host_in, .count = call.in.count, .dtype = call.in.dtype, .memory = MemoryKind::Cpu};
-      const BufferRef out{.data = host_out, .count = call.out.count, .dtype = call.out.dtype, .memory = MemoryKind::Cpu};
-      Op op{.call = call, .state = state, .slot = std::move(slot), .wait_ready = copy_in,
+      const BufferRef in{.data = host_in,
+                         .count = call.in.count,
+                         .dtype = call.in.dtype,
+                         .memory = MemoryKind::Cpu};
+      const BufferRef out{.data = host_out,
+                          .count = call.out.count,
+                          .dtype = call.out.dtype,
+                          .memory = MemoryKind::Cpu};
+      Op op{.call = call,
+            .state = state,
+            .slot = std::move(slot),
+            .wait_ready = copy_in,
             .timeout = call.timeout.count() > 0 ? call.timeout : opts_.timeout};
       op.call.in = in;
       op.call.out = out;
@@ -294,13 +330,14 @@ class StagedCommunicator final : public Communicator {
       op.deadline = Clock::now() + op.timeout;
       queue_.push_back(std::move(op));
     } catch (const std::exception& e) {
-      // The stream may hold work on the block: open the gate (never a held stream) and keep the block out of
-      // the cache for good (a leak on a path where the device already failed).
+      // The stream may hold work on the block: open the gate (never a held stream) and keep the
+      // block out of the cache for good (a leak on a path where the device already failed).
       if (slot) {
         slot->gate->open();
         if (held) (void)slot.release();
       }
-      std::string msg = ddp::detail::str(label, " failed while enqueueing its device copies: ", e.what());
+      std::string msg =
+          ddp::detail::str(label, " failed while enqueueing its device copies: ", e.what());
       failure_.fail(msg);  // the first failure: failure_ was healthy above, and mu_ is held
       state->complete(std::make_exception_ptr(CommError(msg)));
       return work;
@@ -310,8 +347,8 @@ class StagedCommunicator final : public Communicator {
     return work;
   }
 
-  // A cached block of at least `bytes` (and at most twice that, so that a small op does not pin a large
-  // block), or a new one. mu_ held.
+  // A cached block of at least `bytes` (and at most twice that, so that a small op does not pin a
+  // large block), or a new one. mu_ held.
   std::unique_ptr<Slot> take_slot_locked(std::size_t bytes) {
     auto it = free_.lower_bound(bytes);
     if (it != free_.end() && it->first <= 2 * bytes + staging::kBlockAlign) {
@@ -349,8 +386,8 @@ class StagedCommunicator final : public Communicator {
     stats_.pinned_bytes -= slot.block.bytes();
   }
 
-  // The worker: runs queued ops in issue order; between ops and while idle, retires ops whose stream has
-  // passed their last copy (completes the Work, caches the block).
+  // The worker: runs queued ops in issue order; between ops and while idle, retires ops whose
+  // stream has passed their last copy (completes the Work, caches the block).
   void work() {
     try {
       dev_.bind_thread();
@@ -386,11 +423,14 @@ class StagedCommunicator final : public Communicator {
       if (stop_) {
         if (give_up == Clock::time_point{}) give_up = Clock::now() + opts_.shutdown_timeout;
         if (Clock::now() > give_up) {
-          DDP_LOG_WARN(sequence_.who(), ": ", finishing_.size(), " staged op(s) still wait for their CUDA stream after ",
-                       opts_.shutdown_timeout.count(), " ms (shutdown_timeout); their pinned blocks are left allocated");
+          DDP_LOG_WARN(sequence_.who(), ": ", finishing_.size(),
+                       " staged op(s) still wait for their CUDA stream after ",
+                       opts_.shutdown_timeout.count(),
+                       " ms (shutdown_timeout); their pinned blocks are left allocated");
           for (Op& op : finishing_) {
             op.state->complete(std::make_exception_ptr(CommError(ddp::detail::str(
-                op.state->label, " did not complete: its CUDA stream did not pass the copy back before shutdown"))));
+                op.state->label,
+                " did not complete: its CUDA stream did not pass the copy back before shutdown"))));
             (void)op.slot.release();  // the device may still copy into it
           }
           finishing_.clear();
@@ -401,18 +441,20 @@ class StagedCommunicator final : public Communicator {
     }
   }
 
-  // Waits for the stream to reach the op, runs it on the inner communicator, opens the gate. Never throws:
-  // returns the op's failure. Called without mu_.
+  // Waits for the stream to reach the op, runs it on the inner communicator, opens the gate. Never
+  // throws: returns the op's failure. Called without mu_.
   std::exception_ptr run(Op& op, const std::exception_ptr& refused) {
     std::exception_ptr error;
     try {
       if (refused) std::rethrow_exception(refused);
       while (op.wait_ready && !dev_.query(op.slot->ready)) {
         if (Clock::now() > op.deadline)
-          throw TimeoutError(ddp::detail::str(
-              op.state->label, " timed out after ", op.timeout.count(), " ms before it started: its CUDA stream did not "
-              "reach the op (the work enqueued on it before the call did not finish). Raise --timeout-ms "
-              "(DDP_TIMEOUT_MS) if that work is just slow."));
+          throw TimeoutError(ddp::detail::str(op.state->label, " timed out after ",
+                                              op.timeout.count(),
+                                              " ms before it started: its CUDA stream did not "
+                                              "reach the op (the work enqueued on it before the "
+                                              "call did not finish). Raise --timeout-ms "
+                                              "(DDP_TIMEOUT_MS) if that work is just slow."));
         std::this_thread::sleep_for(staging::kPollInterval);
       }
       run_checked(*inner_, op.call).wait();
@@ -431,7 +473,8 @@ class StagedCommunicator final : public Communicator {
         passed = dev_.query(it->slot->done);
       } catch (const std::exception& e) {
         failure_.fail(ddp::detail::str(it->state->label, " failed: ", e.what()));
-        it->state->complete(std::make_exception_ptr(CommError(ddp::detail::str(it->state->label, " failed: ", e.what()))));
+        it->state->complete(std::make_exception_ptr(
+            CommError(ddp::detail::str(it->state->label, " failed: ", e.what()))));
         (void)it->slot.release();  // the device's state is unknown: never reuse the block
         it = finishing_.erase(it);
         continue;
@@ -463,9 +506,11 @@ class StagedCommunicator final : public Communicator {
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
-  OpSequence sequence_;                            // the same numbers as inner_'s (every op goes through here)
-  std::deque<Op> queue_;                           // issued, not yet run; in issue order
-  std::deque<Op> finishing_;                       // run, waiting for the stream to pass their copy back
+  // the same numbers as inner_'s (every op goes through here)
+  OpSequence sequence_;
+  std::deque<Op> queue_;  // issued, not yet run; in issue order
+  // run, waiting for the stream to pass their copy back
+  std::deque<Op> finishing_;
   std::multimap<std::size_t, std::unique_ptr<Slot>> free_;  // cached blocks by size
   staging::StagingStats stats_;
   bool running_ = false;

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "ddp/comm/tcp/mesh.hpp"
 #include "ddp/comm/reduce.hpp"
+#include "ddp/comm/tcp/mesh.hpp"
 
 namespace ddp::comm::tcp {
 
@@ -31,48 +31,62 @@ using comm::copy_bytes;
 using comm::even_segments;
 
 // ---- ring ----
-// How it works: the buffer is cut into n segments (offs). Reduce-scatter runs n-1 steps; in step s rank r
-// sends its partial segment (r - s + shift) to its right neighbour r+1 and receives segment
-// (r - s - 1 + shift) from its left neighbour r-1, combining it into its own copy while the bytes are still
-// arriving (Transfer::reduce_dst) and while its own send is in flight: every link carries data in both
-// directions at once. After n-1 steps rank r holds the complete reduction of segment (r + 1 + shift).
-// All-gather then circulates the finished segments the same way for n-1 more steps, receiving straight
-// into the destination. Each rank sends 2(n-1)/n of the buffer in total, the minimum possible.
-// Worked example, n = 3, shift 0, segments A B C, rank k's partial values a_k b_k c_k:
-//   RS step 0: r0 sends A, gets C from r2: C = c0+c2 | r1 sends B, gets A: a0+a1 | r2 sends C, gets B: b1+b2
+// How it works: the buffer is cut into n segments (offs). Reduce-scatter runs n-1 steps; in step s
+// rank r sends its partial segment (r - s + shift) to its right neighbour r+1 and receives segment
+// (r - s - 1 + shift) from its left neighbour r-1, combining it into its own copy while the bytes
+// are still arriving (Transfer::reduce_dst) and while its own send is in flight: every link carries
+// data in both directions at once. After n-1 steps rank r holds the complete reduction of segment
+// (r + 1 + shift). All-gather then circulates the finished segments the same way for n-1 more
+// steps, receiving straight into the destination. Each rank sends 2(n-1)/n of the buffer in total,
+// the minimum possible. Worked example, n = 3, shift 0, segments A B C, rank k's partial values a_k
+// b_k c_k:
+//   RS step 0: r0 sends A, gets C from r2: C = c0+c2 | r1 sends B, gets A: a0+a1 | r2 sends C, gets
+//     B: b1+b2
 //   RS step 1: r0 sends C, gets B: b0+b1+b2        | r1: C = c0+c1+c2          | r2: A = a0+a1+a2
-//   now r0 owns B, r1 owns C, r2 owns A (segment r+1); AG steps 0 and 1 pass them on: everyone has A B C.
+//   now r0 owns B, r1 owns C, r2 owns A (segment r+1); AG steps 0 and 1 pass them on: everyone has
+//     A B C.
 // A segment is combined along one chain of ranks and then copied, so every rank ends bit-identical.
-inline void ring_reduce_scatter(Mesh& mesh, const OpContext& ctx, std::byte* data, const std::vector<std::size_t>& offs,
-                                int shift, Scratch& scratch) {
+inline void ring_reduce_scatter(Mesh& mesh, const OpContext& ctx, std::byte* data,
+                                const std::vector<std::size_t>& offs, int shift, Scratch& scratch) {
   const int n = mesh.size(), r = mesh.rank();
   const std::size_t es = dtype_size(ctx.fp.dtype);
   std::size_t max_seg = 0;
   for (int i = 0; i < n; ++i) max_seg = std::max(max_seg, offs[i + 1] - offs[i]);
-  const std::size_t stage = max_seg * es > kStageBytes ? kStageBytes : 0;  // large segments: circular staging
+  // large segments: circular staging
+  const std::size_t stage = max_seg * es > kStageBytes ? kStageBytes : 0;
   std::byte* tmp = Scratch::sized(scratch.recv, stage ? stage : max_seg * es);
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = mod(r - s + shift, n), recv_seg = mod(r - s - 1 + shift, n);
     Transfer xs[2] = {
-        {.peer = mod(r + 1, n), .is_send = true, .data = data + offs[send_seg] * es,
+        {.peer = mod(r + 1, n),
+         .is_send = true,
+         .data = data + offs[send_seg] * es,
          .bytes = (offs[send_seg + 1] - offs[send_seg]) * es},
-        {.peer = mod(r - 1, n), .is_send = false, .data = tmp, .bytes = (offs[recv_seg + 1] - offs[recv_seg]) * es,
-         .reduce_dst = data + offs[recv_seg] * es, .stage_bytes = stage},
+        {.peer = mod(r - 1, n),
+         .is_send = false,
+         .data = tmp,
+         .bytes = (offs[recv_seg + 1] - offs[recv_seg]) * es,
+         .reduce_dst = data + offs[recv_seg] * es,
+         .stage_bytes = stage},
     };
     mesh.run(xs, ctx);
   }
 }
 
-inline void ring_all_gather(Mesh& mesh, const OpContext& ctx, std::byte* data, const std::vector<std::size_t>& offs,
-                            int shift) {
+inline void ring_all_gather(Mesh& mesh, const OpContext& ctx, std::byte* data,
+                            const std::vector<std::size_t>& offs, int shift) {
   const int n = mesh.size(), r = mesh.rank();
   const std::size_t es = dtype_size(ctx.fp.dtype);
   for (int s = 0; s < n - 1; ++s) {
     const int send_seg = mod(r + 1 + shift - s, n), recv_seg = mod(r + shift - s, n);
     Transfer xs[2] = {
-        {.peer = mod(r + 1, n), .is_send = true, .data = data + offs[send_seg] * es,
+        {.peer = mod(r + 1, n),
+         .is_send = true,
+         .data = data + offs[send_seg] * es,
          .bytes = (offs[send_seg + 1] - offs[send_seg]) * es},
-        {.peer = mod(r - 1, n), .is_send = false, .data = data + offs[recv_seg] * es,
+        {.peer = mod(r - 1, n),
+         .is_send = false,
+         .data = data + offs[recv_seg] * es,
          .bytes = (offs[recv_seg + 1] - offs[recv_seg]) * es},
     };
     mesh.run(xs, ctx);
@@ -80,7 +94,8 @@ inline void ring_all_gather(Mesh& mesh, const OpContext& ctx, std::byte* data, c
 }
 
 // In-place ring all-reduce of count elements; Avg divides the owned segment before the all-gather.
-inline void ring_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count, Scratch& scratch) {
+inline void ring_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count,
+                            Scratch& scratch) {
   const int n = mesh.size();
   const auto offs = even_segments(count, n);
   ring_reduce_scatter(mesh, ctx, data, offs, 0, scratch);
@@ -93,18 +108,18 @@ inline void ring_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, s
 }
 
 // ---- recursive doubling ----
-// How it works: with p = n a power of two, in round k (mask = 1 << k) rank r swaps its whole buffer with
-// rank r ^ mask and combines: after log2(p) rounds everyone holds the full reduction. That is log2(p)
-// message latencies instead of the ring's 2(n-1), the better choice for small buffers.
-// For other n, let rem = n - p (p the largest power of two below n). First the 2*rem lowest ranks pair up:
-// each even rank r sends its buffer to r+1 and sits out; the odd one combines. The p remaining ranks run
-// the rounds above using new ranks (odd r < 2*rem -> r/2, r >= 2*rem -> r - rem); finally each odd rank
-// sends the result back to the even rank that sat out.
-// Worked example, n = 3 (p = 2, rem = 1): r0 sends x0 to r1 (r1: x0+x1); round 0: r1 (new 0) and r2
-// (new 1) swap and combine: both hold x0+x1+x2; r1 sends it to r0. Partners combine the same two values
-// in opposite order, which IEEE arithmetic makes bit-identical.
-inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t count,
-                                          Scratch& scratch) {
+// How it works: with p = n a power of two, in round k (mask = 1 << k) rank r swaps its whole buffer
+// with rank r ^ mask and combines: after log2(p) rounds everyone holds the full reduction. That is
+// log2(p) message latencies instead of the ring's 2(n-1), the better choice for small buffers. For
+// other n, let rem = n - p (p the largest power of two below n). First the 2*rem lowest ranks pair
+// up: each even rank r sends its buffer to r+1 and sits out; the odd one combines. The p remaining
+// ranks run the rounds above using new ranks (odd r < 2*rem -> r/2, r >= 2*rem -> r - rem); finally
+// each odd rank sends the result back to the even rank that sat out. Worked example, n = 3 (p = 2,
+// rem = 1): r0 sends x0 to r1 (r1: x0+x1); round 0: r1 (new 0) and r2 (new 1) swap and combine:
+// both hold x0+x1+x2; r1 sends it to r0. Partners combine the same two values in opposite order,
+// which IEEE arithmetic makes bit-identical.
+inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data,
+                                          std::size_t count, Scratch& scratch) {
   const int n = mesh.size(), r = mesh.rank();
   const std::size_t bytes = count * dtype_size(ctx.fp.dtype);
   const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
@@ -137,17 +152,20 @@ inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std:
   }
   if (ctx.fp.op == ReduceOp::Avg) divide_by(data, count, ctx.fp.dtype, n);
   if (r < 2 * rem) {
-    Transfer x{.peer = r % 2 == 0 ? r + 1 : r - 1, .is_send = r % 2 != 0, .data = data, .bytes = bytes};
+    Transfer x{
+        .peer = r % 2 == 0 ? r + 1 : r - 1, .is_send = r % 2 != 0, .data = data, .bytes = bytes};
     mesh.run({&x, 1}, ctx);
   }
 }
 
 // ---- binomial trees ----
-// How it works (broadcast): with ranks renumbered so that root is 0 (vr = r - root mod n), rank vr receives
-// from vr minus its lowest set bit, then sends to vr + 2^k for every 2^k below that bit. Example, n = 4,
-// root 0: round 1: 0 -> 2 ; round 2: 0 -> 1 and 2 -> 3 (all sends of one rank run concurrently).
-// Reduce mirrors it: children send their partial results up, each parent combines them in turn.
-inline void binomial_broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes, int root) {
+// How it works (broadcast): with ranks renumbered so that root is 0 (vr = r - root mod n), rank vr
+// receives from vr minus its lowest set bit, then sends to vr + 2^k for every 2^k below that bit.
+// Example, n = 4, root 0: round 1: 0 -> 2 ; round 2: 0 -> 1 and 2 -> 3 (all sends of one rank run
+// concurrently). Reduce mirrors it: children send their partial results up, each parent combines
+// them in turn.
+inline void binomial_broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes,
+                               int root) {
   const int n = mesh.size(), vr = mod(mesh.rank() - root, n);
   int mask = 1;
   while (mask < n) {
@@ -160,13 +178,15 @@ inline void binomial_broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data
   }
   std::vector<Transfer> sends;
   for (mask >>= 1; mask > 0; mask >>= 1)
-    if (vr + mask < n) sends.push_back({.peer = mod(vr + mask + root, n), .is_send = true, .data = data, .bytes = bytes});
+    if (vr + mask < n)
+      sends.push_back(
+          {.peer = mod(vr + mask + root, n), .is_send = true, .data = data, .bytes = bytes});
   if (!sends.empty()) mesh.run(sends, ctx);
 }
 
 // Reduces into acc on root (acc = the rank's own contribution on entry; clobbered on non-roots).
-inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, std::size_t count, int root,
-                            Scratch& scratch) {
+inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, std::size_t count,
+                            int root, Scratch& scratch) {
   const int n = mesh.size(), vr = mod(mesh.rank() - root, n);
   const std::size_t bytes = count * dtype_size(ctx.fp.dtype);
   std::byte* tmp = Scratch::sized(scratch.recv, bytes);
@@ -177,7 +197,11 @@ inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, st
       return;
     }
     if (vr + mask < n) {
-      Transfer x{.peer = mod(vr + mask + root, n), .is_send = false, .data = tmp, .bytes = bytes, .reduce_dst = acc};
+      Transfer x{.peer = mod(vr + mask + root, n),
+                 .is_send = false,
+                 .data = tmp,
+                 .bytes = bytes,
+                 .reduce_dst = acc};
       mesh.run({&x, 1}, ctx);
     }
   }
@@ -185,17 +209,21 @@ inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, st
 }
 
 // ---- all-to-all ----
-// Every pair exchanges its blocks directly; all 2(n-1) transfers run in one poll loop, so they overlap.
-inline void pairwise_all_to_all(Mesh& mesh, const OpContext& ctx, const std::byte* in, std::byte* out,
-                                std::size_t block_bytes) {
+// Every pair exchanges its blocks directly; all 2(n-1) transfers run in one poll loop, so they
+// overlap.
+inline void pairwise_all_to_all(Mesh& mesh, const OpContext& ctx, const std::byte* in,
+                                std::byte* out, std::size_t block_bytes) {
   const int n = mesh.size(), r = mesh.rank();
-  copy_bytes(out + static_cast<std::size_t>(r) * block_bytes, in + static_cast<std::size_t>(r) * block_bytes,
-             block_bytes);
+  copy_bytes(out + static_cast<std::size_t>(r) * block_bytes,
+             in + static_cast<std::size_t>(r) * block_bytes, block_bytes);
   std::vector<Transfer> xs;
   for (int j = 0; j < n; ++j) {
     if (j == r) continue;
     const std::size_t off = static_cast<std::size_t>(j) * block_bytes;
-    xs.push_back({.peer = j, .is_send = true, .data = const_cast<std::byte*>(in) + off, .bytes = block_bytes});
+    xs.push_back({.peer = j,
+                  .is_send = true,
+                  .data = const_cast<std::byte*>(in) + off,
+                  .bytes = block_bytes});
     xs.push_back({.peer = j, .is_send = false, .data = out + off, .bytes = block_bytes});
   }
   if (!xs.empty()) mesh.run(xs, ctx);

@@ -1,22 +1,25 @@
-// FailureProtocol: how a failure spreads through a tcp communicator and what each rank's message says
-// (docs/decisions/0009).
+// FailureProtocol: how a failure spreads through a tcp communicator and what each rank's message
+// says (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
-// How a failure spreads: the rank that sees a failure first (mismatched header, peer closed, timeout)
-// publishes its message and position in the store (FailureReport, comm/failure_report.hpp), then shuts all
-// its sockets down. Its peers see the close during whatever op they are in (every op polls every peer),
-// read the message from the store and fail with "rank r reported: ...", or, when there is no message,
-// "rank r closed its connection (process died?)". They spread it the same way, so every rank fails
-// promptly, and the communicator stays failed: later ops fail at once quoting the first error
-// (FailureState, comm/failure_state.hpp).
-// With the store gone too (its host died), nobody's message can be read: a rank that sees a single peer close
-// watches the other connections for up to 250 ms and names every rank that closed, first-seen first.
-// A rank whose collective times out additionally collects the other ranks' positions for a short grace
-// period and names the ranks that never reached the op or ran a different one there.
-// Example, 3 ranks, rank 2 never calls all_reduce #1 (300 ms timeout): rank 0 times out and fails with
-//   "... all_reduce #1 (F32 x 4) timed out after 300 ms while receiving from rank 2 (0 of 16 bytes). ...
+// How a failure spreads: the rank that sees a failure first (mismatched header, peer closed,
+// timeout) publishes its message and position in the store (FailureReport,
+// comm/failure_report.hpp), then shuts all its sockets down. Its peers see the close during
+// whatever op they are in (every op polls every peer), read the message from the store and fail
+// with "rank r reported: ...", or, when there is no message, "rank r closed its connection (process
+// died?)". They spread it the same way, so every rank fails promptly, and the communicator stays
+// failed: later ops fail at once quoting the first error (FailureState, comm/failure_state.hpp).
+// With the store gone too (its host died), nobody's message can be read: a rank that sees a single
+// peer close watches the other connections for up to 250 ms and names every rank that closed,
+// first-seen first. A rank whose collective times out additionally collects the other ranks'
+// positions for a short grace period and names the ranks that never reached the op or ran a
+// different one there. Example, 3 ranks, rank 2 never calls all_reduce #1 (300 ms timeout): rank 0
+// times out and fails with
+//   "... all_reduce #1 (F32 x 4) timed out after 300 ms while receiving from rank 2 (0 of 16
+//     bytes). ...
 //    Ranks that never reached all_reduce #1: 2 (no report: busy outside ddp, stuck or dead)."
-// and rank 1 sees rank 0's sockets close and fails with "... failed: rank 0 reported: <rank 0's message>".
+// and rank 1 sees rank 0's sockets close and fails with "... failed: rank 0 reported: <rank 0's
+// message>".
 #pragma once
 
 #include <algorithm>
@@ -44,7 +47,8 @@ class FailureProtocol {
       : report_(store, prefix, rank, size), mesh_(mesh) {}
 
   bool failed() const { return state_.failed(); }
-  // The error for an op that is not run because the communicator failed earlier; nullptr while healthy.
+  // The error for an op that is not run because the communicator failed earlier; nullptr while
+  // healthy.
   std::exception_ptr not_run(const std::string& label) const { return state_.not_run(label); }
 
   // The user's message for a transfer failure of task t. Reads the peers' messages from the store.
@@ -52,47 +56,58 @@ class FailureProtocol {
     const std::string& label = t.state->label;
     switch (f.kind) {
       case PeerFailure::Kind::Mismatch:
-        return ddp::detail::str(label, " does not match rank ", f.peer, ", which ran ", f.theirs.full_label(),
-                                " at this point. Every rank must call the same collectives in the same order with "
-                                "the same dtype, count, root and op.");
+        return ddp::detail::str(
+            label, " does not match rank ", f.peer, ", which ran ", f.theirs.full_label(),
+            " at this point. Every rank must call the same collectives in the same order with "
+            "the same dtype, count, root and op.");
       case PeerFailure::Kind::Protocol:
-        return ddp::detail::str(label, " failed: rank ", f.peer, " sent bytes that are not a ddp frame (", f.detail,
+        return ddp::detail::str(label, " failed: rank ", f.peer,
+                                " sent bytes that are not a ddp frame (", f.detail,
                                 "); is another program connected?");
       case PeerFailure::Kind::Timeout:
-        return ddp::detail::str(label, " timed out after ", t.timeout.count(), " ms while ", f.detail,
+        return ddp::detail::str(label, " timed out after ", t.timeout.count(), " ms while ",
+                                f.detail,
                                 ". Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.");
       case PeerFailure::Kind::Closed: break;
     }
-    // Prefer a peer that left no message (the root cause: it died) over one that failed because of it.
+    // Prefer a peer that left no message (the root cause: it died) over one that failed because of
+    // it.
     std::vector<int> closed = f.closed;
     std::string reported;
     for (std::size_t i = 0; i < closed.size(); ++i) {
       const int p = closed[i];
       std::string msg = report_.message_of(p, t.timeout);
-      // A lone close with no message and the store gone: p may be a survivor that failed because another rank
-      // died an instant earlier and that rank's close has not reached us yet (a dying process's sockets close one
-      // by one). Give the other connections a moment to show their closes before blaming p alone.
+      // A lone close with no message and the store gone: p may be a survivor that failed because
+      // another rank died an instant earlier and that rank's close has not reached us yet (a dying
+      // process's sockets close one by one). Give the other connections a moment to show their
+      // closes before blaming p alone.
       if (msg.empty() && report_.store_lost() && closed.size() == 1)
-        mesh_.add_hung_up_peers(closed, std::min<std::chrono::milliseconds>(t.timeout, kLoneCloseGrace));
-      if (msg.empty() && report_.store_lost() && closed.size() > 1) {  // no messages to tell the dead from the failed
+        mesh_.add_hung_up_peers(closed,
+                                std::min<std::chrono::milliseconds>(t.timeout, kLoneCloseGrace));
+      // no messages to tell the dead from the failed
+      if (msg.empty() && report_.store_lost() && closed.size() > 1) {
         std::vector<int> others;
         for (int q : closed)
           if (q != p) others.push_back(q);
-        return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail,
-                                "]; rank(s) ", ddp::detail::join(others, ", "),
-                                " closed theirs too, and with the store unreachable which of them died first is "
-                                "unknown");
+        return ddp::detail::str(
+            label, " failed: rank ", p, " closed its connection (process died?) [", f.detail,
+            "]; rank(s) ", ddp::detail::join(others, ", "),
+            " closed theirs too, and with the store unreachable which of them died first is "
+            "unknown");
       }
       if (msg.empty())
-        return ddp::detail::str(label, " failed: rank ", p, " closed its connection (process died?) [", f.detail, "]");
-      if (reported.empty()) reported = ddp::detail::str(label, " failed: rank ", p, " reported: ", msg);
+        return ddp::detail::str(label, " failed: rank ", p,
+                                " closed its connection (process died?) [", f.detail, "]");
+      if (reported.empty())
+        reported = ddp::detail::str(label, " failed: rank ", p, " reported: ", msg);
     }
     return reported;
   }
 
-  // Marks the communicator failed, publishes msg with this rank's position (`seq`, the last collective it
-  // started), closes the sockets (telling every peer), and for a timed-out collective appends what the
-  // other ranks were doing. Returns the exception for t's Work: TimeoutError or CommError.
+  // Marks the communicator failed, publishes msg with this rank's position (`seq`, the last
+  // collective it started), closes the sockets (telling every peer), and for a timed-out collective
+  // appends what the other ranks were doing. Returns the exception for t's Work: TimeoutError or
+  // CommError.
   std::exception_ptr fail(const Task& t, std::string msg, bool timed_out, std::uint64_t seq) {
     state_.fail(msg);
     report_.publish(msg, seq, t.fp, t.timeout);
@@ -103,8 +118,9 @@ class FailureProtocol {
   }
 
  private:
-  // How long a rank that saw one peer close (store gone, no message) watches the others for closes: a dead
-  // process's remaining sockets close within microseconds, a loaded 2-core machine can take milliseconds.
+  // How long a rank that saw one peer close (store gone, no message) watches the others for closes:
+  // a dead process's remaining sockets close within microseconds, a loaded 2-core machine can take
+  // milliseconds.
   static constexpr std::chrono::milliseconds kLoneCloseGrace{250};
 
   FailureReport report_;

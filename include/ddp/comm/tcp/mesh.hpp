@@ -1,25 +1,26 @@
-// Mesh: the tcp backend's full mesh of sockets (one per peer), built through the store, and the transfer
-// engine that moves framed messages over it full-duplex with failure detection.
+// Mesh: the tcp backend's full mesh of sockets (one per peer), built through the store, and the
+// transfer engine that moves framed messages over it full-duplex with failure detection.
 // SPDX-License-Identifier: MIT
 //
-// How the mesh is built (connect): rank r listens on <ip>:0 and publishes "ip:port" at <prefix>addr/<r>.
-// It then (1) connects to every higher rank and sends a hello {magic, rank, size, prefix hash}, (2) accepts
-// one connection from every lower rank and checks its hello, (3) answers each with an ack, (4) reads the
-// acks of the ranks it connected to. Step 1 never waits for a peer (the kernel completes connections in
-// the listen backlog), so no two ranks wait on each other. Example, 3 ranks: 0 connects to 1 and 2, 1
-// connects to 2 and accepts 0, 2 accepts 0 and 1.
+// How the mesh is built (connect): rank r listens on <ip>:0 and publishes "ip:port" at
+// <prefix>addr/<r>. It then (1) connects to every higher rank and sends a hello {magic, rank, size,
+// prefix hash}, (2) accepts one connection from every lower rank and checks its hello, (3) answers
+// each with an ack, (4) reads the acks of the ranks it connected to. Step 1 never waits for a peer
+// (the kernel completes connections in the listen backlog), so no two ranks wait on each other.
+// Example, 3 ranks: 0 connects to 1 and 2, 1 connects to 2 and accepts 0, 2 accepts 0 and 1.
 //
 // How a transfer works (run): every message is a 40-byte FrameHeader carrying the op's fingerprint
-// (kind, dtype, reduce op, root/tag, count, sequence number) and the payload size, then the payload.
-// run() takes a set of sends and receives on distinct peers and advances all of them with non-blocking
-// sockets and poll(), so a ring step that sends 64 MiB right while receiving 64 MiB from the left never
-// deadlocks on full socket buffers. A receive checks the header against its own fingerprint first; a
-// difference is a Mismatch naming the peer's op. Received data can be reduced into a destination while
-// the rest is still arriving (Transfer::reduce_dst), overlapping the reduction with the network.
+// (kind, dtype, reduce op, root/tag, count, sequence number) and the payload size, then the
+// payload. run() takes a set of sends and receives on distinct peers and advances all of them with
+// non-blocking sockets and poll(), so a ring step that sends 64 MiB right while receiving 64 MiB
+// from the left never deadlocks on full socket buffers. A receive checks the header against its own
+// fingerprint first; a difference is a Mismatch naming the peer's op. Received data can be reduced
+// into a destination while the rest is still arriving (Transfer::reduce_dst), overlapping the
+// reduction with the network.
 //
 // Failure detection: every peer socket is polled for POLLRDHUP/POLLHUP/POLLERR during every op, not
-// only the sockets the op uses, so a peer that dies (or that failed and closed its sockets, which is how
-// a failing rank tells the others) fails the op at once instead of after the timeout.
+// only the sockets the op uses, so a peer that dies (or that failed and closed its sockets, which
+// is how a failing rank tells the others) fails the op at once instead of after the timeout.
 #pragma once
 
 #include <poll.h>
@@ -55,9 +56,12 @@ namespace ddp::comm::tcp {
 
 inline constexpr std::uint32_t kFrameMagic = 0xDD9C0111u;
 inline constexpr std::uint32_t kHelloMagic = 0xDD9C4E11u;
-inline constexpr std::size_t kReduceGrainBytes = 128 * 1024;  // reduce received data in pieces this large
-inline constexpr std::size_t kStageBytes = 1024 * 1024;        // staging buffer of a reducing receive
-inline constexpr int kSocketBufferBytes = 4 << 20;              // SO_SNDBUF/SO_RCVBUF of mesh sockets
+// reduce received data in pieces this large
+inline constexpr std::size_t kReduceGrainBytes = 128 * 1024;
+// staging buffer of a reducing receive
+inline constexpr std::size_t kStageBytes = 1024 * 1024;
+// SO_SNDBUF/SO_RCVBUF of mesh sockets
+inline constexpr int kSocketBufferBytes = 4 << 20;
 
 // On-wire frame header; ranks run on the same architecture (native byte order).
 struct FrameHeader {
@@ -73,23 +77,34 @@ static_assert(sizeof(FrameHeader) == 40);
 // What a receive expects on the wire: a Recv matches a Send.
 inline FrameHeader wire_header(const Fingerprint& f, std::uint64_t bytes) {
   const OpKind k = f.kind == OpKind::Recv ? OpKind::Send : f.kind;
-  return {.magic = kFrameMagic, .kind = static_cast<std::uint8_t>(k), .dtype = static_cast<std::uint8_t>(f.dtype),
-          .op = static_cast<std::uint8_t>(f.op), .pad = 0, .seq = f.seq, .root = f.root, .count = f.count,
+  return {.magic = kFrameMagic,
+          .kind = static_cast<std::uint8_t>(k),
+          .dtype = static_cast<std::uint8_t>(f.dtype),
+          .op = static_cast<std::uint8_t>(f.op),
+          .pad = 0,
+          .seq = f.seq,
+          .root = f.root,
+          .count = f.count,
           .bytes = bytes};
 }
 inline Fingerprint fingerprint_of(const FrameHeader& h) {
-  return {.kind = static_cast<OpKind>(h.kind), .dtype = static_cast<DType>(h.dtype), .op = static_cast<ReduceOp>(h.op),
-          .root = h.root, .count = h.count, .seq = h.seq};
+  return {.kind = static_cast<OpKind>(h.kind),
+          .dtype = static_cast<DType>(h.dtype),
+          .op = static_cast<ReduceOp>(h.op),
+          .root = h.root,
+          .count = h.count,
+          .seq = h.seq};
 }
 
 // Why a transfer failed; TcpCommunicator turns it into the user's message.
 struct PeerFailure : std::exception {
   enum class Kind { Closed, Mismatch, Timeout, Protocol };
   Kind kind = Kind::Closed;
-  int peer = -1;             // the peer concerned; for Timeout the first one still pending
-  std::vector<int> closed;   // Closed: every peer seen closing at that moment (the caller picks the root cause)
-  Fingerprint theirs;        // Mismatch: what the peer ran
-  std::string detail;        // Closed/Protocol: the socket error; Timeout: what was pending
+  int peer = -1;  // the peer concerned; for Timeout the first one still pending
+  // Closed: every peer seen closing at that moment (the caller picks the root cause)
+  std::vector<int> closed;
+  Fingerprint theirs;  // Mismatch: what the peer ran
+  std::string detail;  // Closed/Protocol: the socket error; Timeout: what was pending
   const char* what() const noexcept override { return detail.c_str(); }
 };
 
@@ -100,16 +115,19 @@ struct Transfer {
   std::byte* data = nullptr;  // send: payload; receive: where the payload lands
   std::size_t bytes = 0;
   std::byte* reduce_dst = nullptr;  // receive only: combine the payload into this as it arrives
-  // With reduce_dst: when > 0, `data` is a circular staging buffer of this many bytes (a multiple of
-  // kReduceGrainBytes) instead of room for the whole payload; it keeps a large receive in cache.
+  // With reduce_dst: when > 0, `data` is a circular staging buffer of this many bytes (a multiple
+  // of kReduceGrainBytes) instead of room for the whole payload; it keeps a large receive in cache.
   std::size_t stage_bytes = 0;
-  const Fingerprint* fp = nullptr;  // the op's own fingerprint when run_until_any batches several ops
+  // the op's own fingerprint when run_until_any batches several ops
+  const Fingerprint* fp = nullptr;
   // Progress, owned by the engine.
   std::size_t done = 0;     // bytes of header + payload moved so far
   std::size_t reduced = 0;  // payload bytes already combined into reduce_dst
   FrameHeader header{};
 
-  bool finished() const noexcept { return done == sizeof(FrameHeader) + bytes && (!reduce_dst || reduced == bytes); }
+  bool finished() const noexcept {
+    return done == sizeof(FrameHeader) + bytes && (!reduce_dst || reduced == bytes);
+  }
 };
 
 struct OpContext {
@@ -120,23 +138,29 @@ struct OpContext {
 
 class Mesh {
  public:
-  Mesh(int rank, int size) : rank_(rank), size_(size), fds_(static_cast<std::size_t>(size)),
-                             hung_up_(static_cast<std::size_t>(size), false) {}
+  Mesh(int rank, int size)
+      : rank_(rank),
+        size_(size),
+        fds_(static_cast<std::size_t>(size)),
+        hung_up_(static_cast<std::size_t>(size), false) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
-  // Builds the mesh (see the file comment). Keys live under `prefix`. Throws CommError/TimeoutError.
+  // Builds the mesh (see the file comment). Keys live under `prefix`. Throws
+  // CommError/TimeoutError.
   void connect(store::Store& store, const std::string& prefix, const std::string& listen_ip,
                Clock::time_point deadline) {
     if (size_ == 1) return;
     try {
       connect_all(store, prefix, listen_ip, deadline);
-    } catch (const net::SocketError& e) {  // "ddp: cannot connect to 10.0.0.2:41234: No route to host (errno 113)"
+      // "ddp: cannot connect to 10.0.0.2:41234: No route to host (errno 113)"
+    } catch (const net::SocketError& e) {
       std::string_view what = e.what();
       if (what.starts_with("ddp: ")) what.remove_prefix(5);
-      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", what,
-                                       ". A firewall or the wrong interface? Set DDP_SOCKET_IFNAME (--socket-ifname)."));
+      throw CommError(ddp::detail::str(
+          who(), ": connecting the tcp mesh: ", what,
+          ". A firewall or the wrong interface? Set DDP_SOCKET_IFNAME (--socket-ifname)."));
     }
     for (int p = 0; p < size_; ++p)
       if (fds_[p]) {
@@ -146,7 +170,8 @@ class Mesh {
       }
   }
 
-  // Runs a set of transfers to completion, the op's deadline, or a peer failure (throws PeerFailure).
+  // Runs a set of transfers to completion, the op's deadline, or a peer failure (throws
+  // PeerFailure).
   void run(std::span<Transfer> xs, const OpContext& ctx) {
     for (auto& x : xs) start(x, ctx);
     for (;;) {
@@ -161,14 +186,16 @@ class Mesh {
     }
   }
 
-  // Resets a transfer's progress and builds its header; run() does it, run_until_any() callers do it once.
+  // Resets a transfer's progress and builds its header; run() does it, run_until_any() callers do
+  // it once.
   void start(Transfer& x, const OpContext& ctx) {
     x.done = x.reduced = 0;
     if (x.is_send) x.header = wire_header(x.fp ? *x.fp : ctx.fp, x.bytes);
   }
 
-  // Advances already started transfers (each with its own Transfer::fp) until at least one finishes or
-  // `wake_fd` (an eventfd) becomes readable: how batched send/recv ops let newly issued ones join.
+  // Advances already started transfers (each with its own Transfer::fp) until at least one finishes
+  // or `wake_fd` (an eventfd) becomes readable: how batched send/recv ops let newly issued ones
+  // join.
   void run_until_any(std::span<Transfer> xs, const OpContext& ctx, int wake_fd) {
     for (;;) {
       bool any = false;
@@ -181,29 +208,33 @@ class Mesh {
     }
   }
 
-  // Adds to `closed` every other peer whose connection has closed, waiting at most `wait` for the first such
-  // close (zero: a poll that does not wait). Why: when rank 0 dies and rank 3 fails because of it, a rank reading
-  // from rank 3 can see rank 3's close first, since a dying process's sockets close one by one; with rank 0's store
-  // gone there is no message from rank 3, so naming only rank 3 would blame a survivor. With both in the list the
-  // message names both (FailureProtocol::describe prefers a peer that left no message and waits when it has none).
+  // Adds to `closed` every other peer whose connection has closed, waiting at most `wait` for the
+  // first such close (zero: a poll that does not wait). Why: when rank 0 dies and rank 3 fails
+  // because of it, a rank reading from rank 3 can see rank 3's close first, since a dying process's
+  // sockets close one by one; with rank 0's store gone there is no message from rank 3, so naming
+  // only rank 3 would blame a survivor. With both in the list the message names both
+  // (FailureProtocol::describe prefers a peer that left no message and waits when it has none).
   void add_hung_up_peers(std::vector<int>& closed, std::chrono::milliseconds wait = {}) const {
     std::vector<pollfd> pfds;
     std::vector<int> peers;
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_ || !fds_[p] || std::find(closed.begin(), closed.end(), p) != closed.end()) continue;
+      if (p == rank_ || !fds_[p] || std::find(closed.begin(), closed.end(), p) != closed.end())
+        continue;
       pfds.push_back({.fd = fds_[p].get(), .events = POLLRDHUP, .revents = 0});
       peers.push_back(p);
     }
     const auto deadline = Clock::now() + wait;
     int rc = 0;
-    while (!pfds.empty() && (rc = ::poll(pfds.data(), pfds.size(), net::ms_until(deadline))) < 0 && errno == EINTR) {
+    while (!pfds.empty() && (rc = ::poll(pfds.data(), pfds.size(), net::ms_until(deadline))) < 0 &&
+           errno == EINTR) {
     }
     if (rc <= 0) return;
     for (std::size_t i = 0; i < pfds.size(); ++i)
       if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
   }
 
-  // Shuts every connection down: peers see the close at once (that is how a failing rank tells them).
+  // Shuts every connection down: peers see the close at once (that is how a failing rank tells
+  // them).
   void close_all() noexcept {
     for (auto& f : fds_)
       if (f) {
@@ -224,32 +255,40 @@ class Mesh {
   void connect_all(store::Store& store, const std::string& prefix, const std::string& listen_ip,
                    Clock::time_point deadline) {
     Fd listener = net::listen(listen_ip, 0, size_);
-    store.set(prefix + "addr/" + std::to_string(rank_), ddp::detail::str(listen_ip, ':', net::local_port(listener.get())));
+    store.set(prefix + "addr/" + std::to_string(rank_),
+              ddp::detail::str(listen_ip, ':', net::local_port(listener.get())));
     const std::uint64_t tag = std::hash<std::string>{}(prefix);
     auto fail = [&](int peer, std::string_view what, const net::IoStatus& st) {
-      throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: ", what, " with rank ", peer, " failed (",
-                                       st.text(), "). Are all ranks running the same program and group calls?"));
+      throw CommError(ddp::detail::str(
+          who(), ": connecting the tcp mesh: ", what, " with rank ", peer, " failed (", st.text(),
+          "). Are all ranks running the same program and group calls?"));
     };
     for (int j = rank_ + 1; j < size_; ++j) {  // (1) connect up
       std::string addr;
       try {
-        const WaitReport report(store::capped_timeout(store.timeout()), ddp::detail::str("rank ", j, " to join"),
-                                "; is it started?");
+        const WaitReport report(store::capped_timeout(store.timeout()),
+                                ddp::detail::str("rank ", j, " to join"), "; is it started?");
         addr = store.get_string(prefix + "addr/" + std::to_string(j));
       } catch (const TimeoutError& e) {  // name the rank that never joined, not only the store key
-        throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: rank ", j,
-                                            " never published its address (it died, is stuck or never started): ",
-                                            e.what()));
-      } catch (const StoreError& e) {  // its host exited first (rank 0, perhaps timed out on rank j as well)
-        throw CommError(ddp::detail::str(who(), ": connecting the tcp mesh: waiting for rank ", j,
-                                         "'s address, the store failed (its host, rank 0 when the ranks host the "
-                                         "store, exited): ", e.what()));
+        throw TimeoutError(ddp::detail::str(
+            who(), ": connecting the tcp mesh: rank ", j,
+            " never published its address (it died, is stuck or never started): ", e.what()));
+        // its host exited first (rank 0, perhaps timed out on rank j as well)
+      } catch (const StoreError& e) {
+        throw CommError(ddp::detail::str(
+            who(), ": connecting the tcp mesh: waiting for rank ", j,
+            "'s address, the store failed (its host, rank 0 when the ranks host the "
+            "store, exited): ",
+            e.what()));
       }
-      const auto colon = addr.rfind(':');  // "10.0.0.2:41234" or "fd00::2:41234": the port follows the last colon
-      Fd s = net::connect(addr.substr(0, colon), static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))),
-                          deadline, net::Retry::WhileRefused);
+      // "10.0.0.2:41234" or "fd00::2:41234": the port follows the last colon
+      const auto colon = addr.rfind(':');
+      Fd s = net::connect(addr.substr(0, colon),
+                          static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))), deadline,
+                          net::Retry::WhileRefused);
       const Hello h{kHelloMagic, rank_, size_, 0, tag};
-      if (auto st = net::write_all(s.get(), &h, sizeof h, deadline); !st) fail(j, "sending the hello", st);
+      if (auto st = net::write_all(s.get(), &h, sizeof h, deadline); !st)
+        fail(j, "sending the hello", st);
       fds_[j] = std::move(s);
     }
     auto lower_missing = [&] {
@@ -259,37 +298,45 @@ class Mesh {
       return missing;
     };
     auto to_connect = [&](const std::vector<int>& missing) {
-      return ddp::detail::str(missing.size() == 1 ? "rank " : "ranks ", ddp::detail::join(missing, ", "), " to connect");
+      return ddp::detail::str(missing.size() == 1 ? "rank " : "ranks ",
+                              ddp::detail::join(missing, ", "), " to connect");
     };
     std::optional<WaitReport> report;
-    if (rank_ > 0) report.emplace(net::time_left(deadline), to_connect(lower_missing()), "; is it started?");
+    if (rank_ > 0)
+      report.emplace(net::time_left(deadline), to_connect(lower_missing()), "; is it started?");
     for (int n = 0; n < rank_; ++n) {  // (2) accept from below
       if (n > 0) report->set_who(to_connect(lower_missing()));
       Fd s = net::accept(listener.get(), deadline);
       if (!s) {
         const std::vector<int> missing = lower_missing();
-        throw TimeoutError(ddp::detail::str(who(), ": connecting the tcp mesh: only ", n, " of the ", rank_,
-                                            " lower ranks connected before the timeout; rank(s) ",
-                                            ddp::detail::join(missing, ", "), " never connected (died or stuck?); "
-                                            "raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
+        throw TimeoutError(ddp::detail::str(
+            who(), ": connecting the tcp mesh: only ", n, " of the ", rank_,
+            " lower ranks connected before the timeout; rank(s) ", ddp::detail::join(missing, ", "),
+            " never connected (died or stuck?); "
+            "raise --timeout-ms (DDP_TIMEOUT_MS) if startup is slow."));
       }
       Hello h{};
-      if (auto st = net::read_exact(s.get(), &h, sizeof h, deadline); !st) fail(-1, "reading a hello", st);
-      if (h.magic != kHelloMagic || h.size != size_ || h.tag != tag || h.rank < 0 || h.rank >= rank_ || fds_[h.rank])
-        throw CommError(ddp::detail::str(who(), ": unexpected hello (rank ", h.rank, ", size ", h.size,
-                                         ") while building the tcp mesh; another job may be using the same store "
-                                         "prefix."));
+      if (auto st = net::read_exact(s.get(), &h, sizeof h, deadline); !st)
+        fail(-1, "reading a hello", st);
+      if (h.magic != kHelloMagic || h.size != size_ || h.tag != tag || h.rank < 0 ||
+          h.rank >= rank_ || fds_[h.rank])
+        throw CommError(ddp::detail::str(
+            who(), ": unexpected hello (rank ", h.rank, ", size ", h.size,
+            ") while building the tcp mesh; another job may be using the same store "
+            "prefix."));
       fds_[h.rank] = std::move(s);
     }
     for (int i = 0; i < rank_; ++i) {  // (3) ack
       const Hello h{kHelloMagic, rank_, size_, 0, tag};
-      if (auto st = net::write_all(fds_[i].get(), &h, sizeof h, deadline); !st) fail(i, "sending the ack", st);
+      if (auto st = net::write_all(fds_[i].get(), &h, sizeof h, deadline); !st)
+        fail(i, "sending the ack", st);
     }
     for (int j = rank_ + 1; j < size_; ++j) {  // (4) read acks
       Hello h{};
       const auto st = net::read_exact(fds_[j].get(), &h, sizeof h, deadline);
       if (!st) fail(j, "reading the ack", st);
-      if (h.magic != kHelloMagic || h.rank != j) fail(j, "reading the ack", {.kind = net::IoStatus::Kind::Failed, .err = EPROTO});
+      if (h.magic != kHelloMagic || h.rank != j)
+        fail(j, "reading the ack", {.kind = net::IoStatus::Kind::Failed, .err = EPROTO});
     }
   }
 
@@ -357,7 +404,8 @@ class Mesh {
     if (x.reduce_dst) reduce_ready(x, ctx, true);
   }
 
-  // Combines the received, not yet reduced bytes into reduce_dst: a grain at a time, or all with `flush`.
+  // Combines the received, not yet reduced bytes into reduce_dst: a grain at a time, or all with
+  // `flush`.
   void reduce_ready(Transfer& x, const OpContext& ctx, bool flush) {
     constexpr std::size_t H = sizeof(FrameHeader);
     if (x.done <= H) return;
@@ -369,7 +417,8 @@ class Mesh {
       const std::size_t end = S ? std::min(avail, (x.reduced / S + 1) * S) : avail;
       const std::size_t n = (end - x.reduced) / esize;
       if (n == 0) break;  // an element straddles the wrap: impossible when S is a multiple of esize
-      reduce_into(x.reduce_dst + x.reduced, x.data + (S ? x.reduced % S : x.reduced), n, ctx.fp.dtype, ctx.fp.op);
+      reduce_into(x.reduce_dst + x.reduced, x.data + (S ? x.reduced % S : x.reduced), n,
+                  ctx.fp.dtype, ctx.fp.op);
       x.reduced += n * esize;
     }
   }
@@ -385,8 +434,9 @@ class Mesh {
       throw f;
     }
     const bool reduces = (x.fp ? *x.fp : ctx.fp).has_reduce_op();
-    if (got.kind != want.kind || got.dtype != want.dtype || got.seq != want.seq || got.root != want.root ||
-        got.count != want.count || (reduces && got.op != want.op) || got.bytes != want.bytes) {
+    if (got.kind != want.kind || got.dtype != want.dtype || got.seq != want.seq ||
+        got.root != want.root || got.count != want.count || (reduces && got.op != want.op) ||
+        got.bytes != want.bytes) {
       PeerFailure f;
       f.kind = PeerFailure::Kind::Mismatch;
       f.peer = x.peer;
@@ -395,8 +445,8 @@ class Mesh {
     }
   }
 
-  // Polls the sockets of unfinished transfers plus every peer for hang-ups, until something is ready.
-  // Returns true when woken through wake_fd (drained), false when a socket is ready.
+  // Polls the sockets of unfinished transfers plus every peer for hang-ups, until something is
+  // ready. Returns true when woken through wake_fd (drained), false when a socket is ready.
   bool wait_ready(std::span<Transfer> xs, const OpContext& ctx, int wake_fd = -1) {
     pfds_.clear();
     peer_of_.clear();
@@ -414,7 +464,8 @@ class Mesh {
           active = true;
         }
       if (!active && hung_up_[p]) continue;  // lenient mode: a finished peer already closed
-      pfds_.push_back({.fd = fds_[p].get(), .events = static_cast<short>(ev | POLLRDHUP), .revents = 0});
+      pfds_.push_back(
+          {.fd = fds_[p].get(), .events = static_cast<short>(ev | POLLRDHUP), .revents = 0});
       peer_of_.push_back(p);
     }
     const int rc = ::poll(pfds_.data(), pfds_.size(), net::ms_until(ctx.deadline));
@@ -433,7 +484,8 @@ class Mesh {
       if (p < 0 || !(re & (POLLRDHUP | POLLHUP | POLLERR))) continue;
       bool reading = false;
       for (const auto& x : xs) reading = reading || (x.peer == p && !x.is_send && !x.finished());
-      if (reading && !(re & POLLERR)) continue;  // drain what the peer sent before closing; EOF ends it
+      // drain what the peer sent before closing; EOF ends it
+      if (reading && !(re & POLLERR)) continue;
       if (!ctx.strict_hangup && !reading) {
         hung_up_[p] = true;
         continue;
@@ -459,8 +511,8 @@ class Mesh {
       if (!x.finished()) {
         if (f.peer < 0) f.peer = x.peer;
         const std::size_t got = x.done > sizeof(FrameHeader) ? x.done - sizeof(FrameHeader) : 0;
-        pending.push_back(ddp::detail::str(x.is_send ? "sending to rank " : "receiving from rank ", x.peer, " (",
-                                           got, " of ", x.bytes, " bytes)"));
+        pending.push_back(ddp::detail::str(x.is_send ? "sending to rank " : "receiving from rank ",
+                                           x.peer, " (", got, " of ", x.bytes, " bytes)"));
       }
     f.detail = ddp::detail::join(pending, ", ");
     throw f;

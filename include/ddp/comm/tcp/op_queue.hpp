@@ -1,21 +1,24 @@
-// OpQueue: how the tcp backend issues ops: it numbers each one, queues it, and a progress thread runs the
-// queue one op at a time in issue order, so ops complete in issue order and overlap with the caller's compute.
+// OpQueue: how the tcp backend issues ops: it numbers each one, queues it, and a progress thread
+// runs the queue one op at a time in issue order, so ops complete in issue order and overlap with
+// the caller's compute.
 // SPDX-License-Identifier: MIT
 //
 // How an op is issued (submit): under the queue's lock the op gets its sequence number and label
-// (OpSequence) and becomes a Task. A collective that comm::runs_inline allows (at most inline_max_bytes, or
-// a blocking all-reduce of any size: AllreduceOptions::blocking) issued while nothing is queued or running
-// runs on the calling thread instead, which saves the thread hand-off (tens of microseconds). Everything else
-// is queued. The progress thread hands each collective to run_collective, and a send or
-// recv to run_p2p, which also takes the send/recv ops queued behind it (take_p2p) until the next
-// collective: the batch of p2p.hpp. A send or recv queued while a batch runs wakes it through wake_fd().
+// (OpSequence) and becomes a Task. A collective that comm::runs_inline allows (at most
+// inline_max_bytes, or a blocking all-reduce of any size: AllreduceOptions::blocking) issued while
+// nothing is queued or running runs on the calling thread instead, which saves the thread hand-off
+// (tens of microseconds). Everything else is queued. The progress thread hands each collective to
+// run_collective, and a send or recv to run_p2p, which also takes the send/recv ops queued behind
+// it (take_p2p) until the next collective: the batch of p2p.hpp. A send or recv queued while a
+// batch runs wakes it through wake_fd().
 // Example: all_reduce(1 KiB) on an idle queue runs inline and its Work is complete on return;
-// all_reduce(4 MiB) is queued and its Work completes on the progress thread.
-// Waiting helps: Work::wait() on a queued collective that is first in line while nothing runs takes it off the
-// queue and runs it on the waiting thread (run_if_next). A caller that waits at once (a blocking all-reduce, a
-// barrier, DDP's last bucket) then pays no hand-off to the progress thread and back (two wake-ups, ~30 us each on
-// a loaded machine: 256 KiB took 94 us instead of 30 for Open MPI's), and one that computes in between still
-// overlaps. Issue order is kept: only the queue's head runs, and only when nothing else does.
+// all_reduce(4 MiB) is queued and its Work completes on the progress thread. Waiting helps:
+// Work::wait() on a queued collective that is first in line while nothing runs takes it off the
+// queue and runs it on the waiting thread (run_if_next). A caller that waits at once (a blocking
+// all-reduce, a barrier, DDP's last bucket) then pays no hand-off to the progress thread and back
+// (two wake-ups, ~30 us each on a loaded machine: 256 KiB took 94 us instead of 30 for Open MPI's),
+// and one that computes in between still overlaps. Issue order is kept: only the queue's head runs,
+// and only when nothing else does.
 #pragma once
 
 #include <sys/eventfd.h>
@@ -47,25 +50,33 @@ using Body = std::function<void(const OpContext&)>;
 
 // One issued op.
 struct Task {
-  std::shared_ptr<comm::detail::WorkState> state;  // label: "ddp[rank 0/4]: all_reduce #17 (F32 x 4)"
-  Fingerprint fp;                                  // numbered
-  std::chrono::milliseconds timeout{0};            // never 0: the communicator's default fills it in
-  bool strict = true;                              // false: the shutdown barrier (finished peers may close early)
-  Body body;                                       // collectives
-  Transfer xfer;                                   // send/recv: run batched by p2p.hpp
-  Clock::time_point deadline{};                    // send/recv: set when a batch admits it
+  // label: "ddp[rank 0/4]: all_reduce #17 (F32 x 4)"
+  std::shared_ptr<comm::detail::WorkState> state;
+  Fingerprint fp;  // numbered
+  // never 0: the communicator's default fills it in
+  std::chrono::milliseconds timeout{0};
+  // false: the shutdown barrier (finished peers may close early)
+  bool strict = true;
+  Body body;                     // collectives
+  Transfer xfer;                 // send/recv: run batched by p2p.hpp
+  Clock::time_point deadline{};  // send/recv: set when a batch admits it
 };
 
 class OpQueue {
  public:
-  OpQueue(int rank, int size, std::chrono::milliseconds default_timeout, std::size_t inline_max_bytes)
-      : size_(size), default_timeout_(default_timeout), inline_max_bytes_(inline_max_bytes), sequence_(rank, size) {}
+  OpQueue(int rank, int size, std::chrono::milliseconds default_timeout,
+          std::size_t inline_max_bytes)
+      : size_(size),
+        default_timeout_(default_timeout),
+        inline_max_bytes_(inline_max_bytes),
+        sequence_(rank, size) {}
   ~OpQueue() { stop(); }
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
 
-  // Starts the progress thread, on `cpus` when not empty (CommOptions::progress_cpus; a ConfigError, with the
-  // thread stopped, when the kernel refuses them). Until then (while the mesh is built) nothing may be submitted.
+  // Starts the progress thread, on `cpus` when not empty (CommOptions::progress_cpus; a
+  // ConfigError, with the thread stopped, when the kernel refuses them). Until then (while the mesh
+  // is built) nothing may be submitted.
   void start(std::function<void(Task&)> run_collective, std::function<void(Task)> run_p2p,
              const std::vector<int>& cpus = {}) {
     run_collective_ = std::move(run_collective);
@@ -90,8 +101,9 @@ class OpQueue {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Issues one op (see the file comment): `bytes` is what the op moves, `body` a collective's algorithm
-  // (empty for send/recv, whose transfer comes from call.in), `strict` false only for the shutdown barrier.
+  // Issues one op (see the file comment): `bytes` is what the op moves, `body` a collective's
+  // algorithm (empty for send/recv, whose transfer comes from call.in), `strict` false only for the
+  // shutdown barrier.
   Work submit(OpCall call, std::size_t bytes, Body body, bool strict = true) {
     std::unique_lock lock(mu_);
     std::string label = sequence_.number(call);
@@ -102,14 +114,18 @@ class OpQueue {
            .body = std::move(body)};
     const bool p2p = call.fp.is_p2p();
     if (p2p)
-      t.xfer = Transfer{.peer = call.peer, .is_send = call.fp.kind == OpKind::Send, .data = call.in.bytes_ptr(),
+      t.xfer = Transfer{.peer = call.peer,
+                        .is_send = call.fp.kind == OpKind::Send,
+                        .data = call.in.bytes_ptr(),
                         .bytes = call.in.bytes()};
-    if (!p2p) t.state->help = [alive = std::weak_ptr<OpQueue*>(self_), s = t.state.get()] {
-      if (const auto q = alive.lock()) (*q)->run_if_next(s);
-    };
+    if (!p2p)
+      t.state->help = [alive = std::weak_ptr<OpQueue*>(self_), s = t.state.get()] {
+        if (const auto q = alive.lock()) (*q)->run_if_next(s);
+      };
     Work work(t.state);
     // Never inline send/recv: an irecv must return before the matching send is issued.
-    if (!p2p && queue_.empty() && !busy_ && (size_ == 1 || runs_inline(bytes, call.blocking, inline_max_bytes_))) {
+    if (!p2p && queue_.empty() && !busy_ &&
+        (size_ == 1 || runs_inline(bytes, call.blocking, inline_max_bytes_))) {
       run_here(t, lock);
       return work;
     }
@@ -123,11 +139,13 @@ class OpQueue {
     return work;
   }
 
-  // Runs the queued collective whose state is `s` on the calling thread if it is next in line and nothing runs
-  // (Work::wait's help); otherwise does nothing (it runs, or ran, on the progress thread).
+  // Runs the queued collective whose state is `s` on the calling thread if it is next in line and
+  // nothing runs (Work::wait's help); otherwise does nothing (it runs, or ran, on the progress
+  // thread).
   void run_if_next(const comm::detail::WorkState* s) {
     std::unique_lock lock(mu_);
-    if (busy_ || queue_.empty() || queue_.front().state.get() != s) return;  // s is a collective's (submit)
+    // s is a collective's (submit)
+    if (busy_ || queue_.empty() || queue_.front().state.get() != s) return;
     Task t = std::move(queue_.front());
     queue_.pop_front();
     run_here(t, lock);
@@ -148,15 +166,16 @@ class OpQueue {
   int wake_fd() const noexcept { return wake_.get(); }
 
  private:
-  // Runs collective t on this thread with the queue marked busy; `lock` is held on entry, released on return.
+  // Runs collective t on this thread with the queue marked busy; `lock` is held on entry, released
+  // on return.
   void run_here(Task& t, std::unique_lock<std::mutex>& lock) {
     busy_ = true;
     lock.unlock();
     run_collective_(t);
     lock.lock();
     busy_ = false;
-    // Only the progress thread waits on cv_, and only for queued work: waking it for nothing would cost every
-    // inline op a futex wake and a context switch.
+    // Only the progress thread waits on cv_, and only for queued work: waking it for nothing would
+    // cost every inline op a futex wake and a context switch.
     const bool queued = !queue_.empty();
     lock.unlock();
     if (queued) cv_.notify_all();
@@ -165,14 +184,17 @@ class OpQueue {
   void loop() {
     std::unique_lock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_); });
+      cv_.wait(lock,
+               [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_); });
       if (queue_.empty()) return;
       Task t = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
-      if (t.fp.is_p2p()) run_p2p_(std::move(t));
-      else run_collective_(t);
+      if (t.fp.is_p2p())
+        run_p2p_(std::move(t));
+      else
+        run_collective_(t);
       lock.lock();
       busy_ = false;
       cv_.notify_all();
@@ -193,7 +215,8 @@ class OpQueue {
   bool busy_ = false;  // an op is running (progress thread or inline)
   bool stop_ = false;
   std::thread thread_;
-  // What Work::help holds (weakly): a Work waited on after its communicator is gone finds no queue to help.
+  // What Work::help holds (weakly): a Work waited on after its communicator is gone finds no queue
+  // to help.
   std::shared_ptr<OpQueue*> self_ = std::make_shared<OpQueue*>(this);
 };
 

@@ -1,6 +1,6 @@
-// tcp::ShmWatch: how the tcp backend's shared-memory collectives (comm/shm/collectives.hpp) watch their
-// peers: through the TCP mesh, which stays open beside the segment, and with Mesh::run's PeerFailure, so
-// that TcpCommunicator reports shm failures exactly like socket ones.
+// tcp::ShmWatch: how the tcp backend's shared-memory collectives (comm/shm/collectives.hpp) watch
+// their peers: through the TCP mesh, which stays open beside the segment, and with Mesh::run's
+// PeerFailure, so that TcpCommunicator reports shm failures exactly like socket ones.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -19,14 +19,17 @@ namespace ddp::comm::tcp {
 
 class ShmWatch {
  public:
-  // `wake` is an eventfd the liveness probe signals itself (one per communicator, reused by every op).
-  ShmWatch(Mesh& mesh, const OpContext& ctx, const Fd& wake) : mesh_(mesh), ctx_(ctx), wake_(wake) {}
+  // `wake` is an eventfd the liveness probe signals itself (one per communicator, reused by every
+  // op).
+  ShmWatch(Mesh& mesh, const OpContext& ctx, const Fd& wake)
+      : mesh_(mesh), ctx_(ctx), wake_(wake) {}
 
   const Fingerprint& fp() const noexcept { return ctx_.fp; }
   Clock::time_point deadline() const noexcept { return ctx_.deadline; }
 
-  // Liveness through the mesh: with no transfers and the eventfd already signalled, run_until_any polls
-  // every peer socket once and throws PeerFailure::Closed for one that hung up (a failing rank closes them).
+  // Liveness through the mesh: with no transfers and the eventfd already signalled, run_until_any
+  // polls every peer socket once and throws PeerFailure::Closed for one that hung up (a failing
+  // rank closes them).
   void check(int) {
     const std::uint64_t one = 1;
     (void)!::write(wake_.get(), &one, sizeof one);
@@ -35,9 +38,10 @@ class ShmWatch {
     mesh_.run_until_any(std::span<Transfer>(), probe, wake_.get());
   }
 
-  // Both sides of a mismatch see it. So that the messages read like the socket path's (one rank names the
-  // mismatch, the others quote it), the higher rank reports it when its op also runs in shared memory; the
-  // lower one waits for it to fail and close its sockets, which check() turns into "rank j reported".
+  // Both sides of a mismatch see it. So that the messages read like the socket path's (one rank
+  // names the mismatch, the others quote it), the higher rank reports it when its op also runs in
+  // shared memory; the lower one waits for it to fail and close its sockets, which check() turns
+  // into "rank j reported".
   [[noreturn]] void mismatch(int peer, const Fingerprint& theirs) {
     const bool peer_here = theirs.kind == OpKind::AllReduce || theirs.kind == OpKind::Broadcast ||
                            theirs.kind == OpKind::AllGather || theirs.kind == OpKind::Barrier;

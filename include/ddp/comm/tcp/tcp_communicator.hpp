@@ -2,10 +2,14 @@
 // SPDX-License-Identifier: MIT
 //
 // This file holds the API and each op's algorithm; the rest lives beside it:
-//   mesh.hpp              the sockets to every peer and the framed transfers (fingerprint in every header)
-//   algorithms.hpp        ring, recursive doubling, binomial trees, pairwise all-to-all over the mesh
-//   ../shm/*.hpp          all-reduce, broadcast, all-gather and barrier through shared memory when every
-//                         rank runs on one host (CommOptions::shm); shm_watch.hpp: the sockets stay open
+//   mesh.hpp              the sockets to every peer and the framed transfers (fingerprint in every
+//     header)
+//   algorithms.hpp        ring, recursive doubling, binomial trees, pairwise all-to-all over the
+//     mesh
+//   ../shm/*.hpp          all-reduce, broadcast, all-gather and barrier through shared memory when
+//     every
+//                         rank runs on one host (CommOptions::shm); shm_watch.hpp: the sockets stay
+//                           open
 //                         and keep detecting dead peers, and the other ops keep using them
 //   op_queue.hpp          numbering, the progress thread, small ops inline on the caller's thread
 //   p2p.hpp               send/recv batched in one poll loop (irecv before the own send completes)
@@ -39,21 +43,27 @@ namespace ddp::comm {
 
 class TcpCommunicator final : public Communicator {
  public:
-  // Builds the mesh for the job described by `info` (rank, world_size, master_addr). Blocks until every
-  // rank has connected or opts.timeout passes (TimeoutError). The store must outlive the communicator.
+  // Builds the mesh for the job described by `info` (rank, world_size, master_addr). Blocks until
+  // every rank has connected or opts.timeout passes (TimeoutError). The store must outlive the
+  // communicator.
   TcpCommunicator(const env::LaunchInfo& info, store::Store& store, const CommOptions& opts = {})
       : TcpCommunicator(info.rank, info.world_size, store, opts, "",
-                        info.world_size > 1 ? tcp::choose_listen_address(opts.socket_ifname, info.master_addr)
-                                            : std::string("127.0.0.1")) {}
+                        info.world_size > 1
+                            ? tcp::choose_listen_address(opts.socket_ifname, info.master_addr)
+                            : std::string("127.0.0.1")) {}
 
   ~TcpCommunicator() override {
     if (!failure_.failed() && size_ > 1) {
-      // Bounded barrier: peers must not see our sockets close while they still need us; never throws.
-      // Lenient (strict = false): a peer that passed it may close before we see its last frame.
+      // Bounded barrier: peers must not see our sockets close while they still need us; never
+      // throws. Lenient (strict = false): a peer that passed it may close before we see its last
+      // frame.
       try {
         OpCall call{.fp = {.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max},
                     .timeout = opts_.shutdown_timeout};
-        queue_.submit(call, 0, [this](const tcp::OpContext& ctx) { barrier_body(ctx); }, false).wait();
+        queue_
+            .submit(
+                call, 0, [this](const tcp::OpContext& ctx) { barrier_body(ctx); }, false)
+            .wait();
       } catch (const std::exception& e) {
         DDP_LOG_WARN("shutdown barrier of the tcp communicator failed: ", e.what());
       }
@@ -74,10 +84,12 @@ class TcpCommunicator final : public Communicator {
   Work send_impl(const OpCall& c) override { return queue_.submit(c, c.in.bytes(), {}); }
   Work recv_impl(const OpCall& c) override { return queue_.submit(c, c.in.bytes(), {}); }
   Work broadcast_impl(const OpCall& c) override {
-    return queue_.submit(c, c.in.bytes(), [this, b = c.in, root = c.fp.root](const tcp::OpContext& ctx) {
-      if (shm_) return shm_->broadcast(watch(ctx), b.bytes_ptr(), b.bytes(), static_cast<int>(root));
-      tcp::binomial_broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), static_cast<int>(root));
-    });
+    return queue_.submit(
+        c, c.in.bytes(), [this, b = c.in, root = c.fp.root](const tcp::OpContext& ctx) {
+          if (shm_)
+            return shm_->broadcast(watch(ctx), b.bytes_ptr(), b.bytes(), static_cast<int>(root));
+          tcp::binomial_broadcast(mesh_, ctx, b.bytes_ptr(), b.bytes(), static_cast<int>(root));
+        });
   }
   Work all_reduce_impl(const OpCall& c) override {
     return queue_.submit(c, c.in.bytes(), [this, b = c.in](const tcp::OpContext& ctx) {
@@ -90,37 +102,47 @@ class TcpCommunicator final : public Communicator {
     });
   }
   Work reduce_impl(const OpCall& c) override {
-    return queue_.submit(c, c.in.bytes(), [this, b = c.in, root = static_cast<int>(c.fp.root)](const tcp::OpContext& ctx) {
-      if (size_ == 1) return;
-      std::byte* acc = b.bytes_ptr();
-      if (rank_ != root) {  // keep the caller's buffer intact on non-roots
-        acc = tcp::Scratch::sized(scratch_.acc, b.bytes());
-        tcp::copy_bytes(acc, b.bytes_ptr(), b.bytes());
-      }
-      tcp::binomial_reduce(mesh_, ctx, acc, b.count, root, scratch_);
-    });
+    return queue_.submit(
+        c, c.in.bytes(),
+        [this, b = c.in, root = static_cast<int>(c.fp.root)](const tcp::OpContext& ctx) {
+          if (size_ == 1) return;
+          std::byte* acc = b.bytes_ptr();
+          if (rank_ != root) {  // keep the caller's buffer intact on non-roots
+            acc = tcp::Scratch::sized(scratch_.acc, b.bytes());
+            tcp::copy_bytes(acc, b.bytes_ptr(), b.bytes());
+          }
+          tcp::binomial_reduce(mesh_, ctx, acc, b.count, root, scratch_);
+        });
   }
   Work all_gather_impl(const OpCall& c) override {
-    return queue_.submit(c, c.out.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
-      if (shm_) return shm_->all_gather(watch(ctx), in.bytes_ptr(), out.bytes_ptr(), in.bytes());
-      if (in.bytes() != 0)  // empty buffers may be null, which memmove does not accept even for 0 bytes
-        std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(), in.bytes_ptr(), in.bytes());
-      tcp::ring_all_gather(mesh_, ctx, out.bytes_ptr(), blocks(in.count), -1);
-    });
+    return queue_.submit(
+        c, c.out.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
+          if (shm_)
+            return shm_->all_gather(watch(ctx), in.bytes_ptr(), out.bytes_ptr(), in.bytes());
+          // empty buffers may be null, which memmove does not accept even for 0 bytes
+          if (in.bytes() != 0)
+            std::memmove(out.bytes_ptr() + static_cast<std::size_t>(rank_) * in.bytes(),
+                         in.bytes_ptr(), in.bytes());
+          tcp::ring_all_gather(mesh_, ctx, out.bytes_ptr(), blocks(in.count), -1);
+        });
   }
   Work reduce_scatter_impl(const OpCall& c) override {
-    return queue_.submit(c, c.in.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
-      std::byte* acc = tcp::Scratch::sized(scratch_.acc, in.bytes());
-      tcp::copy_bytes(acc, in.bytes_ptr(), in.bytes());
-      tcp::ring_reduce_scatter(mesh_, ctx, acc, blocks(out.count), -1, scratch_);
-      tcp::copy_bytes(out.bytes_ptr(), acc + static_cast<std::size_t>(rank_) * out.bytes(), out.bytes());
-      if (ctx.fp.op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
-    });
+    return queue_.submit(
+        c, c.in.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
+          std::byte* acc = tcp::Scratch::sized(scratch_.acc, in.bytes());
+          tcp::copy_bytes(acc, in.bytes_ptr(), in.bytes());
+          tcp::ring_reduce_scatter(mesh_, ctx, acc, blocks(out.count), -1, scratch_);
+          tcp::copy_bytes(out.bytes_ptr(), acc + static_cast<std::size_t>(rank_) * out.bytes(),
+                          out.bytes());
+          if (ctx.fp.op == ReduceOp::Avg) divide_by(out.data, out.count, out.dtype, size_);
+        });
   }
   Work all_to_all_impl(const OpCall& c) override {
-    return queue_.submit(c, c.in.bytes(), [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
-      tcp::pairwise_all_to_all(mesh_, ctx, in.bytes_ptr(), out.bytes_ptr(), in.bytes() / static_cast<std::size_t>(size_));
-    });
+    return queue_.submit(c, c.in.bytes(),
+                         [this, in = c.in, out = c.out](const tcp::OpContext& ctx) {
+                           tcp::pairwise_all_to_all(mesh_, ctx, in.bytes_ptr(), out.bytes_ptr(),
+                                                    in.bytes() / static_cast<std::size_t>(size_));
+                         });
   }
   Work barrier_impl(const OpCall& c) override {
     return queue_.submit(c, 0, [this](const tcp::OpContext& ctx) { barrier_body(ctx); });
@@ -131,41 +153,55 @@ class TcpCommunicator final : public Communicator {
   std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks, int index) override {
     const int id = ++groups_;
     if (index < 0) return nullptr;
-    return std::unique_ptr<Communicator>(new TcpCommunicator(index, static_cast<int>(ranks.size()), store_, opts_,
-                                                             ddp::detail::str(prefix_, "group", id, '/'), listen_ip_));
+    return std::unique_ptr<Communicator>(
+        new TcpCommunicator(index, static_cast<int>(ranks.size()), store_, opts_,
+                            ddp::detail::str(prefix_, "group", id, '/'), listen_ip_));
   }
 
  private:
-  TcpCommunicator(int rank, int size, store::Store& store, const CommOptions& opts, std::string group_prefix,
-                  std::string listen_ip)
-      : rank_(check_setup(rank, size, opts)), size_(size), store_(store), opts_(opts),
-        listen_ip_(std::move(listen_ip)), prefix_(store_prefix(store, rank, size, std::move(group_prefix))),
-        mesh_(rank, size), failure_(store, prefix_, rank, size, mesh_),
+  TcpCommunicator(int rank, int size, store::Store& store, const CommOptions& opts,
+                  std::string group_prefix, std::string listen_ip)
+      : rank_(check_setup(rank, size, opts)),
+        size_(size),
+        store_(store),
+        opts_(opts),
+        listen_ip_(std::move(listen_ip)),
+        prefix_(store_prefix(store, rank, size, std::move(group_prefix))),
+        mesh_(rank, size),
+        failure_(store, prefix_, rank, size, mesh_),
         queue_(rank, size, opts.timeout, opts.inline_max_bytes) {
     try {
       mesh_.connect(store_, prefix_, listen_ip_, Clock::now() + opts_.timeout);
-      if (size_ > 1 && size_ <= shm::kMaxRanks) {  // collective: every rank takes part, even with shm off
-        auto seg = shm::Segment::create(shm::store_all_gather(store_, prefix_, rank_, size_, Clock::now() + opts_.timeout),
-                                        rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_), "TCP");
-        if (seg) shm_ = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_, opts_.small_allreduce_bytes);
+      // collective: every rank takes part, even with shm off
+      if (size_ > 1 && size_ <= shm::kMaxRanks) {
+        auto seg = shm::Segment::create(
+            shm::store_all_gather(store_, prefix_, rank_, size_, Clock::now() + opts_.timeout),
+            rank_, size_, opts_.shm, shm::Collectives::segment_bytes(size_), "TCP");
+        if (seg)
+          shm_ = std::make_unique<shm::Collectives>(std::move(seg), rank_, size_,
+                                                    opts_.small_allreduce_bytes);
       }
     } catch (const StoreError& e) {
       throw store_failed(rank, size, e);
     }
     queue_.start([this](tcp::Task& t) { run_collective(t); },
-                 [this](tcp::Task t) { tcp::run_p2p_batch(std::move(t), queue_, mesh_, failure_, position_); },
+                 [this](tcp::Task t) {
+                   tcp::run_p2p_batch(std::move(t), queue_, mesh_, failure_, position_);
+                 },
                  opts_.progress_cpus);
-    DDP_LOG_DEBUG(who(rank_, size_), ": tcp mesh ready, listening on ", listen_ip_, " (store prefix ", prefix_,
-                  "; shared memory ", shm_ ? "on" : "off", ")");
+    DDP_LOG_DEBUG(who(rank_, size_), ": tcp mesh ready, listening on ", listen_ip_,
+                  " (store prefix ", prefix_, "; shared memory ", shm_ ? "on" : "off", ")");
   }
 
   // The store went away mid-rendezvous: say whose death that usually is.
   static CommError store_failed(int rank, int size, const StoreError& e) {
-    return CommError(ddp::detail::str(who(rank, size), ": connecting the tcp mesh: the store failed (", e.what(),
-                                      "); when the ranks host the store (ddprun, env://, mpirun), it lived in rank 0, "
-                                      "which has probably died."));
+    return CommError(ddp::detail::str(
+        who(rank, size), ": connecting the tcp mesh: the store failed (", e.what(),
+        "); when the ranks host the store (ddprun, env://, mpirun), it lived in rank 0, "
+        "which has probably died."));
   }
-  static std::string store_prefix(store::Store& store, int rank, int size, std::string group_prefix) {
+  static std::string store_prefix(store::Store& store, int rank, int size,
+                                  std::string group_prefix) {
     if (!group_prefix.empty()) return group_prefix;
     try {
       return attempt_prefix(store, "tcp", size);
@@ -174,21 +210,26 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  // Runs one collective on the calling thread (inline) or the progress thread, and completes its Work.
+  // Runs one collective on the calling thread (inline) or the progress thread, and completes its
+  // Work.
   void run_collective(tcp::Task& t) {
     if (auto e = failure_.not_run(t.state->label)) return t.state->complete(e);
     position_ = t.fp.seq;
     if (shm_) shm_->announce(t.fp);
-    const tcp::OpContext ctx{.fp = t.fp, .deadline = Clock::now() + t.timeout, .strict_hangup = t.strict};
+    const tcp::OpContext ctx{
+        .fp = t.fp, .deadline = Clock::now() + t.timeout, .strict_hangup = t.strict};
     try {
       t.body(ctx);
       t.state->complete();
     } catch (const tcp::PeerFailure& f) {
-      t.state->complete(failure_.fail(t, failure_.describe(t, f), f.kind == tcp::PeerFailure::Kind::Timeout, position_));
+      t.state->complete(failure_.fail(t, failure_.describe(t, f),
+                                      f.kind == tcp::PeerFailure::Kind::Timeout, position_));
     } catch (const TimeoutError& e) {
-      t.state->complete(failure_.fail(t, ddp::detail::str(t.state->label, " failed: ", e.what()), true, position_));
+      t.state->complete(failure_.fail(t, ddp::detail::str(t.state->label, " failed: ", e.what()),
+                                      true, position_));
     } catch (const std::exception& e) {
-      t.state->complete(failure_.fail(t, ddp::detail::str(t.state->label, " failed: ", e.what()), false, position_));
+      t.state->complete(failure_.fail(t, ddp::detail::str(t.state->label, " failed: ", e.what()),
+                                      false, position_));
     }
   }
 
@@ -214,15 +255,18 @@ class TcpCommunicator final : public Communicator {
   store::Store& store_;
   const CommOptions opts_;
   const std::string listen_ip_;
-  const std::string prefix_;  // this communicator's store keys: "ddp/tcp/<attempt>/" or the parent's + "group<id>/"
+  // this communicator's store keys: "ddp/tcp/<attempt>/" or the parent's + "group<id>/"
+  const std::string prefix_;
   tcp::Mesh mesh_;
   tcp::FailureProtocol failure_;
   std::unique_ptr<shm::Collectives> shm_;  // all ranks on one host (CommOptions::shm): the shm path
   Fd shm_wake_ = tcp::ShmWatch::make_wake();  // the shm ops' liveness probe (tcp/shm_watch.hpp)
   tcp::Scratch scratch_;                      // used only by the thread running the current op
-  std::uint64_t position_ = 0;                // the last collective started (ditto), for failure reports
-  int groups_ = 0;                            // new_group calls so far
-  tcp::OpQueue queue_;                        // last: its thread stops before the members it uses go
+  // the last collective started (ditto), for failure reports
+  std::uint64_t position_ = 0;
+  int groups_ = 0;  // new_group calls so far
+  // last: its thread stops before the members it uses go
+  tcp::OpQueue queue_;
 };
 
 }  // namespace ddp::comm

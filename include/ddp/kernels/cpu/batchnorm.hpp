@@ -1,22 +1,25 @@
-// CPU batch normalisation over the channel (last) dimension: training and eval forward, and backward.
+// CPU batch normalisation over the channel (last) dimension: training and eval forward, and
+// backward.
 // SPDX-License-Identifier: MIT
 //
-// How it works. x (N, H, W, C) is seen as M = N*H*W rows of C channels, so every pass is a loop over
-// rows with the channel loop innermost and contiguous. Training forward:
+// How it works. x (N, H, W, C) is seen as M = N*H*W rows of C channels, so every pass is a loop
+// over rows with the channel loop innermost and contiguous. Training forward:
 //   mean_c = sum_m x / M;  var_c = sum_m (x - mean_c)^2 / M   (two passes: no cancellation)
 //   y = (x - mean_c) * invstd_c * gamma_c + beta_c,  invstd_c = 1 / sqrt(var_c + eps)
 //   running_mean = (1 - momentum) running_mean + momentum mean_c
-//   running_var  = (1 - momentum) running_var + momentum var_c * M / (M - 1)   (unbiased, as PyTorch)
+//   running_var  = (1 - momentum) running_var + momentum var_c * M / (M - 1)   (unbiased, as
+//     PyTorch)
 // Eval uses running_mean / running_var in place of the batch statistics. Backward (training), with
 // xhat = (x - mean) invstd:  dbeta = sum dy,  dgamma = sum dy xhat,
 //   dx = gamma invstd (dy - dbeta / M - xhat dgamma / M);   in eval: dx = gamma invstd dy.
-// Example: M = 2 values {1, 3} of one channel: mean 2, var 1, invstd ~ 1/sqrt(1 + 1e-5), xhat = {-1, 1};
-// running_var moves towards the unbiased 2: 0.9 * 1 + 0.1 * 2 = 1.1.
-// Sums are accumulated in double per thread block and combined in block order (deterministic). Backward
-// reads all of dy (the sums) before it writes dx, one element from the same element, so dx may alias dy
-// (bn_act.hpp relies on that to mask dy in place).
-// Synchronised (Args::sync, training): one pass of sum x and sum x^2, the reducer's all-reduce, then the
-// global statistics (kernels/batchnorm_sync.hpp); backward all-reduces sum dy and sum dy xhat before dx.
+// Example: M = 2 values {1, 3} of one channel: mean 2, var 1, invstd ~ 1/sqrt(1 + 1e-5), xhat =
+//   {-1, 1};
+// running_var moves towards the unbiased 2: 0.9 * 1 + 0.1 * 2 = 1.1. Sums are accumulated in double
+// per thread block and combined in block order (deterministic). Backward reads all of dy (the sums)
+// before it writes dx, one element from the same element, so dx may alias dy (bn_act.hpp relies on
+// that to mask dy in place). Synchronised (Args::sync, training): one pass of sum x and sum x^2,
+// the reducer's all-reduce, then the global statistics (kernels/batchnorm_sync.hpp); backward
+// all-reduces sum dy and sum dy xhat before dx.
 #pragma once
 
 #include <cmath>
@@ -32,24 +35,29 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-// out[c] = sum over rows m of f(m, c, acc) accumulated per block of rows in double; returns per-channel sums.
+// out[c] = sum over rows m of f(m, c, acc) accumulated per block of rows in double; returns
+// per-channel sums.
 template <class F>
-std::vector<double> channel_sums(const Exec<Cpu>& exec, std::int64_t rows, std::int64_t c, int width, F&& f) {
+std::vector<double> channel_sums(const Exec<Cpu>& exec, std::int64_t rows, std::int64_t c,
+                                 int width, F&& f) {
   const int t = num_threads(exec);
   std::vector<double> part(static_cast<std::size_t>(t * width * c), 0.0);
   parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int chunk) {
-    double* acc = part.data() + static_cast<std::size_t>(chunk) * static_cast<std::size_t>(width * c);
+    double* acc =
+        part.data() + static_cast<std::size_t>(chunk) * static_cast<std::size_t>(width * c);
     for (std::int64_t m = m0; m < m1; ++m) f(m, acc);
   });
   std::vector<double> sum(static_cast<std::size_t>(width * c), 0.0);
   for (int b = 0; b < t; ++b)
-    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[static_cast<std::size_t>(b) * sum.size() + i];
+    for (std::size_t i = 0; i < sum.size(); ++i)
+      sum[i] += part[static_cast<std::size_t>(b) * sum.size() + i];
   return sum;
 }
 
 // y = x * scale + shift per channel (one FMA per element).
 template <class T>
-void bn_apply(const Exec<Cpu>& exec, const T* x, T* y, std::int64_t rows, std::int64_t c, const T* sc, const T* sh) {
+void bn_apply(const Exec<Cpu>& exec, const T* x, T* y, std::int64_t rows, std::int64_t c,
+              const T* sc, const T* sh) {
   parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
     for (std::int64_t m = m0; m < m1; ++m)
       for (std::int64_t k = 0; k < c; ++k) y[m * c + k] = x[m * c + k] * sc[k] + sh[k];
@@ -58,8 +66,8 @@ void bn_apply(const Exec<Cpu>& exec, const T* x, T* y, std::int64_t rows, std::i
 
 // dx = k1 * dy + k2 * (x - mean) + k3 per channel.
 template <class T>
-void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* mean, const T* p1, const T* p2,
-                       const T* p3, T* dx, std::int64_t rows, std::int64_t c) {
+void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* mean, const T* p1,
+                       const T* p2, const T* p3, T* dx, std::int64_t rows, std::int64_t c) {
   parallel_for(exec, rows, 256, [&](std::int64_t m0, std::int64_t m1, int) {
     for (std::int64_t m = m0; m < m1; ++m)
       for (std::int64_t k = 0; k < c; ++k)
@@ -67,8 +75,9 @@ void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* 
   });
 }
 
-// Synchronised training forward (docs/decisions/0027, kernels/batchnorm_sync.hpp): this rank's sum x and
-// sum x^2 in one pass, one all-reduce of (2C + 1) doubles, then the global statistics and the apply pass.
+// Synchronised training forward (docs/decisions/0027, kernels/batchnorm_sync.hpp): this rank's sum
+// x and sum x^2 in one pass, one all-reduce of (2C + 1) doubles, then the global statistics and the
+// apply pass.
 template <class T>
 void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>& a) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
@@ -86,12 +95,15 @@ void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T,
   a.sync->all_reduce_sum(exec, TensorView<double, Cpu>(sums.data(), Shape{2 * c + 1}));
   check_sync_count(sums[static_cast<std::size_t>(2 * c)], "batchnorm_forward");
   std::vector<T> coef(static_cast<std::size_t>(2 * c));  // scale, shift
-  for_each_index(exec, static_cast<std::size_t>(c),
-                 BnSyncStatistics<T>{.sums = sums.data(), .out = channel_outputs(a, coef.data(), coef.data() + c), .c = c});
+  for_each_index(
+      exec, static_cast<std::size_t>(c),
+      BnSyncStatistics<T>{
+          .sums = sums.data(), .out = channel_outputs(a, coef.data(), coef.data() + c), .c = c});
   bn_apply(exec, x, a.y.data(), rows, c, coef.data(), coef.data() + c);
 }
 
-// Synchronised training backward: this rank's sums give dgamma and dbeta; their all-reduce gives dx.
+// Synchronised training backward: this rank's sums give dgamma and dbeta; their all-reduce gives
+// dx.
 template <class T>
 void batchnorm_backward_sync(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cpu>& a,
                              const std::vector<double>& local, std::int64_t rows) {
@@ -99,15 +111,22 @@ void batchnorm_backward_sync(const Exec<Cpu>& exec, const BatchNormBackwardArgs<
   std::vector<double> sums(local.begin(), local.end());
   sums.push_back(static_cast<double>(rows));
   for_each_index(exec, static_cast<std::size_t>(c),
-                 BnLocalGrads<T>{.sums = sums.data(), .dgamma = a.dgamma.empty() ? nullptr : a.dgamma.data(),
-                                 .dbeta = a.dbeta.empty() ? nullptr : a.dbeta.data(), .c = c});
-  a.sync->all_reduce_sum(exec, TensorView<double, Cpu>(sums.data(), Shape{2 * c + 1}));  // every rank, even without dx
+                 BnLocalGrads<T>{.sums = sums.data(),
+                                 .dgamma = a.dgamma.empty() ? nullptr : a.dgamma.data(),
+                                 .dbeta = a.dbeta.empty() ? nullptr : a.dbeta.data(),
+                                 .c = c});
+  // every rank, even without dx
+  a.sync->all_reduce_sum(exec, TensorView<double, Cpu>(sums.data(), Shape{2 * c + 1}));
   if (a.dx.empty()) return;
   std::vector<T> coef(static_cast<std::size_t>(3 * c));  // k1, k2, k3
   for_each_index(exec, static_cast<std::size_t>(c),
-                 BnSyncBackwardCoefficients<T>{.sums = sums.data(), .gamma = a.gamma.data(),
-                                               .invstd = a.save_invstd.data(), .k1 = coef.data(),
-                                               .k2 = coef.data() + c, .k3 = coef.data() + 2 * c, .c = c});
+                 BnSyncBackwardCoefficients<T>{.sums = sums.data(),
+                                               .gamma = a.gamma.data(),
+                                               .invstd = a.save_invstd.data(),
+                                               .k1 = coef.data(),
+                                               .k2 = coef.data() + c,
+                                               .k3 = coef.data() + 2 * c,
+                                               .c = c});
   bn_backward_apply(exec, a.x.data(), a.dy.data(), a.save_mean.data(), coef.data(), coef.data() + c,
                     coef.data() + 2 * c, a.dx.data(), rows, c);
 }
@@ -128,7 +147,8 @@ void batchnorm_forward(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>
       for (std::int64_t k = 0; k < c; ++k) acc[k] += static_cast<double>(xm[k]);
     });
     std::vector<double> mean(static_cast<std::size_t>(c));
-    for (std::int64_t k = 0; k < c; ++k) mean[static_cast<std::size_t>(k)] = sum[static_cast<std::size_t>(k)] / rows;
+    for (std::int64_t k = 0; k < c; ++k)
+      mean[static_cast<std::size_t>(k)] = sum[static_cast<std::size_t>(k)] / rows;
     const auto sq = detail::channel_sums(exec, rows, c, 1, [&](std::int64_t m, double* acc) {
       const T* xm = x + m * c;
       for (std::int64_t k = 0; k < c; ++k) {
@@ -160,18 +180,23 @@ void batchnorm_backward(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cp
     const T* dym = dy + m * c;
     for (std::int64_t k = 0; k < c; ++k) {
       acc[k] += static_cast<double>(dym[k]);
-      acc[c + k] += static_cast<double>(dym[k]) * (static_cast<double>(xm[k]) - mean[k]) * invstd[k];
+      acc[c + k] +=
+          static_cast<double>(dym[k]) * (static_cast<double>(xm[k]) - mean[k]) * invstd[k];
     }
   });
   if (a.training && a.sync) return detail::batchnorm_backward_sync(exec, a, sums, rows);
   for (std::int64_t k = 0; k < c; ++k) {
     if (!a.dbeta.empty()) a.dbeta.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(k)]);
-    if (!a.dgamma.empty()) a.dgamma.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(c + k)]);
+    if (!a.dgamma.empty())
+      a.dgamma.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(c + k)]);
   }
   if (a.dx.empty()) return;
-  // dx = k1 * dy + k2 * (x - mean) + k3 per channel, the formula above folded into three coefficients:
-  //   training: k1 = gamma invstd, k2 = -k1 invstd dgamma / M, k3 = -k1 dbeta / M;  eval: k2 = k3 = 0.
-  std::vector<T> k1(static_cast<std::size_t>(c)), k2(static_cast<std::size_t>(c)), k3(static_cast<std::size_t>(c));
+  // dx = k1 * dy + k2 * (x - mean) + k3 per channel, the formula above folded into three
+  // coefficients:
+  //   training: k1 = gamma invstd, k2 = -k1 invstd dgamma / M, k3 = -k1 dbeta / M;  eval: k2 = k3 =
+  //     0.
+  std::vector<T> k1(static_cast<std::size_t>(c)), k2(static_cast<std::size_t>(c)),
+      k3(static_cast<std::size_t>(c));
   for (std::int64_t k = 0; k < c; ++k) {
     const auto i = static_cast<std::size_t>(k);
     const double g = static_cast<double>(a.gamma.data()[k]) * invstd[k];
@@ -184,7 +209,8 @@ void batchnorm_backward(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cp
     k2[i] = static_cast<T>(c2);
     k3[i] = static_cast<T>(c3);
   }
-  detail::bn_backward_apply(exec, x, dy, mean, k1.data(), k2.data(), k3.data(), a.dx.data(), rows, c);
+  detail::bn_backward_apply(exec, x, dy, mean, k1.data(), k2.data(), k3.data(), a.dx.data(), rows,
+                            c);
 }
 
 }  // namespace ddp::kernels::cpu

@@ -1,14 +1,16 @@
-// CPU BatchNorm + ReLU (+ residual add): the bn kernel followed by element-wise passes; the reference for
-// kernels/cuda/bn_act.cuh.
+// CPU BatchNorm + ReLU (+ residual add): the bn kernel followed by element-wise passes; the
+// reference for kernels/cuda/bn_act.cuh.
 // SPDX-License-Identifier: MIT
 //
-// forward:  y = bn(x); y += residual; y = relu(y)                  (three passes, as forward + add + relu)
-// backward: g = dy * (y > 0); dresidual = g; bn_backward(g)       (g is written straight into dresidual
-//           when the caller wants it, else into dx, which bn_backward overwrites element by element)
-// The results are bit-identical to running batchnorm_forward, add and relu_forward (and relu_backward,
-// batchnorm_backward) one after the other: the same functors on the same values in the same order. On
-// the CPU one pass instead of three would gain little (the convolutions dominate); the GPU, where it pays,
-// runs the fused kernel. Same Args (kernels/fused_args.hpp), same checks.
+// forward: y = bn(x); y += residual; y = relu(y) (three passes, as forward + add + relu) backward:
+// g = dy * (y > 0); dresidual = g; bn_backward(g) (g is written straight into dresidual
+//           when the caller wants it, else into dx, which bn_backward overwrites element by
+//             element)
+// The results are bit-identical to running batchnorm_forward, add and relu_forward (and
+// relu_backward, batchnorm_backward) one after the other: the same functors on the same values in
+// the same order. On the CPU one pass instead of three would gain little (the convolutions
+// dominate); the GPU, where it pays, runs the fused kernel. Same Args (kernels/fused_args.hpp),
+// same checks.
 #pragma once
 
 #include <algorithm>
@@ -38,8 +40,9 @@ void batchnorm_act_backward(const Exec<Cpu>& e, const BatchNormActBackwardArgs<T
   validate(a);
   BatchNormBackwardArgs<T, Cpu> b = a.bn;
   if (a.relu || !a.dresidual.empty()) {
-    // Where g lives: dresidual when the caller wants it; else dx, which batchnorm_backward may take as dy
-    // too (it reads all of dy before writing dx); a scratch tensor only when there is neither.
+    // Where g lives: dresidual when the caller wants it; else dx, which batchnorm_backward may take
+    // as dy too (it reads all of dy before writing dx); a scratch tensor only when there is
+    // neither.
     Tensor<T, Cpu> scratch;
     TensorView<T, Cpu> g = !a.dresidual.empty() ? a.dresidual : a.bn.dx;
     if (g.empty()) {

@@ -4,18 +4,18 @@
 // How it works. With NHWC input x (N, H, W, C) and KRSC weights w (K, R, S, C), one image's conv is
 //   y_n (P x K) = col_n (P x RSC) * w^T (RSC x K),    P = H_out * W_out, RSC = R * S * C
 // where row p = (ho, wo) of col_n holds the R*S input pixels under the window, each a run of C
-// contiguous channels: col_n[p][(r * S + s) * C + c] = x[n][ho*sh - ph + r*dh][wo*sw - pw + s*dw][c]
-// (zero outside the image). Gradients are the two other products:
+// contiguous channels: col_n[p][(r * S + s) * C + c] = x[n][ho*sh - ph + r*dh][wo*sw - pw +
+// s*dw][c] (zero outside the image). Gradients are the two other products:
 //   dcol_n (P x RSC) = dy_n (P x K) * w (K x RSC), then col2im adds dcol_n back onto dx_n's pixels
 //   dw (K x RSC)    += dy_n^T (K x P) * col_n (P x RSC)
 // A 1x1 stride-1 unpadded conv needs no col: x itself is (N*P x C), so each product is one GEMM
-// over the whole batch. Example: ResNet's layer1 3x3 conv, x (16, 56, 56, 64), w (64, 3, 3, 64):
-// P = 3136, RSC = 576, per image a 3136x64x576 GEMM (231 MFLOP), 16 of them.
-// col is built a block of rows at a time (col_block_rows) so it stays in cache between im2col and GEMM. A
-// block is rows of the whole batch's col (N*P x RSC), row n * P + p, so it spans images where P is small:
-// ResNet-18's layer4 at 32 px input has P = 1, and a GEMM per image there was a 1 x 4608 x 512 product
-// reading the 9 MiB weight once per image (64 times per conv at batch 64); one 64-row block reads it once.
-// y and dy are (N*P x K) row-major, so a block's rows of them are contiguous too.
+// over the whole batch. Example: ResNet's layer1 3x3 conv, x (16, 56, 56, 64), w (64, 3, 3, 64): P
+// = 3136, RSC = 576, per image a 3136x64x576 GEMM (231 MFLOP), 16 of them. col is built a block of
+// rows at a time (col_block_rows) so it stays in cache between im2col and GEMM. A block is rows of
+// the whole batch's col (N*P x RSC), row n * P + p, so it spans images where P is small:
+// ResNet-18's layer4 at 32 px input has P = 1, and a GEMM per image there was a 1 x 4608 x 512
+// product reading the 9 MiB weight once per image (64 times per conv at batch 64); one 64-row block
+// reads it once. y and dy are (N*P x K) row-major, so a block's rows of them are contiguous too.
 // Threads: with N >= threads each thread takes a contiguous block of images with its own col buffer
 // and its own partial dw (summed in block order afterwards, so results do not depend on timing);
 // with fewer images than threads the images run in turn and each GEMM is split across threads.
@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "ddp/kernels/args.hpp"
-#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cpu/gemm.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/tensor.hpp"
 #include "ddp/tensor/view.hpp"
@@ -37,8 +37,8 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-// Rows [r0, r1) of the batch's col (N*P x RSC) from x (N, H, W, C), stored from col's row 0: row r is image
-// r / P's output pixel r % P.
+// Rows [r0, r1) of the batch's col (N*P x RSC) from x (N, H, W, C), stored from col's row 0: row r
+// is image r / P's output pixel r % P.
 template <class T>
 void im2col(const ConvGeometry& g, const T* x, T* col, std::int64_t r0, std::int64_t r1) {
   const std::int64_t rsc = g.rsc(), pp = g.p(), in_img = g.h * g.w * g.c;
@@ -55,15 +55,16 @@ void im2col(const ConvGeometry& g, const T* x, T* col, std::int64_t r0, std::int
           for (std::int64_t c = 0; c < g.c; ++c) dst[c] = T(0);
         } else {
           const T* src = xn + (hi * g.w + wi) * g.c;
-          for (std::int64_t c = 0; c < g.c; ++c) dst[c] = src[c];  // a loop, not memcpy: C is 3 in the stem
+          // a loop, not memcpy: C is 3 in the stem
+          for (std::int64_t c = 0; c < g.c; ++c) dst[c] = src[c];
         }
       }
     }
   }
 }
 
-// dx (N, H, W, C) += dcol's rows [r0, r1) of the batch (stored from row 0), each entry added at the pixel it
-// was read from.
+// dx (N, H, W, C) += dcol's rows [r0, r1) of the batch (stored from row 0), each entry added at the
+// pixel it was read from.
 template <class T>
 void col2im_add(const ConvGeometry& g, const T* dcol, T* dx, std::int64_t r0, std::int64_t r1) {
   const std::int64_t rsc = g.rsc(), pp = g.p(), in_img = g.h * g.w * g.c;
@@ -85,10 +86,11 @@ void col2im_add(const ConvGeometry& g, const T* dcol, T* dx, std::int64_t r0, st
   }
 }
 
-// Rows of col per block, out of `rows` (an image block's N*P): col is built and consumed a block at a time so
-// that it stays in cache (one image's whole col is 7 MiB for ResNet's 56x56 3x3 layers); blocks keep >= 64
-// rows for the GEMM. Measured (1 thread, CPU time, ResNet-18 conv shapes at batch 16): 128 KiB to 2 MiB blocks
-// were within noise of each other and 5-20 % faster than whole-image col (stem and layer1 gain most); 1 MiB it is.
+// Rows of col per block, out of `rows` (an image block's N*P): col is built and consumed a block at
+// a time so that it stays in cache (one image's whole col is 7 MiB for ResNet's 56x56 3x3 layers);
+// blocks keep >= 64 rows for the GEMM. Measured (1 thread, CPU time, ResNet-18 conv shapes at batch
+// 16): 128 KiB to 2 MiB blocks were within noise of each other and 5-20 % faster than whole-image
+// col (stem and layer1 gain most); 1 MiB it is.
 template <class T>
 std::int64_t col_block_rows(const ConvGeometry& g, std::int64_t rows) {
   constexpr std::int64_t kColBlockBytes = std::int64_t{1} << 20;
@@ -103,7 +105,8 @@ int for_image_blocks(const Exec<Cpu>& exec, std::int64_t n, F&& f) {
   const int t = num_threads(exec);
   if (n >= t && t > 1) {
     const int chunks = static_cast<int>(std::min<std::int64_t>(t, n));
-    parallel_for(exec, n, 1, [&](std::int64_t b, std::int64_t e, int chunk) { f(b, e, chunk, false); });
+    parallel_for(exec, n, 1,
+                 [&](std::int64_t b, std::int64_t e, int chunk) { f(b, e, chunk, false); });
     return chunks;
   }
   f(std::int64_t{0}, n, 0, t > 1);
@@ -112,8 +115,9 @@ int for_image_blocks(const Exec<Cpu>& exec, std::int64_t n, F&& f) {
 
 // One GEMM either split across exec's threads or on the calling thread.
 template <class T>
-void gemm_on(bool parallel, const Exec<Cpu>& exec, Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
-             const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+void gemm_on(bool parallel, const Exec<Cpu>& exec, Trans ta, Trans tb, std::int64_t m,
+             std::int64_t n, std::int64_t k, const T* a, std::int64_t lda, const T* b,
+             std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
   if (parallel)
     gemm(exec, ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
   else
@@ -129,16 +133,18 @@ void conv2d_forward(const Exec<Cpu>& exec, const Conv2dForwardArgs<T, Cpu>& a) {
   const std::int64_t p = g.p(), rsc = g.rsc();
   const T* w = a.w.data();
   if (g.pointwise()) {  // y (N*P x K) = x (N*P x C) * w^T: one GEMM for the batch
-    gemm(exec, Trans::No, Trans::Yes, g.n * p, g.k, g.c, T(1), a.x.data(), g.c, w, g.c, T(0), a.y.data(), g.k);
+    gemm(exec, Trans::No, Trans::Yes, g.n * p, g.k, g.c, T(1), a.x.data(), g.c, w, g.c, T(0),
+         a.y.data(), g.k);
   } else {
     detail::for_image_blocks(exec, g.n, [&](std::int64_t n0, std::int64_t n1, int, bool par) {
       const std::int64_t end = n1 * p, pb = detail::col_block_rows<T>(g, end - n0 * p);
       std::vector<T> col(static_cast<std::size_t>(pb * rsc));
-      for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {  // y_b (rows x K) = col_b (rows x RSC) * w^T
+      // y_b (rows x K) = col_b (rows x RSC) * w^T
+      for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {
         const std::int64_t r1 = std::min(end, r0 + pb);
         detail::im2col(g, a.x.data(), col.data(), r0, r1);
-        detail::gemm_on(par, exec, Trans::No, Trans::Yes, r1 - r0, g.k, rsc, col.data(), rsc, w, rsc, T(0),
-                        a.y.data() + r0 * g.k, g.k);
+        detail::gemm_on(par, exec, Trans::No, Trans::Yes, r1 - r0, g.k, rsc, col.data(), rsc, w,
+                        rsc, T(0), a.y.data() + r0 * g.k, g.k);
       }
     });
   }
@@ -156,9 +162,10 @@ template <class T>
 void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a) {
   validate(a);
   if (a.accumulate_dx && !a.dx.empty()) {
-    // dx += gradient, computed apart and then added: a GEMM with beta = 1 would change the rounding (the portable
-    // GEMM accumulates into C product by product, OpenBLAS once per K block), and the residual block's gradients
-    // are to stay bit for bit those of the separate add (docs/decisions/0061).
+    // dx += gradient, computed apart and then added: a GEMM with beta = 1 would change the rounding
+    // (the portable GEMM accumulates into C product by product, OpenBLAS once per K block), and the
+    // residual block's gradients are to stay bit for bit those of the separate add
+    // (docs/decisions/0061).
     Tensor<T, Cpu> part(a.dx.shape());
     Conv2dBackwardArgs<T, Cpu> b = a;
     b.dx = part.view();
@@ -178,40 +185,48 @@ void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a)
   const bool want_dx = !a.dx.empty(), want_dw = !a.dw.empty();
   if (g.pointwise()) {
     if (want_dx)  // dx (N*P x C) = dy (N*P x K) * w (K x C)
-      gemm(exec, Trans::No, Trans::No, g.n * p, g.c, g.k, T(1), dy, g.k, w, g.c, T(0), a.dx.data(), g.c);
+      gemm(exec, Trans::No, Trans::No, g.n * p, g.c, g.k, T(1), dy, g.k, w, g.c, T(0), a.dx.data(),
+           g.c);
     if (want_dw)  // dw (K x C) = dy^T (K x N*P) * x (N*P x C)
-      gemm(exec, Trans::Yes, Trans::No, g.k, g.c, g.n * p, T(1), dy, g.k, a.x.data(), g.c, T(0), a.dw.data(), g.c);
+      gemm(exec, Trans::Yes, Trans::No, g.k, g.c, g.n * p, T(1), dy, g.k, a.x.data(), g.c, T(0),
+           a.dw.data(), g.c);
   } else if (want_dx || want_dw) {
-    // Partial weight gradients of image blocks 1.. (block 0 writes a.dw directly), summed in block order.
-    std::vector<std::vector<T>> partial(static_cast<std::size_t>(std::max(num_threads(exec) - 1, 0)));
-    const int blocks = detail::for_image_blocks(exec, g.n, [&](std::int64_t n0, std::int64_t n1, int chunk, bool par) {
-      const std::int64_t end = n1 * p, pb = detail::col_block_rows<T>(g, end - n0 * p);
-      std::vector<T> col(static_cast<std::size_t>(pb * rsc));
-      T* dw = nullptr;
-      if (want_dw) {
-        if (chunk == 0) {
-          dw = a.dw.data();
-        } else {
-          auto& part = partial[static_cast<std::size_t>(chunk - 1)];
-          part.assign(static_cast<std::size_t>(g.k * rsc), T(0));
-          dw = part.data();
-        }
-      }
-      if (want_dx) std::fill(a.dx.data() + n0 * in_img, a.dx.data() + n1 * in_img, T(0));
-      for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {
-        const std::int64_t r1 = std::min(end, r0 + pb), rows = r1 - r0;
-        const T* dyb = dy + r0 * g.k;
-        if (want_dw) {  // dw (K x RSC) += dy_b^T (K x rows) * col_b (rows x RSC)
-          detail::im2col(g, a.x.data(), col.data(), r0, r1);
-          const T beta = r0 == n0 * p ? T(0) : T(1);
-          detail::gemm_on(par, exec, Trans::Yes, Trans::No, g.k, rsc, rows, dyb, g.k, col.data(), rsc, beta, dw, rsc);
-        }
-        if (want_dx) {  // col is free again: dcol_b (rows x RSC) = dy_b (rows x K) * w (K x RSC)
-          detail::gemm_on(par, exec, Trans::No, Trans::No, rows, rsc, g.k, dyb, g.k, w, rsc, T(0), col.data(), rsc);
-          detail::col2im_add(g, col.data(), a.dx.data(), r0, r1);
-        }
-      }
-    });
+    // Partial weight gradients of image blocks 1.. (block 0 writes a.dw directly), summed in block
+    // order.
+    std::vector<std::vector<T>> partial(
+        static_cast<std::size_t>(std::max(num_threads(exec) - 1, 0)));
+    const int blocks = detail::for_image_blocks(
+        exec, g.n, [&](std::int64_t n0, std::int64_t n1, int chunk, bool par) {
+          const std::int64_t end = n1 * p, pb = detail::col_block_rows<T>(g, end - n0 * p);
+          std::vector<T> col(static_cast<std::size_t>(pb * rsc));
+          T* dw = nullptr;
+          if (want_dw) {
+            if (chunk == 0) {
+              dw = a.dw.data();
+            } else {
+              auto& part = partial[static_cast<std::size_t>(chunk - 1)];
+              part.assign(static_cast<std::size_t>(g.k * rsc), T(0));
+              dw = part.data();
+            }
+          }
+          if (want_dx) std::fill(a.dx.data() + n0 * in_img, a.dx.data() + n1 * in_img, T(0));
+          for (std::int64_t r0 = n0 * p; r0 < end; r0 += pb) {
+            const std::int64_t r1 = std::min(end, r0 + pb), rows = r1 - r0;
+            const T* dyb = dy + r0 * g.k;
+            if (want_dw) {  // dw (K x RSC) += dy_b^T (K x rows) * col_b (rows x RSC)
+              detail::im2col(g, a.x.data(), col.data(), r0, r1);
+              const T beta = r0 == n0 * p ? T(0) : T(1);
+              detail::gemm_on(par, exec, Trans::Yes, Trans::No, g.k, rsc, rows, dyb, g.k,
+                              col.data(), rsc, beta, dw, rsc);
+            }
+            // col is free again: dcol_b (rows x RSC) = dy_b (rows x K) * w (K x RSC)
+            if (want_dx) {
+              detail::gemm_on(par, exec, Trans::No, Trans::No, rows, rsc, g.k, dyb, g.k, w, rsc,
+                              T(0), col.data(), rsc);
+              detail::col2im_add(g, col.data(), a.dx.data(), r0, r1);
+            }
+          }
+        });
     if (want_dw && blocks > 1) {
       T* dw = a.dw.data();
       parallel_for(exec, g.k * rsc, 4096, [&](std::int64_t i0, std::int64_t i1, int) {

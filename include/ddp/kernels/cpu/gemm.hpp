@@ -1,17 +1,19 @@
-// Row-major GEMM for CPU kernels: CBLAS (OpenBLAS) when built with DDP_WITH_BLAS, else a portable blocked loop.
+// Row-major GEMM for CPU kernels: CBLAS (OpenBLAS) when built with DDP_WITH_BLAS, else a portable
+// blocked loop.
 // SPDX-License-Identifier: MIT
 //
-//   C (M x N) = alpha * op(A) (M x K) * op(B) (K x N) + beta * C,   all row-major with leading dimensions
-// op(A) = A (M x K, lda >= K) or A^T (A stored K x M, lda >= M); likewise op(B). beta == 0 overwrites C
-// without reading it (NaN in C does not leak), as BLAS does.
+//   C (M x N) = alpha * op(A) (M x K) * op(B) (K x N) + beta * C,   all row-major with leading
+//     dimensions
+// op(A) = A (M x K, lda >= K) or A^T (A stored K x M, lda >= M); likewise op(B). beta == 0
+// overwrites C without reading it (NaN in C does not leak), as BLAS does.
 //
 // Threads: gemm(exec, ...) splits the M rows (or the N columns when M is small) into one block per
 // thread of exec's pool and runs gemm_serial on each, so OpenBLAS itself is kept single-threaded
-// (openblas_set_num_threads(1) on first use; this is process-wide). That avoids oversubscription when
-// kernels parallelise over images and call gemm_serial per image. Measured on this 2-core machine
-// (ResNet layer1 3x3 conv forward, x (16, 56, 56, 64), 2 threads, under load from other jobs): our
-// per-image split 112-119 ms vs im2col of the whole batch + one sgemm threaded by OpenBLAS 181-182 ms.
-// CBLAS is reached through ddp::blas (config.hpp), so this header has no #if.
+// (openblas_set_num_threads(1) on first use; this is process-wide). That avoids oversubscription
+// when kernels parallelise over images and call gemm_serial per image. Measured on this 2-core
+// machine (ResNet layer1 3x3 conv forward, x (16, 56, 56, 64), 2 threads, under load from other
+// jobs): our per-image split 112-119 ms vs im2col of the whole batch + one sgemm threaded by
+// OpenBLAS 181-182 ms. CBLAS is reached through ddp::blas (config.hpp), so this header has no #if.
 #pragma once
 
 #include <algorithm>
@@ -37,8 +39,9 @@ namespace detail {
 // against a packed row-major (kKc x N) panel of op(B), with the j loop innermost and contiguous so
 // the compiler vectorises it. About 5-15 GFLOP/s per core: for tests and BLAS-less builds.
 template <class T>
-void gemm_portable(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+void gemm_portable(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                   std::int64_t ldc) {
   constexpr std::int64_t kMc = 64, kKc = 256;
   for (std::int64_t i = 0; i < m; ++i) {
     T* ci = c + i * ldc;
@@ -53,7 +56,8 @@ void gemm_portable(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int6
     const std::int64_t kb = std::min(kKc, k - k0);
     for (std::int64_t kk = 0; kk < kb; ++kk)  // panel[kk][j] = op(B)(k0 + kk, j)
       for (std::int64_t j = 0; j < n; ++j)
-        panel[static_cast<std::size_t>(kk * n + j)] = tb == Trans::No ? b[(k0 + kk) * ldb + j] : b[j * ldb + k0 + kk];
+        panel[static_cast<std::size_t>(kk * n + j)] =
+            tb == Trans::No ? b[(k0 + kk) * ldb + j] : b[j * ldb + k0 + kk];
     for (std::int64_t i0 = 0; i0 < m; i0 += kMc) {
       const std::int64_t ie = std::min(m, i0 + kMc);
       for (std::int64_t i = i0; i < ie; ++i) {
@@ -77,15 +81,18 @@ inline void blas_single_threaded_once() {
 
 // Single-threaded GEMM (safe to call from inside parallel_for chunks).
 template <class T>
-void gemm_serial(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                 std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+void gemm_serial(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                 const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                 std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if constexpr (BuildConfig::with_blas && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
     detail::blas_single_threaded_once();
     constexpr std::int64_t kIntMax = 2147483647;  // CBLAS takes int sizes
-    if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
-      throw ValueError(ddp::detail::str("ddp: gemm: sizes m=", m, " n=", n, " k=", k,
-                                        " exceed CBLAS's 32-bit int; split the batch (smaller --batch-size)"));
+    if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax ||
+        ldc > kIntMax)
+      throw ValueError(
+          ddp::detail::str("ddp: gemm: sizes m=", m, " n=", n, " k=", k,
+                           " exceed CBLAS's 32-bit int; split the batch (smaller --batch-size)"));
     // CBLAS wants lda >= 1 even when a dimension is 0.
     const auto ld = [](std::int64_t x) { return static_cast<int>(std::max<std::int64_t>(x, 1)); };
     ddp::blas::gemm(ta == Trans::Yes, tb == Trans::Yes, static_cast<int>(m), static_cast<int>(n),
@@ -97,8 +104,9 @@ void gemm_serial(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_
 
 // GEMM spread over exec's threads: blocks of rows of C (or of columns when M < 2 * threads).
 template <class T>
-void gemm(const Exec<Cpu>& exec, Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+void gemm(const Exec<Cpu>& exec, Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k,
+          T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
   const int t = num_threads(exec);
   if (t == 1 || m * n * k < (std::int64_t{1} << 16)) {
     gemm_serial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

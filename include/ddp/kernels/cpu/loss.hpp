@@ -1,10 +1,12 @@
-// CPU losses with mean reduction: softmax cross-entropy (optional label smoothing) and MSE; value and gradient.
+// CPU losses with mean reduction: softmax cross-entropy (optional label smoothing) and MSE; value
+// and gradient.
 // SPDX-License-Identifier: MIT
 //
 // Cross-entropy, PyTorch's formula (see CrossEntropyArgs): per row i with logits z and label y,
 //   lse = max(z) + log sum_c exp(z_c - max(z))           (stable log-sum-exp)
 //   nll_i = lse - z_y;  smooth_i = sum_c (lse - z_c) = C lse - sum_c z_c
-//   loss = mean_i [(1 - s) nll_i + (s / C) smooth_i],   dz_c = (softmax_c - (1 - s) [c == y] - s / C) / N
+//   loss = mean_i [(1 - s) nll_i + (s / C) smooth_i],   dz_c = (softmax_c - (1 - s) [c == y] - s /
+//     C) / N
 // Example: C = 2, z = (0, 0), y = 1, s = 0: softmax (0.5, 0.5), loss = log 2, dz = (0.5, -0.5) / N.
 // Every label is checked before any math: the first one outside [0, C) is a ValueError naming it.
 // Rows are spread over threads; each row's terms are summed in double, the mean in row order.
@@ -25,7 +27,8 @@ double cross_entropy(const Exec<Cpu>& exec, const CrossEntropyArgs<T, Cpu>& a) {
   validate(a);
   const std::int64_t n = a.logits.dim(0), c = a.logits.dim(1);
   for (std::int64_t i = 0; i < n; ++i)
-    if (a.labels.data()[i] < 0 || a.labels.data()[i] >= c) throw label_out_of_range(a.labels.data()[i], i, c);
+    if (a.labels.data()[i] < 0 || a.labels.data()[i] >= c)
+      throw label_out_of_range(a.labels.data()[i], i, c);
   const double s = a.label_smoothing;
   std::vector<double> row_loss(static_cast<std::size_t>(n));
   parallel_for(exec, n, 16, [&](std::int64_t i0, std::int64_t i1, int) {

@@ -1,14 +1,15 @@
-// CPU pooling in NHWC: max-pool (any kernel/stride/padding, argmax kept for backward) and adaptive average pool.
+// CPU pooling in NHWC: max-pool (any kernel/stride/padding, argmax kept for backward) and adaptive
+// average pool.
 // SPDX-License-Identifier: MIT
 //
-// Max-pool: output (ho, wo, c) is the maximum of x over rows [ho*sh - ph, +kh) and columns [wo*sw - pw, +kw)
-// clipped to the image (padding acts as -infinity, as in PyTorch); argmax stores hi * W + wi of the first
-// maximum in row-major window order (PyTorch's tie rule), and a NaN wins over numbers (PyTorch propagates
-// it). Backward scatters dy to dx[argmax]. Example: ResNet's stem pool, kernel 3, stride 2, padding 1,
-// maps 112x112 to 56x56; output (0, 0) looks at input rows and columns {0, 1} only.
-// Adaptive average pool: output cell (i, j) averages rows [floor(i H / Ho), ceil((i + 1) H / Ho)) and the
-// like for columns; backward spreads dy / cell_size over the cell (cells may overlap: contributions add).
-// Images are spread over threads.
+// Max-pool: output (ho, wo, c) is the maximum of x over rows [ho*sh - ph, +kh) and columns [wo*sw -
+// pw, +kw) clipped to the image (padding acts as -infinity, as in PyTorch); argmax stores hi * W +
+// wi of the first maximum in row-major window order (PyTorch's tie rule), and a NaN wins over
+// numbers (PyTorch propagates it). Backward scatters dy to dx[argmax]. Example: ResNet's stem pool,
+// kernel 3, stride 2, padding 1, maps 112x112 to 56x56; output (0, 0) looks at input rows and
+// columns {0, 1} only. Adaptive average pool: output cell (i, j) averages rows [floor(i H / Ho),
+// ceil((i + 1) H / Ho)) and the like for columns; backward spreads dy / cell_size over the cell
+// (cells may overlap: contributions add). Images are spread over threads.
 #pragma once
 
 #include <algorithm>
@@ -17,8 +18,8 @@
 #include <vector>
 
 #include "ddp/kernels/args.hpp"
-#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
+#include "ddp/kernels/geometry.hpp"
 #include "ddp/tensor/device.hpp"
 
 namespace ddp::kernels::cpu {
@@ -41,8 +42,9 @@ void max_pool2d_forward(const Exec<Cpu>& exec, const MaxPool2dForwardArgs<T, Cpu
         const std::int64_t wb = std::max<std::int64_t>(w0, 0), we = std::min(w0 + g.kernel.w, g.w);
         T* yo = y + (r * g.wo + ow) * g.c;
         std::int32_t* ao = am ? am + (r * g.wo + ow) * g.c : arg_buf.data();
-        // Window pixels outside, channels inside: every load is a contiguous run of C values, and the
-        // update is a branch-free select (values are random: a branch would mispredict half the time).
+        // Window pixels outside, channels inside: every load is a contiguous run of C values, and
+        // the update is a branch-free select (values are random: a branch would mispredict half the
+        // time).
         std::fill(yo, yo + g.c, -std::numeric_limits<T>::infinity());
         std::fill(ao, ao + g.c, static_cast<std::int32_t>(hb * g.w + wb));
         for (std::int64_t hi = hb; hi < he; ++hi)
@@ -51,7 +53,8 @@ void max_pool2d_forward(const Exec<Cpu>& exec, const MaxPool2dForwardArgs<T, Cpu
             const auto pos = static_cast<std::int32_t>(hi * g.w + wi);
             for (std::int64_t k = 0; k < g.c; ++k) {
               const T v = xi[k], best = yo[k];
-              const bool take = (v > best) | ((v != v) & (best == best));  // first NaN wins and stays
+              // first NaN wins and stays
+              const bool take = (v > best) | ((v != v) & (best == best));
               yo[k] = take ? v : best;
               ao[k] = take ? pos : ao[k];
             }
@@ -80,7 +83,8 @@ void max_pool2d_backward(const Exec<Cpu>& exec, const MaxPool2dBackwardArgs<T, C
 }
 
 template <class T>
-void adaptive_avg_pool2d_forward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dForwardArgs<T, Cpu>& a) {
+void adaptive_avg_pool2d_forward(const Exec<Cpu>& exec,
+                                 const AdaptiveAvgPool2dForwardArgs<T, Cpu>& a) {
   validate(a);
   const PoolGeometry g = pool_geometry(a.x, a.y);
   const T* x = a.x.data();
@@ -105,7 +109,8 @@ void adaptive_avg_pool2d_forward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dF
 }
 
 template <class T>
-void adaptive_avg_pool2d_backward(const Exec<Cpu>& exec, const AdaptiveAvgPool2dBackwardArgs<T, Cpu>& a) {
+void adaptive_avg_pool2d_backward(const Exec<Cpu>& exec,
+                                  const AdaptiveAvgPool2dBackwardArgs<T, Cpu>& a) {
   validate(a);
   const PoolGeometry g = pool_geometry(a.dx, a.dy);
   const T* dy = a.dy.data();

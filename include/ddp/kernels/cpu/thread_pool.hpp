@@ -1,15 +1,17 @@
-// ThreadPool: a persistent pool of worker threads and parallel_for over index ranges, for CPU kernels.
+// ThreadPool: a persistent pool of worker threads and parallel_for over index ranges, for CPU
+// kernels.
 // SPDX-License-Identifier: MIT
 //
-// How it works. ThreadPool(t) starts t - 1 workers; the calling thread is the t-th. parallel_for(exec,
-// n, grain, f) cuts [0, n) into at most t contiguous chunks of at least `grain` indices and calls
-// f(begin, end, chunk) once per chunk, chunk in [0, chunks); the caller runs chunk 0 and waits for the
-// rest. Example: t = 2, n = 16 images, grain 1 -> f(0, 8, 0) on the caller, f(8, 16, 1) on the worker.
-// Chunking is static and deterministic, so a kernel that reduces per-chunk partial sums in chunk
-// order gives the same bits on every run with the same thread count.
-// A parallel_for issued from inside a chunk runs inline on that thread (no nested fan-out, no deadlock).
-// One parallel_for at a time per pool: calls from several user threads are serialised by a mutex.
-// The first exception thrown by a chunk is rethrown to the caller after all chunks finished.
+// How it works. ThreadPool(t) starts t - 1 workers; the calling thread is the t-th.
+// parallel_for(exec, n, grain, f) cuts [0, n) into at most t contiguous chunks of at least `grain`
+// indices and calls f(begin, end, chunk) once per chunk, chunk in [0, chunks); the caller runs
+// chunk 0 and waits for the rest. Example: t = 2, n = 16 images, grain 1 -> f(0, 8, 0) on the
+// caller, f(8, 16, 1) on the worker. Chunking is static and deterministic, so a kernel that reduces
+// per-chunk partial sums in chunk order gives the same bits on every run with the same thread
+// count. A parallel_for issued from inside a chunk runs inline on that thread (no nested fan-out,
+// no deadlock). One parallel_for at a time per pool: calls from several user threads are serialised
+// by a mutex. The first exception thrown by a chunk is rethrown to the caller after all chunks
+// finished.
 #pragma once
 
 #include <sched.h>
@@ -41,9 +43,9 @@ inline int default_num_threads(const char* omp_num_threads = std::getenv("OMP_NU
     char* end = nullptr;
     const long v = std::strtol(omp_num_threads, &end, 10);
     if (*end != '\0' || v < 1 || v > 4096)
-      throw ConfigError(
-          detail::str("ddp: OMP_NUM_THREADS=", detail::quoted(omp_num_threads),
-                      " is not a thread count (an integer from 1 to 4096); unset it or pass --threads N"));
+      throw ConfigError(detail::str(
+          "ddp: OMP_NUM_THREADS=", detail::quoted(omp_num_threads),
+          " is not a thread count (an integer from 1 to 4096); unset it or pass --threads N"));
     return static_cast<int>(v);
   }
   cpu_set_t set;
@@ -60,7 +62,8 @@ class ThreadPool {
   // threads >= 1 (the caller counts as one). Throws ValueError otherwise.
   explicit ThreadPool(int threads) : threads_(threads) {
     if (threads < 1 || threads > 4096)
-      throw ValueError(detail::str("ddp: ThreadPool needs 1 to 4096 threads, got ", threads, "; check --threads"));
+      throw ValueError(detail::str("ddp: ThreadPool needs 1 to 4096 threads, got ", threads,
+                                   "; check --threads"));
     workers_.reserve(static_cast<std::size_t>(threads - 1));
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
@@ -159,9 +162,12 @@ class ThreadPool {
 };
 
 // Threads available to kernels run with `exec` (1 without a pool).
-inline int num_threads(const Exec<Cpu>& exec) noexcept { return exec.pool ? exec.pool->threads() : 1; }
+inline int num_threads(const Exec<Cpu>& exec) noexcept {
+  return exec.pool ? exec.pool->threads() : 1;
+}
 
-// Calls f(begin, end, chunk) over [0, n) in at most num_threads(exec) chunks of >= grain indices each.
+// Calls f(begin, end, chunk) over [0, n) in at most num_threads(exec) chunks of >= grain indices
+// each.
 template <class F>
 void parallel_for(const Exec<Cpu>& exec, std::int64_t n, std::int64_t grain, F&& f) {
   if (n <= 0) return;
@@ -178,14 +184,17 @@ void parallel_for(const Exec<Cpu>& exec, std::int64_t n, std::int64_t grain, F&&
   });
 }
 
-// f(i) for i in [0, n) in contiguous chunks of at least 16 Ki indices over the pool (f must not depend on
-// the order): the CPU's runner of the element-wise functors (kernels/elementwise.hpp), what
-// Kernels<Cpu>::for_each_index forwards to, as Kernels<Cuda>'s forwards to cuda::for_each_index.
+// f(i) for i in [0, n) in contiguous chunks of at least 16 Ki indices over the pool (f must not
+// depend on the order): the CPU's runner of the element-wise functors (kernels/elementwise.hpp),
+// what Kernels<Cpu>::for_each_index forwards to, as Kernels<Cuda>'s forwards to
+// cuda::for_each_index.
 template <class F>
 void for_each_index(const Exec<Cpu>& exec, std::size_t n, F f) {
-  parallel_for(exec, static_cast<std::int64_t>(n), 1 << 14, [&](std::int64_t b, std::int64_t e, int) {
-    for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(e); ++i) f(i);
-  });
+  parallel_for(exec, static_cast<std::int64_t>(n), 1 << 14,
+               [&](std::int64_t b, std::int64_t e, int) {
+                 for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(e); ++i)
+                   f(i);
+               });
 }
 
 }  // namespace ddp::kernels::cpu

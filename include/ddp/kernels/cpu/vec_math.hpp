@@ -1,12 +1,16 @@
-// Branch-free float exp and erfc that GCC vectorises (no libm call per element), for the CPU kernels' loops.
+// Branch-free float exp and erfc that GCC vectorises (no libm call per element), for the CPU
+// kernels' loops.
 // SPDX-License-Identifier: MIT
 //
-// Why: libm's expf / erff are calls GCC does not vectorise without -ffast-math; in the CPU GELU and the attention's
-// softmax they were most of those kernels' time.
-//   exp(u), u <= 88:  u = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (truncation 5e-9
-//                     relative), 2^n put into the exponent bits; 0 once 2^n is below the smallest normal float
+// Why: libm's expf / erff are calls GCC does not vectorise without -ffast-math; in the CPU GELU and
+// the attention's softmax they were most of those kernels' time.
+//   exp(u), u <= 88:  u = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial
+//     (truncation 5e-9
+//                     relative), 2^n put into the exponent bits; 0 once 2^n is below the smallest
+//                       normal float
 //                     (u < -87.3), where libm's result is a denormal or 0. Error: a few ulp.
-//   erfc(z), z >= 0:  the Chebyshev fit of Numerical Recipes (Press et al., 2nd ed., section 6.2; RELATIVE error
+//   erfc(z), z >= 0:  the Chebyshev fit of Numerical Recipes (Press et al., 2nd ed., section 6.2;
+//     RELATIVE error
 //                     below 1.2e-7 for every z): t = 1 / (1 + z / 2),
 //                     erfc(z) = t exp(-z^2 - 1.26551223 + t (1.00002368 + t (...)))
 #pragma once
@@ -15,21 +19,21 @@
 #include <bit>
 #include <cstdint>
 
-// Each element's result depends only on that element (outputs may alias inputs exactly): no loop-carried
-// dependence, which GCC cannot prove for possibly aliasing pointers on its own.
+// Each element's result depends only on that element (outputs may alias inputs exactly): no
+// loop-carried dependence, which GCC cannot prove for possibly aliasing pointers on its own.
 #if defined(__GNUC__) && !defined(__clang__)
-#define DDP_CPU_IVDEP _Pragma("GCC ivdep")
+#  define DDP_CPU_IVDEP _Pragma("GCC ivdep")
 #elif defined(__clang__)
-#define DDP_CPU_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#  define DDP_CPU_IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #else
-#define DDP_CPU_IVDEP
+#  define DDP_CPU_IVDEP
 #endif
 
 namespace ddp::kernels::cpu::detail {
 
-// exp(u) for float and u <= 88, branch-free (see the file comment); 0 below about -87.3 (where 2^n is no longer
-// a normal float: its exponent bits are clamped to 0). A float select (min/max, ?:) would stop GCC's
-// vectorisation here (-ftrapping-math); the integer clamp does not.
+// exp(u) for float and u <= 88, branch-free (see the file comment); 0 below about -87.3 (where 2^n
+// is no longer a normal float: its exponent bits are clamped to 0). A float select (min/max, ?:)
+// would stop GCC's vectorisation here (-ftrapping-math); the integer clamp does not.
 inline float exp_vectorizable(float u) {
   constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer

@@ -1,32 +1,35 @@
-// CUDA conv2d in NHWC/KRSC: forward, backward-data and backward-weight as implicit GEMMs (SIMT fp32 tiles).
+// CUDA conv2d in NHWC/KRSC: forward, backward-data and backward-weight as implicit GEMMs (SIMT fp32
+// tiles).
 // SPDX-License-Identifier: MIT
 //
-// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising col, as the
-// operand-map problems of kernels/conv_gemm_maps.hpp (fprop, wgrad, and dgrad one problem per stride phase, so
-// no product by a tap that cannot reach the pixel); the maps are host-callable too, and tests/unit/kernels
-// checks them against the CPU conv without a GPU. implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep
-// slices of A and B in shared memory, and gives each of its 256 threads a 4x4 register tile (rows
-// ty + 16i, columns tx + 16j, so a warp's shared reads hit distinct banks). Edges are predicated, so no
-// size needs to divide the tile. wgrad's reduction dimension (N*P, 50,176 for ResNet's layer1 at batch
+// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising
+// col, as the operand-map problems of kernels/conv_gemm_maps.hpp (fprop, wgrad, and dgrad one
+// problem per stride phase, so no product by a tap that cannot reach the pixel); the maps are
+// host-callable too, and tests/unit/kernels checks them against the CPU conv without a GPU.
+// implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep slices of A and B in shared
+// memory, and gives each of its 256 threads a 4x4 register tile (rows ty + 16i, columns tx + 16j,
+// so a warp's shared reads hit distinct banks). Edges are predicated, so no size needs to divide
+// the tile. wgrad's reduction dimension (N*P, 50,176 for ResNet's layer1 at batch
 // 16) is long and its output small (64 x 576 = 9 x 1 tiles), so it is split over blockIdx.z into
 // partial products that a second kernel adds in split order (deterministic, no atomics).
 // Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
-// 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs (blas.cuh).
-// With cuDNN (the program links ddp::cudnn, DDP_WITH_CUDNN) the other convs go to cuDNN unless the exec's
-// ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/decisions/0052); these kernels stay the
-// reference and what runs without cuDNN.
-// Element type float only (a double instantiation is a compile error, docs/decisions/0024); accumulation is always
-// fp32. The exec's Precision (tensor/precision.hpp) picks the arithmetic:
-//   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another summation order)
+// 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs
+// (blas.cuh). With cuDNN (the program links ddp::cudnn, DDP_WITH_CUDNN) the other convs go to cuDNN
+// unless the exec's ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/decisions/0052);
+// these kernels stay the reference and what runs without cuDNN. Element type float only (a double
+// instantiation is a compile error, docs/decisions/0024); accumulation is always fp32. The exec's
+// Precision (tensor/precision.hpp) picks the arithmetic:
+//   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another
+//     summation order)
 //   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
 //   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
-// bf16 activations (Conv2dForwardArgs<float, Cuda, bfloat16>, docs/decisions/0072): the cuBLAS 1x1 and the cuDNN
-// convs run on the bf16 tensors as they are, with the weight rounded to a bf16 copy per call; the rest (a bias,
-// ddp's own kernels) goes through kernels/bf16_storage.hpp (conv2d_bf16_native says which).
-// Mixed precision of the float path, as far as it goes: operands are rounded to tf32/bf16 only as they are
-// staged in shared memory; activations, weights (the float32 master copy) and gradients stay float32 in
-// global memory, so Bf16 saves tensor-core time but not memory bandwidth or capacity (bf16 activation
-// storage is future work).
+// bf16 activations (Conv2dForwardArgs<float, Cuda, bfloat16>, docs/decisions/0072): the cuBLAS 1x1
+// and the cuDNN convs run on the bf16 tensors as they are, with the weight rounded to a bf16 copy
+// per call; the rest (a bias, ddp's own kernels) goes through kernels/bf16_storage.hpp
+// (conv2d_bf16_native says which). Mixed precision of the float path, as far as it goes: operands
+// are rounded to tf32/bf16 only as they are staged in shared memory; activations, weights (the
+// float32 master copy) and gradients stay float32 in global memory, so Bf16 saves tensor-core time
+// but not memory bandwidth or capacity (bf16 activation storage is future work).
 #pragma once
 
 #include <cublas_v2.h>
@@ -39,19 +42,19 @@
 #include <type_traits>
 #include <vector>
 
-#include "ddp/core/cuda_check.hpp"
 #include "ddp/config.hpp"
+#include "ddp/core/cuda_check.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/kernels/args.hpp"
 #include "ddp/kernels/conv_gemm_maps.hpp"
-#include "ddp/kernels/elementwise.hpp"
-#include "ddp/kernels/geometry.hpp"
 #include "ddp/kernels/cuda/batchnorm.cuh"
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/kernels/cuda/op_profile.cuh"
+#include "ddp/kernels/elementwise.hpp"
+#include "ddp/kernels/geometry.hpp"
 #if DDP_WITH_CUDNN
-#include "ddp/kernels/cuda/cudnn_conv.hpp"
+#  include "ddp/kernels/cuda/cudnn_conv.hpp"
 #endif
 #include "ddp/tensor/conv_impl.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
@@ -61,20 +64,21 @@
 
 namespace ddp::kernels::cuda {
 
-// Arithmetic of the conv GEMMs: the run's Precision (Exec<Cuda>::precision). The old name stays as an
-// alias: cuda::conv2d_forward(e, a, ConvMath::Tf32) overrides the exec's precision for one call.
+// Arithmetic of the conv GEMMs: the run's Precision (Exec<Cuda>::precision). The old name stays as
+// an alias: cuda::conv2d_forward(e, a, ConvMath::Tf32) overrides the exec's precision for one call.
 using ConvMath = Precision;
 
 namespace detail {
 
 inline constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kGemmThreads = 256;
 
-// C = A * B for problem P over the k-range [z * k_per_split, (z + 1) * k_per_split) of split z = blockIdx.z.
-// partial == nullptr: store through P; else write partial[z][m][n] for implicit_gemm_reduce_kernel.
+// C = A * B for problem P over the k-range [z * k_per_split, (z + 1) * k_per_split) of split z =
+// blockIdx.z. partial == nullptr: store through P; else write partial[z][m][n] for
+// implicit_gemm_reduce_kernel.
 template <class T, class P>
-__global__ void __launch_bounds__(kGemmThreads) implicit_gemm_kernel(P p, std::int64_t m_size, std::int64_t n_size,
-                                                                     std::int64_t k_size, std::int64_t k_per_split,
-                                                                     float* __restrict__ partial) {
+__global__ void __launch_bounds__(kGemmThreads)
+    implicit_gemm_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
+                         std::int64_t k_per_split, float* __restrict__ partial) {
   __shared__ float as[kTileK][kTileM + 1];
   __shared__ float bs[kTileK][kTileN + 1];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -123,28 +127,30 @@ __global__ void __launch_bounds__(kGemmThreads) implicit_gemm_kernel(P p, std::i
 }
 
 template <class T, class P>
-__global__ void implicit_gemm_reduce_kernel(P p, std::int64_t m_size, std::int64_t n_size, int splits,
-                                            const float* __restrict__ partial) {
+__global__ void implicit_gemm_reduce_kernel(P p, std::int64_t m_size, std::int64_t n_size,
+                                            int splits, const float* __restrict__ partial) {
   const std::int64_t total = m_size * n_size;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
     float s = 0.f;
     for (int z = 0; z < splits; ++z) s += partial[z * total + i];
     p.store(i / n_size, i % n_size, static_cast<T>(s));
   }
 }
 
-// The same tile on tensor cores (TF32 inputs, fp32 accumulation): operands are rounded to TF32 as they
-// are staged in shared memory; each of the 8 warps owns a 16 x 32 strip of the 64 x 64 tile (two
-// m16n16k8 accumulators: warp w covers rows 16 (w % 4), columns 32 (w / 4)); the accumulators go
-// through shared memory so the epilogue can predicate the edges and call p.store like the SIMT kernel.
-// Relative error vs fp32 ~1e-3 (TF32 keeps 10 mantissa bits).
+// The same tile on tensor cores (TF32 inputs, fp32 accumulation): operands are rounded to TF32 as
+// they are staged in shared memory; each of the 8 warps owns a 16 x 32 strip of the 64 x 64 tile
+// (two m16n16k8 accumulators: warp w covers rows 16 (w % 4), columns 32 (w / 4)); the accumulators
+// go through shared memory so the epilogue can predicate the edges and call p.store like the SIMT
+// kernel. Relative error vs fp32 ~1e-3 (TF32 keeps 10 mantissa bits).
 template <class T, class P>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_tf32_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
                               std::int64_t k_per_split, float* __restrict__ partial) {
   namespace wmma = nvcuda::wmma;
-  constexpr int kLd = kTileM + 4;  // a multiple of 4 floats (wmma) whose 16-row offsets stay 32-byte aligned
+  // a multiple of 4 floats (wmma) whose 16-row offsets stay 32-byte aligned
+  constexpr int kLd = kTileM + 4;
   __shared__ __align__(32) float as[kTileK][kLd];  // as[k][m]: A column-major
   __shared__ __align__(32) float bs[kTileK][kLd];  // bs[k][n]: B row-major
   __shared__ __align__(32) float cs[kTileM][kLd];
@@ -163,10 +169,12 @@ __global__ void __launch_bounds__(kGemmThreads)
       const int e = tid + i * kGemmThreads;
       const int mm = e / kTileK, kk = e % kTileK;
       const std::int64_t m = m0 + mm, k = k0 + kk;
-      as[kk][mm] = wmma::__float_to_tf32((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
+      as[kk][mm] =
+          wmma::__float_to_tf32((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
       const int nn = e % kTileN, kb2 = e / kTileN;
       const std::int64_t n = n0 + nn, k2 = k0 + kb2;
-      bs[kb2][nn] = wmma::__float_to_tf32((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
+      bs[kb2][nn] =
+          wmma::__float_to_tf32((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
     }
     __syncthreads();
 #pragma unroll
@@ -196,17 +204,19 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// The same tile on tensor cores with bf16 operands (wmma m16n16k16, fp32 accumulation): operands are
-// rounded to bf16 (round to nearest even) as they are staged in shared memory; the whole 16-deep k-slice
-// is one mma step. Warp layout, epilogue and split-K as in the TF32 kernel. Relative error vs fp32
-// ~4e-3 per product (bf16 keeps 8 significant bits), averaging out over long reductions.
+// The same tile on tensor cores with bf16 operands (wmma m16n16k16, fp32 accumulation): operands
+// are rounded to bf16 (round to nearest even) as they are staged in shared memory; the whole
+// 16-deep k-slice is one mma step. Warp layout, epilogue and split-K as in the TF32 kernel.
+// Relative error vs fp32 ~4e-3 per product (bf16 keeps 8 significant bits), averaging out over long
+// reductions.
 template <class T, class P>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_bf16_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
                               std::int64_t k_per_split, float* __restrict__ partial) {
   namespace wmma = nvcuda::wmma;
-  constexpr int kLdh = kTileM + 8;  // bf16 elements: a multiple of 8 (wmma); 16-column offsets stay 32-byte aligned
-  constexpr int kLd = kTileM + 4;   // float accumulator staging, as in the TF32 kernel
+  // bf16 elements: a multiple of 8 (wmma); 16-column offsets stay 32-byte aligned
+  constexpr int kLdh = kTileM + 8;
+  constexpr int kLd = kTileM + 4;  // float accumulator staging, as in the TF32 kernel
   __shared__ __align__(32) __nv_bfloat16 as[kTileK][kLdh];  // as[k][m]: A column-major
   __shared__ __align__(32) __nv_bfloat16 bs[kTileK][kLdh];  // bs[k][n]: B row-major
   __shared__ __align__(32) float cs[kTileM][kLd];
@@ -225,10 +235,12 @@ __global__ void __launch_bounds__(kGemmThreads)
       const int e = tid + i * kGemmThreads;
       const int mm = e / kTileK, kk = e % kTileK;
       const std::int64_t m = m0 + mm, k = k0 + kk;
-      as[kk][mm] = __float2bfloat16_rn((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
+      as[kk][mm] =
+          __float2bfloat16_rn((m < m_size && k < ke) ? static_cast<float>(p.a(m, k)) : 0.f);
       const int nn = e % kTileN, kb2 = e / kTileN;
       const std::int64_t n = n0 + nn, k2 = k0 + kb2;
-      bs[kb2][nn] = __float2bfloat16_rn((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
+      bs[kb2][nn] =
+          __float2bfloat16_rn((n < n_size && k2 < ke) ? static_cast<float>(p.b(k2, n)) : 0.f);
     }
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> af;
@@ -265,8 +277,8 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   splits = std::min(splits, std::max<std::int64_t>(k / 256, 1));
   const std::int64_t per = ((k + splits - 1) / splits + kTileK - 1) / kTileK * kTileK;
   splits = (k + per - 1) / per;
-  const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM), static_cast<unsigned>((n + kTileN - 1) / kTileN),
-                  static_cast<unsigned>(splits));
+  const dim3 grid(static_cast<unsigned>((m + kTileM - 1) / kTileM),
+                  static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(splits));
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // the split-K partials are reused in the order of e's stream
   Tensor<float, Cuda> partial;
@@ -279,36 +291,41 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
     implicit_gemm_kernel<T, P><<<grid, kGemmThreads, 0, s>>>(p, m, n, k, per, partial.data());
   check_launch(math == Precision::Tf32   ? "implicit_gemm_tf32_kernel"
                : math == Precision::Bf16 ? "implicit_gemm_bf16_kernel"
-                                         : "implicit_gemm_kernel", s);
+                                         : "implicit_gemm_kernel",
+               s);
   if (splits == 1) return;
   implicit_gemm_reduce_kernel<T, P>
       <<<grid_for(m * n), kThreads, 0, s>>>(p, m, n, static_cast<int>(splits), partial.data());
   check_launch("implicit_gemm_reduce_kernel", s);
 }
 
-// dx of conv g, one implicit GEMM per stride phase (conv_gemm_maps.hpp). A phase no tap reaches (a 1x1 stride-2
-// conv's odd rows and columns) has no problem to run: dx is cleared first for it (left as it is when accumulating:
-// its gradient is 0).
+// dx of conv g, one implicit GEMM per stride phase (conv_gemm_maps.hpp). A phase no tap reaches (a
+// 1x1 stride-2 conv's odd rows and columns) has no problem to run: dx is cleared first for it (left
+// as it is when accumulating: its gradient is 0).
 template <class T>
-void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx, ConvMath math,
-                      bool accumulate) {
+void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx,
+                      ConvMath math, bool accumulate) {
   const std::vector<DgradPhase> phases = dgrad_phases(g);
   for (const DgradPhase& q : phases)
     if (q.taps() == 0 && !accumulate) {
-      DDP_CUDA_CHECK(cudaMemsetAsync(dx, 0, static_cast<std::size_t>(g.n * g.h * g.w * g.c) * sizeof(T),
-                                     cuda_stream(e)));
+      DDP_CUDA_CHECK(cudaMemsetAsync(
+          dx, 0, static_cast<std::size_t>(g.n * g.h * g.w * g.c) * sizeof(T), cuda_stream(e)));
       break;
     }
   for (const DgradPhase& q : phases)
     if (q.taps() > 0 && q.nh > 0 && q.nw > 0)
       run_implicit_gemm<T>(
-          e, ConvDgradPhaseMap<T>{.dy = dy, .w = w, .dx = dx, .g = g, .q = q, .accumulate = accumulate}, math);
+          e,
+          ConvDgradPhaseMap<T>{
+              .dy = dy, .w = w, .dx = dx, .g = g, .q = q, .accumulate = accumulate},
+          math);
 }
 
-// out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's kernel).
+// out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's
+// kernel).
 template <class T>
-__global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks, std::int64_t c,
-                                            T* __restrict__ out) {
+__global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks,
+                                            std::int64_t c, T* __restrict__ out) {
   const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= c) return;
   double s = 0.0;
@@ -322,35 +339,40 @@ void channel_sums(const Exec<Cuda>& e, const T* v, std::int64_t rows, std::int64
   const CudaAllocStream on_stream(e);  // freed while the kernels below may still run on e's stream
   Tensor<double, Cuda> partial(Shape{g.chunks, c});
   const cudaStream_t s = cuda_stream(e);
-  channel_partial_kernel<T, BnSum::X><<<g.grid, g.block, 0, s>>>(v, nullptr, nullptr, nullptr, nullptr, rows, c,
-                                                                   g.rows_per_chunk, partial.data(), nullptr);
+  channel_partial_kernel<T, BnSum::X><<<g.grid, g.block, 0, s>>>(
+      v, nullptr, nullptr, nullptr, nullptr, rows, c, g.rows_per_chunk, partial.data(), nullptr);
   check_launch("channel_partial_kernel<BnSum::X>", s);
   channel_sum_finalize_kernel<T><<<grid_for(c), kThreads, 0, s>>>(partial.data(), g.chunks, c, out);
   check_launch("channel_sum_finalize_kernel", s);
 }
 
-// A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is
-// (N*P x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
+// A 1x1, stride-1, unpadded conv is a plain GEMM over the batch's N*P pixel rows: x itself is (N*P
+// x C), so all three products go to cuBLAS (ResNet-50/152's bottlenecks are two-thirds such convs).
 inline bool cublas_pointwise(const ConvGeometry& g) {
   return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
 // float only (docs/decisions/0024): the tiles above stage operands in float registers and shared
-// memory and accumulate in float, so a double conv would silently compute in single precision, while its
-// 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry points.
+// memory and accumulate in float, so a double conv would silently compute in single precision,
+// while its 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry
+// points.
 template <class T>
 constexpr void require_float() {
-  static_assert(std::is_same_v<T, float>,
-                "ddp: conv2d on CUDA computes in float only: its implicit-GEMM kernels stage and accumulate in "
-                "float, so a double model would not get double precision (docs/decisions/0024). Use float on "
-                "the GPU (Conv2d<float, Cuda>, ResNet<float, Cuda>); for double-precision references run the model "
-                "on the CPU (Cpu).");
+  static_assert(
+      std::is_same_v<T, float>,
+      "ddp: conv2d on CUDA computes in float only: its implicit-GEMM kernels stage and accumulate "
+      "in "
+      "float, so a double model would not get double precision (docs/decisions/0024). Use float on "
+      "the GPU (Conv2d<float, Cuda>, ResNet<float, Cuda>); for double-precision references run the "
+      "model "
+      "on the CPU (Cpu).");
 }
 
-// Whether conv g goes to cuDNN under e (docs/decisions/0052): built with it, not asked for ddp's own kernels, and
-// describable.
+// Whether conv g goes to cuDNN under e (docs/decisions/0052): built with it, not asked for ddp's
+// own kernels, and describable.
 inline bool use_cudnn(const Exec<Cuda>& e, [[maybe_unused]] const ConvGeometry& g) {
-  if (resolve_conv_impl(e.conv) == ConvImpl::Own) return false;  // throws for a cuDNN mode without cuDNN
+  // throws for a cuDNN mode without cuDNN
+  if (resolve_conv_impl(e.conv) == ConvImpl::Own) return false;
 #if DDP_WITH_CUDNN
   return cudnn::describable(g);
 #else
@@ -372,23 +394,29 @@ void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, Cuda>& a, Pr
   require_conv_precision(math);
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
-  if (detail::cublas_pointwise(g) && a.bias.empty()) {  // y (NP x K) = x (NP x C) w^T, as linear_forward
+  // y (NP x K) = x (NP x C) w^T, as linear_forward
+  if (detail::cublas_pointwise(g) && a.bias.empty()) {
     op_phase(e, "fprop.cublas");  // op_profile.cuh: which library runs this pass
-    detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c, a.x.data(), g.c, T(0),
-                    a.y.data(), g.k, math);
+    detail::gemm<T>(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, a.w.data(), g.c,
+                    a.x.data(), g.c, T(0), a.y.data(), g.k, math);
     return;
   }
   if (detail::use_cudnn(e, g)) {  // never true without cuDNN
 #if DDP_WITH_CUDNN
     op_phase(e, "fprop.cudnn");
-    cudnn::forward(detail::at_precision(e, math), g, a.x.data(), a.w.data(), a.bias.empty() ? nullptr : a.bias.data(), a.y.data());
+    cudnn::forward(detail::at_precision(e, math), g, a.x.data(), a.w.data(),
+                   a.bias.empty() ? nullptr : a.bias.data(), a.y.data());
     return;
 #endif
   }
   op_phase(e, "fprop.own");
-  detail::run_implicit_gemm<T>(e, ConvFpropMap<T>{.x = a.x.data(), .w = a.w.data(),
-                                                   .bias = a.bias.empty() ? nullptr : a.bias.data(),
-                                                   .y = a.y.data(), .g = g}, math);
+  detail::run_implicit_gemm<T>(e,
+                               ConvFpropMap<T>{.x = a.x.data(),
+                                               .w = a.w.data(),
+                                               .bias = a.bias.empty() ? nullptr : a.bias.data(),
+                                               .y = a.y.data(),
+                                               .g = g},
+                               math);
 }
 
 template <class T>
@@ -403,7 +431,8 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
 #if DDP_WITH_CUDNN
     const Exec<Cuda> em = detail::at_precision(e, math);
     op_phase(e, "dgrad.cudnn");
-    if (!a.dx.empty()) cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data(), a.accumulate_dx);
+    if (!a.dx.empty())
+      cudnn::backward_data(em, g, a.dy.data(), a.w.data(), a.dx.data(), a.accumulate_dx);
     op_phase(e, "wgrad.cudnn");
     if (!a.dw.empty()) cudnn::backward_filter(em, g, a.x.data(), a.dy.data(), a.dw.data());
 #endif
@@ -413,11 +442,12 @@ void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<T, Cuda>& a, 
       detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, g.c, np, g.k, a.w.data(), g.c, a.dy.data(), g.k,
                       a.accumulate_dx ? T(1) : T(0), a.dx.data(), g.c, math);
     else if (!a.dx.empty())
-      detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math, a.accumulate_dx);
+      detail::run_dgrad_phases<T>(e, g, a.dy.data(), a.w.data(), a.dx.data(), math,
+                                  a.accumulate_dx);
     op_phase(e, pw ? "wgrad.cublas" : "wgrad.own");
     if (!a.dw.empty() && pw)  // dw (K x C) = dy^T (K x NP) x (NP x C)
-      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, T(0), a.dw.data(),
-                      g.c, math);
+      detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k,
+                      T(0), a.dw.data(), g.c, math);
     else if (!a.dw.empty())
       detail::run_implicit_gemm<T>(
           e, ConvWgradMap<T>{.x = a.x.data(), .dy = a.dy.data(), .dw = a.dw.data(), .g = g}, math);
@@ -445,27 +475,31 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-// w rounded to bf16 (nearest even) in a temporary from the caching allocator: the values Bf16Storage's operand()
-// rounds the weight to, as the bf16 operand cuDNN and cuBLAS read. Once per call (a per-step cache would save the
-// cast pass of every forward and backward after the first).
+// w rounded to bf16 (nearest even) in a temporary from the caching allocator: the values
+// Bf16Storage's operand() rounds the weight to, as the bf16 operand cuDNN and cuBLAS read. Once per
+// call (a per-step cache would save the cast pass of every forward and backward after the first).
 inline Tensor<bfloat16, Cuda> bf16_weight(const Exec<Cuda>& e, TensorView<const float, Cuda> w) {
   const CudaAllocStream on_stream(e);
   Tensor<bfloat16, Cuda> out(w.shape());
-  for_each_index(e, static_cast<std::size_t>(w.numel()), Bf16Narrow{.x = w.data(), .y = out.data()});
+  for_each_index(e, static_cast<std::size_t>(w.numel()),
+                 Bf16Narrow{.x = w.data(), .y = out.data()});
   return out;
 }
 
-// Whether conv g on bf16 tensors runs natively under e: no bias (cuDNN adds it in y's type, after its rounding,
-// where the host model rounds once after the add), and a cuBLAS 1x1, or a cuDNN conv for whose wanted passes
-// (forward; or backward-data, backward-filter) cuDNN offers a bf16 algorithm: a shape it has none for stays on
-// the widening path rather than failing.
-inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias, [[maybe_unused]] bool fprop,
-                        [[maybe_unused]] bool dgrad, [[maybe_unused]] bool wgrad) {
+// Whether conv g on bf16 tensors runs natively under e: no bias (cuDNN adds it in y's type, after
+// its rounding, where the host model rounds once after the add), and a cuBLAS 1x1, or a cuDNN conv
+// for whose wanted passes (forward; or backward-data, backward-filter) cuDNN offers a bf16
+// algorithm: a shape it has none for stays on the widening path rather than failing.
+inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias,
+                        [[maybe_unused]] bool fprop, [[maybe_unused]] bool dgrad,
+                        [[maybe_unused]] bool wgrad) {
   if (bias) return false;
   if (cublas_pointwise(g)) return true;
   if (!use_cudnn(e, g)) return false;
 #if DDP_WITH_CUDNN
-  const auto has = [&](cudnn::Op op) { return cudnn::has_algorithm(e, op, g, CUDNN_DATA_BFLOAT16); };
+  const auto has = [&](cudnn::Op op) {
+    return cudnn::has_algorithm(e, op, g, CUDNN_DATA_BFLOAT16);
+  };
   return (!fprop || has(cudnn::Op::Forward)) && (!dgrad || has(cudnn::Op::BackwardData)) &&
          (!wgrad || has(cudnn::Op::BackwardFilter));
 #else
@@ -475,19 +509,23 @@ inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias, [
 
 }  // namespace detail
 
-// Whether Kernels<Cuda> runs a bf16-activation conv natively (the overloads below) or through Bf16Storage.
-inline bool conv2d_bf16_native(const Exec<Cuda>& e, const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
+// Whether Kernels<Cuda> runs a bf16-activation conv natively (the overloads below) or through
+// Bf16Storage.
+inline bool conv2d_bf16_native(const Exec<Cuda>& e,
+                               const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
-  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation), !a.bias.empty(), true,
-                             false, false);
+  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation),
+                             !a.bias.empty(), true, false, false);
 }
-inline bool conv2d_bf16_native(const Exec<Cuda>& e, const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
+inline bool conv2d_bf16_native(const Exec<Cuda>& e,
+                               const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
-  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation), !a.dbias.empty(), false,
-                             !a.dx.empty(), !a.dw.empty());
+  return detail::bf16_native(e, conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation),
+                             !a.dbias.empty(), false, !a.dx.empty(), !a.dw.empty());
 }
 
-// y (bf16) = conv(x, bf16(w)): fp32 accumulation, one rounding at the store. Requires conv2d_bf16_native(e, a).
+// y (bf16) = conv(x, bf16(w)): fp32 accumulation, one rounding at the store. Requires
+// conv2d_bf16_native(e, a).
 inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
@@ -495,8 +533,8 @@ inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, C
   const Tensor<bfloat16, Cuda> w = detail::bf16_weight(e, a.w);
   if (detail::cublas_pointwise(g)) {  // y (NP x K) = x (NP x C) w^T
     op_phase(e, "fprop.cublas");
-    detail::gemm_bf16(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, w.data(), g.c, a.x.data(), g.c, 0.f,
-                      a.y.data(), g.k);
+    detail::gemm_bf16(e, CUBLAS_OP_T, CUBLAS_OP_N, g.k, g.n * g.h * g.w, g.c, w.data(), g.c,
+                      a.x.data(), g.c, 0.f, a.y.data(), g.k);
     return;
   }
 #if DDP_WITH_CUDNN
@@ -505,11 +543,12 @@ inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, C
 #endif
 }
 
-// dx (bf16; with accumulate_dx, dx + the product formed in fp32 and rounded once) from dy and bf16(w); dw (float).
-// The cuBLAS 1x1 writes dw in fp32 straight from the bf16 operands; cuDNN's legacy backward-filter has no mixed
-// types, so its dw is bf16 (fp32 accumulation, one rounding) widened into the parameter's gradient.
-// Requires conv2d_bf16_native(e, a).
-inline void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
+// dx (bf16; with accumulate_dx, dx + the product formed in fp32 and rounded once) from dy and
+// bf16(w); dw (float). The cuBLAS 1x1 writes dw in fp32 straight from the bf16 operands; cuDNN's
+// legacy backward-filter has no mixed types, so its dw is bf16 (fp32 accumulation, one rounding)
+// widened into the parameter's gradient. Requires conv2d_bf16_native(e, a).
+inline void conv2d_backward(const Exec<Cuda>& e,
+                            const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
   const std::int64_t np = g.n * g.ho * g.wo;
@@ -523,18 +562,20 @@ inline void conv2d_backward(const Exec<Cuda>& e, const Conv2dBackwardArgs<float,
                         a.accumulate_dx ? 1.f : 0.f, a.dx.data(), g.c);
     op_phase(e, "wgrad.cublas");
     if (!a.dw.empty())  // dw (K x C) = dy^T (K x NP) x (NP x C)
-      detail::gemm_bf16(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(), g.k, 0.f,
-                        a.dw.data(), g.c);
+      detail::gemm_bf16(e, CUBLAS_OP_N, CUBLAS_OP_T, g.c, g.k, np, a.x.data(), g.c, a.dy.data(),
+                        g.k, 0.f, a.dw.data(), g.c);
     return;
   }
 #if DDP_WITH_CUDNN
   op_phase(e, "dgrad.cudnn");
-  if (!a.dx.empty()) cudnn::backward_data(e, g, a.dy.data(), w.data(), a.dx.data(), a.accumulate_dx);
+  if (!a.dx.empty())
+    cudnn::backward_data(e, g, a.dy.data(), w.data(), a.dx.data(), a.accumulate_dx);
   op_phase(e, "wgrad.cudnn");
   if (!a.dw.empty()) {
     Tensor<bfloat16, Cuda> dw(a.dw.shape());
     cudnn::backward_filter(e, g, a.x.data(), a.dy.data(), dw.data());
-    for_each_index(e, static_cast<std::size_t>(dw.numel()), Bf16Widen{.x = dw.data(), .y = a.dw.data()});
+    for_each_index(e, static_cast<std::size_t>(dw.numel()),
+                   Bf16Widen{.x = dw.data(), .y = a.dw.data()});
   }
 #endif
 }

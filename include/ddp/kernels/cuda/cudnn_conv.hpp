@@ -2,31 +2,34 @@
 // conv2d.cuh's problem, NHWC activations and KRSC weights as they are, fp32 in memory.
 // SPDX-License-Identifier: MIT
 //
-// Host code only (cuDNN is a host API): compiles without nvcc, so its host-side logic is tested on machines
-// without a GPU (tests/gpu/cudnn). Used by conv2d.cuh when the program links ddp::cudnn (DDP_WITH_CUDNN) and the
-// exec's ConvImpl (tensor/conv_impl.hpp) is not Own.
+// Host code only (cuDNN is a host API): compiles without nvcc, so its host-side logic is tested on
+// machines without a GPU (tests/gpu/cudnn). Used by conv2d.cuh when the program links ddp::cudnn
+// (DDP_WITH_CUDNN) and the exec's ConvImpl (tensor/conv_impl.hpp) is not Own.
 //
-// Per convolution shape a Plan is made once per thread and kept: the cuDNN descriptors (x and y as NHWC 4-d
-// tensors, the weight as an NHWC filter, which is KRSC), the algorithm and its workspace size. The algorithm is
-// the first acceptable entry of cuDNN's list, which is ranked by its heuristics (ConvImpl::Cudnn, PyTorch's
-// default) or by measured time (ConvImpl::CudnnFind, PyTorch's cudnn.benchmark). Acceptable (accepts()):
+// Per convolution shape a Plan is made once per thread and kept: the cuDNN descriptors (x and y as
+// NHWC 4-d tensors, the weight as an NHWC filter, which is KRSC), the algorithm and its workspace
+// size. The algorithm is the first acceptable entry of cuDNN's list, which is ranked by its
+// heuristics (ConvImpl::Cudnn, PyTorch's default) or by measured time (ConvImpl::CudnnFind,
+// PyTorch's cudnn.benchmark). Acceptable (accepts()):
 //   - status success and a workspace of at most kMaxWorkspaceBytes;
 //   - deterministic when Exec<Cuda>::deterministic is set;
-//   - its math type fits the exec's Precision: Fp32 takes CUDNN_FMA_MATH only (no TF32 anywhere: the CPU's
-//     results to rounding); Tf32 and Bf16 take any math type but CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (that one
-//     may convert fp32 operands to fp16, whose range fp32 data can exceed).
-// Bf16 runs TF32 tensor-core arithmetic here: cuDNN needs bf16 tensors in memory for bf16 products and ours stay
-// fp32 (issue 14's "bf16 for real" is not done), and TF32 is at least as accurate as the bf16 it stands for.
-// Handles, one per thread and device like cuBLAS's (blas.cuh), are bound to the exec's stream before each call
-// and never destroyed (destroying them after the CUDA context is gone crashes some drivers). The workspace comes
-// from ddp's caching allocator on the exec's stream, so it costs no cudaMalloc after the first steps.
-// bf16 activations (docs/decisions/0072): x, y, dx and dy as CUDNN_DATA_BFLOAT16 tensors, the weight as a bf16
-// filter (the caller's rounded copy of the fp32 parameter), FLOAT compute type; their plans run at Precision::Bf16
-// whatever the exec's (the operands are bf16 already, so any math type but ALLOW_CONVERSION computes exact products
-// accumulated in fp32) and are kept apart from the fp32 plans by the data type in the key. cuDNN's legacy API has
-// no mixed-type backward-filter (x, dy and dw share a data type), so the bf16 weight gradient is bf16.
-// Shapes cuDNN's int descriptors cannot hold (a dimension or a tensor of 2^31 elements or more) are not
-// describable(); conv2d.cuh runs them on ddp's own kernels.
+//   - its math type fits the exec's Precision: Fp32 takes CUDNN_FMA_MATH only (no TF32 anywhere:
+//     the CPU's results to rounding); Tf32 and Bf16 take any math type but
+//     CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (that one may convert fp32 operands to fp16, whose
+//     range fp32 data can exceed).
+// Bf16 runs TF32 tensor-core arithmetic here: cuDNN needs bf16 tensors in memory for bf16 products
+// and ours stay fp32 (issue 14's "bf16 for real" is not done), and TF32 is at least as accurate as
+// the bf16 it stands for. Handles, one per thread and device like cuBLAS's (blas.cuh), are bound to
+// the exec's stream before each call and never destroyed (destroying them after the CUDA context is
+// gone crashes some drivers). The workspace comes from ddp's caching allocator on the exec's
+// stream, so it costs no cudaMalloc after the first steps. bf16 activations (docs/decisions/0072):
+// x, y, dx and dy as CUDNN_DATA_BFLOAT16 tensors, the weight as a bf16 filter (the caller's rounded
+// copy of the fp32 parameter), FLOAT compute type; their plans run at Precision::Bf16 whatever the
+// exec's (the operands are bf16 already, so any math type but ALLOW_CONVERSION computes exact
+// products accumulated in fp32) and are kept apart from the fp32 plans by the data type in the key.
+// cuDNN's legacy API has no mixed-type backward-filter (x, dy and dw share a data type), so the
+// bf16 weight gradient is bf16. Shapes cuDNN's int descriptors cannot hold (a dimension or a tensor
+// of 2^31 elements or more) are not describable(); conv2d.cuh runs them on ddp's own kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,16 +65,17 @@ namespace ddp::kernels::cuda::cudnn {
 // "ddp: expr failed: CUDNN_STATUS_X (cuDNN's description) at file:line[: hint]"
 inline std::string error_text(const char* expr, cudnnStatus_t s, const char* file, int line,
                               std::string_view hint = {}) {
-  return ddp::detail::str("ddp: ", expr, " failed: ", cudnnGetErrorString(s), " at ", file, ':', line,
-                          hint.empty() ? "" : ": ", hint);
+  return ddp::detail::str("ddp: ", expr, " failed: ", cudnnGetErrorString(s), " at ", file, ':',
+                          line, hint.empty() ? "" : ": ", hint);
 }
 
 }  // namespace ddp::kernels::cuda::cudnn
 
-#define DDP_CUDNN_CHECK(expr)                                                                               \
-  do {                                                                                                      \
-    if (const cudnnStatus_t ddp_s_ = (expr); ddp_s_ != CUDNN_STATUS_SUCCESS)                                \
-      throw ::ddp::CudaError(::ddp::kernels::cuda::cudnn::error_text(#expr, ddp_s_, __FILE__, __LINE__)); \
+#define DDP_CUDNN_CHECK(expr)                                                          \
+  do {                                                                                 \
+    if (const cudnnStatus_t ddp_s_ = (expr); ddp_s_ != CUDNN_STATUS_SUCCESS)           \
+      throw ::ddp::CudaError(                                                          \
+          ::ddp::kernels::cuda::cudnn::error_text(#expr, ddp_s_, __FILE__, __LINE__)); \
   } while (0)
 
 namespace ddp::kernels::cuda::cudnn {
@@ -80,38 +84,41 @@ enum class Op : std::uint8_t { Forward, BackwardData, BackwardFilter };
 
 inline constexpr std::string_view op_name(Op op) noexcept {
   switch (op) {
-    case Op::Forward:
-      return "forward";
-    case Op::BackwardData:
-      return "backward-data";
-    case Op::BackwardFilter:
-      return "backward-filter";
+    case Op::Forward: return "forward";
+    case Op::BackwardData: return "backward-data";
+    case Op::BackwardFilter: return "backward-filter";
   }
   return "?";
 }
 
-// The largest workspace an algorithm may ask for. PyTorch lets cuDNN take what it asks and retries smaller
-// algorithms on out-of-memory; a fixed cap keeps a plan the same from run to run. 1 GiB is above what ResNet-50's
-// fastest algorithms ask for at batch 256 by cuDNN's own figures, and small beside an H100's 80 GB.
+// The largest workspace an algorithm may ask for. PyTorch lets cuDNN take what it asks and retries
+// smaller algorithms on out-of-memory; a fixed cap keeps a plan the same from run to run. 1 GiB is
+// above what ResNet-50's fastest algorithms ask for at batch 256 by cuDNN's own figures, and small
+// beside an H100's 80 GB.
 inline constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
 
 // One entry of cuDNN's algorithm list, whichever of the three perf structs it came from.
 struct AlgoChoice {
   int algo = -1;
   cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED;
-  float time_ms = -1.f;           // measured (Find) or -1 (heuristics)
-  std::size_t workspace = 0;      // bytes
+  float time_ms = -1.f;       // measured (Find) or -1 (heuristics)
+  std::size_t workspace = 0;  // bytes
   bool deterministic = false;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
 
 template <class Perf>
 AlgoChoice to_choice(const Perf& p) {
-  return {.algo = static_cast<int>(p.algo), .status = p.status, .time_ms = p.time, .workspace = p.memory,
-          .deterministic = p.determinism == CUDNN_DETERMINISTIC, .math = p.mathType};
+  return {.algo = static_cast<int>(p.algo),
+          .status = p.status,
+          .time_ms = p.time,
+          .workspace = p.memory,
+          .deterministic = p.determinism == CUDNN_DETERMINISTIC,
+          .math = p.mathType};
 }
 
-// The math type the descriptor asks for at precision p: Fp32 forbids tensor cores; the others allow TF32.
+// The math type the descriptor asks for at precision p: Fp32 forbids tensor cores; the others allow
+// TF32.
 inline cudnnMathType_t requested_math(Precision p) {
   require_conv_precision(p);  // fp16: refused as by ddp's kernels
   return p == Precision::Fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
@@ -123,9 +130,10 @@ inline bool math_fits(cudnnMathType_t m, Precision p) {
   return m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
-inline bool accepts(const AlgoChoice& a, Precision p, bool deterministic, std::size_t max_workspace) {
-  return a.status == CUDNN_STATUS_SUCCESS && a.workspace <= max_workspace && (!deterministic || a.deterministic) &&
-         math_fits(a.math, p);
+inline bool accepts(const AlgoChoice& a, Precision p, bool deterministic,
+                    std::size_t max_workspace) {
+  return a.status == CUDNN_STATUS_SUCCESS && a.workspace <= max_workspace &&
+         (!deterministic || a.deterministic) && math_fits(a.math, p);
 }
 
 // The first acceptable entry in cuDNN's order, or algo -1 when there is none.
@@ -136,14 +144,15 @@ inline AlgoChoice choose(std::span<const AlgoChoice> ranked, Precision p, bool d
   return {};
 }
 
-// Whether cuDNN's int-sized 4-d descriptors can hold g: every dimension and every tensor's element count
-// below 2^31.
+// Whether cuDNN's int-sized 4-d descriptors can hold g: every dimension and every tensor's element
+// count below 2^31.
 inline bool describable(const ConvGeometry& g) {
   const std::int64_t limit = INT_MAX;
-  for (std::int64_t v : {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w, g.pad.h, g.pad.w,
-                         g.dil.h, g.dil.w})
+  for (std::int64_t v : {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w,
+                         g.pad.h, g.pad.w, g.dil.h, g.dil.w})
     if (v < 0 || v > limit) return false;
-  return g.n * g.h * g.w * g.c <= limit && g.n * g.ho * g.wo * g.k <= limit && g.k * g.r * g.s * g.c <= limit;
+  return g.n * g.h * g.w * g.c <= limit && g.n * g.ho * g.wo * g.k <= limit &&
+         g.k * g.r * g.s * g.c <= limit;
 }
 
 // RAII for one cuDNN descriptor type.
@@ -161,12 +170,15 @@ class Descriptor {
  private:
   H h_ = nullptr;
 };
-using TensorDesc = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
-using FilterDesc = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc =
-    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
+using TensorDesc =
+    Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
 
-inline int to_int(std::int64_t v) { return static_cast<int>(v); }  // callers check describable() first
+// callers check describable() first
+inline int to_int(std::int64_t v) { return static_cast<int>(v); }
 
 // cuDNN's name for the element type E of x, y and w in memory (float or bfloat16).
 template <class E>
@@ -174,31 +186,33 @@ inline constexpr cudnnDataType_t data_type = CUDNN_DATA_FLOAT;
 template <>
 inline constexpr cudnnDataType_t data_type<bfloat16> = CUDNN_DATA_BFLOAT16;
 
-// The precision a plan computes at: the exec's for fp32 tensors, Bf16 for bf16 ones (see the header comment).
+// The precision a plan computes at: the exec's for fp32 tensors, Bf16 for bf16 ones (see the header
+// comment).
 inline Precision plan_precision(Precision p, cudnnDataType_t dt) {
   return dt == CUDNN_DATA_BFLOAT16 ? Precision::Bf16 : p;
 }
 
-// The descriptors of geometry g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in NHWC
-// order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC, all of data type dt; the bias as
-// (1, k, 1, 1) in float. The convolution computes in float whatever dt.
+// The descriptors of geometry g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in
+// NHWC order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC, all of data type dt;
+// the bias as (1, k, 1, 1) in float. The convolution computes in float whatever dt.
 struct Descriptors {
   TensorDesc x, y, bias;
   FilterDesc w;
   ConvDesc conv;
   Descriptors(const ConvGeometry& g, Precision p, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
-    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n), to_int(g.c),
-                                               to_int(g.h), to_int(g.w)));
-    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n), to_int(g.k),
-                                               to_int(g.ho), to_int(g.wo)));
-    DDP_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(bias.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, to_int(g.k), 1, 1));
-    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), dt, CUDNN_TENSOR_NHWC, to_int(g.k), to_int(g.c),
-                                               to_int(g.r), to_int(g.s)));
-    // Cross-correlation is what deep-learning frameworks call convolution (no kernel flip), as our CPU kernel.
-    DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.get(), to_int(g.pad.h), to_int(g.pad.w), to_int(g.stride.h),
-                                                    to_int(g.stride.w), to_int(g.dil.h), to_int(g.dil.w),
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n),
+                                               to_int(g.c), to_int(g.h), to_int(g.w)));
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NHWC, dt, to_int(g.n),
+                                               to_int(g.k), to_int(g.ho), to_int(g.wo)));
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1,
+                                               to_int(g.k), 1, 1));
+    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), dt, CUDNN_TENSOR_NHWC, to_int(g.k),
+                                               to_int(g.c), to_int(g.r), to_int(g.s)));
+    // Cross-correlation is what deep-learning frameworks call convolution (no kernel flip), as our
+    // CPU kernel.
+    DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv.get(), to_int(g.pad.h), to_int(g.pad.w), to_int(g.stride.h), to_int(g.stride.w),
+        to_int(g.dil.h), to_int(g.dil.w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), requested_math(p)));
   }
 };
@@ -217,41 +231,63 @@ inline cudnnHandle_t handle(const Exec<Cuda>& e, int device = current_device()) 
   if (!h) {
     if (const cudnnStatus_t s = cudnnCreate(&h); s != CUDNN_STATUS_SUCCESS) {
       h = nullptr;
-      throw CudaError(error_text("cudnnCreate(&handle)", s, __FILE__, __LINE__,
-                                 ddp::detail::str("cuDNN ", cudnnGetVersion(), " could not start on CUDA device ",
-                                                  device, " (no usable GPU or driver?); --conv own runs ddp's "
-                                                  "own convolution kernels instead")));
+      throw CudaError(error_text(
+          "cudnnCreate(&handle)", s, __FILE__, __LINE__,
+          ddp::detail::str("cuDNN ", cudnnGetVersion(), " could not start on CUDA device ", device,
+                           " (no usable GPU or driver?); --conv own runs ddp's "
+                           "own convolution kernels instead")));
     }
   }
   DDP_CUDNN_CHECK(cudnnSetStream(h, cuda_stream(e)));
   return h;
 }
 
-// What a plan is keyed by: the op, the geometry, how the algorithm is chosen, the device and the tensors' data type.
+// What a plan is keyed by: the op, the geometry, how the algorithm is chosen, the device and the
+// tensors' data type.
 using PlanKey = std::array<std::int64_t, 21>;
-inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic, int device,
-                        cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
-  return {static_cast<std::int64_t>(op), g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w,
-          g.pad.h, g.pad.w, g.dil.h, g.dil.w, static_cast<std::int64_t>(p), find ? 1 : 0, deterministic ? 1 : 0,
-          device, static_cast<std::int64_t>(dt)};
+inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic,
+                        int device, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+  return {static_cast<std::int64_t>(op),
+          g.n,
+          g.h,
+          g.w,
+          g.c,
+          g.k,
+          g.r,
+          g.s,
+          g.ho,
+          g.wo,
+          g.stride.h,
+          g.stride.w,
+          g.pad.h,
+          g.pad.w,
+          g.dil.h,
+          g.dil.w,
+          static_cast<std::int64_t>(p),
+          find ? 1 : 0,
+          deterministic ? 1 : 0,
+          device,
+          static_cast<std::int64_t>(dt)};
 }
 
 struct Plan {
   Descriptors d;
-  AlgoChoice algo;               // algo -1: cuDNN offered none acceptable
-  std::size_t candidates = 0;    // how many it offered
+  AlgoChoice algo;             // algo -1: cuDNN offered none acceptable
+  std::size_t candidates = 0;  // how many it offered
   Plan(const ConvGeometry& g, Precision p, cudnnDataType_t dt) : d(g, p, dt) {}
 };
 
 namespace detail {
 
 inline std::string geometry_text(const ConvGeometry& g) {
-  return ddp::detail::str("x (", g.n, ", ", g.h, ", ", g.w, ", ", g.c, ") NHWC, weight (", g.k, ", ", g.r, ", ", g.s,
-                          ", ", g.c, ") KRSC, stride ", g.stride.h, "x", g.stride.w, ", padding ", g.pad.h, "x",
-                          g.pad.w, ", dilation ", g.dil.h, "x", g.dil.w);
+  return ddp::detail::str("x (", g.n, ", ", g.h, ", ", g.w, ", ", g.c, ") NHWC, weight (", g.k,
+                          ", ", g.r, ", ", g.s, ", ", g.c, ") KRSC, stride ", g.stride.h, "x",
+                          g.stride.w, ", padding ", g.pad.h, "x", g.pad.w, ", dilation ", g.dil.h,
+                          "x", g.dil.w);
 }
 
-// cuDNN's list for one op in its Perf struct: max_count(h, &n) sizes it, query(n, &got, perf) fills it.
+// cuDNN's list for one op in its Perf struct: max_count(h, &n) sizes it, query(n, &got, perf) fills
+// it.
 template <class Perf, class MaxCount, class Query>
 std::vector<AlgoChoice> list_of(cudnnHandle_t h, MaxCount max_count, Query query) {
   int count = 0, got = 0;
@@ -263,8 +299,8 @@ std::vector<AlgoChoice> list_of(cudnnHandle_t h, MaxCount max_count, Query query
   return out;
 }
 
-// cuDNN's ranked list for op: heuristics (find false) or timed runs (find true; cuDNN allocates and frees its own
-// scratch buffers for the timing).
+// cuDNN's ranked list for op: heuristics (find false) or timed runs (find true; cuDNN allocates and
+// frees its own scratch buffers for the timing).
 inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors& d, bool find) {
   const auto x = d.x.get(), y = d.y.get();
   const auto w = d.w.get();
@@ -272,7 +308,8 @@ inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors&
   switch (op) {
     case Op::Forward:
       return list_of<cudnnConvolutionFwdAlgoPerf_t>(
-          h, cudnnGetConvolutionForwardAlgorithmMaxCount, [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p) {
+          h, cudnnGetConvolutionForwardAlgorithmMaxCount,
+          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p) {
             return find ? cudnnFindConvolutionForwardAlgorithm(h, x, w, c, y, n, got, p)
                         : cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, c, y, n, got, p);
           });
@@ -296,42 +333,45 @@ inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors&
 
 }  // namespace detail
 
-// This thread's plan for (op, g) on tensors of data type dt under e on `device` (h's), made on first use and kept,
-// also when cuDNN offers no acceptable algorithm (then algo.algo is -1).
-inline const Plan& find_plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device,
-                             cudnnDataType_t dt) {
+// This thread's plan for (op, g) on tensors of data type dt under e on `device` (h's), made on
+// first use and kept, also when cuDNN offers no acceptable algorithm (then algo.algo is -1).
+inline const Plan& find_plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g,
+                             int device, cudnnDataType_t dt) {
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
   const bool find = e.conv == ConvImpl::CudnnFind;
   const Precision precision = plan_precision(e.precision, dt);
-  std::unique_ptr<Plan>& slot = plans[plan_key(op, g, precision, find, e.deterministic, device, dt)];
+  std::unique_ptr<Plan>& slot =
+      plans[plan_key(op, g, precision, find, e.deterministic, device, dt)];
   if (slot) return *slot;
   auto p = std::make_unique<Plan>(g, precision, dt);
   const std::vector<AlgoChoice> list = detail::ranked(h, op, p->d, find);
   p->algo = choose(list, precision, e.deterministic);
   p->candidates = list.size();
-  // Run with the math type the chosen algorithm was ranked under (cuDNN's advice for the _v7 and Find lists).
-  if (p->algo.algo >= 0) DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
+  // Run with the math type the chosen algorithm was ranked under (cuDNN's advice for the _v7 and
+  // Find lists).
+  if (p->algo.algo >= 0)
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
   slot = std::move(p);
   return *slot;
 }
 
 // The same, throwing when there is no acceptable algorithm.
-inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g, int device,
-                        cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g,
+                        int device, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
   const Plan& p = find_plan(e, h, op, g, device, dt);
   const Precision precision = plan_precision(e.precision, dt);
   if (p.algo.algo < 0)
     throw CudaError(ddp::detail::str(
         "ddp: cuDNN ", cudnnGetVersion(), " offers no ", op_name(op), " algorithm for conv2d with ",
-        detail::geometry_text(g), dt == CUDNN_DATA_BFLOAT16 ? " on bf16 tensors" : "", " at precision ",
-        precision_name(precision),
-        e.deterministic ? ", deterministic" : "", " and a workspace of at most ", kMaxWorkspaceBytes >> 20, " MiB (",
-        p.candidates, " candidates); --conv own runs ddp's own kernels"));
+        detail::geometry_text(g), dt == CUDNN_DATA_BFLOAT16 ? " on bf16 tensors" : "",
+        " at precision ", precision_name(precision), e.deterministic ? ", deterministic" : "",
+        " and a workspace of at most ", kMaxWorkspaceBytes >> 20, " MiB (", p.candidates,
+        " candidates); --conv own runs ddp's own kernels"));
   return p;
 }
 
-// Whether cuDNN offers an acceptable algorithm for op of conv g on tensors of data type dt under e (the plan is
-// made, and kept, on first ask).
+// Whether cuDNN offers an acceptable algorithm for op of conv g on tensors of data type dt under e
+// (the plan is made, and kept, on first ask).
 inline bool has_algorithm(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt) {
   const int device = current_device();
   return find_plan(e, handle(e, device), op, g, device, dt).algo.algo >= 0;
@@ -341,11 +381,12 @@ inline bool has_algorithm(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cud
 inline Tensor<float, Cuda> workspace(const Exec<Cuda>& e, std::size_t bytes) {
   if (bytes == 0) return {};
   const CudaAllocStream on_stream(e);
-  return Tensor<float, Cuda>(Shape{static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
+  return Tensor<float, Cuda>(
+      Shape{static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
 }
 
-// Runs one op of conv g on tensors of data type dt under e: call(handle, plan, workspace) issues the cuDNN call
-// with the plan's algorithm.
+// Runs one op of conv g on tensors of data type dt under e: call(handle, plan, workspace) issues
+// the cuDNN call with the plan's algorithm.
 template <class Call>
 void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt, Call&& call) {
   const int device = current_device();
@@ -355,38 +396,46 @@ void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt, 
   call(h, p, static_cast<void*>(ws.data()));
 }
 
-inline constexpr float kOne = 1.f, kZero = 0.f;  // cuDNN's alpha and beta (y = alpha op(...) + beta y)
+// cuDNN's alpha and beta (y = alpha op(...) + beta y)
+inline constexpr float kOne = 1.f, kZero = 0.f;
 
-// y = conv(x, w) (+ bias when bias != nullptr; fp32 tensors only: cudnnAddTensor adds in y's type). E: float, or
-// bfloat16 with w the bf16 copy of the weight.
+// y = conv(x, w) (+ bias when bias != nullptr; fp32 tensors only: cudnnAddTensor adds in y's type).
+// E: float, or bfloat16 with w the bf16 copy of the weight.
 template <class E>
-void forward(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* w, const float* bias, E* y) {
+void forward(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* w, const float* bias,
+             E* y) {
   run(e, Op::Forward, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
-    DDP_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.d.x.get(), x, p.d.w.get(), w, p.d.conv.get(),
+    DDP_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.d.x.get(), x, p.d.w.get(), w,
+                                            p.d.conv.get(),
                                             static_cast<cudnnConvolutionFwdAlgo_t>(p.algo.algo), ws,
                                             p.algo.workspace, &kZero, p.d.y.get(), y));
-    if (bias) DDP_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.d.bias.get(), bias, &kOne, p.d.y.get(), y));
+    if (bias)
+      DDP_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.d.bias.get(), bias, &kOne, p.d.y.get(), y));
   });
 }
 
-// dx = conv's gradient with respect to x, from dy and w; with `accumulate`, dx += it (beta = 1: cuDNN blends in
-// its float compute type and stores once).
+// dx = conv's gradient with respect to x, from dy and w; with `accumulate`, dx += it (beta = 1:
+// cuDNN blends in its float compute type and stores once).
 template <class E>
-void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const E* dy, const E* w, E* dx, bool accumulate = false) {
+void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const E* dy, const E* w, E* dx,
+                   bool accumulate = false) {
   run(e, Op::BackwardData, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
-    DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.d.w.get(), w, p.d.y.get(), dy, p.d.conv.get(),
-                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo.algo), ws,
-                                                 p.algo.workspace, accumulate ? &kOne : &kZero, p.d.x.get(), dx));
+    DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h, &kOne, p.d.w.get(), w, p.d.y.get(), dy, p.d.conv.get(),
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo.algo), ws, p.algo.workspace,
+        accumulate ? &kOne : &kZero, p.d.x.get(), dx));
   });
 }
 
-// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated), of x's type.
+// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated), of x's
+// type.
 template <class E>
 void backward_filter(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* dy, E* dw) {
   run(e, Op::BackwardFilter, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {
-    DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.d.x.get(), x, p.d.y.get(), dy, p.d.conv.get(),
-                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo.algo), ws,
-                                                   p.algo.workspace, &kZero, p.d.w.get(), dw));
+    DDP_CUDNN_CHECK(
+        cudnnConvolutionBackwardFilter(h, &kOne, p.d.x.get(), x, p.d.y.get(), dy, p.d.conv.get(),
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo.algo),
+                                       ws, p.algo.workspace, &kZero, p.d.w.get(), dw));
   });
 }
 

@@ -1,25 +1,29 @@
-// CUDA embedding lookup (torch.nn.Embedding): y[n] = weight[ids[n]], and the weight gradient by token.
+// CUDA embedding lookup (torch.nn.Embedding): y[n] = weight[ids[n]], and the weight gradient by
+// token.
 // SPDX-License-Identifier: MIT
 //
-// Same contract as kernels/cpu/embedding.hpp. Forward: one thread per element of y (N, C), a grid-stride loop
-// (for_each_index); element (n, j) reads ids[n] and copies weight[ids[n], j]. Backward: several positions may hold
-// the same token, so instead of racing on dweight's rows (atomicAdd, whose order and so last bits vary by run) the
-// positions are sorted by id with CUB's stable radix sort (keys limited to the bits of V), and one thread per
-// (run of a token, column) sums that token's dy rows in position order: the CPU's additions in the CPU's order, so
-// the same bits on every run and as the CPU. dweight rows of unused tokens are zeroed first (a memset). A very
-// frequent token makes its threads loop over all its positions (e.g. the space in character-level text, about a
-// sixth of the batch); every column of it runs in parallel.
-// Example: ids (2, 0, 2), dy rows (a, b, c): sorted keys (0, 2, 2), positions (1, 0, 2): dweight rows 0 = b,
-// 1 = 0, 2 = a + c.
-// Token ids: they are device memory here, so the host cannot check them before the launch (the CPU does). The
-// kernels never read or write outside weight/dweight: an id outside [0, V) makes forward write a zero row and
-// backward skip the position, and the lowest such position is recorded in a device word (atomicMin). After the
-// launch the host reads that word back, which waits for the stream, and throws the CPU's ValueError
-// (embedding_id_out_of_range, naming the op, the id and its position). Cost: one stream synchronisation per call
-// (a few microseconds of idle GPU while the host queues the next kernels); unlike the other layers such a call
-// therefore blocks until its kernel has run. Args::ids_checked skips the device word, the read-back and the wait
-// (the kernels still never touch memory outside weight/dweight): nn::Embedding's backward sets it, since its
-// forward checked the same ids, so a training step waits once, in forward.
+// Same contract as kernels/cpu/embedding.hpp. Forward: one thread per element of y (N, C), a
+// grid-stride loop (for_each_index); element (n, j) reads ids[n] and copies weight[ids[n], j].
+// Backward: several positions may hold the same token, so instead of racing on dweight's rows
+// (atomicAdd, whose order and so last bits vary by run) the positions are sorted by id with CUB's
+// stable radix sort (keys limited to the bits of V), and one thread per (run of a token, column)
+// sums that token's dy rows in position order: the CPU's additions in the CPU's order, so the same
+// bits on every run and as the CPU. dweight rows of unused tokens are zeroed first (a memset). A
+// very frequent token makes its threads loop over all its positions (e.g. the space in
+// character-level text, about a sixth of the batch); every column of it runs in parallel.
+// Example: ids (2, 0, 2), dy rows (a, b, c): sorted keys (0, 2, 2), positions (1, 0, 2): dweight
+//   rows 0 = b,
+// 1 = 0, 2 = a + c. Token ids: they are device memory here, so the host cannot check them before
+// the launch (the CPU does). The kernels never read or write outside weight/dweight: an id outside
+// [0, V) makes forward write a zero row and backward skip the position, and the lowest such
+// position is recorded in a device word (atomicMin). After the launch the host reads that word
+// back, which waits for the stream, and throws the CPU's ValueError (embedding_id_out_of_range,
+// naming the op, the id and its position). Cost: one stream synchronisation per call (a few
+// microseconds of idle GPU while the host queues the next kernels); unlike the other layers such a
+// call therefore blocks until its kernel has run. Args::ids_checked skips the device word, the
+// read-back and the wait (the kernels still never touch memory outside weight/dweight):
+// nn::Embedding's backward sets it, since its forward checked the same ids, so a training step
+// waits once, in forward.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,15 +47,18 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-// For element i of an (N, C) array: its row's id in *id_out, and whether it is in [0, num). A bad id's row goes to
-// *bad (lowest wins; not recorded when bad is null), by the row's column-0 element only: one atomic per bad position.
-__device__ inline bool embedding_id_ok(const std::int64_t* ids, std::size_t i, std::int64_t c, std::int64_t num,
-                                       unsigned long long* bad, std::int64_t* id_out) {
+// For element i of an (N, C) array: its row's id in *id_out, and whether it is in [0, num). A bad
+// id's row goes to *bad (lowest wins; not recorded when bad is null), by the row's column-0 element
+// only: one atomic per bad position.
+__device__ inline bool embedding_id_ok(const std::int64_t* ids, std::size_t i, std::int64_t c,
+                                       std::int64_t num, unsigned long long* bad,
+                                       std::int64_t* id_out) {
   const auto row = static_cast<std::int64_t>(i) / c;
   const std::int64_t id = ids[row];
   *id_out = id;
   if (id >= 0 && id < num) return true;
-  if (bad != nullptr && static_cast<std::int64_t>(i) % c == 0) atomicMin(bad, static_cast<unsigned long long>(row));
+  if (bad != nullptr && static_cast<std::int64_t>(i) % c == 0)
+    atomicMin(bad, static_cast<unsigned long long>(row));
   return false;
 }
 
@@ -84,9 +91,9 @@ struct EmbeddingSortKeys {
   }
 };
 
-// Element i = (s, j) of the sorted (N, C) order: if s starts the run of token `key` (< num) in keys, then
-// dweight[key, j] = dy[pos[s], j] + dy[pos[s + 1], j] + ... over the run, added in position order from 0 (the CPU's
-// order, so the same bits). Threads of other s return at once.
+// Element i = (s, j) of the sorted (N, C) order: if s starts the run of token `key` (< num) in
+// keys, then dweight[key, j] = dy[pos[s], j] + dy[pos[s + 1], j] + ... over the run, added in
+// position order from 0 (the CPU's order, so the same bits). Threads of other s return at once.
 template <class T>
 struct EmbeddingRunSum {
   const std::int64_t* keys;  // sorted ids, (N)
@@ -104,11 +111,12 @@ struct EmbeddingRunSum {
   }
 };
 
-// Runs launch(bad) with a device word set to n, then reads it back (waiting for the stream) and throws the CPU's
-// ValueError for the first bad id, if any. With `checked` (Args::ids_checked): launch(nullptr), no word, no wait.
+// Runs launch(bad) with a device word set to n, then reads it back (waiting for the stream) and
+// throws the CPU's ValueError for the first bad id, if any. With `checked` (Args::ids_checked):
+// launch(nullptr), no word, no wait.
 template <class Launch>
-void with_embedding_id_check(const Exec<Cuda>& e, TensorView<const std::int64_t, Cuda> ids, std::int64_t num,
-                             std::string_view op, bool checked, Launch launch) {
+void with_embedding_id_check(const Exec<Cuda>& e, TensorView<const std::int64_t, Cuda> ids,
+                             std::int64_t num, std::string_view op, bool checked, Launch launch) {
   if (checked) {
     launch(nullptr);
     return;
@@ -136,11 +144,16 @@ template <class T>
 void embedding_forward(const Exec<Cuda>& e, const EmbeddingForwardArgs<T, Cuda>& a) {
   validate(a);
   const std::int64_t n = a.ids.dim(0), v = a.weight.dim(0), c = a.weight.dim(1);
-  detail::with_embedding_id_check(e, a.ids, v, "embedding_forward", a.ids_checked, [&](unsigned long long* bad) {
-    for_each_index(e, static_cast<std::size_t>(n * c),
-                   detail::EmbeddingGather<T>{
-                       .ids = a.ids.data(), .weight = a.weight.data(), .y = a.y.data(), .c = c, .num = v, .bad = bad});
-  });
+  detail::with_embedding_id_check(
+      e, a.ids, v, "embedding_forward", a.ids_checked, [&](unsigned long long* bad) {
+        for_each_index(e, static_cast<std::size_t>(n * c),
+                       detail::EmbeddingGather<T>{.ids = a.ids.data(),
+                                                  .weight = a.weight.data(),
+                                                  .y = a.y.data(),
+                                                  .c = c,
+                                                  .num = v,
+                                                  .bad = bad});
+      });
 }
 
 template <class T>
@@ -149,9 +162,11 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
   const std::int64_t n = a.ids.dim(0), v = a.dweight.dim(0), c = a.dweight.dim(1);
   if (n > 2147483647)
     throw ValueError(
-        ddp::detail::str("ddp: embedding_backward: ", n, " token ids exceed the sort's 32-bit count; split the batch"));
+        ddp::detail::str("ddp: embedding_backward: ", n,
+                         " token ids exceed the sort's 32-bit count; split the batch"));
   const cudaStream_t s = cuda_stream(e);
-  const CudaAllocStream on_stream(e);  // the sort's buffers are freed while the kernels below may still run
+  // the sort's buffers are freed while the kernels below may still run
+  const CudaAllocStream on_stream(e);
   Tensor<std::int64_t, Cuda> keys(Shape{2, n}), pos(Shape{2, n});  // row 0 unsorted, row 1 sorted
   std::int64_t* keys_in = keys.data();
   std::int64_t* keys_out = keys_in + n;
@@ -159,27 +174,33 @@ void embedding_backward(const Exec<Cuda>& e, const EmbeddingBackwardArgs<T, Cuda
   std::int64_t* pos_out = pos_in + n;
   int end_bit = 1;  // keys are in [0, v]: sort only the bits that can be set
   while (end_bit < 63 && (std::int64_t{1} << end_bit) <= v) ++end_bit;
-  DDP_CUDA_CHECK(cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), s));
-  detail::with_embedding_id_check(e, a.ids, v, "embedding_backward", a.ids_checked, [&](unsigned long long* bad) {
-    for_each_index(
-        e, static_cast<std::size_t>(n),
-        detail::EmbeddingSortKeys{.ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});
-    std::size_t temp_bytes = 0;
-    DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out,
-                                                   static_cast<int>(n), 0, end_bit, s));
-    Tensor<std::uint8_t, Cuda> temp(Shape{static_cast<std::int64_t>(temp_bytes > 0 ? temp_bytes : 1)});
-    DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys_in, keys_out, pos_in, pos_out,
-                                                   static_cast<int>(n), 0, end_bit, s));
-    sync_check_after("cub::DeviceRadixSort::SortPairs", s);  // DDP_CUDA_SYNC_CHECK=1 only
-    for_each_index(e, static_cast<std::size_t>(n * c),
-                   detail::EmbeddingRunSum<T>{.keys = keys_out,
-                                              .pos = pos_out,
-                                              .dy = a.dy.data(),
-                                              .dweight = a.dweight.data(),
-                                              .n = n,
-                                              .c = c,
-                                              .num = v});
-  });
+  DDP_CUDA_CHECK(
+      cudaMemsetAsync(a.dweight.data(), 0, static_cast<std::size_t>(v * c) * sizeof(T), s));
+  detail::with_embedding_id_check(
+      e, a.ids, v, "embedding_backward", a.ids_checked, [&](unsigned long long* bad) {
+        for_each_index(
+            e, static_cast<std::size_t>(n),
+            detail::EmbeddingSortKeys{
+                .ids = a.ids.data(), .keys = keys_in, .pos = pos_in, .num = v, .bad = bad});
+        std::size_t temp_bytes = 0;
+        DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out,
+                                                       pos_in, pos_out, static_cast<int>(n), 0,
+                                                       end_bit, s));
+        Tensor<std::uint8_t, Cuda> temp(
+            Shape{static_cast<std::int64_t>(temp_bytes > 0 ? temp_bytes : 1)});
+        DDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys_in, keys_out,
+                                                       pos_in, pos_out, static_cast<int>(n), 0,
+                                                       end_bit, s));
+        sync_check_after("cub::DeviceRadixSort::SortPairs", s);  // DDP_CUDA_SYNC_CHECK=1 only
+        for_each_index(e, static_cast<std::size_t>(n * c),
+                       detail::EmbeddingRunSum<T>{.keys = keys_out,
+                                                  .pos = pos_out,
+                                                  .dy = a.dy.data(),
+                                                  .dweight = a.dweight.data(),
+                                                  .n = n,
+                                                  .c = c,
+                                                  .num = v});
+      });
 }
 
 }  // namespace ddp::kernels::cuda

@@ -2,19 +2,19 @@
 // SPDX-License-Identifier: MIT
 //
 // Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), in the
-// same order, so a module written against Kernels<D> runs on either device; the element-wise ones come
-// from ElementwiseKernels (kernels/kernels.hpp) through for_each_index below. The fused and multi-tensor
-// ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi, adamw_step_multi, sum_squares_multi,
-// scale_multi) are one pass / one launch here; their CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp,
-// multi_adamw.hpp, multi_norm.hpp) are the references. Convolutions and Linear compute at exec.precision
-// (Fp32 SIMT, Tf32 or Bf16 tensor cores; tensor/precision.hpp).
-// Contract: members validate their Args on the host (the same ValueError words as the CPU) and then
-// enqueue work on exec.stream and return without waiting, except the losses and sum_squares_multi, which
-// return a value and so wait for the stream, and embedding_forward/backward, which wait to report a token id
-// out of range (ids are device memory; embedding.cuh).
-// Temporary workspaces come from Allocator<Cuda> and are released in stream order (allocator.hpp).
-// Thread-safety: concurrent calls on different streams are safe; one stream's calls are ordered.
-// Compiled only by nvcc (a .cu file linked with ddp::cuda).
+// same order, so a module written against Kernels<D> runs on either device; the element-wise ones
+// come from ElementwiseKernels (kernels/kernels.hpp) through for_each_index below. The fused and
+// multi-tensor ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi, adamw_step_multi,
+// sum_squares_multi, scale_multi) are one pass / one launch here; their CPU versions
+// (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) are the references.
+// Convolutions and Linear compute at exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores;
+// tensor/precision.hpp). Contract: members validate their Args on the host (the same ValueError
+// words as the CPU) and then enqueue work on exec.stream and return without waiting, except the
+// losses and sum_squares_multi, which return a value and so wait for the stream, and
+// embedding_forward/backward, which wait to report a token id out of range (ids are device memory;
+// embedding.cuh). Temporary workspaces come from Allocator<Cuda> and are released in stream order
+// (allocator.hpp). Thread-safety: concurrent calls on different streams are safe; one stream's
+// calls are ordered. Compiled only by nvcc (a .cu file linked with ddp::cuda).
 #pragma once
 
 #include <cstddef>
@@ -57,14 +57,15 @@ template <>
 struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   using D = Cuda;
 
-  // f(i) for i in [0, n) on the GPU (a grid-stride loop; f must be order-independent and device-callable).
+  // f(i) for i in [0, n) on the GPU (a grid-stride loop; f must be order-independent and
+  // device-callable).
   template <class F>
   static void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
     cuda::for_each_index(e, n, f);
   }
 
-  // The element-wise members a ResNet step calls, each in an op-class scope (op_profile.cuh) around the shared
-  // version; the others (GELU, dropout, ...) are counted as unscoped time.
+  // The element-wise members a ResNet step calls, each in an op-class scope (op_profile.cuh) around
+  // the shared version; the others (GELU, dropout, ...) are counted as unscoped time.
   using Base = ElementwiseKernels<Cuda>;
   template <class T>
   static void relu_forward(const Exec<Cuda>& e, TensorView<const T, D> x, TensorView<T, D> y) {
@@ -72,13 +73,14 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     Base::relu_forward(e, x, y);
   }
   template <class T>
-  static void relu_backward(const Exec<Cuda>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
-                            TensorView<T, D> dx) {
+  static void relu_backward(const Exec<Cuda>& e, TensorView<const T, D> y,
+                            TensorView<const T, D> dy, TensorView<T, D> dx) {
     const cuda::OpScope scope(e, "relu", "backward");
     Base::relu_backward(e, y, dy, dx);
   }
   template <class T>
-  static void add(const Exec<Cuda>& e, TensorView<const T, D> a, TensorView<const T, D> b, TensorView<T, D> out) {
+  static void add(const Exec<Cuda>& e, TensorView<const T, D> a, TensorView<const T, D> b,
+                  TensorView<T, D> out) {
     const cuda::OpScope scope(e, "add");
     Base::add(e, a, b, out);
   }
@@ -98,9 +100,11 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     Base::fill(e, x, value);
   }
 
-  // ---- layers. bf16 activations (A = bfloat16, docs/decisions/0072): convs on cuBLAS or cuDNN, BatchNorm (+ReLU,
-  // +residual) and pooling run natively on the bf16 tensors; a conv with a bias or on ddp's own kernels, linear
-  // and cross-entropy through kernels/bf16_storage.hpp (widen, float kernel, round), their host model's path. ----
+  // ---- layers. bf16 activations (A = bfloat16, docs/decisions/0072): convs on cuBLAS or cuDNN,
+  //   BatchNorm (+ReLU,
+  // +residual) and pooling run natively on the bf16 tensors; a conv with a bias or on ddp's own
+  // kernels, linear and cross-entropy through kernels/bf16_storage.hpp (widen, float kernel,
+  // round), their host model's path. ----
   template <class T, class A>
   static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D, A>& a) {
     if constexpr (std::is_same_v<A, bfloat16>) {
@@ -139,14 +143,17 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     const cuda::OpScope scope(e, "bn_backward", "stats");
     cuda::batchnorm_backward(e, a);
   }
-  // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's passes.
+  // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's
+  // passes.
   template <class T, class A>
-  static void batchnorm_act_forward(const Exec<Cuda>& e, const BatchNormActForwardArgs<T, D, A>& a) {
+  static void batchnorm_act_forward(const Exec<Cuda>& e,
+                                    const BatchNormActForwardArgs<T, D, A>& a) {
     const cuda::OpScope scope(e, "bn_act_forward", "stats");
     cuda::batchnorm_act_forward(e, a);
   }
   template <class T, class A>
-  static void batchnorm_act_backward(const Exec<Cuda>& e, const BatchNormActBackwardArgs<T, D, A>& a) {
+  static void batchnorm_act_backward(const Exec<Cuda>& e,
+                                     const BatchNormActBackwardArgs<T, D, A>& a) {
     const cuda::OpScope scope(e, "bn_act_backward", "stats");
     cuda::batchnorm_act_backward(e, a);
   }
@@ -161,12 +168,14 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::max_pool2d_backward(e, a);
   }
   template <class T>
-  static void adaptive_avg_pool2d_forward(const Exec<Cuda>& e, const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
+  static void adaptive_avg_pool2d_forward(const Exec<Cuda>& e,
+                                          const AdaptiveAvgPool2dForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "pool", "avg_forward");
     cuda::adaptive_avg_pool2d_forward(e, a);
   }
   template <class T>
-  static void adaptive_avg_pool2d_backward(const Exec<Cuda>& e, const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
+  static void adaptive_avg_pool2d_backward(const Exec<Cuda>& e,
+                                           const AdaptiveAvgPool2dBackwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "pool", "avg_backward");
     cuda::adaptive_avg_pool2d_backward(e, a);
   }
@@ -189,7 +198,8 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     }
   }
 
-  // ---- causal self-attention on the packed qkv (B, T, 3C): cuBLAS batched GEMMs + causal softmax kernels ----
+  // ---- causal self-attention on the packed qkv (B, T, 3C): cuBLAS batched GEMMs + causal softmax
+  //   kernels
   template <class T>
   static void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "attention", "forward");
@@ -212,7 +222,8 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     const cuda::OpScope scope(e, "layer_norm", "backward");
     cuda::layer_norm_backward(e, a);
   }
-  // Both check the token ids on the device and wait for the stream to report a bad one (embedding.cuh).
+  // Both check the token ids on the device and wait for the stream to report a bad one
+  // (embedding.cuh).
   template <class T>
   static void embedding_forward(const Exec<Cuda>& e, const EmbeddingForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "embedding", "forward");
@@ -224,7 +235,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::embedding_backward(e, a);
   }
 
-  // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested) ----
+  // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested)
   template <class T>
   static double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, D>& a) {
     if constexpr (std::is_same_v<T, bfloat16>) {
@@ -270,6 +281,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::scale_multi(e, a);
   }
 };
-static_assert(KernelsApi<Kernels<Cuda>, Cuda>, "ddp: Kernels<Cuda> lacks a member of KernelsApi (kernels/kernels.hpp)");
+static_assert(KernelsApi<Kernels<Cuda>, Cuda>,
+              "ddp: Kernels<Cuda> lacks a member of KernelsApi (kernels/kernels.hpp)");
 
 }  // namespace ddp::kernels

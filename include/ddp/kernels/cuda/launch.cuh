@@ -1,13 +1,15 @@
-// Launch helpers for CUDA kernels: grid sizing, the grid-stride for_each_index kernel, block reductions.
+// Launch helpers for CUDA kernels: grid sizing, the grid-stride for_each_index kernel, block
+// reductions.
 // SPDX-License-Identifier: MIT
 //
 // for_each_index(exec, n, f) runs the shared element-wise functors of kernels/elementwise.hpp: one
-// thread per index in a grid-stride loop, so any n fits a bounded grid. Example: n = 12,845,056
-// (a 16x56x56x256 activation) with 256 threads per block gives 50,176 blocks, capped at kMaxBlocks =
-// 65,536, each thread handling one index per pass. Every kernel here is a template (a
-// non-template __global__ in a header breaks the link once two .cu files include it), and every
-// launch is followed by check_launch(name, stream): a bad launch throws at once, and in the debug mode
-// DDP_CUDA_SYNC_CHECK=1 (sync_check.hpp) a fault inside the kernel throws there too, naming the kernel.
+// thread per index in a grid-stride loop, so any n fits a bounded grid. Example: n = 12,845,056 (a
+// 16x56x56x256 activation) with 256 threads per block gives 50,176 blocks, capped at kMaxBlocks =
+// 65,536, each thread handling one index per pass. Every kernel here is a template (a non-template
+// __global__ in a header breaks the link once two .cu files include it), and every launch is
+// followed by check_launch(name, stream): a bad launch throws at once, and in the debug mode
+// DDP_CUDA_SYNC_CHECK=1 (sync_check.hpp) a fault inside the kernel throws there too, naming the
+// kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,7 +29,8 @@
 
 namespace ddp::kernels::cuda {
 
-inline constexpr int kThreads = 256;           // threads per block for element-wise and reduction kernels
+// threads per block for element-wise and reduction kernels
+inline constexpr int kThreads = 256;
 inline constexpr std::int64_t kMaxBlocks = 65536;  // grid cap for grid-stride loops
 
 // Blocks for n work items at `threads` per block, at least 1, at most kMaxBlocks.
@@ -46,42 +49,48 @@ inline std::string stream_name(cudaStream_t s) {
   return ddp::detail::str("0x", std::hex, reinterpret_cast<std::uintptr_t>(s));
 }
 
-// The DDP_CUDA_SYNC_CHECK wait: the host waits for `stream`; a failure throws naming what() (called only
-// then). Skipped while the stream is being captured into a CUDA graph (its work runs at replay; a wait
-// would end the capture).
+// The DDP_CUDA_SYNC_CHECK wait: the host waits for `stream`; a failure throws naming what() (called
+// only then). Skipped while the stream is being captured into a CUDA graph (its work runs at
+// replay; a wait would end the capture).
 template <class What>
 void sync_check(const What& what, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) return;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone)
+    return;
   cudaError_t e = cudaStreamSynchronize(stream);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
-    throw CudaError(ddp::detail::str("ddp: ", what(), " on stream ", stream_name(stream), " failed: ",
-                                     cudaGetErrorName(e), " (", cudaGetErrorString(e), "); found by ", kSyncCheckVar,
+    throw CudaError(ddp::detail::str("ddp: ", what(), " on stream ", stream_name(stream),
+                                     " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                                     "); found by ", kSyncCheckVar,
                                      "=1, which waits for the stream after every launch"));
 }
 
 // "kernel NAME" or "kernel NAME<ARG>".
 inline std::string kernel_label(std::string_view kernel, std::string_view arg) {
-  return arg.empty() ? ddp::detail::str("kernel ", kernel) : ddp::detail::str("kernel ", kernel, "<", arg, ">");
+  return arg.empty() ? ddp::detail::str("kernel ", kernel)
+                     : ddp::detail::str("kernel ", kernel, "<", arg, ">");
 }
 
 }  // namespace detail
 
-// After every kernel launch on `stream`: a launch that failed (bad configuration, no image for this GPU)
-// throws a CudaError naming `kernel` (and its template argument `arg`, if given) and the stream; with
-// DDP_CUDA_SYNC_CHECK=1 the host also waits for the stream, so a fault inside the kernel throws here
-// instead of at some later synchronising call. Costs one cudaGetLastError when the mode is off.
+// After every kernel launch on `stream`: a launch that failed (bad configuration, no image for this
+// GPU) throws a CudaError naming `kernel` (and its template argument `arg`, if given) and the
+// stream; with DDP_CUDA_SYNC_CHECK=1 the host also waits for the stream, so a fault inside the
+// kernel throws here instead of at some later synchronising call. Costs one cudaGetLastError when
+// the mode is off.
 inline void check_launch(std::string_view kernel, cudaStream_t stream, std::string_view arg = {}) {
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    throw CudaError(ddp::detail::str("ddp: launch of ", detail::kernel_label(kernel, arg), " on stream ",
-                                     detail::stream_name(stream), " failed: ", cudaGetErrorName(e), " (",
-                                     cudaGetErrorString(e), ")"));
-  if (sync_check_enabled()) detail::sync_check([&] { return detail::kernel_label(kernel, arg); }, stream);
+    throw CudaError(ddp::detail::str("ddp: launch of ", detail::kernel_label(kernel, arg),
+                                     " on stream ", detail::stream_name(stream), " failed: ",
+                                     cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  if (sync_check_enabled())
+    detail::sync_check([&] { return detail::kernel_label(kernel, arg); }, stream);
 }
 
-// After a library call that launches its own kernels on `stream` (cuBLAS reports launch failures in its
-// status): only the DDP_CUDA_SYNC_CHECK wait, naming `call`.
+// After a library call that launches its own kernels on `stream` (cuBLAS reports launch failures in
+// its status): only the DDP_CUDA_SYNC_CHECK wait, naming `call`.
 inline void sync_check_after(std::string_view call, cudaStream_t stream) {
   if (sync_check_enabled()) detail::sync_check([&] { return call; }, stream);
 }
@@ -102,17 +111,21 @@ std::string_view type_name() {
 template <class F>
 __global__ void for_each_index_kernel(std::size_t n, F f) {
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) f(i);
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step)
+    f(i);
 }
 
 template <class F>
 void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
   if (n == 0) return;
-  for_each_index_kernel<F><<<grid_for(static_cast<std::int64_t>(n)), kThreads, 0, cuda_stream(e)>>>(n, f);
+  for_each_index_kernel<F>
+      <<<grid_for(static_cast<std::int64_t>(n)), kThreads, 0, cuda_stream(e)>>>(n, f);
   check_launch("for_each_index_kernel", cuda_stream(e), type_name<F>());
 }
 
-// Sum and maximum of v over the warp, valid in every lane (butterfly: the same order in every lane and run).
+// Sum and maximum of v over the warp, valid in every lane (butterfly: the same order in every lane
+// and run).
 template <class V>
 __device__ V warp_sum_all(V v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -127,8 +140,8 @@ __device__ V warp_max_all(V v) {
   return v;
 }
 
-// Kernels that give each row one warp (layer_norm.cuh, attention.cuh's softmax): kThreads / 32 rows per block,
-// row blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32.
+// Kernels that give each row one warp (layer_norm.cuh, attention.cuh's softmax): kThreads / 32 rows
+// per block, row blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32.
 inline constexpr int kWarpRowsPerBlock = kThreads / 32;
 inline unsigned warp_row_blocks(std::int64_t rows) {
   return static_cast<unsigned>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
@@ -137,8 +150,8 @@ __device__ inline std::int64_t warp_row() {
   return static_cast<std::int64_t>(blockIdx.x) * kWarpRowsPerBlock + (threadIdx.x >> 5);
 }
 
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in thread 0.
-// Fixed combination order: the same inputs give the same bits on every run.
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); the result is valid in
+// thread 0. Fixed combination order: the same inputs give the same bits on every run.
 template <class V>
 __device__ V block_sum(V v) {
   __shared__ V warp_part[32];

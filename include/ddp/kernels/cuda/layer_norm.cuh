@@ -1,18 +1,23 @@
 // CUDA layer normalisation over the last dimension (torch.nn.LayerNorm): forward and backward.
 // SPDX-License-Identifier: MIT
 //
-// Same formulas and saved state as kernels/cpu/layer_norm.hpp (x (M, C) is M rows; mean and rstd per row, in
-// LayerNormStat<T>). One warp per row (launch.cuh's warp_row: kWarpRowsPerBlock rows per 256-thread block), each
-// lane striding over the row:
-//   forward   pass 1 sum x -> mean; pass 2 sum (x - mean)^2 -> var (two passes: no cancellation; the second
-//             re-reads the row, which is in L1/L2); rstd = 1 / sqrt(var + eps) in double, rounded once;
+// Same formulas and saved state as kernels/cpu/layer_norm.hpp (x (M, C) is M rows; mean and rstd
+// per row, in LayerNormStat<T>). One warp per row (launch.cuh's warp_row: kWarpRowsPerBlock rows
+// per 256-thread block), each lane striding over the row:
+//   forward   pass 1 sum x -> mean; pass 2 sum (x - mean)^2 -> var (two passes: no cancellation;
+//     the second
+//             re-reads the row, which is in L1/L2); rstd = 1 / sqrt(var + eps) in double, rounded
+//               once;
 //             y = (x rstd - mean rstd) * weight + bias, the CPU's order of operations
-//   dx        per row sum g and sum g xhat (g = dy * weight), then dx = rstd (g - mean g - xhat mean(g xhat))
-// Row sums accumulate in LayerNormStat<T> (float for float: ~1e-7 relative for C in the thousands; the CPU uses
-// double) and are combined with __shfl_xor_sync, a fixed order. dweight and dbias are column sums over the M
-// rows: a (column tile x row chunk) grid writes one double partial per chunk and column, and a second kernel adds
-// the chunks in order, so both are deterministic (the same bits on every run; not the CPU's bits).
-// Example: minGPT's M = 216 * 128 = 27,648 rows of C = 512: 3,456 forward blocks; the parameter sums use 16
+//   dx        per row sum g and sum g xhat (g = dy * weight), then dx = rstd (g - mean g - xhat
+//     mean(g xhat))
+// Row sums accumulate in LayerNormStat<T> (float for float: ~1e-7 relative for C in the thousands;
+// the CPU uses double) and are combined with __shfl_xor_sync, a fixed order. dweight and dbias are
+// column sums over the M rows: a (column tile x row chunk) grid writes one double partial per chunk
+// and column, and a second kernel adds the chunks in order, so both are deterministic (the same
+// bits on every run; not the CPU's bits).
+// Example: minGPT's M = 216 * 128 = 27,648 rows of C = 512: 3,456 forward blocks; the parameter
+//   sums use 16
 // column tiles x 256 chunks of 108 rows.
 #pragma once
 
@@ -34,10 +39,11 @@ namespace ddp::kernels::cuda {
 namespace detail {
 
 template <class T>
-__global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                          T* __restrict__ y, LayerNormStat<T>* __restrict__ mean_out,
-                                          LayerNormStat<T>* __restrict__ rstd_out, std::int64_t m, std::int64_t c,
-                                          double eps) {
+__global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                          const T* __restrict__ b, T* __restrict__ y,
+                                          LayerNormStat<T>* __restrict__ mean_out,
+                                          LayerNormStat<T>* __restrict__ rstd_out, std::int64_t m,
+                                          std::int64_t c, double eps) {
   using S = LayerNormStat<T>;
   const std::int64_t r = warp_row();
   if (r >= m) return;  // whole warps leave together: the shuffles below see full warps
@@ -70,8 +76,9 @@ __global__ void layer_norm_forward_kernel(const T* __restrict__ x, const T* __re
 template <class T>
 __global__ void layer_norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                      const LayerNormStat<T>* __restrict__ mean,
-                                     const LayerNormStat<T>* __restrict__ rstd, const T* __restrict__ dy,
-                                     T* __restrict__ dx, std::int64_t m, std::int64_t c) {
+                                     const LayerNormStat<T>* __restrict__ rstd,
+                                     const T* __restrict__ dy, T* __restrict__ dx, std::int64_t m,
+                                     std::int64_t c) {
   using S = LayerNormStat<T>;
   const std::int64_t r = warp_row();
   if (r >= m) return;
@@ -95,18 +102,23 @@ __global__ void layer_norm_dx_kernel(const T* __restrict__ x, const T* __restric
   }
 }
 
-// Block (32, 8): column col0 + threadIdx.x, rows [chunk * rows_per_chunk, ...) strided by 8; the 8 partial sums of
-// a column are added in threadIdx.y order and written to partial_{w,b}[chunk * c + col] (either may be null).
+// Block (32, 8): column col0 + threadIdx.x, rows [chunk * rows_per_chunk, ...) strided by 8; the 8
+// partial sums of a column are added in threadIdx.y order and written to partial_{w,b}[chunk * c +
+// col] (either may be null).
 template <class T>
-__global__ void layer_norm_param_partial_kernel(const T* __restrict__ x, const LayerNormStat<T>* __restrict__ mean,
-                                                const LayerNormStat<T>* __restrict__ rstd, const T* __restrict__ dy,
-                                                std::int64_t m, std::int64_t c, std::int64_t rows_per_chunk,
-                                                double* __restrict__ partial_w, double* __restrict__ partial_b) {
+__global__ void layer_norm_param_partial_kernel(const T* __restrict__ x,
+                                                const LayerNormStat<T>* __restrict__ mean,
+                                                const LayerNormStat<T>* __restrict__ rstd,
+                                                const T* __restrict__ dy, std::int64_t m,
+                                                std::int64_t c, std::int64_t rows_per_chunk,
+                                                double* __restrict__ partial_w,
+                                                double* __restrict__ partial_b) {
   using S = LayerNormStat<T>;
   __shared__ double sw[8][33], sb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t chunk = blockIdx.y;
-  const std::int64_t r0 = chunk * rows_per_chunk, r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
+  const std::int64_t r0 = chunk * rows_per_chunk,
+                     r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
   double aw = 0.0, ab = 0.0;
   if (col < c) {
     for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
@@ -131,8 +143,9 @@ __global__ void layer_norm_param_partial_kernel(const T* __restrict__ x, const L
 
 // out[j] = sum over chunks of partial[chunk * c + j], in chunk order.
 template <class T>
-__global__ void layer_norm_param_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks,
-                                                 std::int64_t c, T* __restrict__ out) {
+__global__ void layer_norm_param_finalize_kernel(const double* __restrict__ partial,
+                                                 std::int64_t chunks, std::int64_t c,
+                                                 T* __restrict__ out) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= c) return;
   double s = 0.0;
@@ -148,8 +161,9 @@ void layer_norm_forward(const Exec<Cuda>& e, const LayerNormForwardArgs<T, Cuda>
   const std::int64_t m = a.x.dim(0), c = a.x.dim(1);
   const cudaStream_t s = cuda_stream(e);
   detail::layer_norm_forward_kernel<T><<<warp_row_blocks(m), kThreads, 0, s>>>(
-      a.x.data(), a.weight.empty() ? nullptr : a.weight.data(), a.bias.empty() ? nullptr : a.bias.data(), a.y.data(),
-      a.mean.data(), a.rstd.data(), m, c, a.eps);
+      a.x.data(), a.weight.empty() ? nullptr : a.weight.data(),
+      a.bias.empty() ? nullptr : a.bias.data(), a.y.data(), a.mean.data(), a.rstd.data(), m, c,
+      a.eps);
   check_launch("layer_norm_forward_kernel", s);
 }
 
@@ -160,30 +174,36 @@ void layer_norm_backward(const Exec<Cuda>& e, const LayerNormBackwardArgs<T, Cud
   const cudaStream_t s = cuda_stream(e);
   if (!a.dx.empty()) {
     detail::layer_norm_dx_kernel<T><<<warp_row_blocks(m), kThreads, 0, s>>>(
-        a.x.data(), a.weight.empty() ? nullptr : a.weight.data(), a.mean.data(), a.rstd.data(), a.dy.data(),
-        a.dx.data(), m, c);
+        a.x.data(), a.weight.empty() ? nullptr : a.weight.data(), a.mean.data(), a.rstd.data(),
+        a.dy.data(), a.dx.data(), m, c);
     check_launch("layer_norm_dx_kernel", s);
   }
   if (a.dweight.empty() && a.dbias.empty()) return;
-  // About 4096 blocks in all, chunks of at least 64 rows (a partial per 64+ rows keeps the buffer small).
+  // About 4096 blocks in all, chunks of at least 64 rows (a partial per 64+ rows keeps the buffer
+  // small).
   const std::int64_t tiles = (c + 31) / 32;
   const std::int64_t chunks = std::max<std::int64_t>(
       1, std::min<std::int64_t>({(m + 63) / 64, std::max<std::int64_t>(1, 4096 / tiles), 65535}));
   const std::int64_t rows_per_chunk = (m + chunks - 1) / chunks;
-  const CudaAllocStream on_stream(e);  // partials are freed while the kernels below may still run on e's stream
-  Tensor<double, Cuda> pw(Shape{a.dweight.empty() ? 1 : chunks, c}), pb(Shape{a.dbias.empty() ? 1 : chunks, c});
+  // partials are freed while the kernels below may still run on e's stream
+  const CudaAllocStream on_stream(e);
+  Tensor<double, Cuda> pw(Shape{a.dweight.empty() ? 1 : chunks, c}),
+      pb(Shape{a.dbias.empty() ? 1 : chunks, c});
   double* pw_ptr = a.dweight.empty() ? nullptr : pw.data();
   double* pb_ptr = a.dbias.empty() ? nullptr : pb.data();
   detail::layer_norm_param_partial_kernel<T>
       <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), dim3(32, 8), 0, s>>>(
-          a.x.data(), a.mean.data(), a.rstd.data(), a.dy.data(), m, c, rows_per_chunk, pw_ptr, pb_ptr);
+          a.x.data(), a.mean.data(), a.rstd.data(), a.dy.data(), m, c, rows_per_chunk, pw_ptr,
+          pb_ptr);
   check_launch("layer_norm_param_partial_kernel", s);
   if (pw_ptr) {
-    detail::layer_norm_param_finalize_kernel<T><<<grid_for(c), kThreads, 0, s>>>(pw_ptr, chunks, c, a.dweight.data());
+    detail::layer_norm_param_finalize_kernel<T>
+        <<<grid_for(c), kThreads, 0, s>>>(pw_ptr, chunks, c, a.dweight.data());
     check_launch("layer_norm_param_finalize_kernel", s, "dweight");
   }
   if (pb_ptr) {
-    detail::layer_norm_param_finalize_kernel<T><<<grid_for(c), kThreads, 0, s>>>(pb_ptr, chunks, c, a.dbias.data());
+    detail::layer_norm_param_finalize_kernel<T>
+        <<<grid_for(c), kThreads, 0, s>>>(pb_ptr, chunks, c, a.dbias.data());
     check_launch("layer_norm_param_finalize_kernel", s, "dbias");
   }
 }

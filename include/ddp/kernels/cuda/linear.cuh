@@ -7,10 +7,10 @@
 //   dx       (N x in)    = dy W       ->  dx^T (in x N)  = W^T (in x out) * dy^T (out x N)
 //   dW       (out x in)  = dy^T x     ->  dW^T (in x out) = x^T (in x N) * op_T(dy^T: out x N)
 // The bias is broadcast into y first and the GEMM accumulates onto it (beta = 1); dbias is the
-// column sums of dy (deterministic chunked sums, as in batchnorm). The compute type follows the exec's
-// precision (blas.cuh): Fp32 matches the CPU to fp32 rounding, Tf32/Bf16 use tensor cores with fp32
-// accumulation. Example: ResNet-50's fc at batch 16:
-// x (16, 2048), W (1000, 2048) -> a 1000 x 16 x 2048 GEMM.
+// column sums of dy (deterministic chunked sums, as in batchnorm). The compute type follows the
+// exec's precision (blas.cuh): Fp32 matches the CPU to fp32 rounding, Tf32/Bf16 use tensor cores
+// with fp32 accumulation. Example: ResNet-50's fc at batch 16: x (16, 2048), W (1000, 2048) -> a
+// 1000 x 16 x 2048 GEMM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +35,9 @@ struct BroadcastRows {
   const T* bias;
   T* y;
   std::int64_t out;
-  __device__ void operator()(std::size_t i) const { y[i] = bias[static_cast<std::int64_t>(i) % out]; }
+  __device__ void operator()(std::size_t i) const {
+    y[i] = bias[static_cast<std::int64_t>(i) % out];
+  }
 };
 
 }  // namespace detail
@@ -56,11 +58,11 @@ void linear_backward(const Exec<Cuda>& e, const LinearBackwardArgs<T, Cuda>& a) 
   validate(a);
   const std::int64_t n = a.x.dim(0), in = a.x.dim(1), out = a.w.dim(0);
   if (!a.dx.empty())
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, a.w.data(), in, a.dy.data(), out, T(0), a.dx.data(), in,
-                    e.precision);
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, a.w.data(), in, a.dy.data(), out, T(0),
+                    a.dx.data(), in, e.precision);
   if (!a.dw.empty())
-    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, a.x.data(), in, a.dy.data(), out, T(0), a.dw.data(), in,
-                    e.precision);
+    detail::gemm<T>(e, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, a.x.data(), in, a.dy.data(), out, T(0),
+                    a.dw.data(), in, e.precision);
   if (!a.dbias.empty()) detail::channel_sums(e, a.dy.data(), n, out, a.dbias.data());
 }
 

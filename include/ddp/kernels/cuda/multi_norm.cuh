@@ -1,11 +1,12 @@
 // CUDA sum of squares and scaling over many tensors (clip_grad_norm): one launch each.
 // SPDX-License-Identifier: MIT
 //
-// sum_squares_multi: a multi-tensor launch (kernels/cuda/multi_tensor.cuh) where block b sums x^2 over its
-// chunk of kSumSquaresChunkCuda elements in double (block_sum, fixed order) into partial[b]; the host copies
-// the partials back (this synchronises exec's stream: the norm is needed on the host to compute the clip
-// factor, as torch's .item() would) and adds them in block order, so the value is deterministic.
-// scale_multi: x *= alpha over every tensor in one launch, no host wait.
+// sum_squares_multi: a multi-tensor launch (kernels/cuda/multi_tensor.cuh) where block b sums x^2
+// over its chunk of kSumSquaresChunkCuda elements in double (block_sum, fixed order) into
+// partial[b]; the host copies the partials back (this synchronises exec's stream: the norm is
+// needed on the host to compute the clip factor, as torch's .item() would) and adds them in block
+// order, so the value is deterministic. scale_multi: x *= alpha over every tensor in one launch, no
+// host wait.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,7 +26,8 @@
 
 namespace ddp::kernels::cuda {
 
-inline constexpr int kMultiNormMaxTensors = 1024;  // 16-byte descriptors: ~20 KiB of kernel parameter
+// 16-byte descriptors: ~20 KiB of kernel parameter
+inline constexpr int kMultiNormMaxTensors = 1024;
 inline constexpr std::int64_t kSumSquaresChunkCuda = std::int64_t{1} << 14;
 
 namespace detail {
@@ -37,12 +39,15 @@ struct SumSquaresBatch {
 };
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) sum_squares_multi_kernel(const __grid_constant__ SumSquaresBatch<T> b) {
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_multi_kernel(const __grid_constant__ SumSquaresBatch<T> b) {
   const auto blk = static_cast<std::int32_t>(blockIdx.x);
   const int k = b.table.find(blk);
   const TensorPtr<T>& t = b.table.t[k];
-  const std::int64_t begin = static_cast<std::int64_t>(blk - b.table.block_begin[k]) * kSumSquaresChunkCuda;
-  const std::int64_t end = begin + kSumSquaresChunkCuda < t.numel ? begin + kSumSquaresChunkCuda : t.numel;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(blk - b.table.block_begin[k]) * kSumSquaresChunkCuda;
+  const std::int64_t end =
+      begin + kSumSquaresChunkCuda < t.numel ? begin + kSumSquaresChunkCuda : t.numel;
   double acc = 0.0;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const double v = static_cast<double>(t.data[i]);
@@ -59,12 +64,15 @@ struct ScaleBatch {
 };
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) scale_multi_kernel(const __grid_constant__ ScaleBatch<T> b) {
+__global__ void __launch_bounds__(kThreads)
+    scale_multi_kernel(const __grid_constant__ ScaleBatch<T> b) {
   const auto blk = static_cast<std::int32_t>(blockIdx.x);
   const int k = b.table.find(blk);
   const TensorPtr<T>& t = b.table.t[k];
-  const std::int64_t begin = static_cast<std::int64_t>(blk - b.table.block_begin[k]) * kSumSquaresChunkCuda;
-  const std::int64_t end = begin + kSumSquaresChunkCuda < t.numel ? begin + kSumSquaresChunkCuda : t.numel;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(blk - b.table.block_begin[k]) * kSumSquaresChunkCuda;
+  const std::int64_t end =
+      begin + kSumSquaresChunkCuda < t.numel ? begin + kSumSquaresChunkCuda : t.numel;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) t.data[i] *= b.alpha;
 }
 
@@ -74,7 +82,8 @@ template <class T>
 double sum_squares_multi(const Exec<Cuda>& e, const MultiTensorArgs<T, Cuda>& a) {
   validate(a);
   std::int64_t total_blocks = 0;
-  for (const TensorPtr<T>& t : a.tensors) total_blocks += (t.numel + kSumSquaresChunkCuda - 1) / kSumSquaresChunkCuda;
+  for (const TensorPtr<T>& t : a.tensors)
+    total_blocks += (t.numel + kSumSquaresChunkCuda - 1) / kSumSquaresChunkCuda;
   if (total_blocks == 0) return 0.0;
   const cudaStream_t s = cuda_stream(e);
   const CudaAllocStream on_stream(e);  // the partials are reused in the order of e's stream
@@ -83,12 +92,14 @@ double sum_squares_multi(const Exec<Cuda>& e, const MultiTensorArgs<T, Cuda>& a)
   std::int64_t offset = 0;  // blocks of earlier launches
   for_each_multi_tensor_launch(a.tensors, kSumSquaresChunkCuda, b.table, [&] {
     b.partial = partial.data() + offset;
-    detail::sum_squares_multi_kernel<T><<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, s>>>(b);
+    detail::sum_squares_multi_kernel<T>
+        <<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, s>>>(b);
     check_launch("sum_squares_multi_kernel", s);
     offset += b.table.blocks();
   });
   std::vector<double> host(static_cast<std::size_t>(total_blocks));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.data(), host.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.data(), host.size() * sizeof(double),
+                                 cudaMemcpyDeviceToHost, s));
   DDP_CUDA_CHECK(cudaStreamSynchronize(s));
   double total = 0.0;
   for (double p : host) total += p;
@@ -101,7 +112,8 @@ void scale_multi(const Exec<Cuda>& e, const MultiScaleArgs<T, Cuda>& a) {
   detail::ScaleBatch<T> b{};
   b.alpha = static_cast<T>(a.alpha);
   for_each_multi_tensor_launch(a.tensors, kSumSquaresChunkCuda, b.table, [&] {
-    detail::scale_multi_kernel<T><<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, cuda_stream(e)>>>(b);
+    detail::scale_multi_kernel<T>
+        <<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, cuda_stream(e)>>>(b);
     check_launch("scale_multi_kernel", cuda_stream(e));
   });
 }

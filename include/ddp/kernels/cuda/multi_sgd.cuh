@@ -1,10 +1,10 @@
 // CUDA multi-tensor SGD: torch.optim.SGD's step over every parameter tensor in one kernel launch.
 // SPDX-License-Identifier: MIT
 //
-// The tensors' descriptors {param, grad, momentum buffer, numel, first_step} travel as one kernel parameter
-// (kernels/cuda/multi_tensor.cuh: up to kMultiSgdMaxTensors descriptors, ~22 KiB); each block updates one
-// chunk of kMultiSgdChunk elements of one tensor with the shared SgdStep functor of kernels/elementwise.hpp
-// (the CPU's arithmetic, written once).
+// The tensors' descriptors {param, grad, momentum buffer, numel, first_step} travel as one kernel
+// parameter (kernels/cuda/multi_tensor.cuh: up to kMultiSgdMaxTensors descriptors, ~22 KiB); each
+// block updates one chunk of kMultiSgdChunk elements of one tensor with the shared SgdStep functor
+// of kernels/elementwise.hpp (the CPU's arithmetic, written once).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,11 +36,13 @@ struct MultiSgdBatch {
 };
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) sgd_multi_kernel(const __grid_constant__ MultiSgdBatch<T> b) {
+__global__ void __launch_bounds__(kThreads)
+    sgd_multi_kernel(const __grid_constant__ MultiSgdBatch<T> b) {
   const auto blk = static_cast<std::int32_t>(blockIdx.x);
   const int lo = b.table.find(blk);
   const SgdTensor<T>& t = b.table.t[lo];
-  const std::int64_t begin = static_cast<std::int64_t>(blk - b.table.block_begin[lo]) * kMultiSgdChunk;
+  const std::int64_t begin =
+      static_cast<std::int64_t>(blk - b.table.block_begin[lo]) * kMultiSgdChunk;
   const std::int64_t end = begin + kMultiSgdChunk < t.numel ? begin + kMultiSgdChunk : t.numel;
   const SgdStep<T> f{.param = t.param,
                      .grad = t.grad,
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(kThreads) sgd_multi_kernel(const __grid_consta
                      .nesterov = b.nesterov,
                      .use_momentum = b.use_momentum,
                      .use_weight_decay = b.use_weight_decay};
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) f(static_cast<std::size_t>(i));
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    f(static_cast<std::size_t>(i));
 }
 
 }  // namespace detail
@@ -70,7 +73,8 @@ void sgd_step_multi(const Exec<Cuda>& e, const MultiSgdArgs<T, Cuda>& a) {
   b.use_momentum = a.momentum != 0.0;
   b.use_weight_decay = a.weight_decay != 0.0;
   for_each_multi_tensor_launch(a.tensors, kMultiSgdChunk, b.table, [&] {
-    detail::sgd_multi_kernel<T><<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, cuda_stream(e)>>>(b);
+    detail::sgd_multi_kernel<T>
+        <<<static_cast<unsigned>(b.table.blocks()), kThreads, 0, cuda_stream(e)>>>(b);
     check_launch("sgd_multi_kernel", cuda_stream(e));
   });
 }

@@ -39,17 +39,21 @@ __device__ V block_sum_fixed_tree(V v, V* red) {
 // rounding, not bit for bit). Row j belongs to thread j % blockDim.x throughout, so the only
 // cross-thread data are the block sums.
 template <class T>
-__device__ void gram_schmidt_block(T* a, std::int64_t rows, std::int64_t cols, double eps, double* red) {
+__device__ void gram_schmidt_block(T* a, std::int64_t rows, std::int64_t cols, double eps,
+                                   double* red) {
   const std::int64_t t0 = threadIdx.x, dt = blockDim.x;
   for (std::int64_t i = 0; i < cols; ++i) {
     double sq = 0;
-    for (std::int64_t j = t0; j < rows; j += dt) sq += double(a[j * cols + i]) * double(a[j * cols + i]);
+    for (std::int64_t j = t0; j < rows; j += dt)
+      sq += double(a[j * cols + i]) * double(a[j * cols + i]);
     const double norm = sqrt(block_sum_fixed_tree(sq, red)) + eps;
     const double inv = norm > 0 ? 1.0 / norm : 0.0;
-    for (std::int64_t j = t0; j < rows; j += dt) a[j * cols + i] = static_cast<T>(double(a[j * cols + i]) * inv);
+    for (std::int64_t j = t0; j < rows; j += dt)
+      a[j * cols + i] = static_cast<T>(double(a[j * cols + i]) * inv);
     for (std::int64_t c = i + 1; c < cols; ++c) {
       double dot = 0;
-      for (std::int64_t j = t0; j < rows; j += dt) dot += double(a[j * cols + i]) * double(a[j * cols + c]);
+      for (std::int64_t j = t0; j < rows; j += dt)
+        dot += double(a[j * cols + i]) * double(a[j * cols + c]);
       dot = block_sum_fixed_tree(dot, red);
       for (std::int64_t j = t0; j < rows; j += dt)
         a[j * cols + c] = static_cast<T>(double(a[j * cols + c]) - dot * double(a[j * cols + i]));
@@ -61,7 +65,8 @@ __device__ void gram_schmidt_block(T* a, std::int64_t rows, std::int64_t cols, d
 // `work` (v: the reflectors, r: the matrix being reduced, then the thin Q built in its place). Same
 // steps as the CPU's; rows >= cols.
 template <class T>
-__device__ void householder_block(T* a, std::int64_t rows, std::int64_t cols, double* work, double* red) {
+__device__ void householder_block(T* a, std::int64_t rows, std::int64_t cols, double* work,
+                                  double* red) {
   const std::int64_t t0 = threadIdx.x, dt = blockDim.x;
   double* v = work;
   double* r = work + rows * cols;
@@ -113,7 +118,8 @@ __device__ void householder_block(T* a, std::int64_t rows, std::int64_t cols, do
 // parallel::detail::orthogonalize (parallel/powersgd.hpp) for every job, one block each:
 // Gram-Schmidt for up to 2 columns, Householder above, as the CPU hook and torch 1.13.
 template <class T>
-__global__ void orthogonalize_columns_kernel(T* base, const std::int64_t* jobs, double* work, double eps) {
+__global__ void orthogonalize_columns_kernel(T* base, const std::int64_t* jobs, double* work,
+                                             double eps) {
   __shared__ double red[kThreads];
   const std::int64_t* job = jobs + static_cast<std::int64_t>(blockIdx.x) * kOrthogonalizeJobFields;
   T* a = base + job[0];
@@ -127,8 +133,8 @@ __global__ void orthogonalize_columns_kernel(T* base, const std::int64_t* jobs, 
 // stream. jobs: device memory, n x kOrthogonalizeJobFields; work: the Householder scratch the jobs'
 // work_offsets index.
 template <class T>
-void orthogonalize_columns(const Exec<Cuda>& exec, T* base, const std::int64_t* jobs, unsigned n, double* work,
-                           double eps) {
+void orthogonalize_columns(const Exec<Cuda>& exec, T* base, const std::int64_t* jobs, unsigned n,
+                           double* work, double eps) {
   if (n == 0) return;
   orthogonalize_columns_kernel<T><<<n, kThreads, 0, cuda_stream(exec)>>>(base, jobs, work, eps);
   check_launch("orthogonalize_columns_kernel", cuda_stream(exec));

@@ -1,4 +1,5 @@
-// CUDA SGD step for one parameter tensor: torch.optim.SGD's rule, the shared SgdStep functor on the GPU.
+// CUDA SGD step for one parameter tensor: torch.optim.SGD's rule, the shared SgdStep functor on the
+// GPU.
 // SPDX-License-Identifier: MIT
 //
 // The per-element math is kernels/elementwise.hpp's SgdStep (see SgdArgs in kernels/args.hpp), the

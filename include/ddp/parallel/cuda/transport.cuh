@@ -1,48 +1,62 @@
-// DDP's data movement on the GPU: Broadcaster<Cuda> and Transport<T, Cuda> (device buckets, a communication
-// stream ordered by events, no host synchronisation inside backward). Compiled only by nvcc.
+// DDP's data movement on the GPU: Broadcaster<Cuda> and Transport<T, Cuda> (device buckets, a
+// communication stream ordered by events, no host synchronisation inside backward). Compiled only
+// by nvcc.
 // SPDX-License-Identifier: MIT
 //
 // Transport<T, Cuda>, per bucket b (the Reducer drives it, parallel/reducer.hpp):
-//   begin_step(exec)   remembers exec (the compute stream backward runs on); waits for the previous step's
+//   begin_step(exec)   remembers exec (the compute stream backward runs on); waits for the previous
+//     step's
 //                      collectives (by then long complete) so that a failed one is raised
 //   launch(b)          enqueues, without blocking the host:
-//       ready[b].record(compute)             the bucket's gradients are written when compute gets here
+//       ready[b].record(compute)             the bucket's gradients are written when compute gets
+//         here
 //       ready[b].wait(comm)                  the comm stream waits for that point
-//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync without a gradient)
-//       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for it
+//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync
+//         without a gradient)
+//       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for
+//         it
 //     or, with --comm-hook fp16|bf16 (CommHookKind::Fp16/Bf16; torch's fp16/bf16_compress_hook):
-//       kernel flat -> wire (comm stream)    wire[i] = H(flat[i] * (1/W)), H = half/bfloat16 (the CPU hook's
-//                                            element functor, parallel/comm_hooks.hpp: same rounding)
-//       all-reduce (Sum) of wire             16-bit values summed over ranks, stream-ordered like the above
+//       kernel flat -> wire (comm stream)    wire[i] = H(flat[i] * (1/W)), H = half/bfloat16 (the
+//         CPU hook's
+//                                            element functor, parallel/comm_hooks.hpp: same
+//                                              rounding)
+//       all-reduce (Sum) of wire             16-bit values summed over ranks, stream-ordered like
+//         the above
 //       kernel wire -> flat (comm stream)    flat[i] = float(wire[i])
-//     or, with --comm-hook powersgd: parallel/cuda/powersgd.cuh's launch (torch's powerSGD_hook on the device)
-//   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a parameter no rank
-//                      used), done[b].record(comm), compute waits for done[b]: the optimizer step, enqueued
-//                      next on the compute stream, sees averaged gradients. The host never waits here.
-//                      powersgd: before those copies, powersgd.cuh's finish (the CPU hook's `then`, with the
+//     or, with --comm-hook powersgd: parallel/cuda/powersgd.cuh's launch (torch's powerSGD_hook on
+//       the device)
+//   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a
+//     parameter no rank
+//                      used), done[b].record(comm), compute waits for done[b]: the optimizer step,
+//                        enqueued
+//                      next on the compute stream, sees averaged gradients. The host never waits
+//                        here.
+//                      powersgd: before those copies, powersgd.cuh's finish (the CPU hook's `then`,
+//                        with the
 //                      Q all-reduce), also on the comm stream.
-// gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so neither copy
-// runs (only the memset for parameters without a gradient); the all-reduce works in place.
-// Hooks: the built-ins allreduce, fp16, bf16 and powersgd (CommHookKind, comm_hooks.hpp); every backend that
-// reaches device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi sums them on the host as for a CPU
-// model, so the results equal the CPU hook's on the same backend bit for bit). PowerSGD: PowerSgdDevice
-// (parallel/cuda/powersgd.cuh), which follows the CPU hook to rounding; its state is powersgd_state().
-// register_comm_hook (host code) is refused with a ValueError saying what is supported.
-// Backward keeps running on the compute stream while buckets are reduced (the grads of a launched bucket
-// are not written again in the same backward), which is the overlap DDP exists for.
-// Requirements: a communicator on device memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo
-// and mpi made with CommOptions::cuda_device, which stage through pinned host memory: comm/staging/
-// staged_communicator.hpp, docs/decisions/0023), all gradients in device memory, a hook from the list
-// above (ValueError otherwise). The bucket order rebuilt after the first step is broadcast through a
-// small device buffer (one host wait).
-// The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each waits on the
-// device for the copies before it, and the copies after it wait for it; the host is never involved (staged
-// backends: the stream waits in a host function for the host collective, not the calling thread).
-// Nothing here keeps a stream in the communicator: the stream travels with each call, so the communicator
-// outlives this transport and its streams safely (docs/decisions/0016).
-// Memory: nccl declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream), so a
-// flat buffer freed by a rebuild is reused only after NCCL has finished with it; a staged backend touches
-// device memory only on the caller's stream, in stream order like our own copies.
+// gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so
+// neither copy runs (only the memset for parameters without a gradient); the all-reduce works in
+// place. Hooks: the built-ins allreduce, fp16, bf16 and powersgd (CommHookKind, comm_hooks.hpp);
+// every backend that reaches device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi
+// sums them on the host as for a CPU model, so the results equal the CPU hook's on the same backend
+// bit for bit). PowerSGD: PowerSgdDevice (parallel/cuda/powersgd.cuh), which follows the CPU hook
+// to rounding; its state is powersgd_state(). register_comm_hook (host code) is refused with a
+// ValueError saying what is supported. Backward keeps running on the compute stream while buckets
+// are reduced (the grads of a launched bucket are not written again in the same backward), which is
+// the overlap DDP exists for. Requirements: a communicator on device memory (memory() ==
+// MemoryKind::Cuda: --backend nccl, or tcp/gloo and mpi made with CommOptions::cuda_device, which
+// stage through pinned host memory: comm/staging/ staged_communicator.hpp, docs/decisions/0023),
+// all gradients in device memory, a hook from the list above (ValueError otherwise). The bucket
+// order rebuilt after the first step is broadcast through a small device buffer (one host wait).
+// The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each
+// waits on the device for the copies before it, and the copies after it wait for it; the host is
+// never involved (staged backends: the stream waits in a host function for the host collective, not
+// the calling thread). Nothing here keeps a stream in the communicator: the stream travels with
+// each call, so the communicator outlives this transport and its streams safely
+// (docs/decisions/0016). Memory: nccl declares every buffer it hands to NCCL to the caching
+// allocator (cuda_record_stream), so a flat buffer freed by a rebuild is reused only after NCCL has
+// finished with it; a staged backend touches device memory only on the caller's stream, in stream
+// order like our own copies.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,8 +80,8 @@
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
-#include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/cuda/powersgd.cuh"
+#include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/powersgd.hpp"
 #include "ddp/parallel/transport.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
@@ -83,10 +97,10 @@ namespace detail {
 // `comm` itself, or a ConfigError saying which backend to use when it cannot reach device memory.
 inline comm::Communicator& on_device_memory(comm::Communicator& comm) {
   if (comm.memory() != comm::MemoryKind::Cuda)
-    throw ConfigError(
-        ddp::detail::str("ddp: DistributedDataParallel on CUDA needs a communicator whose collectives run on "
-                         "CUDA streams (--backend nccl, or tcp/gloo/mpi made with CommOptions::cuda_device); the '",
-                         comm.backend(), "' communicator works on host memory"));
+    throw ConfigError(ddp::detail::str(
+        "ddp: DistributedDataParallel on CUDA needs a communicator whose collectives run on "
+        "CUDA streams (--backend nccl, or tcp/gloo/mpi made with CommOptions::cuda_device); the '",
+        comm.backend(), "' communicator works on host memory"));
   return comm;
 }
 // Waits for every Work, dropping errors (used while another error unwinds, or on destruction).
@@ -111,11 +125,13 @@ class Broadcaster<Cuda> {
   Broadcaster& operator=(const Broadcaster&) = delete;
   ~Broadcaster() { drain(); }
 
-  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of `parts` (device memory) on every rank: one flat
-  // broadcast ordered after exec's stream, with exec's stream waiting for it. host_wait also blocks the host
-  // until it is done; otherwise retire() (the next synchronised step) raises its errors.
+  // Rank `root`'s values (0 but for DDP's join, docs/decisions/0030) of `parts` (device memory) on
+  // every rank: one flat broadcast ordered after exec's stream, with exec's stream waiting for it.
+  // host_wait also blocks the host until it is done; otherwise retire() (the next synchronised
+  // step) raises its errors.
   template <comm::CommElement V>
-  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cuda>& exec, bool host_wait, int root = 0) {
+  void broadcast(const std::vector<std::span<V>>& parts, const Exec<Cuda>& exec, bool host_wait,
+                 int root = 0) {
     if (comm_->size() == 1 || parts.empty()) return;
     std::int64_t total = 0;
     for (const auto& p : parts) total += static_cast<std::int64_t>(p.size());
@@ -123,13 +139,15 @@ class Broadcaster<Cuda> {
     const cudaStream_t s = cuda_stream(exec);
     std::size_t off = 0;
     for (const auto& p : parts) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(flat.data() + off, p.data(), p.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(flat.data() + off, p.data(), p.size_bytes(),
+                                     cudaMemcpyDeviceToDevice, s));
       off += p.size();
     }
     comm::Work w = broadcast_on(s, std::span<V>(flat.data(), off), root);
     off = 0;
     for (const auto& p : parts) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(p.data(), flat.data() + off, p.size_bytes(), cudaMemcpyDeviceToDevice, s));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(p.data(), flat.data() + off, p.size_bytes(),
+                                     cudaMemcpyDeviceToDevice, s));
       off += p.size();
     }
     if (host_wait) {
@@ -139,18 +157,21 @@ class Broadcaster<Cuda> {
       pending_.push_back(std::move(w));
     }
   }
-  // Rank `root`'s values of host memory on every rank, staged through a device buffer (NCCL moves device memory
-  // only); the host waits.
+  // Rank `root`'s values of host memory on every rank, staged through a device buffer (NCCL moves
+  // device memory only); the host waits.
   template <comm::CommElement V>
   void broadcast_host(std::span<V> values, const Exec<Cuda>& exec, int root = 0) {
     if (comm_->size() == 1 || values.empty()) return;
-    Tensor<V, Cuda> dev =
-        to<Cuda>(TensorView<const V, Cpu>(values.data(), Shape{static_cast<std::int64_t>(values.size())}), exec);
+    Tensor<V, Cuda> dev = to<Cuda>(
+        TensorView<const V, Cpu>(values.data(), Shape{static_cast<std::int64_t>(values.size())}),
+        exec);
     broadcast<V>({std::span<V>(dev.data(), values.size())}, exec, /*host_wait=*/true, root);
-    copy(dev.cview(), TensorView<V, Cpu>(values.data(), dev.shape()), exec);  // waits for exec's stream
+    // waits for exec's stream
+    copy(dev.cview(), TensorView<V, Cpu>(values.data(), dev.shape()), exec);
   }
 
-  // Waits for the broadcasts issued without a host wait (complete by now in a healthy job); raises the first error.
+  // Waits for the broadcasts issued without a host wait (complete by now in a healthy job); raises
+  // the first error.
   void retire() {
     std::vector<comm::Work> works = std::exchange(pending_, {});
     for (comm::Work& w : works) w.wait();
@@ -158,11 +179,13 @@ class Broadcaster<Cuda> {
   void drain() noexcept { detail::wait_all_noexcept(pending_); }
 
  private:
-  // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the broadcast.
+  // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the
+  // broadcast.
   template <class V>
   comm::Work broadcast_on(cudaStream_t s, std::span<V> flat, int root) {
-    return comm_->broadcast(TensorView<V, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
-                            {.root = root, .stream = s});
+    return comm_->broadcast(
+        TensorView<V, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
+        {.root = root, .stream = s});
   }
 
   comm::Communicator* comm_;
@@ -173,39 +196,56 @@ template <class T>
 class Transport<T, Cuda> {
  public:
   // `comm` and the parameters must outlive this object.
-  Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const DdpOptions& o, comm::Communicator& comm)
-      : params_(params), bcast_(comm), comm_(&comm), hook_(o.comm_hook), view_(o.grads_in_buckets<Cuda>()) {
+  Transport(const std::vector<nn::Parameter<T, Cuda>*>& params, const DdpOptions& o,
+            comm::Communicator& comm)
+      : params_(params),
+        bcast_(comm),
+        comm_(&comm),
+        hook_(o.comm_hook),
+        view_(o.grads_in_buckets<Cuda>()) {
     if (hook_ == CommHookKind::PowerSgd)
-      psgd_ = std::make_unique<detail::PowerSgdDevice<T>>(o.powersgd, comm_stream_.get());  // validates the options
+      // validates the options
+      psgd_ = std::make_unique<detail::PowerSgdDevice<T>>(o.powersgd, comm_stream_.get());
   }
-  // A CommHook<T> is host code on host buffers (parallel/comm_hooks.hpp): CUDA buckets take DdpOptions::comm_hook.
-  void set_comm_hook(const CommHook<T>& /*hook*/) { throw cuda_hook_refused("a hook passed to register_comm_hook"); }
-  // --comm-hook powersgd: the state's counters (bytes on the wire, compression_stats, iter); null otherwise.
-  // The per-bucket tensors live in device memory here, not in the state's host `buckets`, which stay empty.
-  const PowerSgdState<T>* powersgd_state() const noexcept { return psgd_ ? &psgd_->state() : nullptr; }
+  // A CommHook<T> is host code on host buffers (parallel/comm_hooks.hpp): CUDA buckets take
+  // DdpOptions::comm_hook.
+  void set_comm_hook(const CommHook<T>& /*hook*/) {
+    throw cuda_hook_refused("a hook passed to register_comm_hook");
+  }
+  // --comm-hook powersgd: the state's counters (bytes on the wire, compression_stats, iter); null
+  // otherwise. The per-bucket tensors live in device memory here, not in the state's host
+  // `buckets`, which stay empty.
+  const PowerSgdState<T>* powersgd_state() const noexcept {
+    return psgd_ ? &psgd_->state() : nullptr;
+  }
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
-  // The parameters outlive us: with gradient_as_bucket_view their gradients move back into memory of their own
-  // (copied on the compute stream, before the buckets are freed in stream order).
+  // The parameters outlive us: with gradient_as_bucket_view their gradients move back into memory
+  // of their own (copied on the compute stream, before the buckets are freed in stream order).
   ~Transport() {
     drain();
     if (view_) own_grads(params_, compute_);
   }
 
   void build(const std::vector<BucketLayout>& layouts) {
-    for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));  // raised at begin_step
+    // raised at begin_step
+    for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));
     std::vector<Bucket> fresh(layouts.size());
     std::vector<T*> flats;
     for (std::size_t b = 0; b < layouts.size(); ++b) {
       fresh[b].flat = Tensor<T, Cuda>(Shape{layouts[b].numel});
-      if (hook_ == CommHookKind::Fp16) fresh[b].wire_f16 = Tensor<half, Cuda>(Shape{layouts[b].numel});
-      if (hook_ == CommHookKind::Bf16) fresh[b].wire_bf16 = Tensor<bfloat16, Cuda>(Shape{layouts[b].numel});
+      if (hook_ == CommHookKind::Fp16)
+        fresh[b].wire_f16 = Tensor<half, Cuda>(Shape{layouts[b].numel});
+      if (hook_ == CommHookKind::Bf16)
+        fresh[b].wire_bf16 = Tensor<bfloat16, Cuda>(Shape{layouts[b].numel});
       flats.push_back(fresh[b].flat.data());
     }
     if (psgd_) psgd_->build(layouts, params_, comm_stream_.exec());
-    if (view_) view_grads_in_buckets(params_, layouts, flats, compute_);  // on the compute stream, before the
-    layouts_ = layouts;                                                   // old buffers are freed
-    buckets_ = std::move(fresh);  // old flat buffers are freed in stream order (see the file comment)
+    // on the compute stream, before the
+    if (view_) view_grads_in_buckets(params_, layouts, flats, compute_);
+    layouts_ = layouts;  // old buffers are freed
+    // old flat buffers are freed in stream order (see the file comment)
+    buckets_ = std::move(fresh);
   }
 
   void begin_step(const Exec<Cuda>& exec) {
@@ -227,34 +267,42 @@ class Transport<T, Cuda> {
       if (zero[i])
         DDP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cs));
       else if (!view_)  // gradient_as_bucket_view: the gradient is the slot
-        DDP_CUDA_CHECK(cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
+        DDP_CUDA_CHECK(
+            cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
     }
     const std::span<T> flat(bk.flat.data(), static_cast<std::size_t>(l.numel));
     switch (hook_) {
       case CommHookKind::Fp16: bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_f16); break;
-      case CommHookKind::Bf16: bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_bf16); break;
+      case CommHookKind::Bf16:
+        bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_bf16);
+        break;
       case CommHookKind::PowerSgd: {
         std::optional<comm::Work> w = psgd_->launch(b, comm_exec, flat, *comm_);
-        bk.work = w ? std::move(*w) : all_reduce_on(cs, flat);  // nullopt: before start_iter, the plain average
+        // nullopt: before start_iter, the plain average
+        bk.work = w ? std::move(*w) : all_reduce_on(cs, flat);
         break;
       }
       default: bk.work = all_reduce_on(cs, flat);  // Allreduce
     }
   }
 
-  // The copies back into grad() are enqueued here, after backward, because only now is it known which
-  // parameters no rank used (keep[i]: left untouched); the comm stream still runs them after the all-reduce
-  // and the compute stream, where the optimizer runs next, waits for them. The host does not wait.
+  // The copies back into grad() are enqueued here, after backward, because only now is it known
+  // which parameters no rank used (keep[i]: left untouched); the comm stream still runs them after
+  // the all-reduce and the compute stream, where the optimizer runs next, waits for them. The host
+  // does not wait.
   void finish(std::size_t b, const std::vector<bool>& keep) {
     Bucket& bk = buckets_[b];
     const BucketLayout& l = layouts_[b];
     const cudaStream_t cs = comm_stream_.get();
-    if (psgd_) psgd_->finish(b, comm_stream_.exec(), std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)),
-                             *comm_, retired_);
+    if (psgd_)
+      psgd_->finish(b, comm_stream_.exec(),
+                    std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)), *comm_,
+                    retired_);
     for (std::size_t k = 0; k < l.params.size() && !view_; ++k) {
       if (keep[l.params[k]]) continue;
       auto& g = params_[l.params[k]]->grad();
-      DDP_CUDA_CHECK(cudaMemcpyAsync(g.data(), bk.flat.data() + l.offsets[k], g.bytes(), cudaMemcpyDeviceToDevice, cs));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(g.data(), bk.flat.data() + l.offsets[k], g.bytes(),
+                                     cudaMemcpyDeviceToDevice, cs));
     }
     bk.done.record(comm_stream_.exec());
     bk.done.wait(compute_);
@@ -267,13 +315,18 @@ class Transport<T, Cuda> {
   }
 
   void broadcast_order(std::span<std::int64_t> order) { bcast_.broadcast_host(order, compute_); }
-  // Element-wise max over ranks of host flags, staged through the device on the compute stream; the host waits.
+  // Element-wise max over ranks of host flags, staged through the device on the compute stream; the
+  // host waits.
   void any_rank(std::span<std::int64_t> flags) {
     if (comm_->size() == 1 || flags.empty()) return;
-    Tensor<std::int64_t, Cuda> dev = to<Cuda>(
-        TensorView<const std::int64_t, Cpu>(flags.data(), Shape{static_cast<std::int64_t>(flags.size())}), compute_);
-    comm_->all_reduce(dev.view(), {.op = comm::ReduceOp::Max, .stream = cuda_stream(compute_)}).wait();
-    copy(dev.cview(), TensorView<std::int64_t, Cpu>(flags.data(), dev.shape()), compute_);  // waits for the stream
+    Tensor<std::int64_t, Cuda> dev =
+        to<Cuda>(TensorView<const std::int64_t, Cpu>(
+                     flags.data(), Shape{static_cast<std::int64_t>(flags.size())}),
+                 compute_);
+    comm_->all_reduce(dev.view(), {.op = comm::ReduceOp::Max, .stream = cuda_stream(compute_)})
+        .wait();
+    // waits for the stream
+    copy(dev.cview(), TensorView<std::int64_t, Cpu>(flags.data(), dev.shape()), compute_);
   }
 
   // Parameter and buffer broadcasts of DistributedDataParallel.
@@ -284,15 +337,17 @@ class Transport<T, Cuda> {
  private:
   struct Bucket {
     Tensor<T, Cuda> flat;  // gradients back to back, bucket order (device)
-    // --comm-hook fp16 / bf16: flat / W in 16 bits, what is all-reduced (empty for the other hooks). Freed
-    // like flat (nccl declares it to the allocator; the kernels and staged copies run on the comm stream).
+    // --comm-hook fp16 / bf16: flat / W in 16 bits, what is all-reduced (empty for the other
+    // hooks). Freed like flat (nccl declares it to the allocator; the kernels and staged copies run
+    // on the comm stream).
     Tensor<half, Cuda> wire_f16;
     Tensor<bfloat16, Cuda> wire_bf16;
     Event ready, done;
     comm::Work work;  // the all-reduce, retired at the next begin_step
   };
 
-  // Waits for the previous step's collectives (complete by now in a healthy job) and raises the first error.
+  // Waits for the previous step's collectives (complete by now in a healthy job) and raises the
+  // first error.
   void retire() {
     std::vector<comm::Work> works = std::exchange(retired_, {});
     for (Bucket& bk : buckets_) works.push_back(std::exchange(bk.work, comm::Work()));
@@ -300,26 +355,31 @@ class Transport<T, Cuda> {
     bcast_.retire();
   }
 
-  // Stream-ordered: the all-reduce waits for s's earlier work, s's later work waits for the all-reduce.
+  // Stream-ordered: the all-reduce waits for s's earlier work, s's later work waits for the
+  // all-reduce.
   comm::Work all_reduce_on(cudaStream_t s, std::span<T> flat) {
-    return comm_->all_reduce(TensorView<T, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
-                             {.op = comm::ReduceOp::Avg, .stream = s});
+    return comm_->all_reduce(
+        TensorView<T, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
+        {.op = comm::ReduceOp::Avg, .stream = s});
   }
 
-  // torch's fp16/bf16_compress_hook on the device, all on exec's stream (the comm stream), no host wait:
-  // wire = H(flat * (1/W)), Sum over ranks of wire, flat = float(wire). The element functors are the CPU
-  // hook's (parallel/comm_hooks.hpp), so the rounding is the same bits.
+  // torch's fp16/bf16_compress_hook on the device, all on exec's stream (the comm stream), no host
+  // wait: wire = H(flat * (1/W)), Sum over ranks of wire, flat = float(wire). The element functors
+  // are the CPU hook's (parallel/comm_hooks.hpp), so the rounding is the same bits.
   template <class H>
-  comm::Work compressed_all_reduce(const Exec<Cuda>& exec, std::span<T> flat, Tensor<H, Cuda>& wire) {
+  comm::Work compressed_all_reduce(const Exec<Cuda>& exec, std::span<T> flat,
+                                   Tensor<H, Cuda>& wire) {
     const std::size_t n = flat.size();
     kernels::cuda::for_each_index(
         exec, n,
-        detail::CompressToWire<T, H>{
-            .bucket = flat.data(), .wire = wire.data(), .inv_world = detail::compress_scale(comm_->size())});
-    comm::Work w = comm_->all_reduce(TensorView<H, Cuda>(wire.data(), Shape{static_cast<std::int64_t>(n)}),
-                                     {.op = comm::ReduceOp::Sum, .stream = cuda_stream(exec)});
-    kernels::cuda::for_each_index(exec, n,
-                                  detail::DecompressFromWire<T, H>{.wire = wire.data(), .bucket = flat.data()});
+        detail::CompressToWire<T, H>{.bucket = flat.data(),
+                                     .wire = wire.data(),
+                                     .inv_world = detail::compress_scale(comm_->size())});
+    comm::Work w =
+        comm_->all_reduce(TensorView<H, Cuda>(wire.data(), Shape{static_cast<std::int64_t>(n)}),
+                          {.op = comm::ReduceOp::Sum, .stream = cuda_stream(exec)});
+    kernels::cuda::for_each_index(
+        exec, n, detail::DecompressFromWire<T, H>{.wire = wire.data(), .bucket = flat.data()});
     return w;
   }
 
@@ -327,13 +387,15 @@ class Transport<T, Cuda> {
   Broadcaster<Cuda> bcast_;
   comm::Communicator* comm_;
   CommHookKind hook_;  // Allreduce, Fp16, Bf16 or PowerSgd
-  std::unique_ptr<detail::PowerSgdDevice<T>> psgd_;  // --comm-hook powersgd (parallel/cuda/powersgd.cuh)
-  bool view_;  // gradient_as_bucket_view (parallel/grad_views.hpp)
+  // --comm-hook powersgd (parallel/cuda/powersgd.cuh)
+  std::unique_ptr<detail::PowerSgdDevice<T>> psgd_;
+  bool view_;           // gradient_as_bucket_view (parallel/grad_views.hpp)
   Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream
   Exec<Cuda> compute_{};
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;
-  std::vector<comm::Work> retired_;  // Works of replaced buckets and of drained steps, not yet waited
+  // Works of replaced buckets and of drained steps, not yet waited
+  std::vector<comm::Work> retired_;
 };
 
 }  // namespace ddp::parallel

@@ -1,21 +1,24 @@
-// Allocator<Cuda>: device memory from a stream-aware caching pool (tensor/caching_pool.hpp over cudaMalloc).
+// Allocator<Cuda>: device memory from a stream-aware caching pool (tensor/caching_pool.hpp over
+// cudaMalloc).
 // SPDX-License-Identifier: MIT
 //
-// How it works. Each device has one CachingPool. A Storage<Cuda> takes its block from the cache of this
-// thread's allocation stream (cuda_alloc_stream(): the legacy default stream unless a CudaAllocStream guard
-// names another) and returns it there when destroyed, with no synchronisation: the next request on that
-// stream runs after every earlier use of the block. After the first training step every request is a cache
-// hit (no cudaMalloc, no host wait). Memory also used on another stream must be declared with
-// cuda_record_stream(ptr, stream) before it is freed (the nccl backend does this for every buffer it hands
-// to NCCL): its reuse then waits, on the device, for an event recorded on that stream at the free (what
-// PyTorch does with Tensor.record_stream).
-// Why not cudaMallocAsync on the legacy stream (the previous design): every free then serialised with
-// every blocking stream, which erased the compute/communication overlap, and a non-blocking stream (NCCL's)
-// was not ordered at all, so a bucket freed before its all-reduce finished could be reused while NCCL read it.
-// Example: a 16x56x56x64 float activation (12.25 MiB, size class 12.5 MiB) freed at the end of step 1 is
-// handed back to the same request of step 2 from the cache.
-// cuda_memory_stats() reads the pool's counters: bytes in use now, the high-water mark (resettable), bytes
-// reserved from the driver and how many cudaMalloc calls the pool made (the steady state adds none).
+// How it works. Each device has one CachingPool. A Storage<Cuda> takes its block from the cache of
+// this thread's allocation stream (cuda_alloc_stream(): the legacy default stream unless a
+// CudaAllocStream guard names another) and returns it there when destroyed, with no
+// synchronisation: the next request on that stream runs after every earlier use of the block. After
+// the first training step every request is a cache hit (no cudaMalloc, no host wait). Memory also
+// used on another stream must be declared with cuda_record_stream(ptr, stream) before it is freed
+// (the nccl backend does this for every buffer it hands to NCCL): its reuse then waits, on the
+// device, for an event recorded on that stream at the free (what PyTorch does with
+// Tensor.record_stream). Why not cudaMallocAsync on the legacy stream (the previous design): every
+// free then serialised with every blocking stream, which erased the compute/communication overlap,
+// and a non-blocking stream (NCCL's) was not ordered at all, so a bucket freed before its
+// all-reduce finished could be reused while NCCL read it.
+// Example: a 16x56x56x64 float activation (12.25 MiB, size class 12.5 MiB) freed at the end of step
+//   1 is
+// handed back to the same request of step 2 from the cache. cuda_memory_stats() reads the pool's
+// counters: bytes in use now, the high-water mark (resettable), bytes reserved from the driver and
+// how many cudaMalloc calls the pool made (the steady state adds none).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -81,16 +84,19 @@ struct CudaPoolBackend {
 
 using CudaPool = CachingPool<CudaPoolBackend>;
 
-// The current device's pool. Created on first use and never destroyed: tensors in static storage may be
-// freed after main returns, when a destroyed pool (or a torn-down CUDA context) cannot take them back.
+// The current device's pool. Created on first use and never destroyed: tensors in static storage
+// may be freed after main returns, when a destroyed pool (or a torn-down CUDA context) cannot take
+// them back.
 inline CudaPool& cuda_pool() {
   static std::array<std::atomic<CudaPool*>, kMaxCudaDevices> pools{};
   static std::mutex create;
   int device = 0;
   DDP_CUDA_CHECK(cudaGetDevice(&device));
   if (device < 0 || device >= kMaxCudaDevices)
-    throw CudaError(str("ddp: CUDA device ", device, " is beyond the ", kMaxCudaDevices, " devices ddp supports"));
-  if (CudaPool* p = pools[static_cast<std::size_t>(device)].load(std::memory_order_acquire)) return *p;
+    throw CudaError(str("ddp: CUDA device ", device, " is beyond the ", kMaxCudaDevices,
+                        " devices ddp supports"));
+  if (CudaPool* p = pools[static_cast<std::size_t>(device)].load(std::memory_order_acquire))
+    return *p;
   std::lock_guard lk(create);
   CudaPool* p = pools[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
   if (!p) {
@@ -115,8 +121,9 @@ inline cudaStream_t& thread_alloc_stream() noexcept {
 // The stream whose cache this thread's new device tensors come from.
 inline cudaStream_t cuda_alloc_stream() noexcept { return detail::thread_alloc_stream(); }
 
-// Makes `e`'s stream this thread's allocation stream until the guard is destroyed. Use it around code that
-// runs on a non-blocking stream of its own, so that blocks freed there are reused in that stream's order.
+// Makes `e`'s stream this thread's allocation stream until the guard is destroyed. Use it around
+// code that runs on a non-blocking stream of its own, so that blocks freed there are reused in that
+// stream's order.
 class CudaAllocStream {
  public:
   explicit CudaAllocStream(const Exec<Cuda>& e) noexcept
@@ -129,17 +136,19 @@ class CudaAllocStream {
   cudaStream_t previous_;
 };
 
-// Declares that the device memory at `p` (any address inside a tensor's block) is used on `stream` too:
-// when the tensor is freed, its block is reused only after `stream` has passed that point. Memory that
-// did not come from Allocator<Cuda> is ignored.
+// Declares that the device memory at `p` (any address inside a tensor's block) is used on `stream`
+// too: when the tensor is freed, its block is reused only after `stream` has passed that point.
+// Memory that did not come from Allocator<Cuda> is ignored.
 inline void cuda_record_stream(const void* p, void* stream) {
   if (p) detail::cuda_pool().record_stream(p, detail::normalised(stream));
 }
 
-// `stream`, which cuda_record_stream named, is about to be destroyed: the blocks it used wait for the work it
-// holds now instead of for a record on it at their free (CachingPool::retire_stream). Call it just before
-// cudaStreamDestroy.
-inline void cuda_retire_stream(void* stream) { detail::cuda_pool().retire_stream(detail::normalised(stream)); }
+// `stream`, which cuda_record_stream named, is about to be destroyed: the blocks it used wait for
+// the work it holds now instead of for a record on it at their free (CachingPool::retire_stream).
+// Call it just before cudaStreamDestroy.
+inline void cuda_retire_stream(void* stream) {
+  detail::cuda_pool().retire_stream(detail::normalised(stream));
+}
 
 template <>
 struct Allocator<Cuda> {
@@ -163,7 +172,8 @@ struct Allocator<Cuda> {
     } catch (...) {  // cudaGetDevice failed (driver shutting down): nothing left to return it to
     }
   }
-  // The current device's pool block holding address p (CachingPool::stamp); nullopt if that pool did not hand it out.
+  // The current device's pool block holding address p (CachingPool::stamp); nullopt if that pool
+  // did not hand it out.
   static std::optional<BlockStamp> stamp(const void* p) { return detail::cuda_pool().stamp(p); }
 };
 

@@ -1,10 +1,12 @@
-// Copies involving the GPU: DeviceCopy<Cuda, Cpu>, <Cpu, Cuda>, <Cuda, Cuda> for to<D>(), and copy() on the GPU.
+// Copies involving the GPU: DeviceCopy<Cuda, Cpu>, <Cpu, Cuda>, <Cuda, Cuda> for to<D>(), and
+// copy() on the GPU.
 // SPDX-License-Identifier: MIT
 //
-// All copies are enqueued on the exec's stream (cudaMemcpyAsync), so they are ordered with the kernels
-// around them. to<Cpu>(gpu_view, exec) returns a host tensor the caller reads at once, so it waits for
-// the stream; the other directions return without waiting. A host source is read before the call
-// returns unless it is pinned (PinnedBuffer), in which case it must stay alive until the stream passes.
+// All copies are enqueued on the exec's stream (cudaMemcpyAsync), so they are ordered with the
+// kernels around them. to<Cpu>(gpu_view, exec) returns a host tensor the caller reads at once, so
+// it waits for the stream; the other directions return without waiting. A host source is read
+// before the call returns unless it is pinned (PinnedBuffer), in which case it must stay alive
+// until the stream passes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,12 +27,14 @@ namespace ddp {
 
 namespace detail {
 template <class S, class T, Device DS, Device DD>
-void copy_async(TensorView<S, DS> src, TensorView<T, DD> dst, cudaMemcpyKind kind, const Exec<Cuda>& e,
-                const char* op) {
+void copy_async(TensorView<S, DS> src, TensorView<T, DD> dst, cudaMemcpyKind kind,
+                const Exec<Cuda>& e, const char* op) {
   if (!(src.shape() == dst.shape()))
-    throw ValueError(detail::str("ddp: ", op, ": source shape ", src.shape(), " differs from destination shape ",
-                                 dst.shape(), "; reshape one of the views"));
-  if (src.numel()) DDP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), kind, cuda_stream(e)));
+    throw ValueError(detail::str("ddp: ", op, ": source shape ", src.shape(),
+                                 " differs from destination shape ", dst.shape(),
+                                 "; reshape one of the views"));
+  if (src.numel())
+    DDP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), kind, cuda_stream(e)));
 }
 }  // namespace detail
 

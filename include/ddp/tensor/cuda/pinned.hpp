@@ -1,11 +1,13 @@
-// PinnedBuffer<T>: page-locked host memory, so host <-> device copies run asynchronously at full speed.
+// PinnedBuffer<T>: page-locked host memory, so host <-> device copies run asynchronously at full
+// speed.
 // SPDX-License-Identifier: MIT
 //
-// A cudaMemcpyAsync from pageable memory is staged through a driver buffer and returns only after the
-// source was read; from pinned memory it is a DMA that overlaps with compute. The training batches go
-// through a ring of them (Prefetcher<Cuda, T...>, tensor/cuda/prefetcher.hpp: the next batch's upload on a copy
-// stream while the current step computes). A buffer must outlive the copies that read or write it: record
-// an Event after them and wait on it before refilling or freeing the buffer. Move-only.
+// A cudaMemcpyAsync from pageable memory is staged through a driver buffer and returns only after
+// the source was read; from pinned memory it is a DMA that overlaps with compute. The training
+// batches go through a ring of them (Prefetcher<Cuda, T...>, tensor/cuda/prefetcher.hpp: the next
+// batch's upload on a copy stream while the current step computes). A buffer must outlive the
+// copies that read or write it: record an Event after them and wait on it before refilling or
+// freeing the buffer. Move-only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,7 +34,8 @@ class PinnedBuffer {
   }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
       release();
@@ -49,8 +52,10 @@ class PinnedBuffer {
   std::span<T> span() const noexcept { return {data_, count_}; }
   // A CPU view of the first shape.numel() elements (throws if the buffer is smaller).
   TensorView<T, Cpu> view(const Shape& shape) const {
-    DDP_CHECK_AS(ValueError, shape.numel() >= 0 && static_cast<std::size_t>(shape.numel()) <= count_, "a view of ",
-                 shape, " needs ", shape.numel(), " elements but the pinned buffer holds ", count_);
+    DDP_CHECK_AS(ValueError,
+                 shape.numel() >= 0 && static_cast<std::size_t>(shape.numel()) <= count_,
+                 "a view of ", shape, " needs ", shape.numel(),
+                 " elements but the pinned buffer holds ", count_);
     return TensorView<T, Cpu>(data_, shape);
   }
 

@@ -1,14 +1,19 @@
-// Prefetcher<Cuda, T...>: batches uploaded from pinned slots on a copy stream, one step ahead (tensor/prefetch.hpp).
+// Prefetcher<Cuda, T...>: batches uploaded from pinned slots on a copy stream, one step ahead
+// (tensor/prefetch.hpp).
 // SPDX-License-Identifier: MIT
 //
-//   ddp::Prefetcher<ddp::Cuda, float, std::int64_t> uploads(exec);  // exec: the compute stream's Exec<Cuda>
-//   uploads.push(images.cview(), labels.cview());  // memcpy into a PinnedBuffer, cudaMemcpyAsync on the copy stream
-//   auto [x, y] = uploads.pop();                    // exec's stream waits (on the device) for that upload
-// CudaUploadBackend is PrefetchRing's backend: a copy stream of its own, created blocking like ddp::Stream (so it
-// also orders after work on the legacy default stream), the compute stream of the Exec given, PinnedBuffer
-// staging and device buffers from the caching allocator (tensor/cuda/allocator.hpp). Every CUDA call is checked
-// (DDP_CUDA_CHECK: a CudaError naming the call). Construct it with the batches' device current (cudaSetDevice).
-// Design: docs/decisions/0050.
+//   ddp::Prefetcher<ddp::Cuda, float, std::int64_t> uploads(exec);  // exec: the compute stream's
+//     Exec<Cuda>
+//   uploads.push(images.cview(), labels.cview());  // memcpy into a PinnedBuffer, cudaMemcpyAsync
+//     on the copy stream
+//   auto [x, y] = uploads.pop();                    // exec's stream waits (on the device) for that
+//     upload
+// CudaUploadBackend is PrefetchRing's backend: a copy stream of its own, created blocking like
+// ddp::Stream (so it also orders after work on the legacy default stream), the compute stream of
+// the Exec given, PinnedBuffer staging and device buffers from the caching allocator
+// (tensor/cuda/allocator.hpp). Every CUDA call is checked (DDP_CUDA_CHECK: a CudaError naming the
+// call). Construct it with the batches' device current (cudaSetDevice). Design:
+// docs/decisions/0050.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,8 +59,8 @@ class CudaUploadBackend {
 template <class... T>
 class Prefetcher<Cuda, T...> : public PrefetchRing<CudaUploadBackend, T...> {
  public:
-  // Batches used on `compute`'s stream; slots >= 2 (ValueError otherwise): lookahead() = slots - 1 batches
-  // upload while one is in use.
+  // Batches used on `compute`'s stream; slots >= 2 (ValueError otherwise): lookahead() = slots - 1
+  // batches upload while one is in use.
   explicit Prefetcher(const Exec<Cuda>& compute, std::size_t slots = 2)
       : PrefetchRing<CudaUploadBackend, T...>(CudaUploadBackend(compute), slots) {}
 };

@@ -1,14 +1,17 @@
-// Stream and Event: owning wrappers for CUDA streams and events, and the Exec<Cuda> helpers built on them.
+// Stream and Event: owning wrappers for CUDA streams and events, and the Exec<Cuda> helpers built
+// on them.
 // SPDX-License-Identifier: MIT
 //
 // Exec<Cuda> holds a non-owning cudaStream_t (as void*); Stream owns one and hands out execs:
 //   ddp::Stream compute, comm;
 //   Exec<Cuda> ex = compute.exec();
-//   Event grads_ready;  grads_ready.record(ex);  grads_ready.wait(comm.exec());   // comm waits, host does not
-// Streams are created blocking (cudaStreamDefault): work on the legacy default stream (Exec<Cuda>{}, the
-// default allocation stream of tensor/cuda/allocator.hpp) then orders after theirs and theirs after it,
-// so code that mixes the two needs no events of its own. Events are created
-// without timing (cheaper) unless asked. Destructors never throw; they log failures. Move-only.
+//   Event grads_ready;  grads_ready.record(ex);  grads_ready.wait(comm.exec());   // comm waits,
+//     host does not
+// Streams are created blocking (cudaStreamDefault): work on the legacy default stream
+// (Exec<Cuda>{}, the default allocation stream of tensor/cuda/allocator.hpp) then orders after
+// theirs and theirs after it, so code that mixes the two needs no events of its own. Events are
+// created without timing (cheaper) unless asked. Destructors never throw; they log failures.
+// Move-only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,10 +23,14 @@
 
 namespace ddp {
 
-inline cudaStream_t cuda_stream(const Exec<Cuda>& e) noexcept { return static_cast<cudaStream_t>(e.stream); }
+inline cudaStream_t cuda_stream(const Exec<Cuda>& e) noexcept {
+  return static_cast<cudaStream_t>(e.stream);
+}
 
 // Blocks the host until every operation enqueued on e's stream has finished; throws if one failed.
-inline void synchronize(const Exec<Cuda>& e) { DDP_CUDA_CHECK(cudaStreamSynchronize(cuda_stream(e))); }
+inline void synchronize(const Exec<Cuda>& e) {
+  DDP_CUDA_CHECK(cudaStreamSynchronize(cuda_stream(e)));
+}
 
 // The number of CUDA devices (0 when there is no driver or no device; never throws).
 inline int cuda_device_count() noexcept {
@@ -57,7 +64,8 @@ class Stream {
   // An exec on this stream; precision, deterministic and conv as in Exec<Cuda> (tensor/device.hpp).
   Exec<Cuda> exec(Precision precision = Precision::Tf32, bool deterministic = false,
                   ConvImpl conv = ConvImpl::Auto) const noexcept {
-    return Exec<Cuda>{.stream = stream_, .precision = precision, .conv = conv, .deterministic = deterministic};
+    return Exec<Cuda>{
+        .stream = stream_, .precision = precision, .conv = conv, .deterministic = deterministic};
   }
   void synchronize() const { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -72,7 +80,8 @@ class Stream {
 class Event {
  public:
   explicit Event(bool timing = false) {
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    DDP_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -89,8 +98,11 @@ class Event {
   cudaEvent_t get() const noexcept { return event_; }
   // Marks the point reached by the work enqueued so far on e's stream.
   void record(const Exec<Cuda>& e) { DDP_CUDA_CHECK(cudaEventRecord(event_, cuda_stream(e))); }
-  // Work enqueued on e's stream after this call waits for the recorded point (the host does not wait).
-  void wait(const Exec<Cuda>& e) const { DDP_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(e), event_, 0)); }
+  // Work enqueued on e's stream after this call waits for the recorded point (the host does not
+  // wait).
+  void wait(const Exec<Cuda>& e) const {
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(e), event_, 0));
+  }
   void synchronize() const { DDP_CUDA_CHECK(cudaEventSynchronize(event_)); }
   bool query() const {  // true when the recorded work has finished
     const cudaError_t r = cudaEventQuery(event_);

@@ -179,14 +179,12 @@
 #include "ddp/nn/embedding.hpp"
 #include "ddp/nn/gelu.hpp"
 #include "ddp/nn/layer_norm.hpp"
-// defines: nn::SiLU, nn::Tanh, nn::Sigmoid, nn::Identity, nn::Flatten, nn::Residual (layers that
-//          compose without backward code)
+// defines: nn::Activation and its aliases nn::SiLU, nn::Tanh, nn::Sigmoid, nn::Mish,
+//          nn::Identity, nn::Flatten, nn::Residual (layers that compose without backward code)
+#include "ddp/nn/activation.hpp"
 #include "ddp/nn/flatten.hpp"
 #include "ddp/nn/identity.hpp"
 #include "ddp/nn/residual_wrapper.hpp"
-#include "ddp/nn/sigmoid.hpp"
-#include "ddp/nn/silu.hpp"
-#include "ddp/nn/tanh.hpp"
 // defines: nn::OpsModule, nn::OpsGraph (modules whose forward is written with autograd ops,
 // docs/decisions/0076)
 #include "ddp/nn/ops_module.hpp"

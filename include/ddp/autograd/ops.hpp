@@ -315,20 +315,15 @@ Var<T, D> binary(const Var<T, D>& a, const Var<T, D>& b, BinKind kind) {
   });
 }
 
-// y = f(x) element-wise, dx = dy * f.grad(x, y).
+// y = f(x) element-wise, dx = dy * f.grad(x, y) (Kernels<D>::unary_forward / unary_backward).
 template <class T, Device D, class F>
 Var<T, D> unary(const Var<T, D>& x, const char* op, F f) {
   Tensor<T, D> y(x.shape());
-  Kernels<D>::for_each_index(x.exec(), static_cast<std::size_t>(y.numel()),
-                             kernels::UnaryMap<T, F>{.x = x.value().data(), .y = y.data(), .f = f});
+  Kernels<D>::unary_forward(x.exec(), x.value().cview(), y.view(), f);
   return record<T, D>(op, std::move(y), {x.node_ptr()}, [f](Node<T, D>& n) {
     Tensor<T, D> dx(n.value.shape());
-    Kernels<D>::for_each_index(n.exec, static_cast<std::size_t>(dx.numel()),
-                               kernels::UnaryGrad<T, F>{.x = n.inputs[0]->value.data(),
-                                                        .y = n.value.data(),
-                                                        .dy = n.grad.data(),
-                                                        .dx = dx.data(),
-                                                        .f = f});
+    Kernels<D>::unary_backward(n.exec, n.inputs[0]->value.cview(), n.value.cview(), n.grad.cview(),
+                               dx.view(), f);
     n.inputs[0]->accumulate(std::move(dx));
   });
 }
@@ -512,30 +507,22 @@ Var<T, D> gelu(const Var<T, D>& x, bool tanh_form = false) {
         Kernels<D>::gelu_backward(e, in, dy, dx, tanh_form);
       });
 }
+// torch's silu, tanh, sigmoid and mish (kernels/unary_ops.hpp).
 template <class T, Device D>
 Var<T, D> silu(const Var<T, D>& x) {
-  return detail::activation(
-      x, "silu", true,
-      [](const Exec<D>& e, auto in, auto out) { Kernels<D>::silu_forward(e, in, out); },
-      [](const Exec<D>& e, auto in, auto dy, auto dx) {
-        Kernels<D>::silu_backward(e, in, dy, dx);
-      });
+  return detail::unary(x, "silu", kernels::SiluOp<T>{});
 }
 template <class T, Device D>
 Var<T, D> tanh(const Var<T, D>& x) {
-  return detail::activation(
-      x, "tanh", false,
-      [](const Exec<D>& e, auto in, auto out) { Kernels<D>::tanh_forward(e, in, out); },
-      [](const Exec<D>& e, auto y, auto dy, auto dx) { Kernels<D>::tanh_backward(e, y, dy, dx); });
+  return detail::unary(x, "tanh", kernels::TanhOp<T>{});
 }
 template <class T, Device D>
 Var<T, D> sigmoid(const Var<T, D>& x) {
-  return detail::activation(
-      x, "sigmoid", false,
-      [](const Exec<D>& e, auto in, auto out) { Kernels<D>::sigmoid_forward(e, in, out); },
-      [](const Exec<D>& e, auto y, auto dy, auto dx) {
-        Kernels<D>::sigmoid_backward(e, y, dy, dx);
-      });
+  return detail::unary(x, "sigmoid", kernels::SigmoidOp<T>{});
+}
+template <class T, Device D>
+Var<T, D> mish(const Var<T, D>& x) {
+  return detail::unary(x, "mish", kernels::MishOp<T>{});
 }
 
 // ---- reductions ----

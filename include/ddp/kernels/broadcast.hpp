@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "ddp/config.hpp"
+#include "ddp/kernels/unary_ops.hpp"
 
 namespace ddp::kernels {
 
@@ -91,90 +92,6 @@ struct ReduceSum {
     for (std::int64_t k = 0; k < count; ++k) acc += static_cast<double>(x[o + inner(k)]);
     y[j] = static_cast<T>(acc * scale);
   }
-};
-
-// ---- element-wise maps: y = f(x), and dx = dy * f'(x, y) ----
-template <class T, class F>
-struct UnaryMap {
-  const T* x;
-  T* y;
-  F f;
-  DDP_HOST_DEVICE void operator()(std::size_t i) const { y[i] = f(x[i]); }
-};
-template <class T, class F>
-struct UnaryGrad {
-  const T* x;
-  const T* y;
-  const T* dy;
-  T* dx;
-  F f;
-  DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = dy[i] * f.grad(x[i], y[i]); }
-};
-
-// The ops of UnaryMap/UnaryGrad: operator() is the value, grad(x, y) the derivative at x with y =
-// f(x).
-template <class T>
-struct NegOp {
-  DDP_HOST_DEVICE T operator()(T x) const { return -x; }
-  DDP_HOST_DEVICE T grad(T, T) const { return T(-1); }
-};
-template <class T>
-struct ExpOp {
-  DDP_HOST_DEVICE T operator()(T x) const {
-    using std::exp;
-    return exp(x);
-  }
-  DDP_HOST_DEVICE T grad(T, T y) const { return y; }
-};
-template <class T>
-struct LogOp {
-  DDP_HOST_DEVICE T operator()(T x) const {
-    using std::log;
-    return log(x);
-  }
-  DDP_HOST_DEVICE T grad(T x, T) const { return T(1) / x; }
-};
-// x^p for a scalar p; torch's gradient p * x^(p-1) (0 where p == 0).
-template <class T>
-struct PowOp {
-  T p;
-  DDP_HOST_DEVICE T operator()(T x) const {
-    using std::pow;
-    return pow(x, p);
-  }
-  DDP_HOST_DEVICE T grad(T x, T) const {
-    using std::pow;
-    return p == T(0) ? T(0) : p * pow(x, p - T(1));
-  }
-};
-template <class T>
-struct SqrtOp {
-  DDP_HOST_DEVICE T operator()(T x) const {
-    using std::sqrt;
-    return sqrt(x);
-  }
-  DDP_HOST_DEVICE T grad(T, T y) const { return T(0.5) / y; }
-};
-template <class T>
-struct RsqrtOp {
-  DDP_HOST_DEVICE T operator()(T x) const {
-    using std::sqrt;
-    return T(1) / sqrt(x);
-  }
-  DDP_HOST_DEVICE T grad(T x, T y) const { return T(-0.5) * y / x; }
-};
-// |x|; gradient sign(x) (0 at 0, as torch).
-template <class T>
-struct AbsOp {
-  DDP_HOST_DEVICE T operator()(T x) const { return x < T(0) ? -x : x; }
-  DDP_HOST_DEVICE T grad(T x, T) const { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)); }
-};
-// min(max(x, lo), hi); gradient 1 inside [lo, hi] (bounds included, as torch), else 0.
-template <class T>
-struct ClampOp {
-  T lo, hi;
-  DDP_HOST_DEVICE T operator()(T x) const { return x < lo ? lo : (x > hi ? hi : x); }
-  DDP_HOST_DEVICE T grad(T x, T) const { return (x >= lo && x <= hi) ? T(1) : T(0); }
 };
 
 // ---- binary ops of BroadcastBinary ----

@@ -23,6 +23,7 @@
 #include "ddp/kernels/embedding_args.hpp"
 #include "ddp/kernels/fused_args.hpp"
 #include "ddp/kernels/layer_norm_args.hpp"
+#include "ddp/kernels/unary_ops.hpp"
 #include "ddp/tensor/device.hpp"
 #include "ddp/tensor/view.hpp"
 
@@ -133,38 +134,31 @@ struct ElementwiseKernels {
                                                   .scale = dropout_scale<T>(a.p)});
   }
 
-  // ---- activations and Flatten as modules (issue 39) ----
-  // y = silu(x), tanh(x), sigmoid(x) (y may alias x). Backward: SiLU's from the forward input x,
-  // Tanh's and Sigmoid's from the forward output y, as torch's (dx may alias dy).
-  template <class T>
-  static void silu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
-    unary(e, x, y, "silu_forward", SiluForward<T>{.x = x.data(), .y = y.data()});
+  // ---- unary ops of kernels/unary_ops.hpp (activations, autograd's exp, log, ...) ----
+  // y = f(x) (y may alias x).
+  template <class T, class F>
+  static void unary_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y, F f) {
+    expect_shape(y, x.shape(), "output y", op_name<F>());
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(x.numel()),
+                               UnaryMap<T, F>{.x = x.data(), .y = y.data(), .f = f});
   }
-  template <class T>
-  static void silu_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> dy,
-                            TensorView<T, D> dx) {
-    binary(e, x, dy, dx, "silu_backward",
-           SiluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data()});
-  }
-  template <class T>
-  static void tanh_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
-    unary(e, x, y, "tanh_forward", TanhForward<T>{.x = x.data(), .y = y.data()});
-  }
-  template <class T>
-  static void tanh_backward(const Exec<D>& e, TensorView<const T, D> y, TensorView<const T, D> dy,
-                            TensorView<T, D> dx) {
-    binary(e, y, dy, dx, "tanh_backward",
-           TanhBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
-  }
-  template <class T>
-  static void sigmoid_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y) {
-    unary(e, x, y, "sigmoid_forward", SigmoidForward<T>{.x = x.data(), .y = y.data()});
-  }
-  template <class T>
-  static void sigmoid_backward(const Exec<D>& e, TensorView<const T, D> y,
-                               TensorView<const T, D> dy, TensorView<T, D> dx) {
-    binary(e, y, dy, dx, "sigmoid_backward",
-           SigmoidBackward<T>{.y = y.data(), .dy = dy.data(), .dx = dx.data()});
+  // dx = dy * f.grad(x, y) from the forward input x and output y; the one f does not read
+  // (reads_of<F>()) may be an empty view. dx may alias dy.
+  template <class T, class F>
+  static void unary_backward(const Exec<D>& e, TensorView<const T, D> x, TensorView<const T, D> y,
+                             TensorView<const T, D> dy, TensorView<T, D> dx, F f) {
+    constexpr Reads reads = reads_of<F>();
+    if constexpr (reads != Reads::Output)
+      expect_shape(x, dy.shape(), "forward input x", op_name<F>());
+    if constexpr (reads != Reads::Input)
+      expect_shape(y, dy.shape(), "forward output y", op_name<F>());
+    expect_shape(dx, dy.shape(), "input gradient dx", op_name<F>());
+    Kernels<D>::for_each_index(e, static_cast<std::size_t>(dy.numel()),
+                               UnaryGrad<T, F>{.x = reads == Reads::Output ? nullptr : x.data(),
+                                               .y = reads == Reads::Input ? nullptr : y.data(),
+                                               .dy = dy.data(),
+                                               .dx = dx.data(),
+                                               .f = f});
   }
   // x (N, H, W, C) -> y (N, C, H, W) (to_nhwc false), or x (N, C, H, W) -> y (N, H, W, C); not in
   // place.
@@ -185,19 +179,12 @@ struct ElementwiseKernels {
   }
 
  private:
-  // out = f(a) and out = f(a, b) element-wise, after the shape checks.
-  template <class T, class F>
-  static void unary(const Exec<D>& e, TensorView<const T, D> a, TensorView<T, D> out,
-                    const char* op, F f) {
-    expect_shape(out, a.shape(), "output y", op);
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
-  }
-  template <class T, class F>
-  static void binary(const Exec<D>& e, TensorView<const T, D> a, TensorView<const T, D> dy,
-                     TensorView<T, D> dx, const char* op, F f) {
-    expect_shape(dy, a.shape(), "output gradient dy", op);
-    expect_shape(dx, a.shape(), "input gradient dx", op);
-    Kernels<D>::for_each_index(e, static_cast<std::size_t>(a.numel()), f);
+  template <class F>
+  static constexpr const char* op_name() {
+    if constexpr (requires { F::name; })
+      return F::name;
+    else
+      return "unary op";
   }
 };
 

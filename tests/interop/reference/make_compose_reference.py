@@ -24,7 +24,8 @@ put = records.put
 x = (torch.randn(2, 16, 33) * 3).requires_grad_(True)
 dy = torch.randn(2, 16, 33)
 put("act/x", x); put("act/dy", dy)
-for name, module in [("silu", nn.SiLU()), ("tanh", nn.Tanh()), ("sigmoid", nn.Sigmoid()), ("identity", nn.Identity())]:
+for name, module in [("silu", nn.SiLU()), ("tanh", nn.Tanh()), ("sigmoid", nn.Sigmoid()), ("mish", nn.Mish()),
+                     ("identity", nn.Identity())]:
     x.grad = None
     y = module(x)
     y.backward(dy)

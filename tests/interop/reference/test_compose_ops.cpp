@@ -104,15 +104,17 @@ inline void load(ddp::nn::Module<double, Cpu>& m, const std::string& buffers) {
 }  // namespace compose_ref
 
 TEST_SUITE("nn") {
-  TEST_CASE("SiLU, Tanh, Sigmoid and Identity forward and backward equal PyTorch's") {
+  TEST_CASE("SiLU, Tanh, Sigmoid, Mish and Identity forward and backward equal PyTorch's") {
     compose_ref::with_threads([](ddp::Exec<ddp::Cpu>& exec) {
       ddp::nn::SiLU<float, ddp::Cpu> silu;
       ddp::nn::Tanh<float, ddp::Cpu> tanh;
       ddp::nn::Sigmoid<float, ddp::Cpu> sigmoid;
+      ddp::nn::Mish<float, ddp::Cpu> mish;
       ddp::nn::Identity<float, ddp::Cpu> identity;
       compose_ref::check_activation(silu, "silu", exec);
       compose_ref::check_activation(tanh, "tanh", exec);
       compose_ref::check_activation(sigmoid, "sigmoid", exec);
+      compose_ref::check_activation(mish, "mish", exec);
       compose_ref::check_activation(identity, "identity", exec);
     });
   }

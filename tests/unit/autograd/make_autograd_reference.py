@@ -56,6 +56,7 @@ case("gelu_tanh", [(3, 4)], lambda a: F.gelu(a, approximate="tanh"), lo=-3, hi=3
 case("silu", [(3, 4)], F.silu, lo=-3, hi=3)
 case("tanh", [(3, 4)], torch.tanh, lo=-2, hi=2)
 case("sigmoid", [(3, 4)], torch.sigmoid, lo=-3, hi=3)
+case("mish", [(3, 4)], F.mish, lo=-3, hi=3)
 case("sum_all", [(2, 3, 4)], torch.sum)
 case("sum_dims", [(2, 3, 4)], lambda a: a.sum(dim=(0, 2), keepdim=True))
 case("mean_dim", [(2, 3, 4)], lambda a: a.mean(dim=1))

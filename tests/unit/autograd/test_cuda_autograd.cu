@@ -160,6 +160,8 @@ TEST_CASE("autograd on CUDA: element-wise binary ops with broadcasting, unary op
       env, "tanh", inputs(env.rand({5, 9}, -2, 2)), [](auto& v) { return autograd::tanh(v[0]); }, lib, lib);
   compare(
       env, "sigmoid", inputs(env.rand({5, 9}, -3, 3)), [](auto& v) { return autograd::sigmoid(v[0]); }, lib, lib);
+  compare(
+      env, "mish", inputs(env.rand({5, 9}, -3, 3)), [](auto& v) { return autograd::mish(v[0]); }, lib, lib);
 }
 
 TEST_CASE("autograd on CUDA: sum, mean, max; matmul (float and double) and linear") {

@@ -71,13 +71,14 @@ TEST_CASE("autograd gradcheck: neg, exp, log, pow, sqrt, rsqrt, abs, clamp") {
   check_unary("clamp", [](std::vector<Vd>& v) { return autograd::clamp(v[0], -0.5, 0.3); });
 }
 
-TEST_CASE("autograd gradcheck: relu, gelu (both forms), silu, tanh, sigmoid") {
+TEST_CASE("autograd gradcheck: relu, gelu (both forms), silu, tanh, sigmoid, mish") {
   check_unary("relu", [](std::vector<Vd>& v) { return autograd::relu(v[0]); });
   check_unary("gelu", [](std::vector<Vd>& v) { return autograd::gelu(v[0]); }, -3.0, 3.0);
   check_unary("gelu tanh", [](std::vector<Vd>& v) { return autograd::gelu(v[0], true); }, -3.0, 3.0);
   check_unary("silu", [](std::vector<Vd>& v) { return autograd::silu(v[0]); }, -3.0, 3.0);
   check_unary("tanh", [](std::vector<Vd>& v) { return autograd::tanh(v[0]); }, -2.0, 2.0);
   check_unary("sigmoid", [](std::vector<Vd>& v) { return autograd::sigmoid(v[0]); }, -3.0, 3.0);
+  check_unary("mish", [](std::vector<Vd>& v) { return autograd::mish(v[0]); }, -3.0, 3.0);
 }
 
 TEST_CASE("autograd gradcheck: sum, mean (all, dims, keepdim), max over a dim") {

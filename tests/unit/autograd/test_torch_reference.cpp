@@ -63,6 +63,7 @@ const std::map<std::string, Op>& ops() {
       {"silu", [](V& v, const I64&) { return autograd::silu(v[0]); }},
       {"tanh", [](V& v, const I64&) { return autograd::tanh(v[0]); }},
       {"sigmoid", [](V& v, const I64&) { return autograd::sigmoid(v[0]); }},
+      {"mish", [](V& v, const I64&) { return autograd::mish(v[0]); }},
       {"sum_all", [](V& v, const I64&) { return autograd::sum(v[0]); }},
       {"sum_dims", [](V& v, const I64&) { return autograd::sum(v[0], {0, 2}, true); }},
       {"mean_dim", [](V& v, const I64&) { return autograd::mean(v[0], {1}); }},

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 
+#include <ddp/nn/activation.hpp>
 #include <ddp/nn/batchnorm2d.hpp>
 #include <ddp/nn/conv2d.hpp>
 #include <ddp/nn/dropout.hpp>
@@ -23,9 +24,6 @@
 #include <ddp/nn/relu.hpp>
 #include <ddp/nn/residual_wrapper.hpp>
 #include <ddp/nn/sequential.hpp>
-#include <ddp/nn/sigmoid.hpp>
-#include <ddp/nn/silu.hpp>
-#include <ddp/nn/tanh.hpp>
 
 namespace ddp::test {
 

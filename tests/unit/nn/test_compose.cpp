@@ -15,6 +15,7 @@
 
 #include <ddp/core/error.hpp>
 #include <ddp/kernels/cpu/kernels.hpp>
+#include <ddp/nn/activation.hpp>
 #include <ddp/nn/dropout.hpp>
 #include <ddp/nn/flatten.hpp>
 #include <ddp/nn/identity.hpp>
@@ -22,9 +23,6 @@
 #include <ddp/nn/relu.hpp>
 #include <ddp/nn/residual_wrapper.hpp>
 #include <ddp/nn/sequential.hpp>
-#include <ddp/nn/sigmoid.hpp>
-#include <ddp/nn/silu.hpp>
-#include <ddp/nn/tanh.hpp>
 
 #include "compose_model.hpp"
 #include "random_tensor.hpp"
@@ -154,15 +152,17 @@ class ChannelScale : public nn::Module<double, Cpu> {
 namespace tc = test_compose;
 
 TEST_SUITE("nn") {
-  TEST_CASE("compose: SiLU, Tanh, Sigmoid, Identity and Flatten match finite differences (double); torch's reprs") {
+  TEST_CASE("compose: SiLU, Tanh, Sigmoid, Mish, Identity and Flatten match finite differences (double); torch's reprs") {
     kernels::cpu::ThreadPool pool(2);
     Exec<Cpu> exec{.pool = &pool};
     auto x = ddp::test::randn<double>({2, 3, 4, 5}, 70, 0.0, 2.0);
     nn::SiLU<double, Cpu> silu;
     nn::Tanh<double, Cpu> tanh;
     nn::Sigmoid<double, Cpu> sigmoid;
+    nn::Mish<double, Cpu> mish;
     nn::Identity<double, Cpu> identity;
-    for (nn::Module<double, Cpu>* m : std::vector<nn::Module<double, Cpu>*>{&silu, &tanh, &sigmoid, &identity}) {
+    for (nn::Module<double, Cpu>* m :
+         std::vector<nn::Module<double, Cpu>*>{&silu, &tanh, &sigmoid, &mish, &identity}) {
       CAPTURE(m->describe());
       CHECK(tc::check_module(*m, exec, x, 71) == x.numel());
       CHECK(m->parameters().empty());
@@ -170,6 +170,7 @@ TEST_SUITE("nn") {
     CHECK(silu.describe() == "SiLU()");
     CHECK(tanh.describe() == "Tanh()");
     CHECK(sigmoid.describe() == "Sigmoid()");
+    CHECK(mish.describe() == "Mish()");
     CHECK(identity.describe() == "Identity()");
     for (auto [s, e] : {std::pair{1, -1}, std::pair{2, 3}, std::pair{0, 2}, std::pair{-2, -1}, std::pair{1, 1}}) {
       nn::Flatten<double, Cpu> flatten(s, e);

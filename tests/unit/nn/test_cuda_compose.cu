@@ -144,13 +144,14 @@ void check_model() {
 namespace tcc = test_cuda_compose;
 
 TEST_SUITE("nn_cuda") {
-  TEST_CASE("SiLU, Tanh, Sigmoid, Identity and Flatten on the GPU match the CPU") {
+  TEST_CASE("SiLU, Tanh, Sigmoid, Mish, Identity and Flatten on the GPU match the CPU") {
     if (ddp::test::skip_without_gpu()) return;
     tcc::Devices d;
     const auto x = ddp::test::randn<float>({3, 5, 7, 6}, 1, 0.0, 3.0);  // NHWC images
     tcc::check_module<ddp::nn::SiLU>(d, x, 1e-6);
     tcc::check_module<ddp::nn::Tanh>(d, x, 1e-6);
     tcc::check_module<ddp::nn::Sigmoid>(d, x, 1e-6);
+    tcc::check_module<ddp::nn::Mish>(d, x, 1e-6);
     tcc::check_module<ddp::nn::Identity>(d, x, 0.0);
     tcc::check_module<ddp::nn::Flatten>(d, x, 0.0);        // permuted to NCHW order
     tcc::check_module<ddp::nn::Flatten>(d, x, 0.0, 2, 3);  // (N, C, H * W)

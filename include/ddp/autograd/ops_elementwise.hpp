@@ -215,5 +215,11 @@ template <class T, Device D>
 Var<T, D> mish(const Var<T, D>& x) {
   return detail::unary(x, "mish", kernels::MishOp<T>{});
 }
+// Any element-wise op f of the form of kernels/unary_ops.hpp (operator()(x), grad(x, y)), a
+// user's own included: y = f(x), dx = dy * f.grad(x, y).
+template <class T, Device D, class F>
+Var<T, D> unary(const Var<T, D>& x, F f) {
+  return detail::unary(x, kernels::op_name<F>(), f);
+}
 
 }  // namespace ddp::autograd

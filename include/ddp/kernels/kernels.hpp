@@ -177,15 +177,6 @@ struct ElementwiseKernels {
         PermuteNhwcNchw<T>{
             .x = x.data(), .y = y.data(), .h = h, .w = w, .c = c, .to_nhwc = to_nhwc});
   }
-
- private:
-  template <class F>
-  static constexpr const char* op_name() {
-    if constexpr (requires { F::name; })
-      return F::name;
-    else
-      return "unary op";
-  }
 };
 
 // The members every Kernels<D> has, as calls (for T = float): kernels/cpu/kernels.hpp and

@@ -10,6 +10,8 @@
 // `module_name` (torch.nn's class name, describe()) and `reads` (what grad uses: the input x, the
 // output y, or both), so a module keeps only that. Adding an activation is one such struct here,
 // an alias in nn/activation.hpp and a one-line function in autograd/ops.hpp (docs/decisions/0078).
+// A user's own op of this form works the same way: nn::Activation<T, D, F> and
+// autograd::unary(x, F{}) (docs/GUIDE.md, "Your own activation").
 // Formulas follow torch 1.13's CPU kernels.
 #pragma once
 
@@ -19,6 +21,15 @@
 #include "ddp/config.hpp"
 
 namespace ddp::kernels {
+
+// The op's name in errors: F::name, or "unary op" for an op that has none.
+template <class F>
+constexpr const char* op_name() {
+  if constexpr (requires { F::name; })
+    return F::name;
+  else
+    return "unary op";
+}
 
 // What an op's grad(x, y) reads; an op that does not say reads both.
 enum class Reads { Input, Output, Both };

@@ -5,7 +5,8 @@
 // Forward keeps a view of what the op's gradient reads (kernels::reads_of): the input x (SiLU,
 // Mish) or its own output y (Tanh, Sigmoid, as ReLU). THE CALLER KEEPS x, or y, ALIVE until
 // backward returns (nn/module.hpp). Runs on any device through Kernels<D>::unary_forward /
-// unary_backward. A new activation is an op struct in kernels/unary_ops.hpp and an alias below.
+// unary_backward. A new activation is an op struct in kernels/unary_ops.hpp and an alias below;
+// a user's own op struct of that form works as well: nn::Activation<T, D, MyOp<T>>.
 #pragma once
 
 #include <string>
@@ -21,7 +22,7 @@ namespace ddp::nn {
 template <class T, Device D, class F>
 class Activation : public Module<T, D> {
  public:
-  std::string describe() const override { return std::string(F::module_name) + "()"; }
+  std::string describe() const override { return std::string(module_name()) + "()"; }
 
  protected:
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
@@ -34,7 +35,7 @@ class Activation : public Module<T, D> {
   Tensor<T, D> backward_impl(Exec<D>& exec, TensorView<const T, D> dy) override {
     this->require_forward_state(have_kept_);
     have_kept_ = false;
-    static const std::string op = std::string(F::module_name) + ".backward";
+    static const std::string op = std::string(module_name()) + ".backward";
     expect_shape(dy, kept_.shape(), "output gradient dy", op.c_str());
     Tensor<T, D> dx(dy.shape());
     const TensorView<const T, D> none;
@@ -44,8 +45,17 @@ class Activation : public Module<T, D> {
   }
 
  private:
-  static_assert(kernels::reads_of<F>() != kernels::Reads::Both,
-                "ddp: an activation module keeps one tensor: its op must read x or y, not both");
+  static_assert(
+      kernels::reads_of<F>() != kernels::Reads::Both,
+      "ddp: nn::Activation keeps one tensor for backward: give the op "
+      "`static constexpr kernels::Reads reads = kernels::Reads::Input;` (grad reads x) or "
+      "Reads::Output (grad reads y)");
+  static constexpr const char* module_name() {
+    if constexpr (requires { F::module_name; })
+      return F::module_name;
+    else
+      return kernels::op_name<F>();
+  }
   static constexpr bool kReadsInput = kernels::reads_of<F>() == kernels::Reads::Input;
   TensorView<const T, D> kept_;  // the last forward's x or y (kReadsInput), owned by the caller
   bool have_kept_ = false;

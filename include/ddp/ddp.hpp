@@ -276,9 +276,10 @@
 #include "ddp/train/device_state.hpp"
 // defines: train::write_file_atomic, train::WriteOptions
 #include "ddp/train/atomic_file.hpp"
-// defines: train::SafetensorsWriter, train::SafetensorsReader, train::read_safetensors,
-// train::parse_safetensors
+// defines: train::SafetensorsReader, train::read_safetensors, train::parse_safetensors
 #include "ddp/train/safetensors.hpp"
+// defines: train::SafetensorsWriter
+#include "ddp/train/safetensors_writer.hpp"
 // defines: train::save_state_dict, load_state_dict, save_snapshot, load_snapshot,
 // serialize_snapshot
 #include "ddp/train/checkpoint.hpp"

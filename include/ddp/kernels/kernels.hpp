@@ -33,10 +33,9 @@ template <Device D>
 struct Kernels {
   static_assert(ddp::detail::dependent_false<D>,
                 "ddp: Kernels<Cuda> is defined in <ddp/kernels/cuda/kernels.cuh>, which only nvcc "
-                "compiles: put this "
-                "code in a .cu file, include <ddp/ddp.hpp> (or that header) and link ddp::cuda. "
-                "For CPU code include "
-                "<ddp/kernels/cpu/kernels.hpp> and use Kernels<Cpu>.");
+                "compiles: put this code in a .cu file, include <ddp/ddp.hpp> (or that header) and "
+                "link ddp::cuda. For CPU code include <ddp/kernels/cpu/kernels.hpp> and use "
+                "Kernels<Cpu>.");
 };
 
 // The element-wise members, written once for both devices: each checks shapes and runs a functor of

@@ -73,6 +73,7 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/train/safetensors.hpp"
+#include "ddp/train/safetensors_writer.hpp"
 
 namespace ddp::train {
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ddp/train/safetensors.hpp>
+#include <ddp/train/safetensors_writer.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>

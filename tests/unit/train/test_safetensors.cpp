@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ddp/train/safetensors.hpp>
+#include <ddp/train/safetensors_writer.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
@@ -135,5 +136,17 @@ class Work {
  private:
   std::shared_ptr<detail::WorkState> state_;
 };
+
+// Waits for every Work and clears `works`, dropping errors: for code that is already unwinding
+// another error, or abandoning a step.
+inline void wait_all_noexcept(std::vector<Work>& works) noexcept {
+  for (Work& w : works) {
+    try {
+      w.wait();
+    } catch (...) {
+    }
+  }
+  works.clear();
+}
 
 }  // namespace ddp::comm

@@ -1,31 +1,19 @@
-// DDP communication hooks: what DistributedDataParallel does with a full gradient bucket
-// (torch.distributed.algorithms.ddp_comm_hooks), and the built-in ones: allreduce, fp16 and bf16
-// compression, and PowerSGD (parallel/powersgd.hpp), selected by name with --comm-hook
-// (make_comm_hook in parallel/ddp_options.hpp).
+// DDP communication hooks: the built-in ones, allreduce, fp16 and bf16 compression (here) and
+// PowerSGD (parallel/powersgd.hpp), for either device; selected by name with --comm-hook
+// (make_comm_hook in parallel/ddp_options.hpp) or passed to register_comm_hook like a user's own.
 // SPDX-License-Identifier: MIT
 //
-// The contract (GradBucket in, HookResult out) is in parallel/grad_bucket.hpp.
+// The contract (GradBucket<T, D> in, HookResult out) is in parallel/grad_bucket.hpp.
 //
-//   ddp::parallel::DistributedDataParallel<float, Cpu> model(
-//       net, comm, {.comm_hook = CommHookKind::Fp16});
-//   model.register_comm_hook(fp16_compress_hook<float>());   // or any hook, between steps
+//   ddp::parallel::DistributedDataParallel<float, Cuda> model(net, comm);
+//   model.register_comm_hook(fp16_compress_hook<float, Cuda>());   // or any hook, between steps
 //
 // The compression hooks follow torch's default_hooks: divide by the world size BEFORE the reduction
 // and sum the 16-bit values, so the sum of W averages of values within range stays within range (an
 // average of 40000 over 2 ranks is 40000, where summing first would overflow fp16's 65504 into
-// inf). bf16 keeps fp32's exponent range with 8 bits of mantissa; fp16 10 bits within +-65504.
-// Where hooks run: a CPU model (parallel/transport.hpp) calls any CommHook<T> on the bucket's host
-// buffer. A CUDA model (parallel/cuda/transport.cuh) runs the four built-ins on the device instead,
-// selected by CommHookKind (--comm-hook allreduce|fp16|bf16|powersgd): fp16/bf16 convert the device
-// bucket with the element functors below (the same code and rounding as the CPU hook), all-reduce
-// the 16-bit buffer and convert back, all on its communication stream; PowerSGD runs the CPU hook's
-// plan (parallel/powersgd.hpp) with cuBLAS products and an orthogonalisation kernel on that stream.
-// Hooks passed to register_comm_hook are host code: a CUDA model refuses them (cuda_hook_refused).
-// A hook keeps its own state (compression buffers, error feedback) in its closure, or in a state
-// object it shares with the caller (PowerSgdState: the counters of bytes put on the wire); hooks
-// are called from the thread that drives DDP only, one bucket at a time. PowerSGD
-// (docs/decisions/0029) compresses each large gradient matrix M into low-rank factors P Q^T: one
-// all-reduce launched with the bucket (small tensors + P), one more (Q) in `then`, at finish.
+// inf). bf16 keeps fp32's exponent range with 8 bits of mantissa; fp16 10 bits within +-65504. The
+// element steps run through Kernels<D>::for_each_index on b.exec: the same functors, so the same
+// rounding, on both devices.
 #pragma once
 
 #include <cstddef>
@@ -45,23 +33,41 @@
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
+#include "ddp/kernels/cpu/kernels.hpp"
+#include "ddp/kernels/kernels.hpp"
 #include "ddp/parallel/grad_bucket.hpp"
+#include "ddp/tensor/device.hpp"
+#include "ddp/tensor/tensor.hpp"
 
 namespace ddp::parallel {
 
-// torch's allreduce_hook: the average over ranks (the backend divides the sum by the world size).
-template <class T>
-CommHook<T> allreduce_hook() {
-  return [](GradBucket<T>& b) {
-    return HookResult{.work = b.comm->all_reduce(b.buffer, {.op = comm::ReduceOp::Avg}),
-                      .then = {}};
-  };
+namespace detail {
+// A ValueError when `hook` is empty (register_comm_hook's argument).
+template <class T, Device D>
+void require_hook(const CommHook<T, D>& hook) {
+  if (!hook)
+    throw ValueError(
+        "ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T, D>()");
+}
+// The bucket's average over ranks, on b.exec (the backend divides the sum by the world size).
+template <class T, Device D>
+HookResult all_reduce_average(GradBucket<T, D>& b) {
+  return HookResult{.work = b.comm->all_reduce(
+                        b.view(), {.op = comm::ReduceOp::Avg, .stream = stream_of(b.exec)}),
+                    .then = {}};
+}
+}  // namespace detail
+
+// torch's allreduce_hook: the average over ranks.
+template <class T, Device D = Cpu>
+CommHook<T, D> allreduce_hook() {
+  return [](GradBucket<T, D>& b) { return detail::all_reduce_average(b); };
 }
 
 namespace detail {
-// The two element steps of the compression hooks, written once for both devices (the CPU hook's
-// loops and the CUDA transport's kernels run these functors, so both round alike: float -> H rounds
-// to nearest even, core/dtype.hpp). i indexes the bucket's flat buffer and its 16-bit copy alike.
+// The two element steps of the compression hooks, written once for both devices (run through
+// Kernels<D>::for_each_index, so both round alike: float -> H rounds to nearest even,
+// core/dtype.hpp). i indexes the bucket's flat buffer and its 16-bit copy alike.
 // Compress: wire[i] = H(float(bucket[i]) * inv_world), inv_world = compress_scale(W) (one rounding
 // in the product, one to H).
 template <class T, class H>
@@ -87,35 +93,40 @@ struct DecompressFromWire {
 inline float compress_scale(int world) { return 1.0f / static_cast<float>(world); }
 
 // torch's fp16_compress_hook / bf16_compress_hook with H = half / bfloat16: buffer / W rounded to
-// H, summed over ranks in H, written back as T. One H buffer per bucket index, kept across steps.
-template <class T, class H>
-CommHook<T> compress_hook() {
-  auto bufs = std::make_shared<std::vector<std::vector<H>>>();
-  return [bufs](GradBucket<T>& b) {
-    if (bufs->size() <= b.index) bufs->resize(b.index + 1);
-    std::vector<H>& h = (*bufs)[b.index];
-    h.resize(b.buffer.size());
-    const CompressToWire<T, H> compress{
-        .bucket = b.buffer.data(), .wire = h.data(), .inv_world = compress_scale(b.comm->size())};
-    for (std::size_t i = 0; i < h.size(); ++i) compress(i);
-    comm::Work w = b.comm->all_reduce(std::span<H>(h), {.op = comm::ReduceOp::Sum});
-    // The data pointer, not &h: a later bucket may grow *bufs (moving the vectors, not their
-    // storage).
-    const DecompressFromWire<T, H> back{.wire = h.data(), .bucket = b.buffer.data()};
-    return HookResult{.work = std::move(w), .then = [back, n = h.size()] {
-                        for (std::size_t i = 0; i < n; ++i) back(i);
+// H, summed over ranks in H, written back as T; all on b.exec. One H buffer per bucket index, in
+// D's memory, kept across steps (on CUDA freed in stream order, like DDP's buckets).
+template <class T, class H, Device D>
+CommHook<T, D> compress_hook() {
+  auto wires = std::make_shared<std::vector<Tensor<H, D>>>();
+  return [wires](GradBucket<T, D>& b) {
+    if (wires->size() <= b.index) wires->resize(b.index + 1);
+    Tensor<H, D>& wire = (*wires)[b.index];
+    const auto n = static_cast<std::int64_t>(b.buffer.size());
+    if (wire.numel() != n) wire = Tensor<H, D>(Shape{n});
+    const Exec<D> exec = b.exec;
+    Kernels<D>::for_each_index(exec, b.buffer.size(),
+                               CompressToWire<T, H>{.bucket = b.buffer.data(),
+                                                    .wire = wire.data(),
+                                                    .inv_world = compress_scale(b.comm->size())});
+    comm::Work w =
+        b.comm->all_reduce(wire.view(), {.op = comm::ReduceOp::Sum, .stream = stream_of(exec)});
+    // The data pointer, not the tensor: a later bucket may grow *wires (moving the tensors, not
+    // their storage).
+    const DecompressFromWire<T, H> back{.wire = wire.data(), .bucket = b.buffer.data()};
+    return HookResult{.work = std::move(w), .then = [back, exec, n = b.buffer.size()] {
+                        Kernels<D>::for_each_index(exec, n, back);
                       }};
   };
 }
 }  // namespace detail
 
-template <class T>
-CommHook<T> fp16_compress_hook() {
-  return detail::compress_hook<T, half>();
+template <class T, Device D = Cpu>
+CommHook<T, D> fp16_compress_hook() {
+  return detail::compress_hook<T, half, D>();
 }
-template <class T>
-CommHook<T> bf16_compress_hook() {
-  return detail::compress_hook<T, bfloat16>();
+template <class T, Device D = Cpu>
+CommHook<T, D> bf16_compress_hook() {
+  return detail::compress_hook<T, bfloat16, D>();
 }
 
 // The built-in hooks by name (--comm-hook).
@@ -141,19 +152,6 @@ inline std::string_view comm_hook_name(CommHookKind k) noexcept {
     case CommHookKind::PowerSgd: return "powersgd";
   }
   return "?";
-}
-
-// The ValueError of a CUDA model given a hook it does not run; `what` names it ("a hook passed to
-// register_comm_hook").
-inline ValueError cuda_hook_refused(std::string_view what) {
-  return ValueError(ddp::detail::str(
-      "ddp: ", what,
-      " is not supported for CUDA models: they run the built-in hooks allreduce, fp16, bf16 and "
-      "powersgd on the device (--comm-hook allreduce|fp16|bf16|powersgd, DdpOptions::comm_hook; "
-      "PowerSGD's "
-      "options in DdpOptions::powersgd); a hook passed to register_comm_hook runs on host buffers, "
-      "for CPU "
-      "models only"));
 }
 
 }  // namespace ddp::parallel

@@ -37,9 +37,9 @@
 //   synchronised backward all-reduces the accumulated sum (divided by world size, as in PyTorch).
 // - A parameter without a gradient in a synchronised step is an Error naming it, unless
 //   find_unused_parameters (then torch >= 2.0's rules, reducer.hpp, docs/decisions/0025).
-// - register_comm_hook(hook): what a full bucket's gradients go through (parallel/comm_hooks.hpp;
-//   CPU models). CUDA models take the built-in allreduce, fp16, bf16 or powersgd through
-//   DdpOptions::comm_hook (run on the device; register_comm_hook is refused there).
+// - register_comm_hook(hook): what a full bucket's gradients go through (parallel/grad_bucket.hpp),
+//   a built-in (parallel/comm_hooks.hpp, powersgd.hpp; also by name: DdpOptions::comm_hook) or
+//   your own, on either device.
 // - gradient_as_bucket_view: grad() is a view into its bucket (parallel/grad_views.hpp), by default
 //   on CPU (docs/decisions/0054); static_graph: the first step's unused parameters are reused
 //   without the flag all-reduce (docs/decisions/0033).
@@ -226,10 +226,9 @@ class DistributedDataParallel {
   // Inside join_context() (join() may have been called).
   bool join_mode() const noexcept { return join_mode_; }
 
-  // Replaces what a full bucket goes through (parallel/comm_hooks.hpp), e.g.
-  // parallel::fp16_compress_hook<float>() or your own; call it between steps, on every rank. CUDA
-  // models take only the default (ValueError).
-  void register_comm_hook(CommHook<T> hook) { reducer_.set_comm_hook(std::move(hook)); }
+  // Replaces what a full bucket goes through (parallel/grad_bucket.hpp), e.g.
+  // parallel::fp16_compress_hook<float, D>() or your own; call it between steps, on every rank.
+  void register_comm_hook(CommHook<T, D> hook) { reducer_.set_comm_hook(std::move(hook)); }
 
   // Every parameter value from rank `root` (one flat broadcast; the host waits for it).
   void broadcast_parameters(int root = 0) {

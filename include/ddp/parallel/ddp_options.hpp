@@ -1,6 +1,6 @@
 // DdpOptions: every knob of DistributedDataParallel, passed once: DDP reads its own
 // (broadcast_buffers), the reducer the bucket schedule's, the device's transport the hook and
-// bucket-view ones. make_comm_hook builds the hook a CPU transport runs from them.
+// bucket-view ones. make_comm_hook builds the hook a transport runs from them.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -53,16 +53,17 @@ inline std::size_t bucket_cap_bytes_from_mb(double mb) {
   return static_cast<std::size_t>(mb * static_cast<double>(kMiB));
 }
 
-// The built-in hook k as a host hook (what a CPU transport runs); `powersgd`: the options of
-// CommHookKind::PowerSgd (ValueError when invalid: validate_powersgd_options).
-template <class T>
-CommHook<T> make_comm_hook(CommHookKind k, const PowerSgdOptions& powersgd = {}) {
+// The built-in hook k for device D (what a transport runs until register_comm_hook replaces it);
+// `powersgd`: the options of CommHookKind::PowerSgd (ValueError when invalid:
+// validate_powersgd_options).
+template <class T, Device D = Cpu>
+CommHook<T, D> make_comm_hook(CommHookKind k, const PowerSgdOptions& powersgd = {}) {
   switch (k) {
-    case CommHookKind::Fp16: return fp16_compress_hook<T>();
-    case CommHookKind::Bf16: return bf16_compress_hook<T>();
-    case CommHookKind::PowerSgd: return powersgd_hook<T>(powersgd);
+    case CommHookKind::Fp16: return fp16_compress_hook<T, D>();
+    case CommHookKind::Bf16: return bf16_compress_hook<T, D>();
+    case CommHookKind::PowerSgd: return powersgd_hook<T, D>(powersgd);
     case CommHookKind::Allreduce:
-    default: return allreduce_hook<T>();
+    default: return allreduce_hook<T, D>();
   }
 }
 

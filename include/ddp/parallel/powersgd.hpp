@@ -1,12 +1,13 @@
 // PowerSGD gradient compression (Vogels et al., "PowerSGD: Practical Low-Rank Gradient Compression
 // for Distributed Optimization", NeurIPS 2019) as a DDP communication hook: the semantics of torch
-// 1.13's powerSGD_hook (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py), on host
-// buffers.
+// 1.13's powerSGD_hook (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py); the CPU
+// hook here, the CUDA one in parallel/cuda/powersgd.cuh (nvcc).
 // SPDX-License-Identifier: MIT
 //
 //   auto state = std::make_shared<parallel::PowerSgdState<float>>(
 //       parallel::PowerSgdOptions{.start_iter = 10});
 //   model.register_comm_hook(parallel::powersgd_hook<float>(state));   // or --comm-hook powersgd
+//   // a CUDA model: parallel::powersgd_hook<float, Cuda>(state)
 //   ... state->bytes_last_step: what the last step put on the wire
 //
 // For the first start_iter steps every bucket is averaged with a plain all-reduce (compressing too
@@ -38,9 +39,8 @@
 // test that feeds torch's initial Q has to permute its rows. Both devices: the host-side planning
 // below (plan_powersgd_bucket: which tensors are compressed, each matrix's rows / cols / r and its
 // offsets in the wire buffers; PowerSgdState's start_iter rule, initial Q and byte counters; the
-// element functors) is what the CPU hook here and the CUDA transport (parallel/cuda/ transport.cuh,
-// --comm-hook powersgd on a CUDA model) both call; only the matrix products and the
-// orthogonalisation are written per device (docs/decisions/0029).
+// element functors) is what both hooks call; only the matrix products and the orthogonalisation are
+// written per device (docs/decisions/0029).
 #pragma once
 
 #include <algorithm>
@@ -58,7 +58,9 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
 #include "ddp/parallel/grad_bucket.hpp"
+#include "ddp/tensor/device.hpp"
 #include "ddp/tensor/random.hpp"
 #include "ddp/tensor/shape.hpp"
 
@@ -122,6 +124,7 @@ struct PowerSgdMatrix {
   // into the P part of the send buffer (after the n_unc uncompressed values)
   std::int64_t p_offset = 0;
   std::int64_t q_offset = 0;  // into the Q buffer
+  bool operator==(const PowerSgdMatrix&) const = default;
 };
 
 // What one bucket sends once compression started, the same on both devices. Wire buffers
@@ -141,6 +144,7 @@ struct PowerSgdPlan {
   std::int64_t numel = 0;             // the bucket's elements (torch's numel before compression)
   std::int64_t compressed_numel = 0;  // n_unc + n_p + n_q (torch's numel after compression)
   std::int64_t send_numel() const noexcept { return n_unc + n_p; }
+  bool operator==(const PowerSgdPlan&) const = default;
 };
 
 // The plan of a bucket of `layout`, shapes[k] being the torch shape of layout.params[k]
@@ -336,8 +340,7 @@ struct PowerSgdState {
   std::int64_t numel_after_compression = 0;
 
   using Matrix = PowerSgdMatrix;
-  // What the CPU hook remembers per bucket (the CUDA transport keeps the same in device memory, per
-  // bucket).
+  // What the CPU hook remembers per bucket (the CUDA hook keeps the same in device memory).
   struct Bucket {
     std::vector<T> error;  // e, one per buffer element (error feedback)
     std::vector<T> input;  // the buffer after error feedback, for the new e
@@ -495,28 +498,45 @@ HookResult powersgd_compress(PowerSgdState<T>& s, GradBucket<T>& b) {
 }
 }  // namespace detail
 
-// The PowerSGD hook over a state the caller may keep to read the counters (validated at
-// construction).
+// The hook object of device D: the CPU one below, PowerSgdHook<T, Cuda> in
+// parallel/cuda/powersgd.cuh. The primary template turns a missing device into a message.
+template <class T, Device D>
+class PowerSgdHook {
+  static_assert(ddp::detail::dependent_false<D>,
+                "ddp: PowerSGD for CUDA models is in <ddp/parallel/cuda/powersgd.cuh>, which only "
+                "nvcc compiles: include <ddp/ddp.hpp> in a .cu file and link ddp::cuda");
+};
+
 template <class T>
-CommHook<T> powersgd_hook(std::shared_ptr<PowerSgdState<T>> state) {
+class PowerSgdHook<T, Cpu> {
+ public:
+  explicit PowerSgdHook(std::shared_ptr<PowerSgdState<T>> state) : state_(std::move(state)) {}
+  HookResult operator()(GradBucket<T, Cpu>& b) const {
+    // before start_iter: the plain average (torch's _allreduce_fut)
+    if (!state_->begin_bucket(b.buffer.size(), b.is_last)) return detail::all_reduce_average(b);
+    HookResult r = detail::powersgd_compress(*state_, b);
+    // Keep the state alive for `then` even if the hook is replaced before finish.
+    r.then = [state = state_, f = std::move(r.then)] { f(); };
+    return r;
+  }
+
+ private:
+  std::shared_ptr<PowerSgdState<T>> state_;
+};
+
+// The PowerSGD hook of device D over a state the caller may keep to read the counters (validated
+// at construction).
+template <class T, Device D = Cpu>
+CommHook<T, D> powersgd_hook(std::shared_ptr<PowerSgdState<T>> state) {
   if (!state)
     throw ValueError(
         "ddp: powersgd_hook got no state; pass std::make_shared<PowerSgdState<T>>(options)");
-  return [state](GradBucket<T>& b) -> HookResult {
-    PowerSgdState<T>& s = *state;
-    if (!s.begin_bucket(b.buffer.size(), b.is_last))  // plain average (torch's _allreduce_fut)
-      return HookResult{.work = b.comm->all_reduce(b.buffer, {.op = comm::ReduceOp::Avg}),
-                        .then = {}};
-    HookResult r = detail::powersgd_compress(s, b);
-    // Keep the state alive for `then` even if the hook is replaced before finish.
-    r.then = [state, f = std::move(r.then)] { f(); };
-    return r;
-  };
+  return PowerSgdHook<T, D>(std::move(state));
 }
 
-template <class T>
-CommHook<T> powersgd_hook(const PowerSgdOptions& o = {}) {
-  return powersgd_hook<T>(std::make_shared<PowerSgdState<T>>(o));
+template <class T, Device D = Cpu>
+CommHook<T, D> powersgd_hook(const PowerSgdOptions& o = {}) {
+  return powersgd_hook<T, D>(std::make_shared<PowerSgdState<T>>(o));
 }
 
 }  // namespace ddp::parallel

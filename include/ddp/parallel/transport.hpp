@@ -1,22 +1,19 @@
 // DDP's data movement on the CPU: Broadcaster<Cpu> (rank 0's values on every rank) and Transport<T,
-// Cpu> (the gradient buckets' pack / all-reduce / unpack that the Reducer drives).
+// Cpu> (the gradient buckets' pack / hook / unpack that the Reducer drives).
 // SPDX-License-Identifier: MIT
 //
 // Transport<T, Cpu>, per bucket b (see BucketTransport in parallel/reducer.hpp for the contract):
 //   launch(b)   memcpy each gradient into b's flat host buffer (bucket order, zeros for parameters
-//     without a
-//               gradient) and hand it to the communication hook with each parameter's torch shape
-//               (parallel/comm_hooks.hpp; by default an
-//               asynchronous all-reduce (Avg) that the backend's progress thread runs while
-//                 backward goes on)
-//   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), memcpy each
-//     slot into its
-//               parameter's grad() (not for parameters no rank used: find_unused_parameters keeps
-//                 those)
+//               without a gradient) and call the communication hook on it (grad_bucket.hpp; by
+//               default an asynchronous all-reduce (Avg) that the backend's progress thread runs
+//               while backward goes on)
+//   finish(b)   wait for the hook's Work, run its `then` (e.g. fp16 back to float), wait for what
+//               it deferred, memcpy each slot into its parameter's grad() (not for parameters no
+//               rank used: find_unused_parameters keeps those)
 // With gradient_as_bucket_view the gradients ARE the slots (parallel/grad_views.hpp): launch only
 // zeroes the slots of parameters without a gradient, finish copies nothing.
 // Example: bucket {fc.bias (10), fc.weight (10 x 64)} -> flat of 650 floats, fc.bias at 0,
-//   fc.weight at 10.
+// fc.weight at 10.
 // The CUDA versions (device buffers, a communication stream ordered by events) are in
 // parallel/cuda/transport.cuh, compiled only by nvcc; <ddp/ddp.hpp> includes them there.
 #pragma once
@@ -24,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <span>
 #include <utility>
@@ -39,6 +37,7 @@
 #include "ddp/core/host_memory.hpp"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/grad_bucket.hpp"
 #include "ddp/parallel/grad_views.hpp"
@@ -113,7 +112,7 @@ class Transport<T, Cpu> {
             comm::Communicator& comm)
       : params_(params),
         comm_(&comm),
-        hook_(make_comm_hook<T>(o.comm_hook, o.powersgd)),
+        hook_(make_comm_hook<T, Cpu>(o.comm_hook, o.powersgd)),
         bcast_(comm),
         view_(o.grads_in_buckets<Cpu>()) {}
   Transport(const Transport&) = delete;
@@ -125,11 +124,9 @@ class Transport<T, Cpu> {
     if (view_) own_grads(params_, Exec<Cpu>{});
   }
 
-  // Replaces the communication hook (parallel/comm_hooks.hpp); nothing may be in flight.
-  void set_comm_hook(CommHook<T> hook) {
-    if (!hook)
-      throw ValueError(
-          "ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T>()");
+  // Replaces the communication hook (parallel/grad_bucket.hpp); nothing may be in flight.
+  void set_comm_hook(CommHook<T, Cpu> hook) {
+    detail::require_hook(hook);
     drain();
     hook_ = std::move(hook);
   }
@@ -164,12 +161,14 @@ class Transport<T, Cpu> {
       else if (!view_)
         std::memcpy(slot, params_[i]->grad().data(), params_[i]->grad().bytes());
     }
-    GradBucket<T> gb{.index = b,
-                     .buffer = std::span<T>(bk.flat),
-                     .layout = &l,
-                     .comm = comm_,
-                     .is_last = b + 1 == layouts_.size(),
-                     .shapes = bk.shapes};
+    GradBucket<T, Cpu> gb{.index = b,
+                          .buffer = std::span<T>(bk.flat),
+                          .layout = &l,
+                          .comm = comm_,
+                          .is_last = b + 1 == layouts_.size(),
+                          .shapes = bk.shapes,
+                          .exec = {},
+                          .defer = defer_};
     bk.pending = hook_(gb);
   }
 
@@ -179,6 +178,7 @@ class Transport<T, Cpu> {
     r.work.wait();
     bk.completed = r.work.completed_at();
     if (r.then) r.then();
+    for (comm::Work& w : std::exchange(deferred_, {})) w.wait();
     // the slots are the gradients (a parameter no rank used: see docs/decisions/0033)
     if (view_) return;
     const BucketLayout& l = layouts_[b];
@@ -198,6 +198,7 @@ class Transport<T, Cpu> {
       }
       bk.pending = HookResult{};
     }
+    comm::wait_all_noexcept(deferred_);
   }
 
   // When bucket b's reduction completed (after its finish; nullopt: nothing ran, e.g. world size
@@ -226,7 +227,11 @@ class Transport<T, Cpu> {
 
   std::vector<nn::Parameter<T, Cpu>*> params_;
   comm::Communicator* comm_;
-  CommHook<T> hook_;
+  CommHook<T, Cpu> hook_;
+  std::vector<comm::Work> deferred_;  // what hooks gave GradBucket::defer (waited at finish)
+  std::function<void(comm::Work)> defer_ = [this](comm::Work w) {
+    deferred_.push_back(std::move(w));
+  };
   Broadcaster<Cpu> bcast_;
   bool view_;  // gradient_as_bucket_view
   std::vector<BucketLayout> layouts_;

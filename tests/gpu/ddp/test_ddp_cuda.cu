@@ -10,7 +10,8 @@
 // Communication hooks on the device (--comm-hook fp16|bf16): world 1 over NCCL gives the plain model's
 // gradients rounded through 16 bits (the CPU conversion's bits); world 2 over staged gloo on one GPU gives
 // the CPU hook's gradients (tcp, host buffers) bit for bit, the 16-bit sum being the same host code on both;
-// register_comm_hook is refused with the supported list. PowerSGD (--comm-hook powersgd, rank 1: Gram-Schmidt,
+// hooks passed to register_comm_hook run on the device like the built-ins (fp16_compress_hook<float, Cuda>, and a
+// user hook that sums and halves on the bucket's stream, deferring a second collective). PowerSGD (--comm-hook powersgd, rank 1: Gram-Schmidt,
 // rank 4: Householder) on a Linear whose weight gradient is compressed follows the CPU hook on the same inputs
 // and initial Q, step by step through start_iter, error feedback and warm start, to a tolerance (cuBLAS's fp32
 // products and the kernel's block sums round differently from the CPU's double loops): world 1 over NCCL and
@@ -294,7 +295,7 @@ TEST_SUITE("gpu_ddp") {
     }
   }
 
-  TEST_CASE("world size 1: fp16/bf16 hooks give the plain model's gradients rounded through 16 bits; others refused") {
+  TEST_CASE("world size 1: fp16/bf16 hooks give the plain model's gradients rounded through 16 bits; user hooks run") {
     if (ddp::test::skip_without_gpu()) return;
     using ddp::parallel::CommHookKind;
     ddp::store::HashStore store(std::chrono::seconds(30));
@@ -304,11 +305,28 @@ TEST_SUITE("gpu_ddp") {
     const auto local = local_grads(0, stream);
     Batch b = batch_of(0, e);
     ddp::nn::CrossEntropyLoss<float, Cuda> ce;
-    for (CommHookKind hook : {CommHookKind::Fp16, CommHookKind::Bf16}) {
-      INFO(ddp::parallel::comm_hook_name(hook));
+    // By name (--comm-hook fp16|bf16), the same fp16 hook through register_comm_hook, and a hook of the user's own:
+    // Sum over ranks (one rank: the value), then halve on the bucket's stream (exact in float), with a deferred
+    // all-reduce (Max: a no-op on the values) in `then`.
+    using ddp::parallel::GradBucket;
+    using ddp::parallel::HookResult;
+    const auto halving = [](GradBucket<float, Cuda>& gb) {
+      ddp::comm::Work w = gb.comm->all_reduce(gb.view(), {.op = ddp::comm::ReduceOp::Sum, .stream = ddp::stream_of(gb.exec)});
+      return HookResult{.work = std::move(w), .then = [gb] {
+                          ddp::Kernels<Cuda>::scale(gb.exec, 0.5f, gb.view());
+                          gb.defer(gb.comm->all_reduce(gb.view(), {.op = ddp::comm::ReduceOp::Max,
+                                                                   .stream = ddp::stream_of(gb.exec)}));
+                        }};
+    };
+    const char* const names[] = {"--comm-hook fp16", "--comm-hook bf16", "fp16_compress_hook<float, Cuda>", "user hook"};
+    for (int c = 0; c < 4; ++c) {
+      INFO(names[c]);
+      const CommHookKind kind = c == 0 ? CommHookKind::Fp16 : c == 1 ? CommHookKind::Bf16 : CommHookKind::Allreduce;
       Net net(kNet);
       ddp::parallel::DistributedDataParallel<float, Cuda> model(
-          net, *comm, {.bucket_cap_bytes = 256 << 10, .first_bucket_cap_bytes = 64 << 10, .comm_hook = hook});
+          net, *comm, {.bucket_cap_bytes = 256 << 10, .first_bucket_cap_bytes = 64 << 10, .comm_hook = kind});
+      if (c == 2) model.register_comm_hook(ddp::parallel::fp16_compress_hook<float, Cuda>());
+      if (c == 3) model.register_comm_hook(halving);
       for (int step = 0; step < 2; ++step) {  // step 2 runs on the rebuilt buckets
         INFO("step ", step);
         net.zero_grad();
@@ -321,21 +339,19 @@ TEST_SUITE("gpu_ddp") {
           Tensor<float, Cpu> want(local[i].shape());
           for (std::int64_t j = 0; j < want.numel(); ++j) {
             const float g = local[i].data()[j];
-            want.data()[j] = hook == CommHookKind::Fp16 ? static_cast<float>(ddp::half(g))
-                                                        : static_cast<float>(ddp::bfloat16(g));
+            want.data()[j] = c == 1   ? static_cast<float>(ddp::bfloat16(g))
+                             : c == 3 ? 0.5f * g
+                                      : static_cast<float>(ddp::half(g));
           }
           INFO(net.parameters()[i]->name());
           CHECK(std::memcmp(want.data(), got[i].data(), want.bytes()) == 0);
         }
       }
     }
-
-    using CudaDdp = ddp::parallel::DistributedDataParallel<float, Cuda>;
     Net net(kNet);
-    CudaDdp model(net, *comm);
-    CHECK_THROWS_WITH_AS(model.register_comm_hook(ddp::parallel::fp16_compress_hook<float>()),
-                         doctest::Contains("a hook passed to register_comm_hook is not supported for CUDA models: "
-                                           "they run the built-in hooks allreduce, fp16, bf16 and powersgd"),
+    ddp::parallel::DistributedDataParallel<float, Cuda> model(net, *comm);
+    CHECK_THROWS_WITH_AS(model.register_comm_hook({}),
+                         "ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T, D>()",
                          ddp::ValueError);
   }
 

@@ -140,6 +140,19 @@ class TwoHeads : public nn::Module<float, Cpu> {
 
 }  // namespace
 
+namespace test_ddp {
+// The guide's example hook (docs/GUIDE.md, section 3), verbatim.
+template <class T, Device D>
+parallel::CommHook<T, D> counting_hook(std::shared_ptr<std::size_t> bytes) {
+  return [bytes](parallel::GradBucket<T, D>& b) {
+    *bytes += b.buffer.size_bytes();
+    return parallel::HookResult{
+        .work = b.comm->all_reduce(b.view(), {.op = comm::ReduceOp::Avg, .stream = stream_of(b.exec)}),
+        .then = {}};
+  };
+}
+}  // namespace test_ddp
+
 TEST_SUITE("parallel") {
   TEST_CASE("assign_buckets: worked example from bucket.hpp") {
     const std::int64_t kib = 1024 / 4;  // float elements per KiB
@@ -429,8 +442,65 @@ TEST_SUITE("parallel") {
     }));
   }
 
-  TEST_CASE("compression hooks' element steps round to nearest even; which hooks CUDA models run, and the refusal") {
-    // The functors both devices run (the CPU hook's loops, the CUDA transport's kernels). Inputs are 2 x v with
+  TEST_CASE("user hooks: the guide's counting hook; Sum, halve in `then`, defer a second Sum; deferred errors raise") {
+    // The contract of parallel/grad_bucket.hpp, the same on both devices (the CUDA test runs the same hook shape).
+    // The guide's hook (section 3) averages like the default: the same bits, 21 floats x 4 bytes x 2 steps counted.
+    // Sum / halve / Sum: ((g0 + g1) * 0.5) summed over 2 ranks = g0 + g1, exactly twice the default hook's average
+    // (x / 2 and x * 0.5 are exact).
+    const std::int64_t B = 8;
+    std::vector<std::vector<float>> plain(2), counted(2), hooked(2);
+    std::vector<std::size_t> bytes(2);
+    check_all_ok(test::run_ranks(2, [&](comm::TcpCommunicator& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      for (int variant : {0, 1, 2}) {
+        Exec<Cpu> ex;
+        auto net = toy_model(1);
+        DistributedDataParallel<float, Cpu> model(*net, c);
+        auto counter = std::make_shared<std::size_t>(0);
+        if (variant == 1) model.register_comm_hook(test_ddp::counting_hook<float, Cpu>(counter));
+        if (variant == 2)
+          model.register_comm_hook([](parallel::GradBucket<float, Cpu>& b) {
+            comm::Work w = b.comm->all_reduce(b.view(), {.op = comm::ReduceOp::Sum, .stream = stream_of(b.exec)});
+            return parallel::HookResult{.work = std::move(w), .then = [b] {
+                                          Kernels<Cpu>::scale(b.exec, 0.5f, b.view());
+                                          b.defer(b.comm->all_reduce(b.view(), {.op = comm::ReduceOp::Sum}));
+                                        }};
+          });
+        for (int step = 0; step < 2; ++step) {  // step 1 runs on the rebuilt buckets
+          net->zero_grad();
+          toy_pass(ex, model, step * 2 * B + c.rank() * B, B);
+        }
+        bytes[r] += *counter;
+        auto& out = variant == 0 ? plain[r] : variant == 1 ? counted[r] : hooked[r];
+        for (auto* p : net->parameters()) out.insert(out.end(), p->grad().data(), p->grad().data() + p->numel());
+      }
+      auto net = toy_model(1);
+      DistributedDataParallel<float, Cpu> model(*net, c);
+      // A deferred Work's error reaches the caller of backward (DDP waited for it).
+      model.register_comm_hook([](parallel::GradBucket<float, Cpu>& b) {
+        const comm::Work failed =
+            comm::Work::completed("test op", std::make_exception_ptr(CommError("test op failed on purpose")));
+        return parallel::HookResult{.work = b.comm->all_reduce(b.view(), {.op = comm::ReduceOp::Avg}),
+                                    .then = [b, failed] { b.defer(failed); }};
+      });
+      Exec<Cpu> ex;
+      CHECK_THROWS_WITH_AS(toy_pass(ex, model, c.rank() * B, B), "test op failed on purpose", CommError);
+      CHECK_THROWS_WITH_AS(model.register_comm_hook({}),
+                           "ddp: register_comm_hook got an empty hook; pass e.g. parallel::allreduce_hook<T, D>()",
+                           ValueError);
+    }));
+    for (std::size_t r = 0; r < 2; ++r) {
+      REQUIRE(hooked[r].size() == plain[r].size());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < plain[r].size(); ++i) differ += hooked[r][i] != 2.0f * plain[r][i];
+      CHECK(differ == 0);
+      CHECK(counted[r] == plain[r]);
+      CHECK(bytes[r] == 21 * sizeof(float) * 2);
+    }
+  }
+
+  TEST_CASE("compression hooks' element steps round to nearest even") {
+    // The functors both devices run (through Kernels<D>::for_each_index). Inputs are 2 x v with
     // W = 2 (scale 0.5, exact), so the rounding to 16 bits is the only one; expected bits by IEEE hand rules.
     const float scale = parallel::detail::compress_scale(2);
     CHECK(scale == 0.5f);
@@ -466,11 +536,6 @@ TEST_SUITE("parallel") {
     for (auto k : {parallel::CommHookKind::Allreduce, parallel::CommHookKind::Fp16, parallel::CommHookKind::Bf16,
                    parallel::CommHookKind::PowerSgd})
       CHECK(parallel::parse_comm_hook(std::string(parallel::comm_hook_name(k))) == k);
-    CHECK(std::string(parallel::cuda_hook_refused("a hook passed to register_comm_hook").what()) ==
-          "ddp: a hook passed to register_comm_hook is not supported for CUDA models: they run the built-in hooks "
-          "allreduce, fp16, bf16 and powersgd on the device (--comm-hook allreduce|fp16|bf16|powersgd, "
-          "DdpOptions::comm_hook; PowerSGD's options in DdpOptions::powersgd); a hook passed to register_comm_hook "
-          "runs on host buffers, for CPU models only");
   }
 
   TEST_CASE("gradient_as_bucket_view: gradients live in the buckets, results are bitwise those of copying") {

@@ -1,25 +1,21 @@
-// PowerSGD on the device: PowerSgdDevice<T>, what Transport<T, Cuda> (parallel/cuda/transport.cuh)
-// runs for --comm-hook powersgd, and its orthogonalisation kernel and cuBLAS handle. Compiled only
-// by nvcc.
+// PowerSGD on the device: PowerSgdHook<T, Cuda>, the hook a CUDA model runs for --comm-hook
+// powersgd or gets from parallel::powersgd_hook<T, Cuda>(), with its orthogonalisation kernel and
+// cuBLAS handle. Compiled only by nvcc.
 // SPDX-License-Identifier: MIT
 //
 // The host-side part is the CPU hook's own (parallel/powersgd.hpp): plan_powersgd_bucket,
 // PowerSgdState's start_iter rule, initial Q and counters, and the element functors. Per bucket (W
-// ranks), on the transport's communication stream, after the bucket's copies:
-//   launch   flat += e; input = flat; Q = the CPU hook's initial values (host generator, copied up)
-//     or last
-//            step's; orthogonalise Q (kernel); P = M Q (cuBLAS) per compressed matrix M; all-reduce
-//              (Sum) of
-//            [uncompressed | every P]. Before start_iter: nothing (the transport runs the plain
-//              average).
-//   finish   uncompressed /= W back into flat; orthogonalise every P; Q = M^T P; all-reduce (Sum)
-//     of every Q;
-//            Q /= W; M = P Q^T into flat; e = input - flat (the CPU hook's `then`, after backward).
+// ranks), on the bucket's stream (GradBucket::exec: DDP's comm stream, after the copies):
+//   hook   flat += e; input = flat; Q = the CPU hook's initial values (host generator, copied up)
+//          or last step's; orthogonalise Q (kernel); P = M Q (cuBLAS) per compressed matrix M;
+//          all-reduce (Sum) of [uncompressed | every P]. Before start_iter: the plain average.
+//   then   uncompressed /= W back into flat; orthogonalise every P; Q = M^T P; all-reduce (Sum) of
+//          every Q (deferred: GradBucket::defer); Q /= W; M = P Q^T into flat; e = input - flat.
 // Orthogonalisation is one kernel per bucket, one block per matrix
 // (kernels/cuda/orthogonalize.cuh): the CPU's steps with block-tree sums, so the result follows the
-// CPU hook to rounding, not bit for bit (docs/decisions/0029). The GEMMs use a cuBLAS handle of
-// this object's own, bound to the comm stream, not the thread's handle that backward uses on the
-// compute stream.
+// CPU hook to rounding, not bit for bit (docs/decisions/0029). The GEMMs use a cuBLAS handle of the
+// hook's own, set to the bucket's stream, not the thread's handle that backward uses on the compute
+// stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -40,8 +37,9 @@
 #include "ddp/kernels/cuda/blas.cuh"
 #include "ddp/kernels/cuda/launch.cuh"
 #include "ddp/kernels/cuda/orthogonalize.cuh"
-#include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
+#include "ddp/parallel/comm_hooks.hpp"
+#include "ddp/parallel/grad_bucket.hpp"
 #include "ddp/parallel/powersgd.hpp"
 #include "ddp/tensor/cuda/allocator.hpp"
 #include "ddp/tensor/cuda/copy.hpp"
@@ -50,20 +48,19 @@
 #include "ddp/tensor/tensor.hpp"
 #include "ddp/tensor/view.hpp"
 
-namespace ddp::parallel::detail {
+namespace ddp::parallel {
+namespace detail {
 
-// PowerSGD's GEMMs on the comm stream go through a cuBLAS handle of the transport's own: the
-// thread's handle (kernels/cuda/blas.cuh) serves backward's GEMMs on the compute stream at the same
-// time, and one handle's workspace must not serve two streams at once. Bound to the comm stream for
-// life; destroyed with the transport (cublasDestroy waits for the device, after drain() has waited
-// for the collectives).
+// PowerSGD's GEMMs on the comm stream go through a cuBLAS handle of the hook's own: the thread's
+// handle (kernels/cuda/blas.cuh) serves backward's GEMMs on the compute stream at the same time,
+// and one handle's workspace must not serve two streams at once. Destroyed with the hook
+// (cublasDestroy waits for the device, after DDP's drain() has waited for the collectives).
 class PowerSgdBlas {
  public:
-  explicit PowerSgdBlas(cudaStream_t s) {
+  PowerSgdBlas() {
     DDP_CUBLAS_CHECK(cublasCreate(&h_));
     // the same bits run to run
     DDP_CUBLAS_CHECK(cublasSetAtomicsMode(h_, CUBLAS_ATOMICS_NOT_ALLOWED));
-    DDP_CUBLAS_CHECK(cublasSetStream(h_, s));
   }
   PowerSgdBlas(const PowerSgdBlas&) = delete;
   PowerSgdBlas& operator=(const PowerSgdBlas&) = delete;
@@ -71,6 +68,9 @@ class PowerSgdBlas {
     if (const cublasStatus_t st = cublasDestroy(h_); st != CUBLAS_STATUS_SUCCESS)
       DDP_LOG_ERROR(ddp::detail::cublas_error_text("cublasDestroy(h_)", st, __FILE__, __LINE__));
   }
+
+  // Where the following GEMMs run (the bucket's stream).
+  void set_stream(cudaStream_t s) { DDP_CUBLAS_CHECK(cublasSetStream(h_, s)); }
 
   // Column-major C (m x n) = op(A) op(B) in fp32 (fp64 for double: kernels/cuda/blas.cuh's compute
   // types, never TF32), sizes checked against cuBLAS's int as blas.cuh's gemm does.
@@ -97,43 +97,25 @@ class PowerSgdBlas {
   cublasHandle_t h_ = nullptr;
 };
 
-// --comm-hook powersgd on a CUDA model: the state (counters, iter, the generator of initial Q) and,
-// per bucket, the device buffers. Driven by Transport<T, Cuda>: build at every bucket (re)build,
-// launch and finish per bucket.
+// The CUDA hook's per-bucket device buffers and the GEMM handle, over the caller's state (counters,
+// iter, the generator of initial Q). Shared by the hook's copies and its `then` closures.
 template <class T>
 class PowerSgdDevice {
  public:
-  // Validates the options (PowerSgdState); `comm_stream` is the transport's, which outlives this
-  // object.
-  PowerSgdDevice(const PowerSgdOptions& o, cudaStream_t comm_stream)
-      : state_(o), blas_(comm_stream) {}
+  explicit PowerSgdDevice(std::shared_ptr<PowerSgdState<T>> state) : state_(std::move(state)) {}
 
-  // The counters (bytes on the wire, compression_stats, iter); its host `buckets` stay empty (ours
-  // are here).
-  const PowerSgdState<T>& state() const noexcept { return state_; }
+  PowerSgdState<T>& state() noexcept { return *state_; }
 
-  // One bucket per layout, planned from the parameters' torch shapes; the old ones are freed in
-  // stream order.
-  void build(const std::vector<BucketLayout>& layouts,
-             const std::vector<nn::Parameter<T, Cuda>*>& params, const Exec<Cuda>& comm_exec) {
-    std::vector<Bucket> fresh(layouts.size());
-    for (std::size_t b = 0; b < layouts.size(); ++b) plan(fresh[b], layouts[b], params, comm_exec);
-    buckets_ = std::move(fresh);
-  }
-
-  // torch's powerSGD_hook up to the first all-reduce, on exec's stream (the comm stream, after the
-  // bucket's copies); the host never waits. Before start_iter: nullopt, and the caller runs the
-  // plain Avg all-reduce. The steps and their order are the CPU hook's (parallel/powersgd.hpp,
-  // steps 1-4); row-major M (rows x cols) is cuBLAS's column-major M^T, so P = M Q is computed as
-  // P^T = Q^T M^T (gemm N, N).
-  std::optional<comm::Work> launch(std::size_t b, const Exec<Cuda>& exec, std::span<T> flat,
-                                   comm::Communicator& comm) {
-    PowerSgdState<T>& s = state_;
-    Bucket& ps = buckets_[b];
-    const bool is_last = b + 1 == buckets_.size();
+  // torch's powerSGD_hook up to the first all-reduce, on b.exec's stream; the host never waits. The
+  // caller has called begin_bucket (true: compress). The steps and their order are the CPU hook's
+  // (parallel/powersgd.hpp, steps 1-4); row-major M (rows x cols) is cuBLAS's column-major M^T, so
+  // P = M Q is computed as P^T = Q^T M^T (gemm N, N).
+  comm::Work launch(const GradBucket<T, Cuda>& b) {
+    PowerSgdState<T>& s = *state_;
+    const Exec<Cuda>& exec = b.exec;
     const cudaStream_t cs = cuda_stream(exec);
-    ps.compressed = s.begin_bucket(flat.size(), is_last);
-    if (!ps.compressed) return std::nullopt;
+    const std::span<T> flat = b.buffer;
+    Bucket& ps = bucket(b);
     const PowerSgdOptions& o = s.options;
     const PowerSgdPlan& plan = ps.plan;
     if (o.use_error_feedback) {  // 1.
@@ -147,7 +129,7 @@ class PowerSgdDevice {
     // 3. the CPU's values
     if (s.needs_new_q(ps.q_valid ? static_cast<std::size_t>(plan.n_q) : 0, plan)) {
       std::vector<T> q0(static_cast<std::size_t>(plan.n_q));
-      s.initial_q(b, plan, std::span<T>(q0));
+      s.initial_q(b.index, plan, std::span<T>(q0));
       if (!q0.empty())  // pageable: read before the call returns
         DDP_CUDA_CHECK(cudaMemcpyAsync(ps.q.data(), q0.data(), q0.size() * sizeof(T),
                                        cudaMemcpyHostToDevice, cs));
@@ -162,31 +144,29 @@ class PowerSgdDevice {
       at += n;
     }
     if (!plan.matrices.empty()) orthogonalize(exec, ps.q.data(), ps.q_jobs, ps);
+    PowerSgdBlas& blas = blas_on(cs);
     for (const PowerSgdMatrix& m : plan.matrices)  // P (rows x r) = M Q
-      blas_.gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, m.rank, m.rows, m.cols, ps.q.data() + m.q_offset,
-                    m.rank, flat.data() + m.offset, m.cols,
-                    ps.send.data() + plan.n_unc + m.p_offset, m.rank);
-    s.count_compressed(plan, is_last);  // 4.
-    return comm.all_reduce(TensorView<T, Cuda>(ps.send.data(), Shape{plan.send_numel()}),
-                           {.op = comm::ReduceOp::Sum, .stream = cs});
+      blas.gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, m.rank, m.rows, m.cols, ps.q.data() + m.q_offset,
+                   m.rank, flat.data() + m.offset, m.cols, ps.send.data() + plan.n_unc + m.p_offset,
+                   m.rank);
+    s.count_compressed(plan, b.is_last);  // 4.
+    return b.comm->all_reduce(TensorView<T, Cuda>(ps.send.data(), Shape{plan.send_numel()}),
+                              {.op = comm::ReduceOp::Sum, .stream = cs});
   }
 
   // The CPU hook's `then` (steps 5-6) on exec's stream, after the launched all-reduce: the
   // uncompressed part averaged back into flat; each P orthonormalised; Q = M^T P (gemm N, T); the Q
-  // all-reduce (Sum) stream- ordered, its Work appended to `retired` (waited at the next begin_step
-  // like the bucket's); Q /= W; M = P Q^T (gemm T, N); the new error. Enqueued at finish, after
-  // backward, as on the CPU; the host does not wait for any of it. Nothing when this step's launch
-  // did not compress.
-  void finish(std::size_t b, const Exec<Cuda>& exec, std::span<T> flat_span,
-              comm::Communicator& comm, std::vector<comm::Work>& retired) {
-    PowerSgdState<T>& s = state_;
-    Bucket& ps = buckets_[b];
-    if (!ps.compressed) return;
+  // all-reduce (Sum), stream-ordered, its Work deferred (waited by DDP at the next step); Q /= W;
+  // M = P Q^T (gemm T, N); the new error. The host does not wait for any of it.
+  void finish(const GradBucket<T, Cuda>& b) {
+    PowerSgdState<T>& s = *state_;
+    Bucket& ps = buckets_[b.index];
     const PowerSgdOptions& o = s.options;
     const PowerSgdPlan& plan = ps.plan;
+    const Exec<Cuda>& exec = b.exec;
     const cudaStream_t cs = cuda_stream(exec);
-    T* flat = flat_span.data();
-    const double world = comm.size();
+    T* flat = b.buffer.data();
+    const double world = b.comm->size();
     if (plan.n_unc > 0)
       kernels::cuda::for_each_index(
           exec, static_cast<std::size_t>(plan.n_unc),
@@ -199,39 +179,38 @@ class PowerSgdDevice {
       at += n;
     }
     if (!plan.matrices.empty()) {
+      PowerSgdBlas& blas = blas_on(cs);
       orthogonalize(exec, ps.send.data(), ps.p_jobs, ps);  // the P jobs' offsets include n_unc
       for (const PowerSgdMatrix& m : plan.matrices)        // Q (cols x r) = M^T P
-        blas_.gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, m.rank, m.cols, m.rows,
-                      ps.send.data() + plan.n_unc + m.p_offset, m.rank, flat + m.offset, m.cols,
-                      ps.q.data() + m.q_offset, m.rank);
-      retired.push_back(comm.all_reduce(TensorView<T, Cuda>(ps.q.data(), Shape{plan.n_q}),
-                                        {.op = comm::ReduceOp::Sum, .stream = cs}));
+        blas.gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, m.rank, m.cols, m.rows,
+                     ps.send.data() + plan.n_unc + m.p_offset, m.rank, flat + m.offset, m.cols,
+                     ps.q.data() + m.q_offset, m.rank);
+      b.defer(b.comm->all_reduce(TensorView<T, Cuda>(ps.q.data(), Shape{plan.n_q}),
+                                 {.op = comm::ReduceOp::Sum, .stream = cs}));
       kernels::cuda::for_each_index(
           exec, static_cast<std::size_t>(plan.n_q),
           PowerSgdDivide<T>{.src = ps.q.data(), .dst = ps.q.data(), .world = world});
       for (const PowerSgdMatrix& m : plan.matrices)  // M (rows x cols) = P Q^T
-        blas_.gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, m.cols, m.rows, m.rank, ps.q.data() + m.q_offset,
-                      m.rank, ps.send.data() + plan.n_unc + m.p_offset, m.rank, flat + m.offset,
-                      m.cols);
+        blas.gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, m.cols, m.rows, m.rank, ps.q.data() + m.q_offset,
+                     m.rank, ps.send.data() + plan.n_unc + m.p_offset, m.rank, flat + m.offset,
+                     m.cols);
     }
     if (o.use_error_feedback) {
       kernels::cuda::for_each_index(
-          exec, flat_span.size(),
+          exec, b.buffer.size(),
           PowerSgdNewError<T>{.input = ps.input.data(), .buffer = flat, .error = ps.error.data()});
       ps.error_valid = true;
     }
     ps.q_valid = o.warm_start;
-    ps.compressed = false;
-    s.end_compressed_bucket(b + 1 == buckets_.size());
+    s.end_compressed_bucket(b.is_last);
   }
 
  private:
-  // What one bucket keeps on the device across steps (the CPU hook's PowerSgdState::Bucket),
-  // allocated by build() from the bucket's plan. Freed in stream order, like the transport's flat
-  // buffers.
+  // What one bucket keeps on the device across steps (the CPU hook's PowerSgdState::Bucket). Freed
+  // in stream order, like DDP's flat buffers.
   struct Bucket {
-    // plan_powersgd_bucket, fixed for the bucket's life (its shapes do not change)
-    PowerSgdPlan plan;
+    PowerSgdPlan plan;  // plan_powersgd_bucket of the bucket's layout and shapes
+    bool planned = false;
     // (numel) e, error feedback; valid once a compressed step finished (error_valid)
     Tensor<T, Cuda> error;
     Tensor<T, Cuda> input;  // (numel) the buffer after error feedback
@@ -243,25 +222,27 @@ class PowerSgdDevice {
     Tensor<std::int64_t, Cuda> q_jobs, p_jobs;
     Tensor<double, Cuda> work;  // Householder scratch (matrices with r > 2)
     bool error_valid = false, q_valid = false;
-    // this step's launch compressed (false: a plain Avg all-reduce, before start_iter)
-    bool compressed = false;
   };
 
-  // A bucket's plan (host, the CPU hook's function), its device buffers, and its orthogonalisation
-  // jobs (uploaded on ce, the comm stream; the host values are read before the copy returns).
-  void plan(Bucket& ps, const BucketLayout& l, const std::vector<nn::Parameter<T, Cuda>*>& params,
-            const Exec<Cuda>& ce) {
-    std::vector<Shape> shapes;
-    for (std::size_t i : l.params) shapes.push_back(params[i]->torch_shape());
-    ps.plan = plan_powersgd_bucket(l, shapes, state_.options);
-    const PowerSgdPlan& plan = ps.plan;
-    if (state_.options.use_error_feedback) {
-      ps.error = Tensor<T, Cuda>(Shape{l.numel});
-      ps.input = Tensor<T, Cuda>(Shape{l.numel});
+  // Bucket b.index, planned (host, the CPU hook's function) from b's layout and shapes each call as
+  // the CPU hook does; a changed plan (DDP rebuilt its buckets) gets new device buffers. As on the
+  // CPU, the error survives when the bucket keeps its size and Q when it keeps n_q.
+  Bucket& bucket(const GradBucket<T, Cuda>& b) {
+    if (buckets_.size() <= b.index) buckets_.resize(b.index + 1);
+    Bucket& ps = buckets_[b.index];
+    PowerSgdPlan plan = plan_powersgd_bucket(*b.layout, b.shapes, state_->options);
+    if (ps.planned && plan == ps.plan) return ps;
+    const auto sized = [](Tensor<T, Cuda>& t, std::int64_t n) {
+      if (t.numel() == n) return false;
+      t = Tensor<T, Cuda>(Shape{n});
+      return true;
+    };
+    if (state_->options.use_error_feedback) {
+      sized(ps.input, plan.numel);
+      if (sized(ps.error, plan.numel)) ps.error_valid = false;
     }
-    ps.send = Tensor<T, Cuda>(Shape{plan.send_numel()});
-    if (plan.matrices.empty()) return;
-    ps.q = Tensor<T, Cuda>(Shape{plan.n_q});
+    if (sized(ps.q, plan.n_q)) ps.q_valid = false;
+    sized(ps.send, plan.send_numel());
     std::vector<std::int64_t> qj, pj;
     std::int64_t q_work = 0, p_work = 0;
     for (const PowerSgdMatrix& m : plan.matrices) {
@@ -272,15 +253,19 @@ class PowerSgdDevice {
         p_work += 2 * m.rows * m.rank;
       }
     }
-    const auto upload = [&ce](const std::vector<std::int64_t>& v) {
+    // uploaded on the bucket's stream; the host values are read before the copy returns
+    const auto upload = [&b](const std::vector<std::int64_t>& v) {
       return to<Cuda>(
           TensorView<const std::int64_t, Cpu>(v.data(), Shape{static_cast<std::int64_t>(v.size())}),
-          ce);
+          b.exec);
     };
     ps.q_jobs = upload(qj);
     ps.p_jobs = upload(pj);
-    if (std::max(q_work, p_work) > 0)
-      ps.work = Tensor<double, Cuda>(Shape{std::max(q_work, p_work)});
+    ps.work = std::max(q_work, p_work) > 0 ? Tensor<double, Cuda>(Shape{std::max(q_work, p_work)})
+                                           : Tensor<double, Cuda>();
+    ps.plan = std::move(plan);
+    ps.planned = true;
+    return ps;
   }
 
   // Orthonormalises the matrices `jobs` names in base (one block each), on exec's stream.
@@ -288,12 +273,40 @@ class PowerSgdDevice {
                      Bucket& ps) {
     const auto n = static_cast<unsigned>(ps.plan.matrices.size());
     kernels::cuda::orthogonalize_columns(exec, base, jobs.data(), n, ps.work.data(),
-                                         state_.options.orthogonalization_epsilon);
+                                         state_->options.orthogonalization_epsilon);
   }
 
-  PowerSgdState<T> state_;
-  PowerSgdBlas blas_;
+  // The GEMM handle (made on first use, on the thread and device that drive DDP), set to stream s.
+  PowerSgdBlas& blas_on(cudaStream_t s) {
+    if (!blas_) blas_.emplace();
+    blas_->set_stream(s);
+    return *blas_;
+  }
+
+  std::shared_ptr<PowerSgdState<T>> state_;
   std::vector<Bucket> buckets_;
+  std::optional<PowerSgdBlas> blas_;
 };
 
-}  // namespace ddp::parallel::detail
+}  // namespace detail
+
+// torch's powerSGD_hook on a CUDA model's buckets (see the file comment); copies share one device
+// state, and each `then` keeps it alive.
+template <class T>
+class PowerSgdHook<T, Cuda> {
+ public:
+  explicit PowerSgdHook(std::shared_ptr<PowerSgdState<T>> state)
+      : dev_(std::make_shared<detail::PowerSgdDevice<T>>(std::move(state))) {}
+  HookResult operator()(GradBucket<T, Cuda>& b) const {
+    // before start_iter: the plain average (torch's _allreduce_fut)
+    if (!dev_->state().begin_bucket(b.buffer.size(), b.is_last))
+      return detail::all_reduce_average(b);
+    comm::Work w = dev_->launch(b);
+    return HookResult{.work = std::move(w), .then = [dev = dev_, b] { dev->finish(b); }};
+  }
+
+ private:
+  std::shared_ptr<detail::PowerSgdDevice<T>> dev_;
+};
+
+}  // namespace ddp::parallel

@@ -4,68 +4,37 @@
 // SPDX-License-Identifier: MIT
 //
 // Transport<T, Cuda>, per bucket b (the Reducer drives it, parallel/reducer.hpp):
-//   begin_step(exec)   remembers exec (the compute stream backward runs on); waits for the previous
-//     step's
-//                      collectives (by then long complete) so that a failed one is raised
-//   launch(b)          enqueues, without blocking the host:
-//       ready[b].record(compute)             the bucket's gradients are written when compute gets
-//         here
-//       ready[b].wait(comm)                  the comm stream waits for that point
-//       copies grad -> flat (comm stream)    cudaMemcpyAsync device to device (cudaMemsetAsync
-//         without a gradient)
-//       all_reduce_on(comm, flat)            the all-reduce (Avg) after the copies; comm waits for
-//         it
-//     or, with --comm-hook fp16|bf16 (CommHookKind::Fp16/Bf16; torch's fp16/bf16_compress_hook):
-//       kernel flat -> wire (comm stream)    wire[i] = H(flat[i] * (1/W)), H = half/bfloat16 (the
-//         CPU hook's
-//                                            element functor, parallel/comm_hooks.hpp: same
-//                                              rounding)
-//       all-reduce (Sum) of wire             16-bit values summed over ranks, stream-ordered like
-//         the above
-//       kernel wire -> flat (comm stream)    flat[i] = float(wire[i])
-//     or, with --comm-hook powersgd: parallel/cuda/powersgd.cuh's launch (torch's powerSGD_hook on
-//       the device)
-//   finish(b, keep)    after backward: copies flat -> grad (comm stream; not for keep[i], a
-//     parameter no rank
-//                      used), done[b].record(comm), compute waits for done[b]: the optimizer step,
-//                        enqueued
-//                      next on the compute stream, sees averaged gradients. The host never waits
-//                        here.
-//                      powersgd: before those copies, powersgd.cuh's finish (the CPU hook's `then`,
-//                        with the
-//                      Q all-reduce), also on the comm stream.
+//   begin_step(exec)  remembers exec (the compute stream backward runs on); waits for the previous
+//                     step's collectives (by then long complete) so that a failed one is raised
+//   launch(b)         enqueues, without blocking the host:
+//                       ready[b].record(compute); ready[b].wait(comm stream)
+//                       copies grad -> flat on the comm stream (a memset without a gradient)
+//                       the hook on flat, on the comm stream (parallel/grad_bucket.hpp): by default
+//                       the all-reduce (Avg); fp16/bf16 compression and PowerSGD are hooks too
+//   finish(b, keep)   after backward: the hook's `then` (enqueued on the comm stream), copies
+//                     flat -> grad (not for keep[i], a parameter no rank used), done[b].record(comm
+//                     stream), compute waits for done[b]: the optimizer step, enqueued next on the
+//                     compute stream, sees averaged gradients. The host never waits here.
 // gradient_as_bucket_view (parallel/grad_views.hpp): the gradients are the slots of flat, so
-// neither copy runs (only the memset for parameters without a gradient); the all-reduce works in
-// place. Hooks: the built-ins allreduce, fp16, bf16 and powersgd (CommHookKind, comm_hooks.hpp);
-// every backend that reaches device memory all-reduces F16/BF16 (nccl natively; a staged tcp/mpi
-// sums them on the host as for a CPU model, so the results equal the CPU hook's on the same backend
-// bit for bit). PowerSGD: PowerSgdDevice (parallel/cuda/powersgd.cuh), which follows the CPU hook
-// to rounding; its state is powersgd_state(). register_comm_hook (host code) is refused with a
-// ValueError saying what is supported. Backward keeps running on the compute stream while buckets
-// are reduced (the grads of a launched bucket are not written again in the same backward), which is
-// the overlap DDP exists for. Requirements: a communicator on device memory (memory() ==
-// MemoryKind::Cuda: --backend nccl, or tcp/gloo and mpi made with CommOptions::cuda_device, which
-// stage through pinned host memory: comm/staging/ staged_communicator.hpp, docs/decisions/0023),
-// all gradients in device memory, a hook from the list above (ValueError otherwise). The bucket
-// order rebuilt after the first step is broadcast through a small device buffer (one host wait).
-// The collectives are stream-ordered on the comm stream (comm/communicator.hpp: `.stream`): each
-// waits on the device for the copies before it, and the copies after it wait for it; the host is
-// never involved (staged backends: the stream waits in a host function for the host collective, not
-// the calling thread). Nothing here keeps a stream in the communicator: the stream travels with
-// each call, so the communicator outlives this transport and its streams safely
-// (docs/decisions/0016). Memory: nccl declares every buffer it hands to NCCL to the caching
-// allocator (cuda_record_stream), so a flat buffer freed by a rebuild is reused only after NCCL has
-// finished with it; a staged backend touches device memory only on the caller's stream, in stream
-// order like our own copies.
+// neither copy runs (only the memset for parameters without a gradient). Backward keeps running on
+// the compute stream while buckets are reduced (the grads of a launched bucket are not written
+// again in the same backward): the overlap DDP exists for. Requirements: a communicator on device
+// memory (memory() == MemoryKind::Cuda: --backend nccl, or tcp/gloo and mpi made with
+// CommOptions::cuda_device, which stage through pinned host memory, docs/decisions/0023), all
+// gradients in device memory. The hook's Works and those it defers are waited for at the next
+// begin_step. The bucket order rebuilt after the first step is broadcast through a small device
+// buffer (one host wait). The stream travels with each call, never kept in the communicator, so the
+// communicator outlives this transport and its streams safely (docs/decisions/0016). Memory: nccl
+// declares every buffer it hands to NCCL to the caching allocator (cuda_record_stream), so a flat
+// buffer freed by a rebuild is reused only after NCCL has finished with it; a staged backend
+// touches device memory only on the caller's stream.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <memory>
-#include <optional>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -76,7 +45,7 @@
 #include "ddp/core/cuda_check.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/str.hpp"
-#include "ddp/kernels/cuda/launch.cuh"
+#include "ddp/kernels/cuda/kernels.cuh"
 #include "ddp/nn/parameter.hpp"
 #include "ddp/parallel/bucket.hpp"
 #include "ddp/parallel/comm_hooks.hpp"
@@ -103,17 +72,6 @@ inline comm::Communicator& on_device_memory(comm::Communicator& comm) {
         comm.backend(), "' communicator works on host memory"));
   return comm;
 }
-// Waits for every Work, dropping errors (used while another error unwinds, or on destruction).
-inline void wait_all_noexcept(std::vector<comm::Work>& works) noexcept {
-  for (comm::Work& w : works) {
-    try {
-      w.wait();
-    } catch (...) {
-    }
-  }
-  works.clear();
-}
-
 }  // namespace detail
 
 template <>
@@ -176,7 +134,7 @@ class Broadcaster<Cuda> {
     std::vector<comm::Work> works = std::exchange(pending_, {});
     for (comm::Work& w : works) w.wait();
   }
-  void drain() noexcept { detail::wait_all_noexcept(pending_); }
+  void drain() noexcept { comm::wait_all_noexcept(pending_); }
 
  private:
   // Stream-ordered: the broadcast waits for s's earlier work, s's later work waits for the
@@ -201,23 +159,8 @@ class Transport<T, Cuda> {
       : params_(params),
         bcast_(comm),
         comm_(&comm),
-        hook_(o.comm_hook),
-        view_(o.grads_in_buckets<Cuda>()) {
-    if (hook_ == CommHookKind::PowerSgd)
-      // validates the options
-      psgd_ = std::make_unique<detail::PowerSgdDevice<T>>(o.powersgd, comm_stream_.get());
-  }
-  // A CommHook<T> is host code on host buffers (parallel/comm_hooks.hpp): CUDA buckets take
-  // DdpOptions::comm_hook.
-  void set_comm_hook(const CommHook<T>& /*hook*/) {
-    throw cuda_hook_refused("a hook passed to register_comm_hook");
-  }
-  // --comm-hook powersgd: the state's counters (bytes on the wire, compression_stats, iter); null
-  // otherwise. The per-bucket tensors live in device memory here, not in the state's host
-  // `buckets`, which stay empty.
-  const PowerSgdState<T>* powersgd_state() const noexcept {
-    return psgd_ ? &psgd_->state() : nullptr;
-  }
+        hook_(make_comm_hook<T, Cuda>(o.comm_hook, o.powersgd)),
+        view_(o.grads_in_buckets<Cuda>()) {}
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   // The parameters outlive us: with gradient_as_bucket_view their gradients move back into memory
@@ -227,6 +170,13 @@ class Transport<T, Cuda> {
     if (view_) own_grads(params_, compute_);
   }
 
+  // Replaces the communication hook (parallel/grad_bucket.hpp); waits for what is in flight.
+  void set_comm_hook(CommHook<T, Cuda> hook) {
+    detail::require_hook(hook);
+    drain();
+    hook_ = std::move(hook);
+  }
+
   void build(const std::vector<BucketLayout>& layouts) {
     // raised at begin_step
     for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));
@@ -234,16 +184,12 @@ class Transport<T, Cuda> {
     std::vector<T*> flats;
     for (std::size_t b = 0; b < layouts.size(); ++b) {
       fresh[b].flat = Tensor<T, Cuda>(Shape{layouts[b].numel});
-      if (hook_ == CommHookKind::Fp16)
-        fresh[b].wire_f16 = Tensor<half, Cuda>(Shape{layouts[b].numel});
-      if (hook_ == CommHookKind::Bf16)
-        fresh[b].wire_bf16 = Tensor<bfloat16, Cuda>(Shape{layouts[b].numel});
+      for (std::size_t i : layouts[b].params) fresh[b].shapes.push_back(params_[i]->torch_shape());
       flats.push_back(fresh[b].flat.data());
     }
-    if (psgd_) psgd_->build(layouts, params_, comm_stream_.exec());
-    // on the compute stream, before the
+    // on the compute stream, before the old buffers are freed
     if (view_) view_grads_in_buckets(params_, layouts, flats, compute_);
-    layouts_ = layouts;  // old buffers are freed
+    layouts_ = layouts;
     // old flat buffers are freed in stream order (see the file comment)
     buckets_ = std::move(fresh);
   }
@@ -270,34 +216,29 @@ class Transport<T, Cuda> {
         DDP_CUDA_CHECK(
             cudaMemcpyAsync(dst, params_[i]->grad().data(), bytes, cudaMemcpyDeviceToDevice, cs));
     }
-    const std::span<T> flat(bk.flat.data(), static_cast<std::size_t>(l.numel));
-    switch (hook_) {
-      case CommHookKind::Fp16: bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_f16); break;
-      case CommHookKind::Bf16:
-        bk.work = compressed_all_reduce(comm_exec, flat, bk.wire_bf16);
-        break;
-      case CommHookKind::PowerSgd: {
-        std::optional<comm::Work> w = psgd_->launch(b, comm_exec, flat, *comm_);
-        // nullopt: before start_iter, the plain average
-        bk.work = w ? std::move(*w) : all_reduce_on(cs, flat);
-        break;
-      }
-      default: bk.work = all_reduce_on(cs, flat);  // Allreduce
-    }
+    GradBucket<T, Cuda> gb{
+        .index = b,
+        .buffer = std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)),
+        .layout = &l,
+        .comm = comm_,
+        .is_last = b + 1 == layouts_.size(),
+        .shapes = bk.shapes,
+        .exec = comm_exec,
+        .defer = defer_};
+    HookResult r = hook_(gb);
+    bk.work = std::move(r.work);
+    bk.then = std::move(r.then);
   }
 
   // The copies back into grad() are enqueued here, after backward, because only now is it known
-  // which parameters no rank used (keep[i]: left untouched); the comm stream still runs them after
-  // the all-reduce and the compute stream, where the optimizer runs next, waits for them. The host
+  // which parameters no rank used (keep[i]: left untouched); the comm stream runs them after the
+  // hook's work and the compute stream, where the optimizer runs next, waits for them. The host
   // does not wait.
   void finish(std::size_t b, const std::vector<bool>& keep) {
     Bucket& bk = buckets_[b];
     const BucketLayout& l = layouts_[b];
     const cudaStream_t cs = comm_stream_.get();
-    if (psgd_)
-      psgd_->finish(b, comm_stream_.exec(),
-                    std::span<T>(bk.flat.data(), static_cast<std::size_t>(l.numel)), *comm_,
-                    retired_);
+    if (std::function<void()> then = std::exchange(bk.then, {})) then();
     for (std::size_t k = 0; k < l.params.size() && !view_; ++k) {
       if (keep[l.params[k]]) continue;
       auto& g = params_[l.params[k]]->grad();
@@ -309,8 +250,11 @@ class Transport<T, Cuda> {
   }
 
   void drain() noexcept {
-    for (Bucket& bk : buckets_) retired_.push_back(std::exchange(bk.work, comm::Work()));
-    detail::wait_all_noexcept(retired_);
+    for (Bucket& bk : buckets_) {
+      retired_.push_back(std::exchange(bk.work, comm::Work()));
+      bk.then = {};
+    }
+    comm::wait_all_noexcept(retired_);
     bcast_.drain();
   }
 
@@ -336,14 +280,11 @@ class Transport<T, Cuda> {
 
  private:
   struct Bucket {
-    Tensor<T, Cuda> flat;  // gradients back to back, bucket order (device)
-    // --comm-hook fp16 / bf16: flat / W in 16 bits, what is all-reduced (empty for the other
-    // hooks). Freed like flat (nccl declares it to the allocator; the kernels and staged copies run
-    // on the comm stream).
-    Tensor<half, Cuda> wire_f16;
-    Tensor<bfloat16, Cuda> wire_bf16;
+    Tensor<T, Cuda> flat;       // gradients back to back, bucket order (device)
+    std::vector<Shape> shapes;  // each parameter's torch shape, bucket order (GradBucket::shapes)
     Event ready, done;
-    comm::Work work;  // the all-reduce, retired at the next begin_step
+    comm::Work work;             // the hook's, retired at the next begin_step
+    std::function<void()> then;  // the hook's, run at finish
   };
 
   // Waits for the previous step's collectives (complete by now in a healthy job) and raises the
@@ -355,47 +296,20 @@ class Transport<T, Cuda> {
     bcast_.retire();
   }
 
-  // Stream-ordered: the all-reduce waits for s's earlier work, s's later work waits for the
-  // all-reduce.
-  comm::Work all_reduce_on(cudaStream_t s, std::span<T> flat) {
-    return comm_->all_reduce(
-        TensorView<T, Cuda>(flat.data(), Shape{static_cast<std::int64_t>(flat.size())}),
-        {.op = comm::ReduceOp::Avg, .stream = s});
-  }
-
-  // torch's fp16/bf16_compress_hook on the device, all on exec's stream (the comm stream), no host
-  // wait: wire = H(flat * (1/W)), Sum over ranks of wire, flat = float(wire). The element functors
-  // are the CPU hook's (parallel/comm_hooks.hpp), so the rounding is the same bits.
-  template <class H>
-  comm::Work compressed_all_reduce(const Exec<Cuda>& exec, std::span<T> flat,
-                                   Tensor<H, Cuda>& wire) {
-    const std::size_t n = flat.size();
-    kernels::cuda::for_each_index(
-        exec, n,
-        detail::CompressToWire<T, H>{.bucket = flat.data(),
-                                     .wire = wire.data(),
-                                     .inv_world = detail::compress_scale(comm_->size())});
-    comm::Work w =
-        comm_->all_reduce(TensorView<H, Cuda>(wire.data(), Shape{static_cast<std::int64_t>(n)}),
-                          {.op = comm::ReduceOp::Sum, .stream = cuda_stream(exec)});
-    kernels::cuda::for_each_index(
-        exec, n, detail::DecompressFromWire<T, H>{.wire = wire.data(), .bucket = flat.data()});
-    return w;
-  }
-
   std::vector<nn::Parameter<T, Cuda>*> params_;
   Broadcaster<Cuda> bcast_;
   comm::Communicator* comm_;
-  CommHookKind hook_;  // Allreduce, Fp16, Bf16 or PowerSgd
-  // --comm-hook powersgd (parallel/cuda/powersgd.cuh)
-  std::unique_ptr<detail::PowerSgdDevice<T>> psgd_;
+  CommHook<T, Cuda> hook_;
   bool view_;           // gradient_as_bucket_view (parallel/grad_views.hpp)
   Stream comm_stream_;  // blocking (cudaStreamDefault): orders with the legacy default stream
   Exec<Cuda> compute_{};
   std::vector<BucketLayout> layouts_;
   std::vector<Bucket> buckets_;
-  // Works of replaced buckets and of drained steps, not yet waited
+  // Works of replaced buckets, of drained steps and those hooks deferred, not yet waited
   std::vector<comm::Work> retired_;
+  std::function<void(comm::Work)> defer_ = [this](comm::Work w) {
+    retired_.push_back(std::move(w));
+  };
 };
 
 }  // namespace ddp::parallel

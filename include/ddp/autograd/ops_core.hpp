@@ -28,13 +28,8 @@ using kernels::StridedIndex;
 
 inline std::vector<std::int64_t> dims_of(const Shape& s) { return {s.begin(), s.end()}; }
 
-inline int norm_dim(int dim, int rank, const char* op, const Shape& s) {
-  const int d = dim < 0 ? dim + rank : dim;
-  if (d < 0 || d >= rank)
-    throw ValueError(ddp::detail::str("ddp: autograd: ", op, ": dim ", dim,
-                                      " is out of range for shape ", s, " (valid: ", -rank, " to ",
-                                      rank - 1, ")"));
-  return d;
+inline int norm_dim(int dim, const char* op, const Shape& s) {
+  return wrap_dim(dim, s, ddp::detail::str("autograd: ", op));
 }
 
 // numpy broadcasting of two shapes, or a ValueError naming the op and both shapes.

@@ -12,7 +12,7 @@ template <class T, Device D>
 Var<T, D> softmax_impl(const Var<T, D>& x, int dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   const Shape& s = x.shape();
-  const int d = norm_dim(dim, s.rank(), op, s);
+  const int d = norm_dim(dim, op, s);
   const auto line = lines_along(s, d);
   const std::int64_t lines = s.numel() / std::max<std::int64_t>(s[d], 1);
   Tensor<T, D> y(s);

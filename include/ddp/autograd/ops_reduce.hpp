@@ -15,7 +15,7 @@ Var<T, D> reduce(const Var<T, D>& x, std::vector<int> dims, bool keepdim, bool m
                  const char* op) {
   const Shape& s = x.shape();
   std::vector<bool> red(static_cast<std::size_t>(s.rank()), dims.empty());
-  for (int d : dims) red[static_cast<std::size_t>(norm_dim(d, s.rank(), op, s))] = true;
+  for (int d : dims) red[static_cast<std::size_t>(norm_dim(d, op, s))] = true;
   std::vector<std::int64_t> kept, squeezed;
   std::int64_t count = 1;
   for (int i = 0; i < s.rank(); ++i) {
@@ -63,7 +63,7 @@ Var<T, D> mean(const Var<T, D>& x, std::vector<int> dims, bool keepdim = false) 
 template <class T, Device D>
 Var<T, D> max(const Var<T, D>& x, int dim, bool keepdim = false) {
   const Shape& s = x.shape();
-  const int d = detail::norm_dim(dim, s.rank(), "max", s);
+  const int d = detail::norm_dim(dim, "max", s);
   if (s[d] == 0)
     throw ValueError(
         ddp::detail::str("ddp: autograd: max: dim ", dim, " of shape ", s, " is empty"));

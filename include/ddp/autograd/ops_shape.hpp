@@ -32,7 +32,7 @@ Var<T, D> permute(const Var<T, D>& x, std::vector<int> perm) {
   kernels::StridedIndex ix;  // y index -> x offset
   ix.rank = s.rank();
   for (std::size_t i = 0; i < perm.size(); ++i) {
-    const int p = detail::norm_dim(perm[i], s.rank(), "permute", s);
+    const int p = detail::norm_dim(perm[i], "permute", s);
     if (seen[static_cast<std::size_t>(p)])
       throw ValueError(ddp::detail::str("ddp: autograd: permute: dim ", perm[i],
                                         " repeats in the order given for shape ", s));
@@ -55,8 +55,8 @@ template <class T, Device D>
 Var<T, D> transpose(const Var<T, D>& x, int d0, int d1) {
   std::vector<int> perm(static_cast<std::size_t>(x.rank()));
   for (int i = 0; i < x.rank(); ++i) perm[static_cast<std::size_t>(i)] = i;
-  std::swap(perm[static_cast<std::size_t>(detail::norm_dim(d0, x.rank(), "transpose", x.shape()))],
-            perm[static_cast<std::size_t>(detail::norm_dim(d1, x.rank(), "transpose", x.shape()))]);
+  std::swap(perm[static_cast<std::size_t>(detail::norm_dim(d0, "transpose", x.shape()))],
+            perm[static_cast<std::size_t>(detail::norm_dim(d1, "transpose", x.shape()))]);
   return permute(x, perm);
 }
 
@@ -64,7 +64,7 @@ Var<T, D> transpose(const Var<T, D>& x, int d0, int d1) {
 template <class T, Device D>
 Var<T, D> narrow(const Var<T, D>& x, int dim, std::int64_t start, std::int64_t length) {
   const Shape& s = x.shape();
-  const int d = detail::norm_dim(dim, s.rank(), "narrow", s);
+  const int d = detail::norm_dim(dim, "narrow", s);
   if (start < 0 || length < 0 || start + length > s[d])
     throw ValueError(ddp::detail::str("ddp: autograd: narrow: [", start, ", ", start + length,
                                       ") is outside dim ", dim, " of shape ", s, " (extent ", s[d],
@@ -95,7 +95,7 @@ template <class T, Device D>
 Var<T, D> concat(const std::vector<Var<T, D>>& xs, int dim) {
   if (xs.empty()) throw ValueError("ddp: autograd: concat: no values given");
   const Shape& s0 = xs[0].shape();
-  const int d = detail::norm_dim(dim, s0.rank(), "concat", s0);
+  const int d = detail::norm_dim(dim, "concat", s0);
   std::vector<std::int64_t> od = detail::dims_of(s0);
   od[static_cast<std::size_t>(d)] = 0;
   for (const auto& x : xs) {
@@ -142,7 +142,7 @@ Var<T, D> concat(const std::vector<Var<T, D>>& xs, int dim) {
 // extent).
 template <class T, Device D>
 std::vector<Var<T, D>> split(const Var<T, D>& x, const std::vector<std::int64_t>& sizes, int dim) {
-  const int d = detail::norm_dim(dim, x.rank(), "split", x.shape());
+  const int d = detail::norm_dim(dim, "split", x.shape());
   std::int64_t total = 0;
   for (auto s : sizes) total += s;
   if (total != x.shape()[d])
@@ -162,7 +162,7 @@ std::vector<Var<T, D>> split(const Var<T, D>& x, const std::vector<std::int64_t>
 template <class T, Device D>
 Var<T, D> index_select(const Var<T, D>& x, int dim, const Tensor<std::int64_t, D>& idx) {
   const Shape& s = x.shape();
-  const int d = detail::norm_dim(dim, s.rank(), "index_select", s);
+  const int d = detail::norm_dim(dim, "index_select", s);
   if (idx.rank() != 1)
     throw ValueError(ddp::detail::str(
         "ddp: autograd: index_select: indices must be 1-D, got shape ", idx.shape()));

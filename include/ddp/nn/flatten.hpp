@@ -45,8 +45,8 @@ class Flatten : public Module<T, D> {
   Shape output_shape(const Shape& in) const {
     // torch's shape of the input
     const Shape t = in.rank() == 4 ? Shape{in[0], in[3], in[1], in[2]} : in;
-    const int r = t.rank(), s = normalise(start_dim_, r, "start_dim"),
-              e = normalise(end_dim_, r, "end_dim");
+    const int r = t.rank(), s = wrap_dim(start_dim_, t, this->where(), "start_dim"),
+              e = wrap_dim(end_dim_, t, this->where(), "end_dim");
     if (s > e)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": start_dim ", start_dim_,
                                         " comes after end_dim ", end_dim_, " for an input of rank ",
@@ -94,16 +94,6 @@ class Flatten : public Module<T, D> {
   }
 
  private:
-  int normalise(int dim, int rank, const char* what) const {
-    const int d = dim < 0 ? dim + rank : dim;
-    if (d < 0 || d >= rank)
-      throw ValueError(ddp::detail::str("ddp: ", this->where(), ": ", what, " ", dim,
-                                        " is out of range for an input "
-                                        "of rank ",
-                                        rank, " (dims -", rank, " .. ", rank - 1, ")"));
-    return d;
-  }
-
   int start_dim_, end_dim_;
   Shape in_shape_, out_shape_;  // the last forward's input and output shapes
   bool permuted_ = false;       // the last forward permuted NHWC to NCHW

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "ddp/core/check.hpp"
 #include "ddp/core/error.hpp"
@@ -82,5 +83,17 @@ class Shape {
   std::array<std::int64_t, kMaxRank> dims_{};
   int rank_ = 0;
 };
+
+// `dim` of shape s as an index in [0, rank) (negative dims count from the end, as torch's); else a
+// ValueError "ddp: <where>: <what> <dim> is out of range for shape <s> (valid: -r to r-1)".
+inline int wrap_dim(int dim, const Shape& s, std::string_view where,
+                    std::string_view what = "dim") {
+  const int r = s.rank(), d = dim < 0 ? dim + r : dim;
+  if (d < 0 || d >= r)
+    throw ValueError(detail::str("ddp: ", where, ": ", what, " ", dim,
+                                 " is out of range for shape ", s, " (valid: ", -r, " to ", r - 1,
+                                 ")"));
+  return d;
+}
 
 }  // namespace ddp

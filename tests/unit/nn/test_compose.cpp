@@ -211,8 +211,8 @@ TEST_SUITE("nn") {
     CHECK(nn::Flatten<float, Cpu>(3, 3).output_shape(x.shape()) == x.shape());  // rank 4 out: NHWC, unchanged
     CHECK(nn::Flatten<float, Cpu>(1, 2).output_shape(Shape{2, 3, 4}) == Shape{2, 12});
     CHECK(tc::what_of([&] { nn::Flatten<float, Cpu>(1, 4).forward(exec, x.cview()); }) ==
-          "ddp: module '<root>' (Flatten(start_dim=1, end_dim=4)): end_dim 4 is out of range for an input of rank 4 "
-          "(dims -4 .. 3)");
+          "ddp: module '<root>' (Flatten(start_dim=1, end_dim=4)): end_dim 4 is out of range for shape (2, 5, 3, 4) "
+          "(valid: -4 to 3)");
     CHECK(tc::what_of([&] { nn::Flatten<float, Cpu>(2, 1).forward(exec, x.cview()); }) ==
           "ddp: module '<root>' (Flatten(start_dim=2, end_dim=1)): start_dim 2 comes after end_dim 1 for an input of "
           "rank 4; construct Flatten(start, end) with start <= end");

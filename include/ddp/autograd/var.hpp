@@ -3,26 +3,24 @@
 // SPDX-License-Identifier: MIT
 //
 //   auto w = Var<double, Cpu>::leaf(Tensor<double, Cpu>::from({2, 2}, {1, 2, 3, 4}),
-//     /*requires_grad=*/true);
+//                                   /*requires_grad=*/true);
 //   auto x = Var<double, Cpu>::leaf(Tensor<double, Cpu>::from({1, 2}, {5, 6}));
 //   auto loss = sum(relu(matmul(x, w)) * 2.0);
 //   loss.backward();          // w.grad(): d(loss)/d(w), shape (2, 2)
 //
-// The tape (docs/decisions/0071). Every op whose inputs require a gradient records a Node: its
-// output value, its inputs and a backward function. Nodes are numbered in creation order, so the
-// nodes reachable from the root, run from the highest number down, are the tape replayed backwards
-// (a node's consumers were all created after it). Each backward function reads its node's gradient
-// and adds one contribution per input edge, so a value used twice (y = x * x + x, a weight in two
-// matmuls) gets the sum. A leaf's gradient is final when its last consumer has run (counted per
-// edge): a leaf with a GradSink hands it over at that moment, interleaved with the rest of
-// backward, which is when DDP wants a parameter marked ready (Var::parameter, nn::Parameter's
-// protocol).
+// The tape (docs/decisions/0071): every op whose inputs require a gradient records a Node (output
+// value, inputs, backward function). Nodes are numbered in creation order, so running the reachable
+// ones from the highest number down replays the tape backwards (consumers are created after their
+// inputs). Each backward function adds one contribution per input edge, so a value used twice
+// (y = x * x + x) gets the sum. A leaf's gradient is final when its last consumer has run (counted
+// per edge): a leaf with a GradSink hands it over then, interleaved with the rest of backward,
+// which is when DDP wants a parameter marked ready (Var::parameter).
 //
-// Leaves without a sink keep their gradient and add later backward calls' into it, as torch's .grad
-// (zero_grad() drops it). Intermediate gradients are freed as soon as their node has run.
-// backward() frees the graph (inputs and backward functions) unless retain_graph is asked; a second
-// backward through a freed graph throws. Ops run on their first operand's Exec<D> (carried by every
-// Var); no_grad scopes (NoGradGuard) record nothing.
+// Leaves without a sink keep their gradient and add later backward calls' into it, as torch's
+// .grad (zero_grad() drops it). Intermediate gradients are freed as soon as their node has run.
+// backward() frees the graph unless retain_graph is asked; a second backward through a freed graph
+// throws. Ops run on their first operand's Exec<D> (carried by every Var); no_grad scopes
+// (NoGradGuard) record nothing.
 #pragma once
 
 #include <algorithm>
@@ -62,8 +60,7 @@ inline std::uint64_t next_seq() {
 // True unless a NoGradGuard is alive on this thread.
 inline bool grad_enabled() noexcept { return detail::no_grad_depth() == 0; }
 
-// torch.no_grad(): ops run while one is alive on this thread record nothing, and their results
-// require no grad.
+// torch.no_grad(): while one is alive on this thread, ops record nothing, results need no grad.
 class NoGradGuard {
  public:
   NoGradGuard() noexcept { ++detail::no_grad_depth(); }
@@ -72,18 +69,16 @@ class NoGradGuard {
   NoGradGuard& operator=(const NoGradGuard&) = delete;
 };
 
-// Where a leaf's gradient goes when backward has finished with it (all its uses accumulated):
-// dest() is written with every element of this backward's gradient, then done(exec) runs.
-// nn::Parameter's grad_dest()/grad_done() are exactly this (Var::parameter), so DDP's per-parameter
-// readiness fires from done().
+// Where a leaf's gradient goes once all its uses are accumulated: every element of this backward's
+// gradient is written to dest(), then done(exec) runs (nn::Parameter's grad_dest()/grad_done():
+// DDP's per-parameter readiness fires from done()).
 template <class T, Device D>
 struct GradSink {
   std::function<TensorView<T, D>()> dest;
   std::function<void(Exec<D>&)> done;
 };
 
-// What Var::parameter() accepts: anything with nn::Parameter's value()/grad_dest()/grad_done(exec)
-// (duck-typed, so this layer does not depend on nn/).
+// Anything with nn::Parameter's value()/grad_dest()/grad_done(exec) (duck-typed: no nn/ include).
 template <class P, class T, class D>
 concept GradParameter = requires(P& p, Exec<D>& e) {
   { p.value() } -> std::same_as<Tensor<T, D>&>;
@@ -138,10 +133,9 @@ class Var {
     n->exec = exec;
     return Var(std::move(n));
   }
-  // A trainable leaf over a parameter's tensor (borrowed, not copied: keep the parameter alive
-  // while the graph is), whose gradient backward writes through p.grad_dest() and reports with
-  // p.grad_done(exec) as soon as all of this backward's uses of it have been accumulated. Works
-  // with nn::Parameter<T, D>.
+  // A trainable leaf over a parameter's tensor (borrowed: keep the parameter alive while the graph
+  // is); backward writes its gradient through p.grad_dest() and calls p.grad_done(exec) as soon as
+  // all its uses are accumulated.
   template <class P>
   requires GradParameter<P, T, D>
   static Var parameter(P& p, Exec<D> exec = {}) {
@@ -151,8 +145,7 @@ class Var {
                                      .done = [&p](Exec<D>& e) { p.grad_done(e); }});
     return out;
   }
-  // Installs a sink on a leaf that requires grad (see GradSink); its gradient is then handed over,
-  // not kept.
+  // On a leaf that requires grad: its gradient is then handed over, not kept.
   void set_grad_sink(GradSink<T, D> sink) {
     if (!node().leaf || !node().requires_grad)
       throw ValueError(ddp::detail::str(
@@ -190,8 +183,7 @@ class Var {
   void zero_grad() noexcept {
     if (n_) n_->has_grad = false;
   }
-  // The same value, cut from the graph (a leaf that requires no grad; shares nothing it could
-  // change).
+  // The same value as a leaf that requires no grad (shares nothing it could change).
   Var detach() const {
     auto n = std::make_shared<Node<T, D>>();
     n->value = Tensor<T, D>::borrow(const_cast<T*>(value().data()), shape());
@@ -225,8 +217,7 @@ class Var {
     run_backward(std::move(s), retain_graph);
   }
 
-  // For ops (autograd/ops.hpp): the node, and a new non-leaf result recorded with its inputs and
-  // backward.
+  // For ops: the node, and a new non-leaf result recorded with its inputs and backward.
   Node<T, D>& node() const {
     if (!n_)
       throw ValueError("ddp: autograd: use of an empty Var (default-constructed or moved from)");

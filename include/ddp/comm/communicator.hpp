@@ -1,45 +1,36 @@
 // Communicator: the abstract collective interface every backend (tcp, mpi, nccl) implements.
 // SPDX-License-Identifier: MIT
 //
-// Typed at the edge, type-erased inside [gloo]: user code calls one entry point per op, a template
-// over TensorView<T, D> (counts are elements; T one of float, double, bfloat16, half, int32, int64,
-// uint8; D Cpu or Cuda). A std::span<T> is host memory: its overloads are one-line forwards to the
-// TensorView<T, Cpu> ones. Communicator checks every call's arguments once for all backends
-// (comm/checks.hpp) and hands the backend an OpCall (buffers, fingerprint, timeout, stream) through
-// the protected virtual *_impl functions.
+// Typed at the edge, type-erased inside (as gloo): user code calls one entry point per op, a
+// template over TensorView<T, D> (counts are elements; T a CommElement: float, double, bfloat16,
+// half, int32, int64, uint8; D Cpu or Cuda); std::span<T> overloads forward to TensorView<T, Cpu>.
+// Communicator checks every call's arguments once for all backends (comm/checks.hpp) and hands the
+// backend an OpCall through the protected *_impl calls.
 //
-//   Work w = comm.all_reduce(grad.view(), {.op = ReduceOp::Avg});   // tcp: host memory, returns at
-//     once
-//   w.wait();                                                        // throws CommError if a peer
-//     died
-//   comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = exec.stream});   // nccl,
-//     stream-ordered
+//   Work w = comm.all_reduce(grad.view(), {.op = ReduceOp::Avg});  // tcp: returns at once
+//   w.wait();                                                       // CommError if a peer died
+//   comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = exec.stream});  // nccl
 //
 // Contract:
 // - Every collective must be called by every rank of the communicator, in the same order, with the
-//   same dtype, count (see each function), root and reduce op. A mismatch is detected and reported
-//   on every rank as a CommError naming both ops and the sequence number (docs/decisions/0009).
+//   same dtype, count (see each function), root and reduce op. A mismatch is reported on every
+//   rank as a CommError naming both ops and the sequence number (docs/decisions/0009).
 // - Every call returns a Work; ops complete in issue order. Buffers must stay alive and untouched
-//   until the Work completes. Ops run on a progress thread, so they overlap with the caller's
-//   compute; a backend may run a small op issued while it is idle on the calling thread (tcp:
-//   CommOptions::inline_max_bytes, 0 = never). send/recv are blocking (they return a completed
-//   Work); isend/irecv are asynchronous.
-// - Memory: a communicator reaches one kind of memory, memory(): host memory (tcp, mpi) or CUDA
-//   device memory (nccl; tcp and mpi staged through pinned host memory,
-//   comm/staging/staged_communicator.hpp). Any other is a ValueError at the call that names the
-//   backend and the fix.
-// - Streams (device memory): an op called with options.stream = s (a cudaStream_t; null: the legacy
-//   default stream) is stream-ordered. It waits, on the device, for the work already enqueued on s,
-//   and the work enqueued on s after the call waits for it; the host never blocks. Work::wait()
-//   blocks the host until the op is done and raises its failure. Communicators on host memory take
-//   no stream (ValueError).
-// - Argument errors (root out of range, size mismatch) throw ValueError at the call, before
-//   anything is sent.
+//   until the Work completes. Ops run on a progress thread, overlapping the caller's compute (small
+//   ones may run on the calling thread: CommOptions::inline_max_bytes). send/recv are blocking
+//   (they return a completed Work); isend/irecv are asynchronous.
+// - Memory: a communicator reaches one kind, memory(): host memory (tcp, mpi) or CUDA device
+//   memory (nccl; tcp and mpi staged, comm/staging/staged_communicator.hpp). Any other is a
+//   ValueError at the call that names the backend and the fix.
+// - Streams (device memory): an op with options.stream = s (a cudaStream_t; null: the legacy
+//   default stream) waits on the device for the work already enqueued on s, and the work enqueued
+//   on s after the call waits for it; the host never blocks. Work::wait() blocks the host until the
+//   op is done and raises its failure. Communicators on host memory take no stream (ValueError).
+// - Argument errors (root out of range, size mismatch) throw ValueError before anything is sent.
 // - Calls from several threads are serialised, but their order then decides the op order: issue
 //   collectives from one thread.
-// - After a failure (peer died, mismatch, timeout) the communicator is broken: every later op fails
-//   with a CommError that quotes the first failure. Create a new one to continue (torchrun restarts
-//   the job).
+// - After a failure (peer died, mismatch, timeout) every later op fails with a CommError that
+//   quotes the first failure; create a new communicator to continue (torchrun restarts the job).
 // - Not copyable or movable. Destruction runs a bounded barrier and never hangs or throws.
 #pragma once
 
@@ -119,8 +110,7 @@ class Communicator {
   all_gather(TensorView<In, D> in, TensorView<T, D> out, const AllgatherOptions& o = {}) {
     return all_gather_impl(checks().all_gather(BufferRef::of(in), BufferRef::of(out), o));
   }
-  // in has size() * out.numel() elements; rank r receives the reduction of block r of every rank's
-  // in.
+  // in: size() * out.numel() elements; rank r receives the reduction of every rank's block r.
   template <CommElement In, WritableCommElement T, Device D>
   requires std::same_as<std::remove_const_t<In>, T> Work
   reduce_scatter(TensorView<In, D> in, TensorView<T, D> out, const ReduceScatterOptions& o = {}) {
@@ -181,10 +171,9 @@ class Communicator {
     return all_to_all(host(in), host(out), o);
   }
 
-  // A communicator over `ranks` (ranks of this communicator, strictly increasing). Every rank of
-  // this communicator calls new_group with the same list, in the same order relative to other
-  // new_group calls; members get the new communicator (their rank is their index in `ranks`),
-  // others nullptr.
+  // A communicator over `ranks` (strictly increasing). Every rank calls new_group with the same
+  // list, in the same order relative to other new_group calls; members get the new communicator
+  // (their rank is their index in `ranks`), others nullptr.
   std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) {
     return new_group_impl(ranks, checks().group_index(ranks));
   }
@@ -200,14 +189,12 @@ class Communicator {
   virtual Work reduce_scatter_impl(const OpCall& call) = 0;
   virtual Work all_to_all_impl(const OpCall& call) = 0;
   virtual Work barrier_impl(const OpCall& call) = 0;
-  // `index`: this rank's index in the checked `ranks`, -1 for a non-member (which still takes
-  // part).
+  // `index`: this rank's index in the checked `ranks`; -1 for a non-member, which still takes part.
   virtual std::unique_ptr<Communicator> new_group_impl(const std::vector<int>& ranks,
                                                        int index) = 0;
 
-  // Hands an already checked call to `to`'s backend: how a wrapper
-  // (comm/staging/staged_communicator.hpp) runs the op it staged in host memory on the communicator
-  // that moves the bytes, without a second check.
+  // Hands an already checked call to `to`'s backend: how a wrapper (StagedCommunicator) runs the op
+  // it staged in host memory on the communicator that moves the bytes, without a second check.
   static Work run_checked(Communicator& to, const OpCall& call) {
     switch (call.fp.kind) {
       case OpKind::Send: return to.send_impl(call);

@@ -7,12 +7,11 @@
 // default" (CommOptions::timeout), which is always finite:
 //   comm.all_reduce(grad.view(), {.op = ddp::comm::ReduceOp::Avg});
 //   comm.broadcast(weights.view(), {.root = 0, .timeout = std::chrono::seconds(30)});
-//   comm.all_reduce(d_grad.view(), {.op = ddp::comm::ReduceOp::Avg, .stream = exec.stream});   //
-//     nccl
+//   comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = exec.stream});  // nccl
 // `stream` (a cudaStream_t, null: the legacy default stream) orders an op on device memory with the
-// caller's kernels, without the host (comm/communicator.hpp says how). Communicators on host memory
-// (tcp, mpi without CommOptions::cuda_device) take no stream: a non-null one is a ValueError rather
-// than an argument silently ignored.
+// caller's kernels, without the host (comm/communicator.hpp). Communicators on host memory (tcp,
+// mpi without CommOptions::cuda_device) take no stream: a non-null one is a ValueError rather than
+// an argument silently ignored.
 #pragma once
 
 #include <chrono>
@@ -115,12 +114,10 @@ struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
   std::chrono::milliseconds timeout{0};
   void* stream = nullptr;
-  // The caller waits for the Work at once (torch's default async_op=False; MPI_Allreduce): tcp and
-  // mpi may then run it on the calling thread at any size when nothing else is queued
-  // (CommOptions::inline_max_bytes > 0), saving the wake-up of the progress thread and the
-  // hand-back (~16 us per op at 256 KiB on a loaded 2-core host), and return it complete. false:
-  // only ops up to inline_max_bytes may, so that larger ones overlap with the caller's compute.
-  // nccl ignores it (its ops are stream-ordered).
+  // The caller waits for the Work at once (torch's default async_op=False): tcp and mpi may then
+  // run it on the calling thread at any size (runs_inline) and return it complete, saving the
+  // progress thread's wake-up and hand-back (~16 us per op at 256 KiB on a loaded 2-core host).
+  // nccl ignores it.
   bool blocking = false;
 };
 struct BroadcastOptions {
@@ -166,38 +163,34 @@ struct CommOptions {
   std::chrono::milliseconds timeout = kDefaultCommTimeout;  // every op's default; must be > 0
   // tcp: the interface to listen on ("eth0"); empty: the one that routes to master_addr
   std::string socket_ifname;
-  // tcp: all-reduce buffers of at most this many bytes use recursive doubling (latency-bound);
-  // larger ones the ring (bandwidth-bound).
+  // All-reduces of at most this many bytes take the latency-bound algorithm: tcp's recursive
+  // doubling (larger: the ring), shm's one-barrier reduce.
   std::size_t small_allreduce_bytes = 64 * 1024;
-  // tcp and mpi (collectives): an op of at most this many bytes issued while nothing is queued runs
-  // on the calling thread, saving the hand-off to the progress thread (tens of microseconds);
-  // larger ones always run on the progress thread so that they overlap with the caller's compute. 0
-  // disables inline execution.
+  // tcp and mpi: an op of at most this many bytes issued while nothing is queued runs on the
+  // calling thread (saves tens of us of hand-off); larger ones run on the progress thread so that
+  // they overlap with the caller's compute. 0 disables inline execution.
   std::size_t inline_max_bytes = 64 * 1024;
-  // tcp and mpi: the CPUs the communication progress thread may run on (empty: wherever the OS puts
-  // it). Pinning it to a core the training threads leave free lets communication overlap with
-  // compute instead of taking turns with it (Horovod's HOROVOD_THREAD_AFFINITY). Programs set it
-  // from --comm-cpus / DDP_COMM_CPUS (core/cpu_affinity.hpp's list syntax, "1" or "0-3,6"); a CPU
-  // the kernel refuses is a ConfigError.
+  // tcp and mpi: the CPUs the progress thread may run on (empty: anywhere). A core the training
+  // threads leave free lets communication overlap with compute (Horovod's
+  // HOROVOD_THREAD_AFFINITY). From --comm-cpus / DDP_COMM_CPUS ("1" or "0-3,6"); a CPU the kernel
+  // refuses is a ConfigError.
   std::vector<int> progress_cpus;
-  // tcp: bound on the barrier run by the destructor, so that a program never hangs at exit.
+  // Bound on the destructor's barrier or drain (tcp, nccl, staging): a program never hangs at exit.
   std::chrono::milliseconds shutdown_timeout{10'000};
   // tcp and mpi: when every rank runs on one host, collectives go through a shared-memory segment
-  // (comm/shm/collectives.hpp): on tcp all-reduce, broadcast, all-gather and barrier instead of
-  // loopback sockets (the sockets stay open to detect dead peers); on mpi all-reduce, broadcast and
-  // barrier instead of MPI messages (docs/decisions/0055). Programs set it from --shm / DDP_SHM (0
-  // disables). Every rank must pass the same value.
+  // (comm/shm/collectives.hpp, docs/decisions/0055): on tcp all-reduce, broadcast, all-gather and
+  // barrier (the sockets stay open to detect dead peers), on mpi all-reduce, broadcast and barrier.
+  // From --shm / DDP_SHM (0 disables). Every rank must pass the same value.
   bool shm = true;
-  // mpi: exchange each collective's fingerprint before running it, so that mismatched collectives
-  // fail on every rank with a message instead of meeting inside MPI (one 32-byte message to each
-  // peer per op; a small all-reduce's data rides along, docs/decisions/0038). tcp checks
-  // fingerprints in every frame header and ignores this. Every rank must pass the same value.
+  // mpi: exchange each collective's fingerprint first, so that mismatched collectives fail on
+  // every rank with a message instead of meeting inside MPI (one 32-byte message to each peer per
+  // op; docs/decisions/0038). tcp checks every frame header and ignores this. Every rank must pass
+  // the same value.
   bool check_fingerprints = true;
   // The CUDA device the collectives' tensors live on; -1: host memory. With tcp/gloo or mpi,
-  // make_communicator (comm/factory.hpp) then stages device buffers through pinned host memory,
-  // with nccl's stream semantics (comm/staging/staged_communicator.hpp, docs/decisions/0023); nccl
-  // uses this device instead of the local rank. Programs set it from --device cuda (the local
-  // rank's GPU).
+  // make_communicator then stages device buffers through pinned host memory
+  // (comm/staging/staged_communicator.hpp); nccl uses this device instead of the local rank. From
+  // --device cuda (the local rank's GPU).
   int cuda_device = -1;
 };
 
@@ -229,11 +222,9 @@ struct BufferRef {
   }
 };
 
-// One call as every backend receives it, after Communicator checked its arguments
-// (comm/checks.hpp).
-// Example: all_reduce of 4 floats with Avg on 2 ranks ->
-//   {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0}, .in = .out = the buffer, .peer = -1,
-//     .timeout = 0ms}
+// One call as every backend receives it, after Communicator checked its arguments. E.g.
+// all_reduce of 4 floats with Avg -> {.fp = {AllReduce, F32, Avg, root -1, count 4, seq 0},
+// .in = .out = the buffer, .peer = -1, .timeout = 0ms}
 struct OpCall {
   // kind, dtype, reduce op, root (send/recv: tag), count; seq 0 until the backend numbers it
   Fingerprint fp;
@@ -249,8 +240,7 @@ struct OpCall {
 };
 
 // Whether an op that moves `bytes` may run on the calling thread when nothing else is queued (tcp
-// and mpi): up to inline_max_bytes (CommOptions), or at any size when the caller waits at once
-// (AllreduceOptions:: blocking) and inline execution is not disabled (inline_max_bytes 0).
+// and mpi): up to inline_max_bytes, or at any size when blocking and inline_max_bytes > 0.
 inline bool runs_inline(std::size_t bytes, bool blocking, std::size_t inline_max_bytes) noexcept {
   return bytes <= inline_max_bytes || (blocking && inline_max_bytes > 0);
 }

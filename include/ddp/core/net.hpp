@@ -3,11 +3,10 @@
 // listen / accept / connect bounded by deadlines, and exact reads and writes.
 // SPDX-License-Identifier: MIT
 //
-// Errors: what sets up a connection (resolve, listen, accept, connect) throws net::SocketError with
-// the system's own text, "ddp: cannot listen on [::1]:29500: Address already in use (errno 98)";
-// code() is the errno and detail() the text alone. Each caller rethrows it as its layer's error
-// (StoreError, CommError, ConfigError) with the likely cause and the flag that fixes it. Exact I/O
-// returns an IoStatus instead, because the store and the mesh word "the peer closed" differently.
+// Errors: connection set-up (resolve, listen, accept, connect) throws net::SocketError with the
+// system's text, "ddp: cannot listen on [::1]:29500: Address already in use (errno 98)"; callers
+// rethrow it as their layer's error (StoreError, CommError, ConfigError) with the likely cause and
+// the fixing flag. Exact I/O returns an IoStatus: the store and the mesh word "closed" differently.
 // Deadlines are absolute steady_clock points; one already past still makes one attempt (connect) or
 // returns at once (poll, accept, I/O).
 #pragma once
@@ -54,9 +53,8 @@ inline std::string endpoint(std::string_view host, std::uint16_t port) {
   return ddp::detail::str(host, ':', port);
 }
 
-// Milliseconds left until `deadline` for poll(): rounded up, so that a poll() waiting them does not
-// wake just before the deadline, and clamped to [0, INT_MAX]. Clock::time_point::max() waits
-// INT_MAX ms.
+// ms left until `deadline` for poll(): rounded up (no wake just before the deadline), clamped to
+// [0, INT_MAX]; Clock::time_point::max() gives INT_MAX.
 inline int ms_until(Clock::time_point deadline) {
   const auto left = deadline - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
@@ -64,13 +62,12 @@ inline int ms_until(Clock::time_point deadline) {
   return static_cast<int>(std::min<long long>(ms, std::numeric_limits<int>::max()));
 }
 
-// What is left until `deadline` as a timeout for APIs that take one (store waits): at least 1 ms.
+// The time left as a timeout for APIs that take one (store waits): at least 1 ms.
 inline std::chrono::milliseconds time_left(Clock::time_point deadline) {
   return std::chrono::milliseconds(std::max(1, ms_until(deadline)));
 }
 
-// A socket set-up call failed. code(): its errno (0 for name resolution); detail(): the system's
-// text.
+// code(): the errno (0 for name resolution); detail(): the system's text alone.
 class SocketError : public Error {
  public:
   SocketError(const std::string& what, int code, std::string detail)
@@ -83,9 +80,8 @@ class SocketError : public Error {
   std::string detail_;
 };
 
-// Waits until `fd` is ready for `events` (POLLIN, POLLOUT; hang-ups and errors count as ready, the
-// next read or write reports them) or the deadline passes: false on the deadline. Interruptions are
-// retried.
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT; hang-ups and errors count as ready) or
+// the deadline passes (false). Interruptions are retried.
 inline bool poll_until(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd p{.fd = fd, .events = events, .revents = 0};
@@ -125,8 +121,7 @@ inline AddrList resolve(const std::string& host, std::uint16_t port, bool passiv
   return AddrList(res);
 }
 
-// The numeric host of an IPv4 or IPv6 socket address, and its port: {"10.0.0.1", 29500}, {"::1",
-// 29500}.
+// Numeric host and port: {"10.0.0.1", 29500}, {"::1", 29500}.
 inline std::pair<std::string, std::uint16_t> address_of(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = "?";
   std::uint16_t port = 0;
@@ -159,24 +154,21 @@ inline void set_nonblocking(int fd, bool on) {
                       errno_text(errno));
 }
 
-// Small request/response exchanges (store round trips, frame headers) would wait up to 40 ms for
-// Nagle.
+// Small exchanges (store round trips, frame headers) would wait up to 40 ms for Nagle.
 inline void set_nodelay(int fd) noexcept {
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// Larger kernel buffers let a bulk transfer stream with fewer wake-ups (the kernel may cap the
-// values).
+// Bulk transfers stream with fewer wake-ups (the kernel may cap the values).
 inline void set_buffer_sizes(int fd, int bytes) noexcept {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
-// Listens on host:port (port 0: the kernel picks a free one, see local_port; host "": every IPv4
-// interface, as "0.0.0.0"), trying each address the host resolves to. SO_REUSEADDR lets a restarted
-// job rebind a port still in TIME_WAIT; a live listener still fails with EADDRINUSE. Throws
-// SocketError naming host:port, with the last errno as code().
+// Listens on host:port (port 0: the kernel picks, see local_port; host "": every IPv4 interface),
+// trying each resolved address. SO_REUSEADDR lets a restarted job rebind a port in TIME_WAIT; a
+// live listener still fails with EADDRINUSE. Throws SocketError naming host:port (last errno).
 inline Fd listen(const std::string& host, std::uint16_t port, int backlog) {
   const std::string h = host.empty() ? std::string("0.0.0.0") : host;
   AddrList addrs;
@@ -205,8 +197,8 @@ inline Fd listen(const std::string& host, std::uint16_t port, int backlog) {
       errno_text(last));
 }
 
-// Accepts one connection (blocking, close-on-exec) before the deadline; an empty Fd when it passed.
-// Interruptions and handshakes the client aborted are retried; other errors throw SocketError.
+// A blocking, close-on-exec connection, or an empty Fd after the deadline. Interruptions and
+// handshakes the client aborted are retried; other errors throw SocketError.
 inline Fd accept(int listen_fd, Clock::time_point deadline) {
   for (;;) {
     if (!poll_until(listen_fd, POLLIN, deadline)) return Fd();
@@ -249,11 +241,9 @@ inline bool retried(Retry retry, int err) {
 
 }  // namespace detail
 
-// Connects to host:port, retrying per `retry` with backoff (10 ms doubling to 1 s) until the
-// deadline. Each attempt waits at most 5 s (so a lost SYN is retried) and never past the deadline.
-// Returns a blocking socket. Throws SocketError whose detail() is the last failure ("Connection
-// refused (errno 111)", the resolver's text, or "timed out" when no attempt finished) and whose
-// code() is its errno.
+// Retries per `retry` with backoff (10 ms doubling to 1 s) until the deadline; each attempt waits
+// at most 5 s (a lost SYN is retried). Returns a blocking socket. Throws SocketError with the last
+// failure ("Connection refused (errno 111)", the resolver's text, or "timed out").
 inline Fd connect(const std::string& host, std::uint16_t port, Clock::time_point deadline,
                   Retry retry) {
   std::chrono::milliseconds backoff{10};
@@ -310,8 +300,7 @@ struct IoStatus {
   }
 };
 
-// Reads exactly n bytes before the deadline (blocking or non-blocking fd: readiness comes from
-// poll).
+// Blocking or non-blocking fd: readiness comes from poll.
 inline IoStatus read_exact(int fd, void* data, std::size_t n, Clock::time_point deadline) {
   auto* p = static_cast<std::byte*>(data);
   std::size_t done = 0;
@@ -343,9 +332,8 @@ inline IoStatus write_all(int fd, const void* data, std::size_t n, Clock::time_p
   return {};
 }
 
-// The local address the kernel would use to reach `to` (the first of resolve(host)): connect() a
-// UDP socket there and read getsockname(); no packet is sent. IPv4 or IPv6, as `to` is. Throws
-// SocketError.
+// The local address the kernel would use to reach `to`: a connect()ed UDP socket's getsockname();
+// no packet is sent. IPv4 or IPv6, as `to`. Throws SocketError.
 inline std::string local_address_towards(const addrinfo* to) {
   Fd s(::socket(to->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_storage local{};

@@ -1,36 +1,30 @@
 // detect(): which launcher started this process, and where its peers are.
 // SPDX-License-Identifier: MIT
 //
-// How it works. The policies are tried in a fixed order and the first whose marker is present reads
-// the environment (strictly: a missing or bad variable is a ConfigError naming it):
+// The policies are tried in a fixed order; the first whose marker is present reads the environment
+// strictly (a missing or bad variable is a ConfigError naming it):
 //
 //   torchrun (TORCHELASTIC_RUN_ID) > env:// (RANK+WORLD_SIZE) > Open MPI (OMPI_COMM_WORLD_SIZE)
-//     > PMI (MPI_LOCALNRANKS / PMI_LOCAL_SIZE) > MVAPICH2 (MV2_COMM_WORLD_SIZE) > Slurm
-//       (SLURM_PROCID)
-//     > single process
+//   > PMI (MPI_LOCALNRANKS / PMI_LOCAL_SIZE) > MVAPICH2 (MV2_COMM_WORLD_SIZE)
+//   > Slurm (SLURM_PROCID) > single process
 //
-// Launchers nest: `srun torchrun ...` gives the workers both TORCHELASTIC_* and SLURM_* variables,
-// and `mpirun` inside a Slurm allocation gives OMPI_* and SLURM_*. The order puts the launcher
-// closest to the process first, so torchrun wins over srun and mpirun wins over the allocation.
-// Then the launch flags (--rank, --world-size, --local-rank, --local-world-size, --master-addr,
-// --master-port; see flags.hpp) override single fields. --local-rank / --local_rank is
-// cross-checked against LOCAL_RANK: torch.distributed.launch passes both, and a mismatch means a
-// confused launch. With no launcher found, WORLD_SIZE > 1 without RANK (or RANK > 0 without
-// WORLD_SIZE) is a ConfigError naming both variables, not a silent single process. Finally the
-// result is validated (ranks in range, see policy.hpp) and, when the backend rendezvous through a
-// TCP store (DetectOptions::need_master_addr, true for tcp and nccl), a multi-process job must have
-// a store address.
+// Launchers nest (`srun torchrun ...` sets TORCHELASTIC_* and SLURM_*; mpirun in a Slurm
+// allocation sets OMPI_* and SLURM_*): the launcher closest to the process comes first. Then the
+// launch flags (flags.hpp) override single fields; --local-rank / --local_rank is cross-checked
+// against LOCAL_RANK (torch.distributed.launch passes both; a mismatch means a confused launch).
+// With no launcher found, WORLD_SIZE > 1 without RANK (or RANK > 0 without WORLD_SIZE) is a
+// ConfigError, not a silent single process. Finally the result is validated (policy.hpp) and, when
+// the backend rendezvous through a TCP store (need_master_addr: tcp, nccl), a multi-process job
+// must have a store address.
 //
-// Worked example: `srun -N2 --ntasks-per-node=4 torchrun --nproc_per_node=4 ... ./prog
-// --local_rank=1` on the second node: TORCHELASTIC_RUN_ID is set, so torchrun's RANK=5 WORLD_SIZE=8
-// LOCAL_RANK=1 ... are used and SLURM_PROCID=1 is ignored; --local_rank=1 equals LOCAL_RANK=1, so
-// the check passes.
+// Example: `srun -N2 --ntasks-per-node=4 torchrun --nproc_per_node=4 ... ./prog --local_rank=1` on
+// the second node: torchrun's RANK=5 WORLD_SIZE=8 LOCAL_RANK=1 ... are used, SLURM_PROCID=1 is
+// ignored, and --local_rank=1 matches LOCAL_RANK.
 //
-// Store address defaults. ddp never invents a multi-node address. Only when the launcher PROVES
-// that every rank runs on this host (local world size == world size, read from the launcher, not
-// guessed) and DetectOptions::default_local_master is true does a missing MASTER_ADDR become
-// 127.0.0.1 and a missing MASTER_PORT 29500 (torchrun's default); rank 0 logs that it did so. Slurm
-// derives its address from the node list and its port from the job id instead (slurm.hpp).
+// ddp never invents a multi-node store address. Only when the launcher proves that every rank runs
+// on this host (its local world size == world size) and default_local_master is set does a missing
+// MASTER_ADDR become 127.0.0.1 and MASTER_PORT 29500 (torchrun's default); rank 0 logs it. Slurm
+// derives its address from the node list and its port from the job id (slurm.hpp).
 #pragma once
 
 #include <cstdint>
@@ -181,8 +175,8 @@ inline void apply_flags(Detected& d, const Env& env, const LaunchFlags& flags, b
     sizes_changed = sizes_changed || info.local_world_size != before.local_world_size;
   } else if (flags.local_rank && !env.has("LOCAL_WORLD_SIZE") &&
              (!from_launcher || info.source == EnvUrl::name)) {
-    // A local rank with no local count (legacy launch without --use_env, or flags alone): the count
-    // is unknown, so take its upper bound, as EnvUrl does for LOCAL_RANK without LOCAL_WORLD_SIZE.
+    // A local rank without a local count (legacy launch without --use_env, or flags alone): take
+    // its upper bound, as EnvUrl does for LOCAL_RANK without LOCAL_WORLD_SIZE.
     info.local_world_size = info.world_size;
     sizes_changed = true;
   }
@@ -195,8 +189,7 @@ inline void apply_flags(Detected& d, const Env& env, const LaunchFlags& flags, b
       derive_nodes(info);
   }
   if (flags.master_addr || flags.master_port) {
-    // The launcher's own store, if any, is at the launcher's address, not at the one the flags
-    // name.
+    // The launcher's own store, if any, is at its address, not at the flags'.
     if (info.master_addr != before.master_addr || info.master_port != before.master_port)
       info.launcher_owns_store = false;
   }
@@ -219,9 +212,8 @@ inline void apply_flags(Detected& d, const Env& env, const LaunchFlags& flags, b
   }
 }
 
-// No launcher matched, yet half of the env:// pair is set: WORLD_SIZE > 1 without RANK, or RANK > 0
-// without WORLD_SIZE. Running as a single process would train alone without a word, so this is an
-// error.
+// No launcher matched, yet half of the env:// pair is set (WORLD_SIZE > 1 without RANK, or RANK > 0
+// without WORLD_SIZE): an error, since a single process would silently train alone.
 inline void require_env_pair(const Env& env, const LaunchFlags& flags) {
   using ddp::detail::str;
   // the flags describe the job; apply_flags checks their pair
@@ -253,8 +245,7 @@ inline void require_env_pair(const Env& env, const LaunchFlags& flags) {
   }
 }
 
-// Makes sure a multi-process job that needs a store has an address, defaulting it only when
-// provably local.
+// A multi-process job that needs a store must have an address; defaulted only when provably local.
 inline void require_master(Detected& d, const DetectOptions& opts) {
   using ddp::detail::str;
   LaunchInfo& info = d.info;
@@ -287,8 +278,7 @@ inline void require_master(Detected& d, const DetectOptions& opts) {
 
 }  // namespace detail
 
-// The first of Ps whose marker is present, validated; a default (single-process) LaunchInfo when
-// none is.
+// The first of Ps whose marker is present, validated; else a single-process LaunchInfo.
 template <LauncherPolicy... Ps>
 LaunchInfo detect_launch(const Env& env) {
   auto d = detail::detect_first<Ps...>(env);
@@ -296,9 +286,9 @@ LaunchInfo detect_launch(const Env& env) {
   return validate(d->info, d->vars, d->launcher);
 }
 
-// The full detection: policies in the fixed order, flags over them, validation, store address rule.
-// Throws ConfigError with the variable, the launcher and the fix. Pure: reads only `env` and
-// `flags` (and logs on rank 0 when it defaults the store address).
+// Policies in the fixed order, flags over them, validation, store address rule. Throws ConfigError
+// with the variable, the launcher and the fix. Pure: reads only `env` and `flags` (logs on rank 0
+// when it defaults the store address).
 inline LaunchInfo detect(const Env& env, const LaunchFlags& flags = {},
                          const DetectOptions& opts = {}) {
   auto found = detail::detect_first<Torchrun, EnvUrl, OpenMpi, Pmi, Mvapich, Slurm>(env);

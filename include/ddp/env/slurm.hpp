@@ -2,26 +2,21 @@
 // SLURM_PROCID.
 // SPDX-License-Identifier: MIT
 //
-// What srun gives each task, captured from Debian's Slurm 22.05.8 (tests/integration/slurm, `srun
-// -N1 -n2 env`, task 1; tests/unit/env/launch_envs.hpp keeps the whole set as
-// srun_captured_task1()):
+// What srun gives each task (Slurm 22.05.8, `srun -N1 -n2 env`, task 1; the whole set is
+// tests/unit/env/launch_envs.hpp's srun_captured_task1()):
 //   SLURM_PROCID=1 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_GTIDS=0,1 SLURM_TASK_PID=12
 //   SLURM_STEP_ID=0 SLURM_STEPID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1
-//     SLURM_STEP_NODELIST=vm
-//   SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_LAUNCHER_PORT=... SLURM_SRUN_COMM_HOST=127.0.0.1 ...
+//   SLURM_STEP_NODELIST=vm SLURM_STEP_TASKS_PER_NODE=2 SLURM_STEP_LAUNCHER_PORT=... ...
 //   SLURM_NTASKS=2 SLURM_NPROCS=2 SLURM_NNODES=1 SLURM_JOB_NUM_NODES=1 SLURM_TASKS_PER_NODE=2
-//   SLURM_JOB_ID=1 SLURM_JOBID=1 SLURM_JOB_NODELIST=vm SLURM_NODELIST=vm SLURM_JOB_CPUS_PER_NODE=2
-//   SLURM_CPUS_ON_NODE=2 SLURMD_NODENAME=vm SLURM_TOPOLOGY_ADDR=vm ...
-// srun always exports the SLURM_STEP_* set (also under sbatch, also with --ntasks-per-node, which
-// adds SLURM_NTASKS_PER_NODE). On several nodes the per-node lists are compressed:
-// SLURM_STEP_NODELIST=node[01-03], SLURM_STEP_TASKS_PER_NODE=3,2(x2) for `srun -N3 -n7` (block
-// distribution).
+//   SLURM_JOB_ID=1 SLURM_JOBID=1 SLURM_JOB_NODELIST=vm SLURM_NODELIST=vm ...
+// srun always exports the SLURM_STEP_* set (--ntasks-per-node adds SLURM_NTASKS_PER_NODE). On
+// several nodes the per-node lists are compressed: SLURM_STEP_NODELIST=node[01-03],
+// SLURM_STEP_TASKS_PER_NODE=3,2(x2) for `srun -N3 -n7` (block distribution).
 //
 // The batch script itself (sbatch, no srun) also has SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0
-// and the JOB's SLURM_NTASKS and SLURM_TASKS_PER_NODE, but no SLURM_STEP_ID and no SLURM_STEP_*
-// (captured likewise). A program started there is no srun task: with one task in the job it runs as
-// a single process; with more it is refused (a ConfigError naming srun) instead of being rank 0 of
-// a world whose other ranks nobody starts, which used to wait out the store timeout.
+// and the job's SLURM_NTASKS and SLURM_TASKS_PER_NODE, but no SLURM_STEP_*. A program started
+// there runs as a single process when the job has one task; with more it is refused (ConfigError
+// naming srun) rather than be rank 0 of a world whose other ranks nobody starts.
 //
 // Field by field (first variable present wins; srun tasks always have the first):
 //   rank             SLURM_PROCID
@@ -30,22 +25,16 @@
 //   node_rank        SLURM_NODEID (the node's index within the step)
 //   nnodes           SLURM_STEP_NUM_NODES, SLURM_NNODES
 //   local_world_size entry node_rank of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE
-//     (expanded,
-//                    see hostlist.hpp), else SLURM_NTASKS_PER_NODE
+//                    (expanded, hostlist.hpp), else SLURM_NTASKS_PER_NODE
 //   run_id           SLURM_JOB_ID
-//   master_addr      MASTER_ADDR, else the FIRST host of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or
-//                    SLURM_NODELIST (expanded): with srun's default block distribution rank 0 runs
-//                      there.
-//                    These are Slurm node names (NodeName), which must resolve on the nodes, as
-//                      they do
-//                    where NodeName is the hostname.
-//   master_port      MASTER_PORT, else the port rule below.
+//   master_addr      MASTER_ADDR, else the first host of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST
+//                    or SLURM_NODELIST (rank 0 runs there under srun's default block
+//                    distribution); Slurm NodeNames, which must resolve on the nodes
+//   master_port      MASTER_PORT, else 29500 + SLURM_JOB_ID % 1000 (29500..30499)
 //
-// Port rule: master_port = 29500 + SLURM_JOB_ID % 1000 (so 29500..30499). Every task of the job
-// reads the same SLURM_JOB_ID, so all compute the same port without talking to each other, and two
-// jobs sharing a first node collide only if their ids are equal modulo 1000. Concurrent srun steps
-// inside one job that each need a store compute the same port: give them distinct MASTER_PORT
-// values.
+// Every task reads the same SLURM_JOB_ID, so all derive the same port without talking; two jobs
+// sharing a first node collide only if their ids are equal modulo 1000. Concurrent srun steps in
+// one job that each need a store get the same port: give them distinct MASTER_PORT values.
 #pragma once
 
 #include <cstdint>
@@ -120,8 +109,7 @@ struct Slurm {
   }
 
  private:
-  // The batch script's own process (SLURM_PROCID without SLURM_STEP_ID, see above): a single
-  // process when the job has one task, else refused.
+  // SLURM_PROCID without SLURM_STEP_ID: a single process when the job has one task, else refused.
   static LaunchInfo batch_script(const Env& env) {
     const int tasks = env.has("SLURM_NTASKS") ? env.int_var("SLURM_NTASKS", launcher) : 1;
     const std::string job = env.get("SLURM_JOB_ID").value_or("?");
@@ -164,8 +152,7 @@ struct Slurm {
     return std::nullopt;
   }
 
-  // This node's task count: entry `node_rank` of a per-node list, or the uniform
-  // SLURM_NTASKS_PER_NODE.
+  // Entry `node_rank` of a per-node list, or the uniform SLURM_NTASKS_PER_NODE.
   static int local_size(const Env& env, std::string_view var, int node_rank) {
     if (var == "SLURM_NTASKS_PER_NODE") return env.int_var(var, launcher);
     std::string value = env.var(var, launcher);

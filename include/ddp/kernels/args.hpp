@@ -3,19 +3,17 @@
 // SPDX-License-Identifier: MIT
 //
 // Kernels take one Args struct of views, filled with designated initializers:
-//   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{.x = x.view(), .w = w_.view(), .y
-//     = y.view(),
-//                                                                .stride = {2, 2}, .padding = {3,
-//                                                                  3}});
+//   Kernels<D>::conv2d_forward(exec, Conv2dForwardArgs<float, D>{
+//       .x = x.view(), .w = w_.view(), .y = y.view(), .stride = {2, 2}, .padding = {3, 3}});
 // Layouts (docs/decisions/0005): activations NHWC (N, H, W, C), conv weights KRSC (C_out, kH, kW,
 // C_in), linear weights (out, in) as in PyTorch. An empty view means "not wanted" where a comment
-// says optional. Element types: T is the parameters' (weights, their gradients, BatchNorm's
-// statistics), A the activations' and their gradients' (A = T by default; A = bfloat16 stores them
-// in 16 bits, docs/decisions/0070). Arithmetic is in float (double where a kernel says so) whatever
-// A is. validate(args) throws ValueError naming the op, the tensor, its shape and the expected one;
+// says optional. T: the parameters' element type (weights, their gradients, BatchNorm's
+// statistics); A: the activations' and their gradients' (A = T by default; bfloat16 stores them in
+// 16 bits, docs/decisions/0070). Arithmetic is in float (double where a kernel says so) whatever A.
+// validate(args) throws ValueError naming the op, the tensor, its shape and the expected one;
 // every kernel calls it first, so CPU and CUDA reject the same inputs with the same words. The
-// transformer modules' Args are beside this file, one header each: layer_norm_args.hpp,
-// embedding_args.hpp, dropout_args.hpp and attention_args.hpp (they use expect_shape from here).
+// transformer modules' Args live beside this file: layer_norm_args.hpp, embedding_args.hpp,
+// dropout_args.hpp, attention_args.hpp.
 #pragma once
 
 #include <cstdint>
@@ -66,16 +64,14 @@ struct Conv2dBackwardArgs {
   Size2 stride{1, 1};
   Size2 padding{0, 0};
   Size2 dilation{1, 1};
-  // dx += the input gradient instead of dx = it (cuBLAS/cuDNN beta = 1): a residual block's skip
-  // gradient, already in dx, is added in the dgrad's epilogue instead of by a pass of its own
-  // (docs/decisions/0061). The CPU and ddp's own CUDA kernels give the bits of the gradient
-  // computed apart and then added; cuBLAS and cuDNN blend in their fp32 epilogue.
+  // dx += the input gradient (cuBLAS/cuDNN beta = 1): adds a residual block's skip gradient,
+  // already in dx, without a pass of its own (docs/decisions/0061). The CPU and ddp's own CUDA
+  // kernels give the bits of gradient-then-add; cuBLAS and cuDNN blend in their fp32 epilogue.
   bool accumulate_dx = false;
 };
 
-// The output shape of a conv: (N, H_out, W_out, C_out). Throws if the window does not fit. W: the
-// weight's element type when it differs from x's (bf16 activations, float weights); not deduced, so
-// views of non-const elements convert as they always did.
+// (N, H_out, W_out, C_out); throws if the window does not fit. W: the weight's element type when
+// it differs from x's (bf16 activations); not deduced, so views of non-const elements convert.
 template <class T, Device D, class W = T>
 Shape conv2d_output_shape(const TensorView<const T, D>& x,
                           const std::type_identity_t<TensorView<const W, D>>& w, Size2 stride,
@@ -108,9 +104,8 @@ Shape conv2d_output_shape(const TensorView<const T, D>& x,
   return Shape{x.dim(0), ho, wo, w.dim(0)};
 }
 
-// The GPU convolutions (ddp's implicit GEMM and cuDNN) have fp32, tf32 and bf16 paths; fp16
-// (precision.hpp) is for cuBLAS GEMMs only, and a 1x1 conv through cuBLAS would take it silently
-// while its neighbours could not.
+// GPU convolutions have fp32, tf32 and bf16 paths; fp16 is refused because only a cuBLAS 1x1 conv
+// could take it, silently, while its neighbours could not.
 inline void require_conv_precision(Precision math) {
   if (math == Precision::Fp16)
     throw ValueError(
@@ -140,18 +135,16 @@ void validate(const Conv2dBackwardArgs<T, D, A>& a) {
 // ---- batchnorm over the last dimension C of an (..., C) tensor (NHWC: per channel over N*H*W)
 
 // How a synchronised BatchNorm (torch.nn.SyncBatchNorm) sums its per-channel statistics over the
-// ranks of a process group, without the kernels knowing of communicators: nn/sync_batchnorm.hpp
-// implements it with one all-reduce (docs/decisions/0027). Training kernels given one (Args::sync)
-// compute this rank's sums, hand them here, and go on with the sums over every rank:
+// ranks without the kernels knowing of communicators (nn/sync_batchnorm.hpp: one all-reduce,
+// docs/decisions/0027). Training kernels given one (Args::sync) hand it this rank's sums and go on
+// with the sums over every rank:
 //   forward   (2C + 1) doubles: sum x (C), sum x^2 (C), row count M
-//   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M   (g: the gradient reaching
-//     the BN)
+//   backward  (2C + 1) doubles: sum g (C), sum g xhat (C), row count M  (g: the incoming gradient)
 template <Device D>
 class ChannelSumReducer {
  public:
   virtual ~ChannelSumReducer() = default;
-  // How many ranks take part (1: nothing to synchronise; the layer then runs the ordinary kernels,
-  // as torch).
+  // 1: nothing to synchronise; the layer then runs the ordinary kernels, as torch.
   virtual int ranks() const noexcept = 0;
   // In place: every element becomes its sum over the ranks. Ordered after the work already enqueued
   // on exec (CUDA: its stream), and the work enqueued on exec afterwards sees the sums.
@@ -171,12 +164,10 @@ struct BatchNormForwardArgs {
   bool training = true;
   double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch
   double eps = 1e-5;
-  // Training only, optional: the statistics are those of every rank's batch together (count M
-  // summed over the ranks; this rank's x may then be empty, as in torch >= 1.12). Eval ignores it
-  // (no communication).
+  // Training only, optional: statistics over every rank's batch (this rank's x may then be empty,
+  // as in torch >= 1.12). Eval ignores it (no communication).
   ChannelSumReducer<D>* sync = nullptr;
-  // () optional: torch's num_batches_tracked, += 1 by a training forward in the statistics' finish
-  // (no launch of its own).
+  // () optional: torch's num_batches_tracked, += 1 per training forward (no launch of its own).
   TensorView<std::int64_t, D> num_batches_tracked;
 };
 
@@ -191,14 +182,12 @@ struct BatchNormBackwardArgs {
   TensorView<T, D> dgamma;             // (C), optional; overwritten
   TensorView<T, D> dbeta;              // (C), optional; overwritten
   bool training = true;                // must match the forward call: batch statistics depend on x
-  // Training only, optional, as in the forward call: dx uses sum g and sum g xhat over every rank;
-  // dgamma and dbeta stay this rank's sums (torch's SyncBatchNorm; DDP then averages them,
-  // docs/decisions/0027).
+  // As in the forward: dx uses sum g and sum g xhat over every rank; dgamma and dbeta stay this
+  // rank's sums (torch's SyncBatchNorm; DDP averages them, docs/decisions/0027).
   ChannelSumReducer<D>* sync = nullptr;
 };
 
-// allow_empty: a synchronised training call, where one rank's batch may be empty (the others' are
-// not).
+// allow_empty: a synchronised training call, where one rank's batch may be empty.
 template <class T, Device D>
 std::int64_t batchnorm_channels(const TensorView<const T, D>& x, const char* op,
                                 bool allow_empty = false) {
@@ -271,8 +260,8 @@ struct MaxPool2dBackwardArgs {
   TensorView<const T, D> dy;                 // (N, H_out, W_out, C)
   TensorView<const std::int32_t, D> argmax;  // from the forward call
   TensorView<T, D> dx;                       // (N, H, W, C), overwritten
-  // The forward's window (the CPU scatters through argmax and ignores it; CUDA gathers, per input
-  // element, from the outputs whose window covers it, which needs the geometry; no atomics).
+  // The forward's window: CUDA gathers per input element from the outputs covering it (no
+  // atomics), which needs it; the CPU scatters through argmax and ignores it.
   Size2 kernel{3, 3};
   Size2 stride{2, 2};
   Size2 padding{1, 1};
@@ -407,9 +396,8 @@ void validate(const LinearBackwardArgs<T, D, A>& a) {
 }
 
 // ---- losses (mean reduction); each returns the loss and optionally writes d(loss)/d(input) ----
-// Cross-entropy with label smoothing s over C classes, PyTorch's formula:
-//   loss = mean_i [ (1 - s) (-log p_i[y_i]) + (s / C) sum_c (-log p_i[c]) ],  p_i =
-//     softmax(logits_i)
+// Cross-entropy with label smoothing s over C classes, PyTorch's formula (p_i = softmax(logits_i)):
+//   loss = mean_i [ (1 - s) (-log p_i[y_i]) + (s / C) sum_c (-log p_i[c]) ]
 //   dlogits_i = (p_i - (1 - s) onehot(y_i) - s / C) / N
 template <class T, Device D>
 struct CrossEntropyArgs {
@@ -443,8 +431,7 @@ void validate(const CrossEntropyArgs<T, D>& a) {
         detail::str("ddp: ", op, ": label_smoothing must be in [0, 1], got ", a.label_smoothing));
 }
 
-// Labels live on the device; the kernel checks each one and throws this error for the first bad
-// one.
+// Labels live on the device; the kernel throws this for the first bad one.
 inline ValueError label_out_of_range(std::int64_t label, std::int64_t index, std::int64_t classes) {
   return ValueError(detail::str("ddp: cross_entropy: label ", label, " of sample ", index,
                                 " is out of range for ", classes,
@@ -479,8 +466,7 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
-// The hyper-parameter checks shared by SgdArgs and MultiSgdArgs (kernels/fused_args.hpp); `op`
-// names the kernel.
+// Shared by SgdArgs and MultiSgdArgs (kernels/fused_args.hpp); `op` names the kernel.
 inline void validate_sgd_hyperparameters(const char* op, double lr, double momentum,
                                          double dampening, double weight_decay, bool nesterov) {
   if (lr < 0.0 || momentum < 0.0 || weight_decay < 0.0)

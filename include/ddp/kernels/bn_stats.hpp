@@ -3,33 +3,27 @@
 // arithmetic, and the merges in their fixed order.
 // SPDX-License-Identifier: MIT
 //
-// x (N, H, W, C) is M = N*H*W rows of C channels. The work is cut as kernels/cuda/batchnorm.cuh
-// launches it:
-//   tile    `cols` threads across (cols * vec) adjacent channels, vec = 16 bytes / sizeof(T) when
-//     every pointer
-//           is 16-byte aligned and C % vec == 0 (one vector load per thread and row), else vec = 1;
-//   chunk   rows_per_chunk consecutive rows; a block (cols, lanes) of kBnBlockThreads threads
-//     covers one
-//           tile of one chunk, lane r taking the chunk's rows r, r + lanes, r + 2 lanes, ...;
-//   segment kBnSegment successive rows of one thread, summed in Acc (float for float x) as shifted
-//     sums
-//           s1 = sum (x - K), s2 = sum (x - K)^2 with K the segment's first value; the segment
-//             becomes
-//           exact-enough moments (n, mean, M2) in double and is merged into the thread's moments.
+// x (N, H, W, C) is M = N*H*W rows of C channels, cut as kernels/cuda/batchnorm.cuh launches it:
+//   tile     `cols` threads across cols * vec adjacent channels; vec = 16 bytes / sizeof(T) when
+//            every pointer is 16-byte aligned and C % vec == 0 (one vector load per thread and
+//            row), else 1;
+//   chunk    rows_per_chunk consecutive rows; a block (cols, lanes) of kBnBlockThreads threads
+//            covers one tile of one chunk, lane r taking rows r, r + lanes, r + 2 lanes, ...;
+//   segment  kBnSegment successive rows of one thread, summed in Acc (float for float x) as
+//            s1 = sum (x - K), s2 = sum (x - K)^2, K the segment's first value, then turned into
+//            moments (n, mean, M2) in double and merged into the thread's.
 // Merges are Chan et al.'s (n, mean, M2) merge in double, in a fixed order: segments in row order,
-// a pairwise tree over the lanes (lane r takes r + h for h = lanes/2, ..., 1) giving one partial
-// per chunk and channel, then the finalize: kBnFinLanes lanes each merge chunks l, l + kBnFinLanes,
-// ... in order and a pairwise tree over those lanes. The result does not depend on scheduling:
-// deterministic. Why this arithmetic: the shift K makes the float sums' cancellation independent of
-// |mean| / std (a segment's K is within sqrt(n - 1) std of its mean, Samuelson's inequality), and a
-// segment has at most kBnSegment = 16 rows, so a float's rounding enters the variance at most (3S +
-// 2 sqrt(S)) gamma(S + 2) ~ 6e-5 relatively and the mean at most sqrt(S) gamma(S) ~ 4e-6 std
-// (gamma(n) = n u / (1 - n u), u = 2^-24; derivation in the decision record) in the worst case;
-// tests/unit/kernels/test_bn_stats.cpp's data stays below 5% of it. Backward sums (g, g xhat) take
-// the same path with plain float segment sums flushed into doubles.
+// a pairwise tree over the lanes (lane r takes r + h, h = lanes/2, ..., 1) giving one partial per
+// chunk and channel, then the finalize: kBnFinLanes lanes each merge chunks l, l + kBnFinLanes, ...
+// in order, then a pairwise tree over those lanes. Deterministic: independent of scheduling.
+// Why: the shift K makes the float cancellation independent of |mean| / std (K is within
+// sqrt(n - 1) std of the segment's mean, Samuelson), and with S = kBnSegment = 16 rows a float's
+// rounding enters the variance at most (3S + 2 sqrt(S)) gamma(S + 2) ~ 6e-5 relatively and the
+// mean at most sqrt(S) gamma(S) ~ 4e-6 std (gamma(n) = n u / (1 - n u), u = 2^-24; derivation in
+// docs/decisions/0063). Backward sums (g, g xhat) take the same path with plain float segment sums
+// flushed into doubles.
 // Example: C = 64 floats: vec 4, 16 columns, 16 lanes; M = 200,704 rows -> 784 chunks of 256 rows,
-//   each
-// thread 16 rows (one segment).
+// each thread 16 rows (one segment).
 #pragma once
 
 #include <algorithm>
@@ -49,9 +43,8 @@ inline constexpr int kBnSegment = 16;  // rows summed in Acc before a double mer
 inline constexpr std::int64_t kBnMaxChunks = 1024;
 inline constexpr int kBnFinCols = 32, kBnFinLanes = 16;  // finalize block: channels x chunk lanes
 
-// Per-thread accumulator type: float for float (and narrower: bf16 x is widened exactly as it is
-// loaded), double for double. Values of x are read only through static_cast<BnAcc<T>>, so a
-// storage-only type (bfloat16) works.
+// Per-thread accumulator: float for float and narrower (bf16 widens exactly), double for double.
+// x is read only through static_cast<BnAcc<T>>, so a storage-only type (bfloat16) works.
 template <class T>
 using BnAcc = std::conditional_t<(sizeof(T) > sizeof(float)), double, float>;
 
@@ -96,8 +89,7 @@ DDP_HOST_DEVICE inline BnMoments bn_merge(BnMoments a, const BnMoments& b) {
   return a;
 }
 
-// How one statistics (or apply) pass is cut: see the header comment. Built on the host
-// (bn_geometry), read by the kernels and the emulation through the same members.
+// How one pass is cut (header comment). Built on the host, read by kernels and emulation alike.
 struct BnGeometry {
   std::int64_t rows = 0, c = 0;
   int vec = 1;                  // channels per thread
@@ -141,9 +133,8 @@ BnGeometry bn_geometry(std::int64_t rows, std::int64_t c, bool aligned) {
   return g;
 }
 
-// Forward, one thread: moments of channels x[0..V) (x points at the thread's first channel) over
-// the rows first, first + step, ... < end, segment by segment (kBnSegment rows in Acc, shifted by
-// the first value).
+// Forward, one thread: moments of channels x[0..V) (x at the thread's first channel) over rows
+// first, first + step, ... < end, segment by segment.
 template <class T, int V>
 DDP_HOST_DEVICE void bn_thread_moments(const T* x, std::int64_t c, std::int64_t first,
                                        std::int64_t end, std::int64_t step, BnMoments (&out)[V]) {
@@ -205,9 +196,8 @@ DDP_HOST_DEVICE void bn_thread_grad_sums(const T* x, const T* dy, const T* ymask
   }
 }
 
-// One step of the pairwise tree over lanes (stride `w` elements apart): lane r < h takes lane r +
-// h. The kernels run a level's steps in parallel (a barrier between levels), the emulation in a
-// loop.
+// One step of the pairwise tree over lanes (`w` elements apart): lane r < h takes lane r + h. The
+// kernels run a level's steps in parallel (a barrier between levels), the emulation in a loop.
 DDP_HOST_DEVICE inline void bn_tree_step(BnMoments* s, int r, int h, int w, int e) {
   s[r * w + e] = bn_merge(s[r * w + e], s[(r + h) * w + e]);
 }
@@ -215,8 +205,8 @@ DDP_HOST_DEVICE inline void bn_tree_step(double* s, int r, int h, int w, int e) 
   s[r * w + e] += s[(r + h) * w + e];
 }
 
-// Finalize, one lane: the chunk partials (chunks, c) of channel ch merged in order over chunks
-// lane, lane + kBnFinLanes, ...
+// Finalize, one lane: partials (chunks, c) of channel ch merged over chunks lane, lane +
+// kBnFinLanes, ... in order.
 DDP_HOST_DEVICE inline BnMoments bn_merge_chunks(const BnMoments* partial, std::int64_t chunks,
                                                  std::int64_t c, std::int64_t ch, int lane) {
   BnMoments m;

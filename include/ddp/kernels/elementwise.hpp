@@ -2,11 +2,10 @@
 // n, f).
 // SPDX-License-Identifier: MIT
 //
-// A functor holds raw pointers and scalars and maps one flat index i to one output element; it must
-// not depend on the order in which indices run (CPU runs chunks on threads, CUDA one index per
-// thread). Functors, not lambdas, so nvcc needs no --extended-lambda. Arithmetic is done in T, in
-// the same order as PyTorch's kernels, so float results match PyTorch's bit for bit in the common
-// cases.
+// A functor holds raw pointers and scalars and maps one flat index i to one output element; it
+// must not depend on the order indices run in (CPU: chunks on threads; CUDA: one per thread).
+// Functors, not lambdas: nvcc needs no --extended-lambda. Arithmetic in T in PyTorch's order, so
+// float results usually match PyTorch's bit for bit.
 #pragma once
 
 #include <cmath>
@@ -19,8 +18,7 @@
 
 namespace ddp::kernels {
 
-// y = max(x, 0); NaN stays NaN, as in PyTorch. Bitwise | keeps the loop free of branches
-// (vectorisable).
+// y = max(x, 0); NaN stays NaN, as in PyTorch. Bitwise | keeps the loop branch-free (vectorises).
 template <class T>
 struct ReluForward {
   const T* x;
@@ -32,8 +30,7 @@ struct ReluForward {
 };
 
 // dx = dy where the forward output y > 0, else 0 (PyTorch's threshold_backward on the result). dy
-// is loaded unconditionally so the compiler can turn the choice into a vector select (a branch on
-// random signs costs ~10x more).
+// is loaded unconditionally: a vector select (a branch on random signs costs ~10x more).
 template <class T>
 struct ReluBackward {
   const T* y;
@@ -117,18 +114,14 @@ struct SgdStep {
   }
 };
 
-// One element of torch.optim.AdamW's step (amsgrad off), in the order of torch 1.13's
-// _single_tensor_adamw:
-//   p = p * decay                                     decay = 1 - lr * weight_decay (decoupled
-//     weight decay)
-//   m = m * beta1 + (1 - beta1) * g                   exp_avg
-//   v = v * beta2 + (1 - beta2) * g * g               exp_avg_sq
+// One element of torch.optim.AdamW's step (amsgrad off), torch 1.13's _single_tensor_adamw order:
+//   p = p * decay                            decay = 1 - lr * weight_decay (decoupled)
+//   m = m * beta1 + (1 - beta1) * g          exp_avg
+//   v = v * beta2 + (1 - beta2) * g * g      exp_avg_sq
 //   p = p + (-step_size * m) / (sqrt(v) / bias_correction2_sqrt + eps)
-// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt = sqrt(1 - beta2^t) for the
-// tensor's own step count t, computed in double on the host and converted to T (as PyTorch converts
-// Python scalars).
-// Example: lr 0.1, no decay, first step (t = 1), g = 2, m = v = 0: m = 0.2, v = 0.004, step_size =
-//   1,
+// step_size = lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t) for the tensor's own
+// step count t, computed in double on the host and converted to T (as PyTorch's Python scalars).
+// Example: lr 0.1, no decay, t = 1, g = 2, m = v = 0: m = 0.2, v = 0.004, step_size = 1,
 // bias_correction2_sqrt = sqrt(0.001), so p -= 0.2 / (0.0632.. / 0.0316.. + eps) = 0.1 (Adam's
 // first step is lr * sign(g)).
 template <class T>
@@ -151,7 +144,7 @@ struct AdamwStep {
   }
 };
 
-// ---- transformer element-wise ops (issue 19): GELU and dropout ----
+// ---- transformer element-wise ops: GELU and dropout ----
 // GELU's constants: 1/sqrt(2), 1/sqrt(2 pi), sqrt(2/pi) and the tanh form's cubic coefficient.
 inline constexpr double kGeluSqrtHalf = 0.70710678118654752440;
 inline constexpr double kGeluInvSqrt2Pi = 0.39894228040143267794;
@@ -180,10 +173,10 @@ struct GeluForward {
 };
 
 // dx = dy * gelu'(x) (x is the forward input; dx may alias dy):
-//   exact:     gelu'(x) = Phi(x) + x phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt 2)),  phi(x) =
-//     exp(-x^2 / 2) / sqrt(2 pi)
-//   tanh form: with t = tanh(sqrt(2/pi) (x + k x^3)):
-//              gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 k x^2)
+//   exact:     gelu'(x) = Phi(x) + x phi(x),
+//              Phi(x) = 0.5 (1 + erf(x / sqrt 2)),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+//   tanh form: gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 k x^2),
+//              t = tanh(sqrt(2/pi) (x + k x^3))
 template <class T>
 struct GeluBackward {
   const T* x;
@@ -212,10 +205,9 @@ struct GeluBackward {
 };
 
 // One dropout draw's mask (docs/decisions/0043): element i (a flat index below 2^34) is kept iff
-// word i % 4 of philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block (step
-// << 32) + i / 4 of Generator(seed, rank, stream) -- is at least `threshold`. One Philox evaluation
-// gives four elements' words. nn::Dropout's functor below and the attention's dropout on its
-// probabilities (attention_args.hpp) draw with it, on either device.
+// word i % 4 of philox(counter (i / 4, step, rank, stream), key (seed_lo, seed_hi)) -- block
+// (step << 32) + i / 4 of Generator(seed, rank, stream) -- is at least `threshold`. Used by
+// nn::Dropout's functor below and the attention's dropout (attention_args.hpp), on either device.
 struct DropoutMask {
   // words below it are dropped: 2^32 p rounded so that drop <=> (w + 0.5) / 2^32 < p
   std::uint64_t threshold = 0;
@@ -231,8 +223,7 @@ struct DropoutMask {
   DDP_HOST_DEVICE bool keep(std::uint32_t word) const { return word >= threshold; }
 };
 
-// The mask of drop probability p (in [0, 1]) for the step-th draw of (seed, rank, stream); step
-// below 2^32.
+// Drop probability p in [0, 1]; the step-th draw of (seed, rank, stream), step below 2^32.
 inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank,
                                 std::uint32_t stream, std::uint64_t step) {
   // drop <=> (w + 0.5) / 2^32 < p <=> w < p 2^32 - 0.5: the count of such 32-bit words w.
@@ -245,16 +236,14 @@ inline DropoutMask dropout_mask(double p, std::uint64_t seed, std::uint32_t rank
                      .stream = stream};
 }
 
-// The kept elements' scale 1 / (1 - p) as torch computes it for a float tensor (T(1) / T(1 - p)); 0
-// for p = 1, where everything is dropped.
+// The kept elements' scale as torch computes it (T(1) / T(1 - p)); 0 for p = 1 (all dropped).
 template <class T>
 T dropout_scale(double p) {
   return p >= 1.0 ? T(0) : T(1) / T(1.0 - p);
 }
 
-// Inverted dropout over 4 elements per index b (one Philox block): element i = 4 b + j, j < 4, i <
-// n, gets word j of block b of `draw` and is dropped where the draw says. Run it for (n + 3) / 4
-// indices. y may alias x (each element is read before it is written).
+// Inverted dropout, 4 elements per index b (one Philox block): element i = 4 b + j < n gets word j
+// of block b of `draw`. Run it for (n + 3) / 4 indices. y may alias x.
 template <class T>
 struct DropoutForward {
   const T* x;
@@ -286,9 +275,8 @@ struct DropoutBackward {
   DDP_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = mask[i] ? dy[i] * scale : T(0); }
 };
 
-// Channels-last (n, h, w, c) to channels-first (n, c, h, w) order, or back (to_nhwc): element i of
-// the output, in its own row-major order, copied from where it sits in the input. nn::Flatten's
-// permutation (torch flattens NCHW). Not in place.
+// NHWC (n, h, w, c) to NCHW (n, c, h, w), or back (to_nhwc), one output element per index; not in
+// place. nn::Flatten's permutation (torch flattens NCHW).
 template <class T>
 struct PermuteNhwcNchw {
   const T* x;

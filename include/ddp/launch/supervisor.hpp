@@ -2,30 +2,25 @@
 // them.
 // SPDX-License-Identifier: MIT (Linux only)
 //
-// How it works: one attempt starts every worker (spawn_process: own process group, stdout and
-// stderr into two pipes per worker), then loops on poll() over the signalfd and all pipes, waking
-// at least every monitor_interval:
-//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, each written with one
-//     write(2); on a terminal (live_status) a worker's redrawn status line (rank 0's live progress)
-//     stays below them;
-//   - a worker exits with status != 0 (or by a signal) while the job runs: it is the first failure;
-//     every worker's process group gets SIGTERM, and SIGKILL when grace_period has passed;
+// One attempt starts every worker (spawn_process: own process group, stdout and stderr into two
+// pipes each), then polls the signalfd and all pipes, waking at least every monitor_interval:
+//   - pipe data: LinePrefixer cuts it into whole "[rank3]: ..." lines, one write(2) each; on a
+//     terminal (live_status) a worker's redrawn status line stays below them;
+//   - a worker exits != 0 (or by a signal) while the job runs: the first failure; every group
+//     gets SIGTERM, and SIGKILL after grace_period;
 //   - SIGINT/SIGTERM/SIGHUP/SIGQUIT to the supervisor: forwarded to every group, same grace period;
 //     a second one sends SIGKILL at once; no restart follows;
-//   - all workers exited with 0: groups that still hold processes (a worker's background children)
-//     are stopped the same way, so nothing outlives the job.
-// An attempt ends when every worker is reaped and every process group is empty; then the remaining
-// output is flushed. After a failure with restarts left, the next attempt starts with restart_count
-// + 1.
+//   - all workers exited 0: groups still holding processes (background children) are stopped the
+//     same way, so nothing outlives the job.
+// An attempt ends when every worker is reaped and every group is empty; the remaining output is
+// then flushed. After a failure with restarts left, the next attempt gets restart_count + 1.
 // Example: 2 workers, max_restarts 1; attempt 0: rank 1 exits 3 -> rank 0 gets SIGTERM, exits 143
-//   (not
-// counted as a failure) -> attempt 1 with TORCHELASTIC_RESTART_COUNT=1: both exit 0 -> exit code 0.
-// With max_restarts 0 the result would be exit code 3 (the first failure's code; 128 + n for signal
-// n).
+// (not counted as a failure) -> attempt 1 with TORCHELASTIC_RESTART_COUNT=1: both exit 0 -> exit
+// code 0. With max_restarts 0: exit code 3 (the first failure's code; 128 + n for signal n).
 //
-// Processes: the supervisor makes itself a child subreaper (PR_SET_CHILD_SUBREAPER), so descendants
-// that a worker leaves behind are re-parented to it, and it reaps with waitpid(-1): it owns every
-// child of the calling process while run() executes. Not thread-safe; one run() at a time.
+// The supervisor makes itself a child subreaper (PR_SET_CHILD_SUBREAPER) and reaps with
+// waitpid(-1): it owns every child of the calling process while run() executes. Not thread-safe;
+// one run() at a time.
 #pragma once
 
 #include <poll.h>
@@ -60,15 +55,14 @@ struct SupervisorOptions {
   std::chrono::milliseconds monitor_interval{100};  // longest poll() sleep
   int stdout_fd = STDOUT_FILENO;                    // where the workers' prefixed stdout lines go
   int stderr_fd = STDERR_FILENO;                    // ... and their stderr lines
-  // stdout_fd is a terminal (ddprun: train::live_progress_wanted()): a worker's redrawn line (rank
-  // 0's live progress) stays at the bottom of it, the other output scrolls above (detail::Console).
+  // stdout_fd is a terminal: a worker's redrawn line (rank 0's live progress) stays at the bottom,
+  // the other output scrolls above (detail::Console).
   bool live_status = false;
   // adopt and reap the workers' orphaned descendants
   bool subreaper = true;
 };
 
-// The process to start for local worker `local_rank` on attempt `restart_count`;
-// stdout_fd/stderr_fd are filled in by the supervisor.
+// The process for `local_rank` on attempt `restart_count`; the supervisor fills in stdout/stderr.
 using WorkerFactory = std::function<SpawnRequest(int local_rank, int restart_count)>;
 
 struct SupervisorResult {
@@ -97,9 +91,8 @@ inline void write_all(int fd, std::string_view data) noexcept {
   }
 }
 
-// Writes the workers' output. With `live`, the status line a worker redraws
-// (LinePrefixer::take_status) is kept as the last line of status_fd: other output erases it, is
-// written, and the status is drawn again under it.
+// With `live`, the status line a worker redraws (LinePrefixer::take_status) stays the last line of
+// status_fd: other output erases it, is written, and the status is redrawn under it.
 class Console {
  public:
   Console(bool live, int status_fd) : live_(live), status_fd_(status_fd) {}
@@ -148,8 +141,7 @@ class Supervisor {
       : o_(std::move(options)), signals_(signals), console_(o_.live_status, o_.stdout_fd) {}
 
   // Runs attempts until success, a failure with no restart left, or a signal. Throws Error if a
-  // worker cannot be started (after stopping and reaping the ones already started). Never exits the
-  // process.
+  // worker cannot be started (after stopping and reaping those started). Never exits the process.
   SupervisorResult run(const WorkerFactory& make) {
     struct Subreaper {  // on for the run, off again however run() ends
       bool on;
@@ -283,10 +275,8 @@ class Supervisor {
       }
 
       // 4. Reap. Unknown pids are descendants adopted as subreaper. When several workers failed
-      //    before this
-      // look (a rank killed, and its peers failing on their own within milliseconds, naming it),
-      // waitpid returns them oldest child first, i.e. by rank, not by time: the one to name is one
-      // killed by a signal (the likely cause; its peers exit with a code), else the first reaped.
+      // before this look (a rank killed, its peers failing within milliseconds), waitpid returns
+      // them by rank, not by time: name one killed by a signal (the likely cause), else the first.
       int status = 0;
       pid_t pid;
       const detail::Worker* first_failed = nullptr;
@@ -338,9 +328,8 @@ class Supervisor {
     return a;
   }
 
-  // Reads what is available from one worker stream (at most `max_reads` chunks, so one chatty
-  // worker cannot starve the others) and writes its complete lines; at EOF flushes the tail and
-  // closes.
+  // Reads at most `max_reads` chunks (a chatty worker cannot starve the others) and writes the
+  // complete lines; at EOF flushes the tail and closes.
   void pump(detail::Stream& s, int max_reads = 16) {
     char buf[65536];
     for (int i = 0; i < max_reads; ++i) {
@@ -358,8 +347,7 @@ class Supervisor {
     }
   }
 
-  // Writes a stream's complete lines and follows its status: a cleared status is erased before the
-  // lines (the finished line replaces it), a new one drawn after them.
+  // A cleared status is erased before the lines (the finished line replaces it), a new one after.
   void emit(detail::Stream& s, std::string_view lines) {
     const std::optional<std::string> status = s.lines.take_status();
     if (status && status->empty()) console_.set_status({});

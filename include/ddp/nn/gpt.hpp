@@ -2,68 +2,55 @@
 // (B, T) -> logits (B, T, vocab_size), with explicit forward and backward (docs/decisions/0006).
 // SPDX-License-Identifier: MIT
 //
-// Structure and parameter names (the tutorial's modules, registered in its order, so parameters()
-// and state_dict_keys() list them as its named_parameters() does):
-//   emb_stem        EmbeddingStem: x = drop(tok_emb(ids) + pos_emb[:, :T, :])
-//     pos_emb       Parameter (1, block_size, C), zeros at init (the tutorial's
-//       nn.Parameter(torch.zeros(...)))
-//     tok_emb       Embedding(vocab_size, C)                          "emb_stem.tok_emb.weight"
-//     drop          Dropout(embd_pdrop)
-//   blocks.i        Block, i < n_layer:  x = x + attn(ln1(x));  x = x + mlp(ln2(x))
-//     ln1, ln2      LayerNorm(C)
-//     attn          AttentionLayer (the tutorial's MultiheadAttentionLayer): y =
-//       resid_drop(c_proj(attn(x)))
-//       c_proj      Linear(C, C)
-//       attn        CausalSelfAttention(C, n_head, block_size, attn_pdrop): children c_attn
-//         Linear(C, 3C), c_proj
-//                   Linear(C, C); dropout on its probabilities (MultiheadAttention's dropout =
-//                     attn_pdrop)
-//     mlp           Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop)):
-//       mlp.0, mlp.2
-//   ln_f            LayerNorm(C)
-//   head            Linear(C, vocab_size, bias = false)
-// Mapping to the tutorial's state_dict (mingpt_state_dict_key below): everything has the same name
-// except the attention's torch.nn.MultiheadAttention, whose packed projections are our
-// CausalSelfAttention's:
-//   blocks.i.attn.attn.c_attn.weight (3C, C)  <->  blocks.i.attn.attn.in_proj_weight   (rows q, k,
-//     v: same order)
+// Modules and parameter names are the tutorial's, registered in its order, so parameters() and
+// state_dict_keys() list them as its named_parameters() does:
+//   emb_stem       EmbeddingStem: x = drop(tok_emb(ids) + pos_emb[:, :T, :])
+//     pos_emb      Parameter (1, block_size, C)
+//     tok_emb      Embedding(vocab_size, C)
+//     drop         Dropout(embd_pdrop)
+//   blocks.i       Block, i < n_layer: x = x + attn(ln1(x)); x = x + mlp(ln2(x))
+//     ln1, ln2     LayerNorm(C)
+//     attn         AttentionLayer (the tutorial's MultiheadAttentionLayer):
+//                  y = resid_drop(c_proj(attn(x)))
+//       c_proj     Linear(C, C)
+//       attn       CausalSelfAttention(C, n_head, block_size, attn_pdrop): c_attn Linear(C, 3C),
+//                  c_proj Linear(C, C), dropout on its probabilities
+//     mlp          Sequential(Linear(C, 4C), GELU (exact), Linear(4C, C), Dropout(resid_pdrop))
+//   ln_f           LayerNorm(C)
+//   head           Linear(C, vocab_size, bias = false)
+// The tutorial's state_dict has the same names (mingpt_state_dict_key) except inside its
+// torch.nn.MultiheadAttention, whose packed projections are our CausalSelfAttention's:
+//   blocks.i.attn.attn.c_attn.weight (3C, C)  <->  blocks.i.attn.attn.in_proj_weight (rows q, k, v)
 //   blocks.i.attn.attn.c_attn.bias   (3C)     <->  blocks.i.attn.attn.in_proj_bias
 //   blocks.i.attn.attn.c_proj.weight (C, C)   <->  blocks.i.attn.attn.out_proj.weight
 //   blocks.i.attn.attn.c_proj.bias   (C)      <->  blocks.i.attn.attn.out_proj.bias
-// and the tutorial's buffer blocks.i.attn.mask (the tril) has no counterpart: the causal mask is
-// computed (mingpt_ignored_keys). Its model's state_dict, saved with safetensors, loads with
+// and its tril buffer blocks.i.attn.mask has no counterpart (mingpt_ignored_keys). Its model's
+// state_dict, saved with safetensors, loads with
 //     train::load_state_dict(path, gpt, /*strict=*/true,
 //                            {.file_key = nn::mingpt_state_dict_key,
 //                             .ignore = nn::mingpt_ignored_keys(n_layer)});
-// One deliberate difference: the tutorial passes that float tril mask as attn_mask to
-// MultiheadAttention, which ADDS a float mask to the scores (+1 on and below the diagonal, +0
-// above), so its model is not causal (a known defect); ours is (CausalSelfAttention masks the
-// future out).
+// One deliberate difference: ours is causal. The tutorial passes its float tril mask as attn_mask,
+// which MultiheadAttention ADDS to the scores (+1 on and below the diagonal, +0 above), so its
+// model is not (a known defect).
 //
-// Initialisation (reset_parameters, called by the constructor), what the tutorial's GPT.__init__
-// leaves, drawn from Generator(seed, 0, kStreamInit) in parameter order: tok_emb, every Linear's
-// weight (mlp.0, mlp.2, head, the attention's c_proj and attn.c_proj) N(0, 0.02^2) and biases 0,
-// LayerNorms 1 and 0, pos_emb 0; then the residual projection blocks.i.attn.c_proj.weight N(0,
-// (0.02 / sqrt(2 n_layer))^2). The attention's c_attn is MultiheadAttention's in_proj in the
-// tutorial, a bare Parameter that its _init_weights (which handles Linear, Embedding, LayerNorm)
-// never sees, so it keeps torch's xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0; and
-// the scaled init matches names ending in "c_proj.weight", which in the tutorial's names is only
-// attn.c_proj (its out_proj is not renamed). docs/decisions/0045. Its layers skip their own default
-// initialisation (nn/init.hpp's SkipDefaultInit: these draws replace it), so building a GPT leaves
-// the default generator (manual_seed) untouched.
+// Initialisation (reset_parameters, called by the constructor) is what the tutorial's code leaves
+// (docs/decisions/0045), drawn from Generator(seed, 0, kStreamInit) in parameter order: tok_emb and
+// every Linear's weight N(0, 0.02^2), biases 0, LayerNorms 1 and 0, pos_emb 0, except
+// blocks.i.attn.c_proj.weight N(0, (0.02 / sqrt(2 n_layer))^2) and c_attn, which keeps torch's
+// xavier_uniform_: U(-a, a), a = sqrt(6 / (C + 3C)), bias 0. The layers skip their own default
+// init (SkipDefaultInit), so building a GPT leaves the default generator (manual_seed) untouched.
 //
-// Dropout: embd_pdrop, resid_pdrop and attn_pdrop as in the tutorial (one Dropout for the stem
-// plus, per block, the two resid_pdrop Dropouts and the attention's dropout on its probabilities),
-// each drawing on its own Philox stream dropout_stream + k, k in model order: emb_stem.drop 0,
-// blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn (its attention dropout) 2 + 3i,
-// blocks.i.mlp.3 3 + 3i (docs/decisions/0043); the streams are assigned whatever the probabilities,
-// 0 included. set_dropout_step() restores every mask's step on resume. Input: forward(exec, ids)
-// with int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE IDS ALIVE until
-// backward returns (nn/module.hpp). backward(exec, dlogits (B, T, vocab_size)) fills every
-// parameter's gradient and returns an empty tensor (ids take no gradient). Module's forward with T
-// values is a ValueError. The Linears see (B*T, features) rows (Linear flattens everything after
-// dim 0 into features). Devices: any (Kernels<D>; the CUDA kernels: docs/decisions/0048). On the
-// GPU a token id out of range is reported by the embedding kernel (kernels/cuda/embedding.cuh).
+// Dropout: each of the 1 + 3 n_layer dropouts draws on its own Philox stream dropout_stream + k,
+// k in model order: emb_stem.drop 0, blocks.i.attn.resid_drop 1 + 3i, blocks.i.attn.attn 2 + 3i,
+// blocks.i.mlp.3 3 + 3i (docs/decisions/0043), whatever the probabilities, 0 included.
+// set_dropout_step() restores every mask's step on resume.
+//
+// forward(exec, ids): int64 ids (B, T), T <= block_size (else ValueError); THE CALLER KEEPS THE
+// IDS ALIVE until backward returns (nn/module.hpp). Module's forward with T values is a ValueError.
+// backward(exec, dlogits (B, T, vocab_size)) fills every parameter's gradient and returns an empty
+// tensor (ids take no gradient). The Linears see (B*T, features) rows. Devices: any (Kernels<D>;
+// CUDA: docs/decisions/0048); on the GPU a token id out of range is reported by the embedding
+// kernel.
 #pragma once
 
 #include <cmath>
@@ -110,13 +97,10 @@ struct GPTOptions {
   std::uint32_t dropout_stream = 3u << 16;
 };
 
-// The tutorial's state_dict key of our parameter `name` (the file comment's mapping): the
-// attention's packed projections take MultiheadAttention's names, every other name is the same.
-// Matched on the end of the name, so it also maps a GPT registered inside another module
-// ("model.blocks.0.attn.attn.c_attn.weight").
-// Example: "blocks.1.attn.attn.c_proj.bias" -> "blocks.1.attn.attn.out_proj.bias";
-//   "blocks.1.attn.c_proj.bias" (the
-// layer's own c_proj) is unchanged.
+// The tutorial's state_dict key of our parameter `name` (the file comment's mapping). Matched on
+// the end of the name, so it also maps a GPT registered inside another module. Example:
+// "blocks.1.attn.attn.c_proj.bias" -> "blocks.1.attn.attn.out_proj.bias";
+// "blocks.1.attn.c_proj.bias" (the layer's own c_proj) is unchanged.
 inline std::string mingpt_state_dict_key(const std::string& name) {
   struct Rename {
     std::string_view ours, theirs;
@@ -131,8 +115,8 @@ inline std::string mingpt_state_dict_key(const std::string& name) {
   return name;
 }
 
-// The tutorial's state_dict keys with no counterpart here, for n_layer blocks: each block's
-// causal-mask buffer "blocks.i.attn.mask" (we compute the mask). What a load of its file ignores.
+// The tutorial's keys with no counterpart here, for n_layer blocks: each block's causal-mask
+// buffer "blocks.i.attn.mask" (we compute the mask); a load of its file ignores them.
 inline std::set<std::string> mingpt_ignored_keys(std::int64_t n_layer) {
   std::set<std::string> out;
   for (std::int64_t i = 0; i < n_layer; ++i)
@@ -340,8 +324,7 @@ class Block : public Module<T, D> {
   Sequential<T, D>* mlp_ = nullptr;
   Linear<T, D>* fc_ = nullptr;
   Linear<T, D>* proj_ = nullptr;
-  // Kept from forward for backward (the children keep views of them): ln1(x), x1 = x +
-  // attn(ln1(x)), ln2(x1).
+  // Kept for backward (the children keep views of them): ln1(x), x1 = x + attn(ln1(x)), ln2(x1).
   Tensor<T, D> a_, x1_, h_;  // each (B, T, C)
 };
 

@@ -3,41 +3,38 @@
 // SPDX-License-Identifier: MIT
 //
 // Explicit forward and backward, no autograd (docs/decisions/0006):
-//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (masks, statistics, a
-//       VIEW of x)
-//     Tensor<T, D> dx = m.backward(exec, dy);  // uses the state of the LAST forward; fills
-//       parameter grads
+//     Tensor<T, D> y  = m.forward(exec, x);    // keeps what backward needs (a VIEW of x)
+//     Tensor<T, D> dx = m.backward(exec, dy);  // uses the LAST forward's state; fills grads
 // backward must follow a forward of the same module; calling it twice for one forward is an error.
-// THE CALLER KEEPS x ALIVE AND UNCHANGED UNTIL backward RETURNS. Modules that need their input in
-// backward (Conv2d, Linear, BatchNorm2d; ReLU and the residual blocks their output) keep a view,
-// not a copy: copying every activation would double the memory traffic of a step. Inside a model,
-// parents keep their children's inputs (each layer's output is the next one's input and is kept);
-// at the top, the training loop owns the batch. A batch destroyed between forward and backward is a
-// use after free: on the GPU the caching allocator may hand its memory to a tensor of the backward
-// pass (silently wrong gradients); on the CPU the ASan build (DDP_CPU_CACHING=0,
-// scripts/sanitize.sh) reports it where reads are instrumented; DDP_CHECK_INPUTS=1
-// (nn/check_inputs.hpp) makes backward throw naming the module, on both devices. Keep the batch
-// alive across both calls:
-//     while (auto batch = loader.next()) { model.forward(exec, batch->images.cview()); ...;
-//       model.backward(exec, dy); }
+// THE CALLER KEEPS x ALIVE AND UNCHANGED UNTIL backward RETURNS: modules that need their input in
+// backward (ReLU and the residual blocks: their output) keep a view, not a copy (copying every
+// activation would double a step's memory traffic). Inside a model parents keep their children's
+// inputs; at the top the training loop owns the batch. A batch destroyed in between is a use after
+// free: on the GPU the caching allocator may hand its memory to a backward tensor (silently wrong
+// gradients); on the CPU the ASan build (DDP_CPU_CACHING=0, scripts/sanitize.sh) reports it;
+// DDP_CHECK_INPUTS=1 (nn/check_inputs.hpp) makes backward throw naming the module, on both devices.
+// So:
+//     while (auto batch = loader.next()) {
+//       model.forward(exec, batch->images.cview()); ...; model.backward(exec, dy);
+//     }
 //
-// Names. Every parameter and buffer carries its full torchvision state_dict key. A module registers
-// its own tensors under local names ("weight", "running_mean") and children under theirs ("layer1",
-// "0", "downsample"); attaching a child renames its whole subtree with the child's prefix, so a
-// tree built bottom-up ends with names like "layer1.0.downsample.1.running_var". Order.
-// parameters() and buffers() walk the tree depth-first in registration order; state_dict_keys()
-// lists, module by module, its parameters then its buffers, then each child: torch's state_dict
-// order. For a BatchNorm2d at "bn1": bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var,
-// bn1.num_batches_tracked. Writing a module. Models built from Sequential, Residual
-// (nn/residual_wrapper.hpp) and the layers need no backward code. A module of one's own derives
-// from Module<T, D>: registers its parameters and children in the constructor, implements
-// describe(), forward_impl (keeps what backward needs: views, not copies) and backward_impl
-// (returns dx, writes each parameter's gradient into p.grad_dest(), then calls p.grad_done(exec),
-// which accumulates and tells DDP). E.g. y = x * scale[c] over the last dimension (all of it:
-// ChannelScale in tests/unit/nn/test_compose.cpp):
+// Names: every parameter and buffer carries its full torchvision state_dict key. A module registers
+// its tensors and children under local names ("weight", "layer1", "0"); attaching a child prefixes
+// its whole subtree, so a tree built bottom-up ends with names like
+// "layer1.0.downsample.1.running_var". Order: parameters() and buffers() walk depth-first in
+// registration order; state_dict_keys() lists per module its parameters, its buffers, then each
+// child (torch's state_dict order: bn1.weight, bn1.bias, bn1.running_mean, bn1.running_var,
+// bn1.num_batches_tracked).
+//
+// Writing a module: models built from Sequential, Residual (nn/residual_wrapper.hpp) and the layers
+// need no backward code. Otherwise derive from Module<T, D>, register parameters and children in
+// the constructor, implement describe(), forward_impl (keep views, not copies) and backward_impl
+// (return dx, write each parameter's gradient into p.grad_dest(), then call p.grad_done(exec),
+// which accumulates and tells DDP). E.g. y = x * scale[c] over the last dimension (ChannelScale in
+// tests/unit/nn/test_compose.cpp):
 //     forward_impl:  y[i] = x[i] * scale[i % C];  x_ = x;
-//     backward_impl: dx[i] = dy[i] * scale[i % C];  g = scale_->grad_dest();  g[c] = sum_{i % C ==
-//       c} dy[i] x_[i];
+//     backward_impl: dx[i] = dy[i] * scale[i % C];
+//                    g = scale_->grad_dest();  g[c] = sum_{i % C == c} dy[i] x_[i];
 //                    scale_->grad_done(exec);  return dx;
 #pragma once
 
@@ -101,10 +98,9 @@ class Buffer {
   Tensor<std::int64_t, D> count_;  // () num_batches_tracked
 };
 
-// T: the parameters' element type (their gradients', buffers', the optimizer's); A: the
-// activations' and their gradients' (what forward and backward take and return). A = T but for bf16
-// activation storage (Module<float, D, bfloat16>, docs/decisions/0070), which the ResNet layers
-// support.
+// T: the element type of parameters, gradients, buffers and optimizer state; A: that of
+// activations and their gradients. A = T but for bf16 activation storage (Module<float, D,
+// bfloat16>, docs/decisions/0070), which the ResNet layers support.
 template <class T, Device D, class A = T>
 class Module {
  public:
@@ -139,8 +135,7 @@ class Module {
     check_input_kept();
     return backward_impl(exec, dy);
   }
-  // Short description for errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2,
-  // padding=1)".
+  // For errors and printing, e.g. "Conv2d(64, 128, kernel=3, stride=2, padding=1)".
   virtual std::string describe() const = 0;
 
   // Full path of this module ("" for the root, "layer1.0.conv1" inside a ResNet).
@@ -151,8 +146,7 @@ class Module {
                             describe(), ")");
   }
 
-  // All parameters of this subtree, depth-first in registration order (torchvision's parameters()
-  // order).
+  // All parameters of this subtree, depth-first in registration order (torch's parameters()).
   std::vector<Parameter<T, D>*> parameters() {
     std::vector<Parameter<T, D>*> out;
     visit([&](Module& m) {
@@ -193,8 +187,7 @@ class Module {
     return n;
   }
 
-  // Training mode (batch statistics in BatchNorm) or evaluation mode (running statistics);
-  // recursive.
+  // Training (BatchNorm: batch statistics) or evaluation mode (running statistics); recursive.
   void train(bool on = true) {
     visit([&](Module& m) { m.training_ = on; });
   }
@@ -220,8 +213,7 @@ class Module {
   }
 
  protected:
-  // What forward() and backward() run: every module implements these (the public calls add the
-  // trace span).
+  // What forward() and backward() run (the public calls add the trace span).
   virtual Tensor<A, D> forward_impl(Exec<D>& exec, TensorView<const A, D> x) = 0;
   virtual Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dy) = 0;
   // What forward(exec, ids) runs: modules that take token ids override it (and reject T values in
@@ -244,9 +236,8 @@ class Module {
                                       "); pass the ids as a "
                                       "TensorView<const std::int64_t, D> to forward(exec, ids)"));
   }
-  // The trace span of one call of this module (`phase`: "forward" or "backward"), named by path()
-  // ("model" for the root); for entry points other than forward/backward, such as BatchNorm2d's
-  // fused forward_act.
+  // The trace span of one call (`phase`: "forward" or "backward"), named by path() ("model" for the
+  // root); for entry points other than forward/backward, such as BatchNorm2d's forward_act.
   trace::Span trace_span(std::string_view phase) const {
     return trace::Span(phase, path_.empty() ? std::string_view("model") : std::string_view(path_),
                        "module", [this] { return describe(); });
@@ -277,13 +268,11 @@ class Module {
   }
 
   // DDP_CHECK_INPUTS (nn/check_inputs.hpp): remember_input stamps the pool block holding the input
-  // at `p` (forward calls it; so does a module that points its backward at another input,
-  // Conv2d::rebind_input); check_input_kept throws ValueError if that block was freed since, once
-  // per stamp (backward calls it; so does any other backward entry point). A forward with the check
-  // off drops the stamp of an earlier one. A module whose backward never reads its input (MaxPool2d
-  // keeps argmax, Dropout its mask) calls backward_reads_no_input() in its constructor: parents may
-  // then free that input early (ResNet's recompute_relu, GPT's blocks) and the check leaves it
-  // alone.
+  // at `p` (forward calls it, as does Conv2d::rebind_input); check_input_kept throws ValueError if
+  // that block was freed since, once per stamp (every backward entry point calls it). A forward
+  // with the check off drops an earlier stamp. A module whose backward never reads its input
+  // (MaxPool2d, Dropout) calls backward_reads_no_input() in its constructor: parents may then free
+  // that input early (ResNet's recompute_relu, GPT's blocks) and the check leaves it alone.
   void backward_reads_no_input() noexcept { reads_input_ = false; }
   void remember_input(const void* p) {
     if (check_inputs_enabled() && reads_input_)

@@ -5,30 +5,25 @@
 // registers parameters and children in its constructor (parameters(), state_dict, optimizers,
 // checkpoints and DDP see ordinary parameters) and implements one function from Vars to a Var:
 //     class SwiGlu : public nn::OpsModule<float, Cpu> {
-//       nn::Parameter<float, Cpu>& w1_ = register_parameter("w1", {16, 8});  // (out, in), as
-//         torch.nn.Linear
+//       nn::Parameter<float, Cpu>& w1_ = register_parameter("w1", {16, 8});  // (out, in)
 //       ...
 //       Var forward_ops(OpsGraph<float, Cpu>& g, const Var& x) override {
 //         return autograd::linear(autograd::silu(autograd::linear(x, g.param(w1_))) * ...,
-//           g.param(w2_));
+//                                 g.param(w2_));
 //       }
 //     };
 // forward(exec, x) / backward(exec, dy) work as for every module, so it sits in a Sequential or
 // Residual next to explicit layers, and DDP wraps it. Inside forward_ops:
 // - g.param(p): the leaf of parameter p for this forward. Every use of p in one forward (tied
 //   weights, a block applied twice, loops) gets the SAME leaf, so backward sums the uses and
-//   p.grad_done() (DDP's ready hook) runs once, when the last use has been accumulated, interleaved
-//   with the rest of backward.
+//   p.grad_done() (DDP's ready hook) runs once, after the last use was accumulated.
 // - g(child, x): runs a child. An OpsModule child runs its forward_ops in this graph (any number of
-//   times); any other module (Conv2d, BatchNorm2d, a Sequential of them) runs its explicit forward,
-//   and backward calls its explicit backward (same speed as outside). Such a layer keeps the state
-//   of one forward, so it may be called once per forward of the graph's root.
-// Outside the module interface, an OpsGraph on a model gives its output as a Var, to compose with a
-// loss op:
+//   times); any other module runs its explicit forward and backward (same speed as outside). Such a
+//   layer keeps the state of one forward, so it may be called once per forward of the graph's root.
+// Outside the module interface, an OpsGraph on a model gives its output as a Var for a loss op:
 //     nn::OpsGraph<double, Cpu> g(exec, model);
 //     auto loss = autograd::cross_entropy(g(model, x), labels);
-//     loss.backward();                                          // every parameter's grad(), each
-//       reported once
+//     loss.backward();  // every parameter's grad(), each reported once
 // Cost: the tape's bookkeeping and one copy per op output (docs/decisions/0071); a hot layer can
 // still be written as an explicit Module and called from ops with g(layer, x).
 #pragma once
@@ -102,8 +97,7 @@ class OpsGraph {
     if (auto* ops = dynamic_cast<OpsModule<T, D>*>(&child)) return ops->run_in(*this, x);
     return run_explicit(child, x);
   }
-  // child(ids) for an OpsModule that takes int64 token ids (forward_ops_ids), e.g. the model
-  // itself.
+  // child(ids) for an OpsModule that takes int64 token ids (forward_ops_ids), e.g. the model.
   Var operator()(OpsModule<T, D>& child, const Tensor<std::int64_t, D>& ids) {
     if (!modules_.count(&child))
       throw ValueError(
@@ -114,9 +108,8 @@ class OpsGraph {
   }
 
  private:
-  // An explicit layer as one node: its forward now, its backward when the tape reaches the node.
-  // The node requires a gradient when x does or the layer has parameters (their gradients come from
-  // its backward).
+  // An explicit layer as one node: its forward now, its backward when the tape reaches the node,
+  // which requires a gradient when x does or the layer has parameters.
   Var run_explicit(Module<T, D>& layer, const Var& x) {
     if (!explicit_run_.insert(&layer).second)
       throw ValueError(ddp::detail::str("ddp: ", root_->where(), ": forward_ops calls ",
@@ -181,11 +174,9 @@ class OpsModule : public Module<T, D> {
   using Graph = OpsGraph<T, D>;
 
  protected:
-  // The forward, written with ops: x -> y. Parameters through g.param(p), children through g(child,
-  // x).
+  // x -> y with ops; parameters through g.param(p), children through g(child, x).
   virtual Var forward_ops(Graph& g, const Var& x) = 0;
-  // The forward of a model that takes int64 token ids (an embedding first); others leave it
-  // (ValueError).
+  // The forward of a model that takes int64 token ids; others leave it (ValueError).
   virtual Var forward_ops_ids(Graph&, const Tensor<std::int64_t, D>& ids) {
     throw ValueError(ddp::detail::str("ddp: ", this->where(),
                                       ": takes values of the model's floating-point type, "
@@ -195,8 +186,7 @@ class OpsModule : public Module<T, D> {
                                       "overrides forward_ops_ids"));
   }
 
-  // Module's interface: x becomes a leaf (its gradient is backward's dx), the output Var is kept
-  // for backward.
+  // x becomes a leaf (its gradient is backward's dx); the output Var is kept for backward.
   Tensor<T, D> forward_impl(Exec<D>& exec, TensorView<const T, D> x) override {
     reset();
     warn_zero_weights_once(exec);
@@ -237,9 +227,8 @@ class OpsModule : public Module<T, D> {
     in_ = Var();
   }
   // Once, at the first forward: a weight (rank >= 2) still all zeros was most likely never
-  // initialised (a parameter from register_parameter starts at zero, and a zero weight often passes
-  // no gradient, so the loss stays where it is). A warning, not an error: some weights start at
-  // zero on purpose (LoRA's B).
+  // initialised (register_parameter starts at zero, and a zero weight often passes no gradient). A
+  // warning, not an error: some weights start at zero on purpose (LoRA's B).
   void warn_zero_weights_once(Exec<D>& exec) {
     if (zero_weights_checked_) return;
     zero_weights_checked_ = true;

@@ -2,23 +2,20 @@
 // DDP uses.
 // SPDX-License-Identifier: MIT
 //
-// Gradient protocol (docs/decisions/0006). A module's backward computes each of its parameters'
+// Gradient protocol (docs/decisions/0006): a module's backward computes each of its parameters'
 // gradients and hands every one over as soon as it is final:
-//     auto dw = p.grad_dest(exec);     // where to write: grad() itself, or scratch when
-//       accumulating
+//     auto dw = p.grad_dest(exec);  // grad() itself, or scratch when accumulating
 //     Kernels<D>::conv2d_backward(exec, {..., .dw = dw, ...});
-//     p.grad_done(exec);               // grad += scratch if needed, then calls the on_grad_ready
-//       hook
-// Gradients accumulate across backward calls until zero_grad(), exactly like PyTorch's .grad (that
-// is what no_sync() gradient accumulation relies on). The first backward after zero_grad() writes
-// grad() directly, so the common case costs no extra pass, and zero_grad() itself runs no kernel:
-// grad()'s values mean nothing until then (torch's .grad is None; docs/decisions/0062). The hook
-// runs on the thread that runs backward; DDP uses it to mark the parameter ready in its bucket and
-// to launch the bucket's all-reduce while backward carries on with earlier layers.
+//     p.grad_done(exec);            // grad += scratch if needed, then the on_grad_ready hook
+// Gradients accumulate across backward calls until zero_grad(), like PyTorch's .grad (no_sync()
+// accumulation relies on it). The first backward after zero_grad() writes grad() directly (no
+// extra pass), and zero_grad() runs no kernel (docs/decisions/0062). The hook runs on the thread
+// that runs backward; DDP uses it to mark the parameter ready in its bucket and to launch the
+// bucket's all-reduce while backward carries on with earlier layers.
 //
-// Layout. value() is in ddp's layout: conv weights are KRSC (C_out, kH, kW, C_in); everything else
-// is the shape PyTorch uses. torch_shape() is the shape in torchvision's state_dict (OIHW for
-// convs), which is what checkpoints write (train/checkpoint.hpp converts).
+// Layout: value() is in ddp's layout: conv weights are KRSC (C_out, kH, kW, C_in), everything else
+// has PyTorch's shape. torch_shape() is the shape in torchvision's state_dict (OIHW for convs),
+// which checkpoints write (train/checkpoint.hpp converts).
 #pragma once
 
 #include <cstdint>
@@ -45,9 +42,8 @@ enum class Layout : std::uint8_t {
 };
 
 namespace detail {
-// Sets every element of t to v with Kernels<D>::fill on the default Exec: the calling thread on the
-// CPU; for CUDA the legacy default stream, which orders with every blocking stream
-// (tensor/cuda/allocator.hpp).
+// Sets every element of t to v with Kernels<D>::fill on the default Exec: the calling thread on
+// the CPU; for CUDA the legacy default stream, which orders with every blocking stream.
 template <class T, Device D>
 void fill_value(Tensor<T, D>& t, T v) {
   Kernels<D>::fill(Exec<D>{}, t.view(), v);
@@ -56,10 +52,9 @@ template <class T, Device D>
 void zero_fill(Tensor<T, D>& t) {
   fill_value(t, T(0));
 }
-// Fills t with fill_host(view) run on a host tensor, then copies that into t on the default Exec
-// (the random initialisers in tensor/random.hpp run on the CPU, so a GPU model gets exactly the CPU
-// model's initial weights; on the CPU the copy is one memcpy at initialisation). The upload's
-// copy() overload comes with the device's layer (tensor/cuda/copy.hpp), found by argument-dependent
+// Fills t with fill_host(view) run on a host tensor, then copies that into t on the default Exec:
+// the random initialisers run on the CPU, so a GPU model gets exactly the CPU model's initial
+// weights. The upload's copy() overload (tensor/cuda/copy.hpp) is found by argument-dependent
 // lookup when this is instantiated.
 template <class T, Device D, class F>
 void fill_via_host(Tensor<T, D>& t, F&& fill_host) {
@@ -111,36 +106,31 @@ class Parameter {
     return s;
   }
 
-  // Drops the gradient; the next backward overwrites grad() instead of accumulating. Until then the
-  // parameter has no gradient (has_grad() is false) and grad() holds stale values, read by no one:
-  // torch's zero_grad(set_to_none=True), the default since torch 2.0, after which .grad is None and
-  // optimizers skip the parameter. No kernel runs (no fill per parameter and step;
-  // docs/decisions/0062). Whoever writes grad() by hand and then calls set_grad_written() writes
-  // all of it.
+  // Drops the gradient; the next backward overwrites grad() instead of accumulating. Until then
+  // has_grad() is false and grad() holds stale values, read by no one: torch's
+  // zero_grad(set_to_none=True), the default since torch 2.0. No kernel runs. Whoever writes
+  // grad() by hand and then calls set_grad_written() writes all of it.
   void zero_grad() noexcept { fresh_ = true; }
   // True between zero_grad() and the first grad_done() (or set_grad_written()): the gradient counts
   // as zero, whatever grad() holds.
   bool grad_is_zero() const noexcept { return fresh_; }
-  // False while the gradient is "None" in torch's terms: no backward and no DDP reduction has
-  // written it since zero_grad() (or construction). Optimizers skip such parameters (weight decay
-  // and momentum leave them alone), and DDP leaves them so when no rank used them
-  // (find_unused_parameters, docs/decisions/0025).
+  // False while the gradient is "None" in torch's terms: nothing wrote it since zero_grad() (or
+  // construction). Optimizers skip such parameters (no weight decay, no momentum), and DDP leaves
+  // them so when no rank used them (find_unused_parameters, docs/decisions/0025).
   bool has_grad() const noexcept { return !fresh_; }
   // Someone other than backward wrote all of grad() (DDP's reduced gradient for a parameter this
   // rank did not use): the gradient now exists, and the next backward accumulates into it.
   void set_grad_written() noexcept { fresh_ = false; }
 
-  // gradient_as_bucket_view (DDP, parallel/grad_views.hpp): grad() becomes a view of numel()
-  // elements at `slot` (D's memory, owned by the caller and alive until own_grad()), holding the
-  // current gradient (copied there on exec). Backward then writes and accumulates straight into the
-  // slot.
+  // gradient_as_bucket_view (DDP): grad() becomes a view of numel() elements at `slot` (D's memory,
+  // owned by the caller and alive until own_grad()), holding the current gradient (copied there on
+  // exec); backward then writes and accumulates straight into the slot.
   void set_grad_view(T* slot, const Exec<D>& exec) {
     Tensor<T, D> v = Tensor<T, D>::borrow(slot, value_.shape());
     copy(grad_.cview(), v.view(), exec);
     grad_ = std::move(v);
   }
-  // grad() owns its memory again, with the current values (copied on exec); no-op when it already
-  // does.
+  // grad() owns its memory again, with the current values (copied on exec); no-op if it does.
   void own_grad(const Exec<D>& exec) {
     if (grad_.owns_memory()) return;
     Tensor<T, D> g(value_.shape());
@@ -169,8 +159,7 @@ class Parameter {
   // against a concurrent backward.
   void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
   bool has_grad_ready_hook() const noexcept { return static_cast<bool>(hook_); }
-  // How many times grad_done() ran (tests use it to check that every parameter reports once per
-  // backward).
+  // How many times grad_done() ran (tests check one report per parameter and backward).
   std::int64_t grad_ready_count() const noexcept { return grad_ready_count_; }
 
   // Used by Module when the parameter's module is attached under a prefix.

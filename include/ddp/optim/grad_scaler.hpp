@@ -2,41 +2,35 @@
 // SPDX-License-Identifier: MIT
 //
 // Why: in fp16 (5 exponent bits) gradients below ~6e-8 flush to zero and above 65504 overflow.
-// Multiplying the loss gradient by a large scale S moves the backward pass's values into fp16's
-// range; the gradients are divided by S again before the optimizer sees them. When a step's
-// gradients hold an inf or a NaN (S was too large), the step is skipped and S shrinks; after
-// growth_interval finite steps in a row S grows:
+// Multiplying the loss gradient by a scale S moves the backward's values into fp16's range; the
+// gradients are divided by S before the optimizer sees them. A step whose gradients hold an inf
+// or NaN (S too large) is skipped and S shrinks; after growth_interval finite steps in a row S
+// grows:
 //   found_inf:  skip opt.step(),  S *= backoff_factor,  finite_run = 0
-//   finite:     opt.step(),       finite_run += 1; if finite_run == growth_interval: S *=
-//     growth_factor, finite_run = 0
-// With S and both factors powers of two (the defaults), scaling and unscaling are exact in binary
-// floating point: a run whose gradients never overflow ends bit-identical to the same run without a
-// scaler (no denormals assumed).
+//   finite:     opt.step(),       finite_run += 1;
+//               if finite_run == growth_interval: S *= growth_factor, finite_run = 0
+// With S and both factors powers of two (the defaults) scaling is exact: a run that never
+// overflows ends bit-identical to the same run without a scaler (no denormals assumed).
 //
-// One step (what torch's scaler.scale(loss).backward(); scaler.unscale_(opt); clip;
-// scaler.step(opt); scaler.update() does, in this order -- the DDP tutorial's minGPT trainer clips
-// before unscale_, i.e. it clips the *scaled* gradients against grad_norm_clip, a defect we do not
-// copy):
+// One step, in torch's order (scale(loss).backward(); unscale_(opt); clip; step(opt); update();
+// the DDP tutorial's minGPT trainer clips the *scaled* gradients before unscale_, a defect we do
+// not copy):
 //   ce.forward(...); Tensor dlogits = ce.backward(exec);
-//   scaler.scale_grad(exec, dlogits.view());                  // d(S * loss)
+//   scaler.scale_grad(exec, dlogits.view());       // d(S * loss)
 //   model.backward(exec, dlogits.cview());
-//   const auto u = scaler.unscale(exec, params);             // divides by S; u.norm: the unscaled
-//     global L2 norm
+//   const auto u = scaler.unscale(exec, params);   // divides by S; u.norm: unscaled global L2 norm
 //   if (!u.found_inf) optim::clip_to_norm(exec, params, max_norm, u.norm);
-//   scaler.step(exec, opt);                                  // opt.step(exec) unless found_inf
+//   scaler.step(exec, opt);                        // opt.step(exec) unless found_inf
 //   scaler.update();
-// unscale's inf check is the global sum of squares (in double, so any finite float squares without
-// overflow): it is non-finite exactly when some gradient is inf or NaN. The same sum gives clipping
-// its norm, so a scaled step costs one pass over the gradients more than an unscaled one (the
-// division), and one host sync on the GPU, as torch's found_inf.item() in step(). Distributed:
-// under DDP the gradients are averaged over the ranks before backward returns, so every rank sees
-// the same inf/NaN and takes the same decision without communication (an inf on one rank is an inf
-// in the sum). A sharded optimizer (ZeRO) would have to all-reduce found_inf, as torch's
-// ShardedGradScaler does. Disabled (enabled = false, torch's GradScaler(enabled=False)): scale() is
-// 1, scale_grad does nothing, unscale only computes the norm, step always steps, update does
-// nothing. State for snapshots: state() / load_state() as strings for a snapshot's metadata (scale,
-// the finite run, the steps skipped so far, which a trainer needs to count its iterations:
-// opt.steps() + skipped_steps()).
+// unscale's inf check is the global sum of squares in double (finite floats square without
+// overflow): non-finite exactly when some gradient is inf or NaN. The same sum is clipping's norm,
+// so scaling costs one extra pass (the division) and, on the GPU, one host sync (as torch's
+// found_inf.item()). Under DDP the gradients are averaged before backward returns, so every rank
+// sees the same inf/NaN and decides alike without communication; a sharded optimizer (ZeRO) would
+// have to all-reduce found_inf (torch's ShardedGradScaler). Disabled (torch's enabled=False):
+// scale() is 1, scale_grad and update do nothing, unscale only computes the norm, step always
+// steps. state() / load_state(): snapshot metadata (scale, finite run, skipped steps; a trainer
+// counts its iterations as opt.steps() + skipped_steps()).
 #pragma once
 
 #include <charconv>
@@ -109,9 +103,8 @@ class GradScaler {
                             kernels::MultiScaleArgs<T, D>{.tensors = {&t, 1}, .alpha = scale_});
   }
 
-  // After backward: checks every gradient of `params` for inf/NaN and, if there is none, divides
-  // them by scale(). Returns the decision and the unscaled norm (for clip_to_norm). Once per step
-  // (a second call is an error: it would divide twice).
+  // After backward: checks `params`' gradients for inf/NaN and, if none, divides them by scale().
+  // Once per step (a second call is an error: it would divide twice).
   UnscaleResult unscale(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params) {
     if (unscaled_)
       throw ValueError(
@@ -128,8 +121,8 @@ class GradScaler {
     return result_;
   }
 
-  // opt.step(exec) unless this step's gradients held an inf or NaN (unscales first if unscale was
-  // not called). Returns whether the optimizer stepped.
+  // opt.step(exec) unless the gradients held an inf or NaN (unscales first if needed); true if
+  // the optimizer stepped.
   template <class Opt>
   bool step(Exec<D>& exec, Opt& opt) {
     if (!unscaled_) unscale(exec, opt.parameters());
@@ -138,8 +131,7 @@ class GradScaler {
     return true;
   }
 
-  // The scale rule (file comment), after step(); also ends the step (the next one may unscale
-  // again).
+  // The scale rule (file comment), after step(); ends the step (the next may unscale again).
   void update() {
     if (!unscaled_)
       throw ValueError("ddp: GradScaler::update called without unscale or step in this step");
@@ -155,15 +147,13 @@ class GradScaler {
     }
   }
 
-  // Snapshot metadata entries (prefix "grad_scaler."); doubles in the shortest form that reads back
-  // exactly.
+  // Entries prefixed "grad_scaler."; doubles in the shortest form that reads back exactly.
   std::map<std::string, std::string> state() const {
     return {{"grad_scaler.scale", shortest(scale_)},
             {"grad_scaler.finite_run", std::to_string(finite_run_)},
             {"grad_scaler.skipped_steps", std::to_string(skipped_)}};
   }
-  // Restores what state() wrote; entries that are absent (a snapshot of a run without a scaler)
-  // keep their value. `source` names the file in errors.
+  // Absent entries (a run without a scaler) keep their value; `source` names the file in errors.
   void load_state(const std::map<std::string, std::string>& meta, const std::string& source) {
     const auto read = [&](const char* key, auto& into) {
       const auto it = meta.find(key);

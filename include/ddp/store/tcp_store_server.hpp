@@ -6,27 +6,21 @@
 //   std::uint16_t port = server.port();                     // hand it to the workers (MASTER_PORT)
 //   // ... the destructor stops the server thread and closes every connection.
 //
-// How it works: one background thread runs a poll() loop over the listening socket, a self-pipe
-// (for stop) and every client, all non-blocking. Each client has an input buffer; whatever bytes
-// arrive are appended and wire::parse_request() is asked for complete requests. Half a frame just
-// waits in that client's buffer, so a slow or stuck client never delays the others (PyTorch 1.13's
-// server does a blocking recv per request and stalls everyone). Responses go to a per-client output
-// buffer written as the socket accepts them.
-//   The protocol generation is decided per connection from its first request
-//     (wire::detect_protocol):
-// a 2.x client opens with VALIDATE, a 1.x client never sends it.
-//   WAIT (and GET / MULTI_GET of a missing key) parks the connection: its remaining keys are
-//     recorded and
-// every later mutation of a key crosses it off; when none remain the answer is sent and the parked
-// connection's buffered requests are processed. While parked, only CANCEL_WAIT is acted on.
-//   A malformed or oversized request closes only that connection, logged at WARN with the reason.
-//   Fairness and memory: each poll round serves at most 1024 requests / reads at most 1 MiB per
-//     client,
-// and a client with more than max_backlog_bytes of unread answers is not read from until it drains.
-//
-// Worked example: client A sends WAIT(["/x"]) -> A parks with remaining {"/x"}. Client B sends
-// SET("/x","1") -> the store maps "/x" to "1", A's remaining becomes {}, A receives 00
-// (STOP_WAITING).
+// One background thread polls the listening socket, a self-pipe (for stop) and every client, all
+// non-blocking. Bytes are appended to a per-client input buffer and wire::parse_request() takes
+// complete requests; half a frame waits there, so a slow or stuck client never delays the others
+// (PyTorch 1.13's server does a blocking recv per request and stalls everyone). Responses go to a
+// per-client output buffer, written as the socket accepts them.
+//   - Protocol generation per connection, from its first request (wire::detect_protocol): a 2.x
+//     client opens with VALIDATE, a 1.x client never sends it.
+//   - WAIT (and GET / MULTI_GET of a missing key) parks the connection with its remaining keys;
+//     every later mutation of a key crosses it off; when none remain the answer is sent and the
+//     buffered requests are processed. While parked, only CANCEL_WAIT is acted on.
+//   - A malformed or oversized request closes only that connection (logged at WARN).
+//   - Each poll round serves at most 1024 requests / 1 MiB per client, and a client with more than
+//     max_backlog_bytes of unread answers is not read from until it drains.
+// Example: A sends WAIT(["/x"]) and parks with remaining {"/x"}; B sends SET("/x","1"): A's
+// remaining becomes {} and A receives 00 (STOP_WAITING).
 #pragma once
 
 #include <poll.h>
@@ -56,8 +50,7 @@ struct TcpStoreServerOptions {
   wire::Limits limits{};  // per-request caps; larger requests close the connection
   bool accept_v1 = true;  // serve PyTorch 1.x clients
   bool accept_v2 = true;  // serve PyTorch 2.x clients (VALIDATE first)
-  // Unsent response bytes after which a client that does not read its answers is no longer read
-  // from (so it cannot make the server buffer without bound).
+  // Unsent response bytes after which a client is no longer read from (bounds server memory).
   std::size_t max_backlog_bytes = 16u << 20;
 };
 
@@ -111,9 +104,7 @@ class TcpStoreServer {
     bool closing = false;
   };
 
-  // Fairness: per poll round a client gets at most kRequestsPerRound requests and kReadPerRound
-  // bytes, so one client flooding requests delays the others by one bounded round, not by its whole
-  // backlog.
+  // A flooding client delays the others by one bounded round, not by its whole backlog.
   static constexpr int kRequestsPerRound = 1024;
   static constexpr std::size_t kReadPerRound = 1u << 20;
   static std::size_t backlog(const Conn& c) noexcept { return c.out.size() - c.out_pos; }
@@ -126,8 +117,7 @@ class TcpStoreServer {
       fds.push_back({wake_read_.get(), POLLIN, 0});
       bool busy = false;
       for (auto& c : conns_) {
-        // A client that does not read its answers stops being read from once max_backlog_bytes
-        // wait.
+        // Not read from while max_backlog_bytes of its answers wait.
         short ev = !c->eof && backlog(*c) < opts_.max_backlog_bytes ? POLLIN : 0;
         if (c->out_pos < c->out.size()) ev |= POLLOUT;
         fds.push_back({c->sock.get(), ev, 0});
@@ -214,8 +204,7 @@ class TcpStoreServer {
     process(c);
   }
 
-  // Parses and executes complete requests in c.in (up to the round budget), stopping while c is
-  // parked.
+  // Complete requests in c.in, up to the round budget; stops while c is parked.
   void process(Conn& c) {
     c.more = false;
     int budget = kRequestsPerRound;
@@ -277,8 +266,7 @@ class TcpStoreServer {
         break;
       }
       case Op::CompareSet: {
-        // PyTorch semantics: absent + empty expected -> store desired; absent otherwise -> echo
-        // expected.
+        // PyTorch: absent + empty expected -> store desired; absent otherwise -> echo expected.
         auto it = data_.find(rq.keys[0]);
         if (it == data_.end()) {
           if (rq.values[0].empty()) {

@@ -2,40 +2,35 @@
 // generations.
 // SPDX-License-Identifier: MIT
 //
-// How the protocol works (verified against Debian's torch 1.13 with a byte-logging proxy, and read
-// from PyTorch 2.x's TCPStoreBackend/TCPStoreLibUvBackend):
+// The protocol (as torch 1.13 speaks it, observed through a byte-logging proxy, and as PyTorch
+// 2.x's TCPStoreBackend/TCPStoreLibUvBackend read it):
 // - A request is one opcode byte followed by its arguments. Integers and lengths are 64-bit
 //   little-endian (host order on every platform PyTorch supports). A string or byte vector is
 //   [u64 length][bytes]. A key list is [u64 count] followed by that many strings.
 // - PyTorch's client puts '/' in front of every user key: API key "k1" travels as "/k1". Its own
 //   worker counter "init/" travels without the slash.
 // - Opcodes differ between the generations:
-//       op            1.x  2.x   arguments                      response
-//       VALIDATE       -    0    u32 magic 0x3C85F7CE          none (2.x servers ignore/close a
-//         client
-//                                                              whose first request is anything
-//                                                                else)
-//       SET            0    1    key, value                     none
-//       COMPARE_SET    1    2    key, expected, desired         value now stored
-//       GET            2    3    key                            value
-//       ADD            3    4    key, i64 delta                 i64 new value
-//       CHECK          4    5    key list                       u8 READY=0 / NOT_READY=1
-//       WAIT           5    6    key list                       u8 STOP_WAITING=0 once all exist
-//       GETNUMKEYS     6    7    -                              i64
-//       WATCH_KEY      7    -    key                            (callback protocol; not supported
-//         here)
-//       DELETE_KEY     8    8    key                            i64 number deleted (0 or 1)
-//       APPEND         -    9    key, value                     none
-//       MULTI_GET      -   10    key list                       one value per key
-//       MULTI_SET      -   11    u64 n, n x (key, value)        none
-//       CANCEL_WAIT    -   12    -                              u8 WAIT_CANCELED=1
-//       PING           -   13    u32 nonce                      u32 nonce
-//       QUEUE_PUSH     -   14    key, value                     none
-//       QUEUE_POP      -   15    key                            i64 length before pop [+ value if >
-//         0]
-//       QUEUE_LEN      -   16    key                            i64
-//   Worked example (1.x): store.set("k1", "v1") is 00 | 03 00..00 2f 6b 31 | 02 00..00 76 31 (22
-//     bytes).
+//     op           1.x  2.x  arguments                 response
+//     VALIDATE      -    0   u32 magic 0x3C85F7CE      none (2.x servers ignore or close a
+//                                                       client whose first request is another)
+//     SET           0    1   key, value                none
+//     COMPARE_SET   1    2   key, expected, desired    value now stored
+//     GET           2    3   key                       value
+//     ADD           3    4   key, i64 delta            i64 new value
+//     CHECK         4    5   key list                  u8 READY=0 / NOT_READY=1
+//     WAIT          5    6   key list                  u8 STOP_WAITING=0 once all exist
+//     GETNUMKEYS    6    7   -                         i64
+//     WATCH_KEY     7    -   key                       (callback protocol; not supported here)
+//     DELETE_KEY    8    8   key                       i64 number deleted (0 or 1)
+//     APPEND        -    9   key, value                none
+//     MULTI_GET     -   10   key list                  one value per key
+//     MULTI_SET     -   11   u64 n, n x (key, value)   none
+//     CANCEL_WAIT   -   12   -                         u8 WAIT_CANCELED=1
+//     PING          -   13   u32 nonce                 u32 nonce
+//     QUEUE_PUSH    -   14   key, value                none
+//     QUEUE_POP     -   15   key                       i64 length before pop [+ value if > 0]
+//     QUEUE_LEN     -   16   key                       i64
+//   E.g. (1.x) store.set("k1", "v1") is 00 | 03 00..00 2f 6b 31 | 02 00..00 76 31 (22 bytes).
 // - Telling the generations apart from the first request: a 2.x client always opens with VALIDATE,
 //   bytes 00 CE F7 85 3C. A 1.x request starting with 00 is a SET whose key length would have those
 //   four bytes as its low half, i.e. >= 0x3C85F7CE, far above kMaxKeyBytes, so the rule "first byte
@@ -93,10 +88,9 @@ inline constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
 inline constexpr std::uint8_t kCheckReady = 0, kCheckNotReady = 1;
 inline constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;
 
-// Limits on what one request may carry; anything larger is a protocol error that closes the
-// connection. Keys are names, so 64 KiB is generous; values carry things like NCCL ids and small
-// blobs, 1 GiB bounds memory a bad or hostile client can make us buffer; 128 Ki keys per request
-// matches PyTorch's.
+// Limits on one request; anything larger is a protocol error that closes the connection. Keys are
+// names (64 KiB is generous); 1 GiB bounds what a bad or hostile client can make us buffer; 128 Ki
+// keys per request is PyTorch's limit.
 struct Limits {
   std::uint64_t max_key_bytes = 64 * 1024;
   std::uint64_t max_value_bytes = std::uint64_t{1} << 30;
@@ -135,8 +129,8 @@ inline std::optional<Op> op_of(std::uint8_t code, Protocol p) noexcept {
 }
 
 // One decoded request. Which fields are used depends on op:
-//   keys: Set/CompareSet/Get/Add/WatchKey/DeleteKey/Append/Queue*: one;
-//     Check/Wait/MultiGet/MultiSet: n.
+//   keys: Set/CompareSet/Get/Add/WatchKey/DeleteKey/Append/Queue*: one; Check/Wait/MultiGet/
+//         MultiSet: n.
 //   values: Set/Append/QueuePush: one; CompareSet: {expected, desired}; MultiSet: one per key.
 struct Request {
   Op op = Op::GetNumKeys;
@@ -288,8 +282,7 @@ inline ParseResult parse_request(std::span<const std::uint8_t> buf, Protocol p,
   return res;
 }
 
-// Which generation a connection speaks, from its first bytes; nullopt while fewer than 5 bytes
-// decide.
+// Which generation a connection speaks, from its first bytes; nullopt while under 5 bytes decide.
 inline std::optional<Protocol> detect_protocol(std::span<const std::uint8_t> first) noexcept {
   if (first.empty()) return std::nullopt;
   if (first[0] != 0) return Protocol::V1;
@@ -329,8 +322,7 @@ class Writer {
   Bytes out_;
 };
 
-// Serialises rq (as parse_request would read it back) in protocol p; throws StoreError when p lacks
-// rq.op.
+// Serialises rq (as parse_request reads it back) in protocol p; StoreError when p lacks rq.op.
 inline Bytes encode_request(const Request& rq, Protocol p) {
   auto code = opcode(rq.op, p);
   if (!code)

@@ -1,38 +1,30 @@
 // CachingPool<B>: a stream-aware caching allocator over a device backend B (CUDA in
-// tensor/cuda/allocator.hpp, a fake device in the tests), so that its bookkeeping is tested without
-// a GPU.
+// tensor/cuda/allocator.hpp, a fake device in the tests, so the bookkeeping is tested without a
+// GPU).
 // SPDX-License-Identifier: MIT
 //
-// Why: device malloc/free synchronise the device, and a training step allocates ~1,000 temporaries.
-// After a warm-up step every request must be served from the cache, and nothing may wait on the
-// host in the steady state. What makes reuse safe is stream order:
+// Why: device malloc/free synchronise the device, and a training step allocates ~1,000 temporaries;
+// after a warm-up step every request must be a cache hit and nothing may wait on the host. Reuse
+// is safe by stream order:
 // - A block belongs to the stream it was allocated on. Freed, it goes straight back to that
-//   stream's cache: the next request on the same stream is enqueued after every earlier use of the
-//   block, so reusing it at once is safe without any synchronisation.
+//   stream's cache: the next request on that stream is enqueued after every earlier use.
 // - A block also used on another stream (record_stream(p, s), e.g. NCCL's stream reading a gradient
-//   bucket) is not reusable when freed: the pool records an event on each such stream and returns
-//   the block to its cache only once every event has completed (checked without waiting, at the
-//   next allocate). This is what PyTorch's caching allocator does with Tensor.record_stream.
+//   bucket) returns to its cache only once an event recorded on each such stream at free has
+//   completed (checked without waiting, at the next allocate), as PyTorch's Tensor.record_stream.
 // - Out of device memory: the pool waits for pending events, returns every cached block to the
-//   device and tries once more; allocate returns nullptr if that fails too (the caller raises its
-//   own error).
-// Sizes are rounded up to a size class (round_size: multiples of 512 B up to 1 MiB, then 16 classes
-// per power of two in steps of at most 2 MiB, so less than max(512 B, min(1/16, 2 MiB)) is wasted)
-// and cached blocks are reused only by requests of the same class on the same stream (blocks are
-// not split): a training step repeats the same sizes, so after the first step every request is a
-// cache hit. Thread-safety: every member locks one mutex; deallocate never throws (it runs in
-// destructors).
+//   device and tries once more; allocate returns nullptr if that fails too (the caller raises).
+// Sizes are rounded up to a size class (round_size); blocks are not split and are reused only by
+// requests of the same class on the same stream. Thread-safety: every member locks one mutex;
+// deallocate never throws (it runs in destructors).
 //
 // The backend B provides (all calls made under the pool's lock):
-//   using Stream = ...; using Event = ...;           // cheap, copyable handles (Stream: a pointer
-//     or an integer)
-//   void* malloc(std::size_t bytes);                  // nullptr when out of memory
+//   using Stream = ...; using Event = ...;  // cheap, copyable handles (Stream: pointer or integer)
+//   void* malloc(std::size_t bytes);         // nullptr when out of memory
 //   void free(void* p) noexcept;
 //   Event create_event();  void destroy_event(Event) noexcept;
-//   void record(Event, Stream);                       // the event completes when the stream
-//     reaches this point
-//   bool query(Event);                                // completed? never blocks
-//   void synchronize(Event);                          // blocks until completed
+//   void record(Event, Stream);              // completes when the stream reaches this point
+//   bool query(Event);                       // completed? never blocks
+//   void synchronize(Event);                 // blocks until completed
 #pragma once
 
 #include <algorithm>
@@ -124,8 +116,8 @@ class CachingPool {
   explicit CachingPool(B backend = B{}) : b_(std::move(backend)) {}
   CachingPool(const CachingPool&) = delete;
   CachingPool& operator=(const CachingPool&) = delete;
-  // Returns what is cached or pending to the backend; blocks still handed out are left alone (their
-  // owners may outlive the pool at program exit).
+  // Returns what is cached or pending to the backend; blocks still handed out are left alone
+  // (their owners may outlive the pool at program exit).
   ~CachingPool() {
     std::lock_guard lk(mu_);
     release_cached_locked();
@@ -197,10 +189,9 @@ class CachingPool {
   }
 
   // `stream` is about to be destroyed (a communicator's own stream): every block in use that it
-  // used (record_stream) takes an event recorded on it now instead, so that the block's deallocate,
-  // later, never records on the destroyed stream. The stream must touch those blocks no more. (The
-  // first GPU run, 2026-11-27, crashed in cudaEventRecord freeing a tensor that an nccl all-reduce
-  // had used after the communicator, and its stream, were gone.)
+  // used (record_stream) takes an event recorded on it now instead, so that the block's later
+  // deallocate never records on the destroyed stream (cudaEventRecord would crash). The stream must
+  // touch those blocks no more.
   void retire_stream(Stream stream) {
     std::lock_guard lk(mu_);
     for (auto& [addr, blk] : blocks_) {
@@ -325,8 +316,7 @@ class CachingPool {
     return e;
   }
 
-  // Moves every pending block whose events have all completed back to its stream's cache (no
-  // waiting).
+  // Moves every pending block whose events all completed back to its stream's cache; no waiting.
   void process_events_locked() {
     auto done = [&](Pending& pd) {
       for (Event e : pd.events)

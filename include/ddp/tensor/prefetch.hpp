@@ -2,61 +2,48 @@
 // its slots.
 // SPDX-License-Identifier: MIT
 //
-// A training step on the GPU reads its batch from device memory, and the batch comes from the
-// loader in pageable host memory. Copying it from there on the compute stream stalls the step for
-// the copy. The CUDA prefetcher instead copies the next batch into a pinned slot, uploads it on a
-// copy stream while the current step computes, and makes the compute stream wait for the upload's
-// event (docs/decisions/0050):
-//   Prefetcher<D, float, std::int64_t> uploads(exec);        // D = Cuda:
-//     tensor/cuda/prefetcher.hpp
-//   auto feed = prefetch_feed(uploads, [&] { return loader.next(); },
-//                             [](const data::Batch& b) { return std::tuple(b.images.cview(),
-//                               b.labels.cview()); });
-//   while (const auto* b = feed.next()) step(std::get<0>(b->input), std::get<1>(b->input),
-//     b->host.step);
-// Each batch's tensors are views of device memory (for Cpu: of the host batch itself, no copy and
-// no look-ahead, so the CPU path is what it was), ordered before the exec's work enqueued after
-// next(); they stay valid until the following next(). A batch's tensors may change shape from one
-// batch to the next (the last, smaller batch of an epoch); the element types are fixed by T....
+// Copying a pageable host batch on the compute stream stalls the step for the copy. The CUDA
+// prefetcher instead copies the next batch into a pinned slot, uploads it on a copy stream while
+// the current step computes, and makes the compute stream wait for the upload's event
+// (docs/decisions/0050):
+//   Prefetcher<D, float, std::int64_t> uploads(exec);  // D = Cuda: tensor/cuda/prefetcher.hpp
+//   auto feed = prefetch_feed(uploads, [&] { return loader.next(); }, [](const data::Batch& b) {
+//     return std::tuple(b.images.cview(), b.labels.cview());
+//   });
+//   while (const auto* b = feed.next())
+//     step(std::get<0>(b->input), std::get<1>(b->input), b->host.step);
+// A batch's tensors are views of device memory (for Cpu: of the host batch itself, no copy and no
+// look-ahead), ordered before the exec's work enqueued after next(); they stay valid until the
+// following next(). Shapes may change from one batch to the next (the last, smaller batch of an
+// epoch); the element types are fixed by T....
 //
 // PrefetchRing<Backend, T...> is the GPU version's bookkeeping, written against a Backend so that a
 // CPU unit test can drive it with fake streams and events (tests/unit/tensor/test_prefetch.cpp). It
-// owns `slots` (>= 2) slots; each has a host staging buffer and a device buffer per tensor, an
+// owns `slots` (>= 2) slots, each with a host staging buffer and a device buffer per tensor, an
 // `uploaded` event (recorded on the copy stream after the slot's uploads) and a `consumed` event
 // (recorded on the compute stream when the batch is released: the next pop(), release(), or
 // discard(), which a new feed calls). Slots are filled and taken in ring order:
-//   push(host...)  the slot after the last one filled must be free (neither staged nor in use; else
-//     ValueError).
-//                  If it held a batch before, the host waits for its `uploaded` event (its staging
-//                    buffer may be
-//                  overwritten only after the DMA that read it) and the copy stream waits for its
-//                    `consumed`
-//                  event (its device buffer only after the compute stream is done with it). A
-//                    tensor larger than
-//                  the slot's buffers gets new ones (allocations() counts them); new device memory
-//                    may have been
-//                  freed by compute-stream work still in flight, so `consumed` is then recorded on
-//                    the compute
-//                  stream first. Then: memcpy into the staging buffer, uploads on the copy stream,
-//                    `uploaded`.
+//   push(host...)  the next slot must be free (neither staged nor in use; else ValueError). If it
+//                  held a batch, the host waits for its `uploaded` (the DMA that read the staging
+//                  buffer) and the copy stream for its `consumed` (the compute stream's use of the
+//                  device buffer). A tensor larger than the slot's buffers gets new ones
+//                  (allocations() counts them); new device memory may have been freed by
+//                  compute-stream work in flight, so `consumed` is then recorded first. Then:
+//                  memcpy into the staging buffer, uploads on the copy stream, `uploaded`.
 //   pop()          releases the batch taken before, makes the compute stream wait for the oldest
-//     staged slot's
-//                  `uploaded` event and returns views of its device buffers.
-// Two slots give one batch in use and one uploading (the feed's look-ahead is slots - 1). After an
-// exception (a CUDA error) the prefetcher's state is unknown: destroy it. Its destructor waits for
-// the uploads in flight.
+//                  staged slot's `uploaded` and returns views of its device buffers.
+// The feed's look-ahead is slots - 1. After an exception (a CUDA error) the prefetcher's state is
+// unknown: destroy it. Its destructor waits for the uploads in flight.
 //
 // The Backend (tensor/cuda/prefetcher.hpp: CudaUploadBackend) provides:
-//   using device = Cuda;                        the device tag of the views pop() returns
-//   using Event = ...;                          default-constructible, one per slot and side
-//   template <class T> using HostBuffer = ...;  HostBuffer<T>(count), data(): staging memory
-//     (pinned)
+//   using device = Cuda;                          the device tag of the views pop() returns
+//   using Event = ...;                            default-constructible, one per slot and side
+//   template <class T> using HostBuffer = ...;    HostBuffer<T>(count), data(): pinned staging
 //   template <class T> using DeviceBuffer = ...;  DeviceBuffer<T>(Shape{count}), data()
 //   void upload(void* dst, const void* src, std::size_t bytes);   enqueued on the copy stream
 //   void record_upload(Event&);  void copy_wait(const Event&);     on the copy stream
 //   void record_compute(Event&); void compute_wait(const Event&);  on the compute stream
-//   void host_wait(const Event&);                                  the host blocks until the event
-//     is reached
+//   void host_wait(const Event&);                                  blocks the host until reached
 //   void finish() noexcept;                                        the host waits for every upload
 #pragma once
 
@@ -176,8 +163,7 @@ class PrefetchRing {
                                    " slots hold batches (", staged_, " staged, ", in_use_ ? 1 : 0,
                                    " in use); pop() one before pushing another, "
                                    "or give the prefetcher more slots"));
-    // New device memory (a first fill, a larger tensor) may have been freed by compute-stream work
-    // in flight.
+    // New device memory (first fill, larger tensor) may have been freed by work still in flight.
     bool fresh = s.state == State::Empty;
     // the last DMA out of the staging buffers is done
     if (s.state == State::Free) backend_.host_wait(s.uploaded);
@@ -232,14 +218,12 @@ class PrefetchRing {
   std::size_t allocations_ = 0;
 };
 
-// Prefetcher<D, T...>: the prefetcher of device D (Cuda: tensor/cuda/prefetcher.hpp). Batches of
-// T... tensors.
+// The prefetcher of device D for batches of T... tensors (Cuda: tensor/cuda/prefetcher.hpp).
 template <Device D, class... T>
 class Prefetcher;
 
-// On the CPU the batch is used where the loader put it: pop() returns views of the pushed host
-// tensors, which the caller keeps alive until it has finished with them (prefetch_feed does). No
-// copy, no look-ahead.
+// On the CPU pop() returns views of the pushed host tensors (no copy, no look-ahead); the caller
+// keeps them alive until it has finished with them (prefetch_feed does).
 template <class... T>
 class Prefetcher<Cpu, T...> {
  public:

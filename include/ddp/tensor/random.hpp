@@ -2,29 +2,25 @@
 // stream).
 // SPDX-License-Identifier: MIT
 //
-// How it works. Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11)
-// is a bijection of a 128-bit counter under a 64-bit key: ten rounds of two 32x32->64 multiplies,
-// xors and a Weyl key bump. It has no hidden state: block b of a stream is philox(counter, key)
-// with
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) is a
+// bijection of a 128-bit counter under a 64-bit key (ten rounds of two 32x32->64 multiplies, xors
+// and a Weyl key bump). No hidden state: block b of a stream is philox(counter, key) with
 //   key     = (seed & 0xffffffff, seed >> 32)
 //   counter = (b & 0xffffffff, b >> 32, rank, stream)
-// so rank 3's stream never overlaps rank 2's, and an init stream never overlaps a data stream,
-// whatever the number of draws. Each block gives four 32-bit words w[0..3]. A fill of n elements
-// starting at block offset o gives element i the word w[i % 4] of block o + i / 4 and then advances
-// offset by ceil(n / 4):
+// so no two ranks' or streams' sequences overlap, whatever the number of draws. Each block gives
+// four 32-bit words w[0..3]. A fill of n elements from block offset o gives element i word w[i % 4]
+// of block o + i / 4, then advances the offset by ceil(n / 4):
 //   uniform(lo, hi):  u = (w + 0.5) / 2^32 in (0, 1), computed in double;  x = lo + (hi - lo) * u
 //   normal(mean, sd): Box-Muller on the word pairs (w0, w1) and (w2, w3) of a block:
-//                     r = sqrt(-2 ln u(w0)), x0 = r cos(2 pi u(w1)), x1 = r sin(2 pi u(w1)); x =
-//                       mean + sd * x
-// The integer part is exact everywhere; the double math (log, sqrt, cos, sin) is correctly rounded
-// to within 1 ulp of double by glibc and CUDA, so after rounding to float the results are identical
-// across runs, thread counts and platforms except in (astronomically rare) double-rounding cases.
-// Worked example: Generator(42, /*rank*/1, kStreamInit).fill_uniform(v /*6 elements*/, 0, 1) draws
+//                     r = sqrt(-2 ln u(w0)), x0 = r cos(2 pi u(w1)), x1 = r sin(2 pi u(w1));
+//                     x = mean + sd * x
+// The integer part is exact; glibc's and CUDA's log, sqrt, cos, sin are within 1 ulp of double,
+// so the float results are identical across runs, thread counts and platforms except in
+// (astronomically rare) double-rounding cases. Random123's test vectors are pinned in
+// test_random.cpp.
+// Example: Generator(42, /*rank*/1, kStreamInit).fill_uniform(v /*6 elements*/, 0, 1) draws
 // blocks 0 and 1 of counter (., ., 1, 0) under key (42, 0), uses words 0..3 of block 0 and 0..1 of
-// block 1, and leaves offset() == 2. Test vectors from the Random123 distribution are pinned in
-// test_random.cpp. The process-wide default generator (end of file; torch.manual_seed's) is what
-// layers draw their default initialisation from when they are constructed (nn/init.hpp,
-// docs/decisions/0064).
+// block 1, and leaves offset() == 2.
 #pragma once
 
 #include <array>
@@ -40,9 +36,8 @@
 
 namespace ddp {
 
-// One Philox4x32-10 evaluation in place: c (the counter) becomes the four output words under key
-// (k0, k1). Plain arrays, not std::array, so that device code can call it (std::array's operator[]
-// is host-only for nvcc).
+// c (the counter) becomes the four output words under key (k0, k1). Plain arrays: std::array's
+// operator[] is host-only for nvcc.
 DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::uint32_t k0,
                                                   std::uint32_t k1) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
@@ -63,7 +58,7 @@ DDP_HOST_DEVICE inline void philox4x32_10_inplace(std::uint32_t (&c)[4], std::ui
   }
 }
 
-// Host convenience form: returns the four output words for `ctr` under `key`.
+// Host convenience form.
 inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> ctr,
                                                   std::array<std::uint32_t, 2> key) {
   std::uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
@@ -158,14 +153,13 @@ class Generator {
 };
 
 // ---- The process-wide default generator (torch.default_generator's role) ----
-// Layers draw their default initialisation from it when they are constructed, so a model built
-// twice after the same manual_seed(s) is bit-identical. It is Generator(seed, rank 0, kStreamInit):
-// after manual_seed(s) it draws exactly what Generator(s) draws. Before any manual_seed its seed is
-// kDefaultSeed, libtorch's default_rng_seed_val (the seed C++ torch's CPU generator starts from;
-// Python's torch reseeds it at random at import), so an unseeded program is still reproducible.
-// Every rank may use the same seed or not: DDP broadcasts rank 0's parameters. Thread-safe: each
-// use holds one process-wide mutex; threads drawing at the same time get disjoint draws in an
-// unspecified order (build a model on one thread when its numbers matter).
+// Layers draw their default initialisation from it when constructed (docs/decisions/0064), so a
+// model built twice after the same manual_seed(s) is bit-identical. It is Generator(seed, rank 0,
+// kStreamInit). Before any manual_seed its seed is kDefaultSeed, libtorch's default_rng_seed_val
+// (Python's torch reseeds at random at import), so an unseeded program is reproducible. Ranks may
+// differ in seed: DDP broadcasts rank 0's parameters. Thread-safe: each use holds one process-wide
+// mutex; concurrent threads get disjoint draws in an unspecified order (build a model on one
+// thread when its numbers matter).
 inline constexpr std::uint64_t kDefaultSeed = 67280421310721ull;
 
 namespace detail {
@@ -180,8 +174,7 @@ inline DefaultGenerator& default_generator() {
 }
 }  // namespace detail
 
-// Restarts the default generator at offset 0 of Generator(seed, 0, kStreamInit)
-// (torch.manual_seed).
+// torch.manual_seed: the default generator restarts at offset 0 of Generator(seed, 0, kStreamInit).
 inline void manual_seed(std::uint64_t seed) {
   detail::DefaultGenerator& d = detail::default_generator();
   const std::lock_guard lock(d.mutex);
@@ -196,8 +189,8 @@ inline std::uint64_t initial_seed() {
   return d.initial_seed;
 }
 
-// Returns f(gen) with gen the default generator, held locked for the call (f must not use the
-// default generator).
+// f(gen), the default generator held locked for the call (f must not call manual_seed and the
+// like: the mutex is not recursive).
 template <class F>
 decltype(auto) with_default_generator(F&& f) {
   detail::DefaultGenerator& d = detail::default_generator();

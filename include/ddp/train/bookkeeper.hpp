@@ -4,34 +4,31 @@
 // SPDX-License-Identifier: MIT
 //
 //   train::Bookkeeper<D> book(comm, exec, {.steps_per_epoch = steps, .first_epoch = start,
-//     .last_epoch = epochs - 1,
-//                                          .save_every = 1, .metrics_file = ..., .trace = ...});
+//                                          .last_epoch = epochs - 1, .save_every = 1,
+//                                          .metrics_file = ..., .trace = ...});
 //   for (long epoch = start; epoch < epochs; ++epoch) {
-//     book.start_epoch(epoch);                       // the first step's clock starts (its batch
-//       wait included)
+//     book.start_epoch(epoch);
 //     while (auto batch = loader.next()) {
-//       book.got_batch();                            // data wait ends; --trace records from here
+//       book.got_batch();
 //       ... zero_grad, forward, loss, backward, optimizer step ...
 //       book.end_step({.loss = loss, .lr = opt.lr(), .samples = batch->size()},
-//         model.last_trace());
+//                     model.last_trace());
 //     }
-//     book.end_epoch(epoch, [&] { train::save_snapshot_on_rank0(comm, path, exec, net, opt, {.epoch
-//       = epoch + 1}); });
+//     book.end_epoch(epoch, [&] {
+//       train::save_snapshot_on_rank0(comm, path, exec, net, opt, {.epoch = epoch + 1});
+//     });
 //   }
-//   const train::RunTotals t = book.finish();       // closes the trace (collective);
-//     t.samples_per_sec()
-// Steps: step is 1-based within the epoch, global_step 1-based over the whole training, (epoch -
-// epoch_base) * steps_per_epoch + step (so a resumed run continues the numbering); both the
-// --trace-steps and the metrics records count so. A step's time runs from the previous step's end
-// (or start_epoch) to end_step, so the data wait is part of it. samples_per_sec: samples of every
-// rank (this rank's times the world size; every rank steps alike) since the Bookkeeper was made,
-// over the seconds since then. Output: rank 0's train::Progress line (train/progress.hpp: live on a
-// terminal, else a line every log_every steps unless progress_lines is false), rank 0's metrics
-// records (train/metrics.hpp: epoch, step, global_step, loss, lr, samples_per_sec, grad_norm,
-// tokens_per_sec, the step's extra fields and step_record's timings), and --trace (train/trace.hpp;
-// end_step after the last traced step and finish are collective). Snapshots: end_epoch runs `save`
-// after every save_every-th epoch (epoch % save_every == 0) and after last_epoch, on every rank
-// (saving is collective), then after_snapshot_hook().
+//   const train::RunTotals t = book.finish();  // collective; t.samples_per_sec()
+// Steps: step is 1-based within the epoch, global_step = (epoch - epoch_base) * steps_per_epoch +
+// step (a resumed run continues the numbering); --trace-steps and the metrics records count so. A
+// step's time runs from the previous step's end (or start_epoch) to end_step, data wait included.
+// samples_per_sec: every rank's samples (this rank's times the world size) since construction,
+// per second. Output on rank 0: the train::Progress line (live on a terminal, else a line every
+// log_every steps unless progress_lines is false) and the metrics records (train/metrics.hpp:
+// epoch, step, global_step, loss, lr, samples_per_sec, grad_norm, tokens_per_sec, the step's extra
+// fields and step_record's timings); --trace (train/trace.hpp) is collective in end_step after the
+// last traced step and in finish. Snapshots: end_epoch runs `save` on every rank (saving is
+// collective) after every save_every-th epoch and after last_epoch, then after_snapshot_hook().
 #pragma once
 
 #include <chrono>
@@ -77,8 +74,7 @@ struct StepStats {
   nlohmann::json extra = nlohmann::json::object();
 };
 
-// A run's totals (finish()): every rank's samples and tokens, the seconds since the Bookkeeper was
-// made.
+// A run's totals (finish()): every rank's samples and tokens, the seconds since construction.
 struct RunTotals {
   double seconds = 0;
   long long steps = 0;  // this rank's
@@ -101,8 +97,7 @@ class Bookkeeper {
     long save_every = 1;  // a snapshot after every epoch with epoch % save_every == 0
     // plain progress: a line every this many steps (and at an epoch's last)
     long long log_every = 1;
-    // false: no plain progress lines (the program prints lines of its own); the
-    // live line on a terminal stays
+    // false: no plain progress lines (the program prints its own); a live line stays
     bool progress_lines = true;
     // records carry data_ms (false where the batch is cut from memory: no wait)
     bool data_ms = true;
@@ -118,8 +113,7 @@ class Bookkeeper {
   };
 
   // Opens rank 0's metrics outputs (IoError if one cannot be) and reads DDP_PROGRESS on every rank
-  // (ConfigError for a bad value, so that all ranks stop). comm and exec must outlive the
-  // Bookkeeper.
+  // (ConfigError for a bad value, so that all ranks stop). comm and exec must outlive it.
   Bookkeeper(comm::Communicator& comm, Exec<D>& exec, Options o)
       : comm_(&comm),
         exec_(&exec),
@@ -141,8 +135,7 @@ class Bookkeeper {
   Bookkeeper(const Bookkeeper&) = delete;
   Bookkeeper& operator=(const Bookkeeper&) = delete;
 
-  // Epoch `epoch` begins: its first step's clock starts here, so the wait for its first batch
-  // counts.
+  // Epoch `epoch` begins: its first step's clock starts here (the first batch's wait counts).
   void start_epoch(long epoch) {
     epoch_ = epoch;
     step_ = 0;
@@ -158,8 +151,8 @@ class Bookkeeper {
     return global_step();
   }
 
-  // The step ended (after the optimizer step): counts it, ends its trace span (collective after
-  // --trace-steps' last), prints rank 0's progress and writes rank 0's metrics record with the DDP
+  // After the optimizer step: counts the step, ends its trace span (collective after
+  // --trace-steps' last), prints rank 0's progress and writes its metrics record with the DDP
   // step's communication (`trace`: DistributedDataParallel::last_trace()).
   void end_step(const StepStats& s, const parallel::StepTrace& trace) {
     ++steps_;
@@ -199,9 +192,8 @@ class Bookkeeper {
     return epoch % o_.save_every == 0 || epoch == o_.last_epoch;
   }
 
-  // Epoch `epoch` ended: ends a live progress line; on a snapshot epoch runs `save` (every rank:
-  // saving is collective) and then after_snapshot_hook(). Returns the seconds from start_epoch to
-  // here (the snapshot not counted).
+  // Ends a live progress line; on a snapshot epoch runs `save` (every rank) and then
+  // after_snapshot_hook(). Returns the seconds since start_epoch, the snapshot not counted.
   template <class Save>
   double end_epoch(long epoch, Save&& save) {
     const double secs = end_epoch(epoch);
@@ -217,8 +209,7 @@ class Bookkeeper {
     return std::chrono::duration<double>(o_.now() - epoch_start_).count();
   }
 
-  // After training (collective): writes the --trace file if its last step was not reached; returns
-  // the totals.
+  // After training (collective): writes the --trace file if its last step was not reached.
   RunTotals finish() {
     tracer_.close(*exec_);
     return {.seconds = std::chrono::duration<double>(o_.now() - t0_).count(),

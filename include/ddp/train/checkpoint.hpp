@@ -6,47 +6,37 @@
 // Conv weights are converted at the boundary: ddp keeps KRSC (C_out, kH, kW, C_in), the file holds
 // torch's OIHW (C_out, C_in, kH, kW). So in PyTorch
 //     model.load_state_dict(load_file("resnet18.safetensors"))
-// works, and a torchvision state_dict saved with safetensors.torch.save_file loads here. Files
-// whose keys differ from ours (another implementation's names for the same model) load through a
-// StateDictKeys: file_key maps each of our names to the file's key, ignore lists the file's keys we
-// have no counterpart for. Example, the DDP tutorial's minGPT (nn/gpt.hpp):
+// works, and a torchvision state_dict saved with safetensors.torch.save_file loads here. A file
+// whose keys differ from ours loads through a StateDictKeys (file_key: our name -> the file's key;
+// ignore: the file's keys we have no counterpart for), e.g. the tutorial's minGPT (nn/gpt.hpp):
 //     train::load_state_dict(path, gpt, /*strict=*/true,
 //                            {.file_key = nn::mingpt_state_dict_key,
 //                             .ignore = nn::mingpt_ignored_keys(n_layer)});
 // and an error names both keys: "has no tensor 'blocks.0.attn.attn.in_proj_weight' (ddp's
-// 'blocks.0.attn.attn.c_attn.weight') that GPT(...) needs". Conversion (how it works): OIHW index
-// ((o * C + c) * kH + r) * kW + s <-> KRSC ((o * kH + r) * kW + s) * C + c.
-// Example: a (2, 3, 1, 1) OIHW weight is the same bytes in KRSC (2, 1, 1, 3); a 3x3 kernel is
-//   permuted.
+// 'blocks.0.attn.attn.c_attn.weight') that GPT(...) needs".
 //
 // Snapshot (save_snapshot / load_snapshot, docs/decisions/0010, 0026): the model's state dict plus,
-// in the same file, the optimizer's per-parameter state (optim/optimizer.hpp) under torch's state
-// names:
-//   optimizer.momentum_buffer.<param name>   SGD: each momentum buffer in the parameter's torch
-//     layout
-//   optimizer.exp_avg.<param name>           AdamW: the moments in the parameter's torch layout,
-//     and
-//   optimizer.exp_avg_sq.<param name>               the parameter's step count as an I64 scalar
-//     (shape [])
+// in the same file, the optimizer's per-parameter state under torch's names, in the parameter's
+// torch layout:
+//   optimizer.momentum_buffer.<param name>   SGD
+//   optimizer.exp_avg.<param name>           AdamW: the moments, and the parameter's step count
+//   optimizer.exp_avg_sq.<param name>          as an I64 scalar (shape [])
 //   optimizer.step.<param name>
 //   __metadata__: ddp.kind=snapshot, ddp.model, ddp.data_hash, epoch, optimizer.kind (sgd | adamw;
-//     files
-//                 without it are SGD snapshots), optimizer.lr, optimizer.steps, rng.seed, rng.rank,
-//                   rng.stream,
+//                 absent: sgd), optimizer.lr, optimizer.steps, rng.seed, rng.rank, rng.stream,
 //                 rng.offset, optimizer.group_lr.<g> for each parameter group g with an lr of its
-//                   own, and
-//                 any user entries
-// Loading restores the learning rate (optimizer.lr, written with enough digits to read back the
-// same double) and the step count, which is also the LR schedule's clock (optim/lr_schedule.hpp).
-// ddp.data_hash (16 hex digits, SafetensorsWriter::data_hash) covers every tensor byte: safetensors
-// has no checksum of its own, so without it a bit flipped on disk inside the data would load as a
-// wrong weight. load_snapshot checks it when present (files written by PyTorch or older ddp
-// versions have none). Snapshots are written atomically (safetensors.hpp) and can be serialised to
-// bytes so rank 0 reads the file and broadcasts it (no shared filesystem needed). Errors: a missing
-// tensor, an unexpected tensor (strict), a wrong shape or a dtype other than the one the model
-// holds are IoErrors naming the file and the tensor; a truncated or foreign file is an IoError from
-// the reader. Nothing of the model changes unless the whole file checks out. CPU models only: a GPU
-// model is copied to the host first (the CUDA layer's to<Cpu>).
+//                 own, and any user entries
+// Loading restores the learning rate (written with enough digits to read back the same double) and
+// the step count, which is also the LR schedule's clock (optim/lr_schedule.hpp). ddp.data_hash (16
+// hex digits, SafetensorsWriter::data_hash) covers every tensor byte, since safetensors has no
+// checksum and a bit flipped in the data would load as a wrong weight; load_snapshot checks it when
+// present (files written by PyTorch have none). Snapshots are written atomically (safetensors.hpp)
+// and can be serialised to bytes so rank 0 reads the file and broadcasts it (no shared filesystem
+// needed).
+// Errors: a missing tensor, an unexpected tensor (strict), a wrong shape or a dtype other than the
+// model's are IoErrors naming the file and the tensor; a truncated or foreign file is an IoError
+// from the reader. Nothing of the model changes unless the whole file checks out. CPU models only:
+// copy a GPU model to the host first (the CUDA layer's to<Cpu>).
 #pragma once
 
 #include <charconv>
@@ -80,8 +70,7 @@ namespace ddp::train {
 // Every optimizer tensor of a snapshot starts with this; a state dict load ignores them.
 inline constexpr const char* kOptimizerPrefix = "optimizer.";
 inline constexpr const char* kMomentumPrefix = "optimizer.momentum_buffer.";
-// The per-parameter step count of optimizers with optim::HasParamSteps: "optimizer.step.<param
-// name>".
+// "optimizer.step.<param name>": the per-parameter step count of optim::HasParamSteps optimizers.
 inline constexpr std::string_view kParamStepState = "step";
 
 // What a snapshot holds besides the tensors.
@@ -91,14 +80,11 @@ struct SnapshotInfo {
   std::map<std::string, std::string> metadata;  // free-form user entries (no "ddp." prefix)
 };
 
-// How a state_dict file's keys relate to the model's names (see the file comment). The default: the
-// same names, nothing ignored.
+// How a state_dict file's keys relate to the model's names (default: same names, none ignored).
 struct StateDictKeys {
-  // Our parameter or buffer name -> the file's key; unset: the same name. Must map no two names to
-  // one key.
+  // Our parameter or buffer name -> the file's key; unset: the same name. Must be injective.
   std::function<std::string(const std::string&)> file_key;
-  // File keys that are neither loaded nor, under strict, unexpected (e.g. buffers we compute
-  // instead of store).
+  // File keys neither loaded nor, under strict, unexpected (e.g. buffers we compute instead).
   std::set<std::string> ignore;
 
   std::string key_of(const std::string& name) const { return file_key ? file_key(name) : name; }
@@ -174,9 +160,8 @@ inline std::string model_hint(const SafetensorsFile& f) {
                                 : ddp::detail::str(" (the file was written for ", it->second, ")");
 }
 
-// Checks that `name` exists with `shape` and dtype `want`; returns its entry. `ours`, when not
-// empty and not `name`, is our name for the file's `name` (a StateDictKeys load) and is named in
-// the messages too.
+// Checks that `name` exists with `shape` and dtype `want`; returns its entry. `ours`, if set and
+// not `name`, is our name for the file's `name` (StateDictKeys) and is named in messages too.
 inline const TensorEntry& expect_tensor(const SafetensorsFile& f, const std::string& path,
                                         const std::string& name, const Shape& shape, DType want,
                                         const std::string& model, const std::string& ours = "") {
@@ -254,8 +239,7 @@ inline std::string hex64(std::uint64_t v) {
   return out;
 }
 
-// Compares the stored ddp.data_hash (if any) with the data as read; IoError naming the file and the
-// fix.
+// Compares the stored ddp.data_hash (if any) with the data as read; IoError naming the file.
 inline void check_data_hash(const SafetensorsFile& f, const std::string& source) {
   auto it = f.metadata.find("ddp.data_hash");
   if (it == f.metadata.end()) return;
@@ -311,8 +295,7 @@ inline std::uint64_t meta_u64(const SafetensorsFile& f, const std::string& path,
   return v;
 }
 
-// A double written by double_text (shortest text that reads back the same double); nullopt when
-// absent.
+// A double written by double_text (shortest round-trip text); nullopt when absent.
 inline std::optional<double> meta_double(const SafetensorsFile& f, const std::string& path,
                                          const std::string& key) {
   auto it = f.metadata.find(key);
@@ -398,8 +381,7 @@ SafetensorsWriter snapshot_writer(nn::Module<T, Cpu>& model, Opt& opt, const Sna
   return w;
 }
 
-// Writes model + optimizer state + info atomically; keep_previous keeps the old file as
-// `<path>.prev`.
+// Writes model + optimizer state + info atomically; keep_previous keeps the old one as <path>.prev.
 template <class T, optim::Optimizer Opt>
 void save_snapshot(const std::string& path, nn::Module<T, Cpu>& model, Opt& opt,
                    const SnapshotInfo& info,
@@ -413,9 +395,8 @@ std::vector<std::uint8_t> serialize_snapshot(nn::Module<T, Cpu>& model, Opt& opt
   return snapshot_writer(model, opt, info).serialize();
 }
 
-// Restores model and optimizer (state tensors, step counts, learning rate, steps) from a parsed
-// snapshot; returns its info. `source` names it in errors. Nothing changes unless the whole file
-// checks out.
+// Restores model and optimizer (state tensors, step counts, learning rate) from a parsed snapshot;
+// returns its info. `source` names it in errors. Nothing changes unless the whole file checks out.
 template <class T, optim::Optimizer Opt>
 SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& source,
                                 nn::Module<T, Cpu>& model, Opt& opt) {
@@ -437,8 +418,7 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
                                    "with (--optimizer ",
                                    file_kind, ") or start without the snapshot"));
   SnapshotInfo info;
-  // Counters are never negative; rank and stream are 32-bit; seed and offset are written as
-  // unsigned 64-bit.
+  // Counters are never negative; rank and stream are 32-bit; seed and offset unsigned 64-bit.
   constexpr std::int64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
   info.epoch = detail::meta_int(f, source, "epoch", 0);
   info.rng.seed = detail::meta_u64(f, source, "rng.seed");
@@ -498,8 +478,8 @@ SnapshotInfo load_snapshot_from(const SafetensorsFile& f, const std::string& sou
                                      " ", Opt::kind, " state tensors of parameter '", p->name(),
                                      "'; the file is corrupt"));
   }
-  // (A state tensor whose parameter tensor is in the file too is left to the state-dict check
-  // below, whose message about the unexpected parameter says more.)
+  // (A state tensor whose parameter is in the file too is left to the state-dict check below,
+  // whose message about the unexpected parameter says more.)
   for (const auto& name : f.order) {
     if (name.rfind(kOptimizerPrefix, 0) != 0) continue;
     const std::string_view rest =

@@ -2,27 +2,23 @@
 // there, else a copy.
 // SPDX-License-Identifier: MIT
 //
-// Snapshots are read and written on the host (train/checkpoint.hpp works on CPU tensors), so a GPU
-// model needs a host copy of its state, and a CPU model must not pay for one. state_on<To>() gives
-// either:
+// Snapshots are read and written on the host (train/checkpoint.hpp), so a GPU model needs a host
+// copy of its state, and a CPU model must not pay for one. state_on<To>() gives either:
 //   nn::ResNet<float, D> net(mo);  optim::SGD<float, D> opt(net.parameters(), so);
-//   auto host = train::state_on<Cpu>(exec, net, opt, mo);  // D = Cpu: net and opt themselves (no
-//     copy);
-//                                                          // D = Cuda: a ResNet<float, Cpu>(mo) +
-//                                                            SGD, copied
-//   load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), path);  host.push(exec);  //
-//     resume
-//   host.pull(exec);  save_snapshot(path, host.model(), host.optimizer(), info);                //
-//     save
-// pull()/push() copy every parameter value, buffer (BatchNorm running statistics and counters) and
-// optimizer state tensor (SGD's momentum buffers, AdamW's moments and per-parameter step counts),
-// the learning rate and the step count (copy_state); on a view they do nothing. Any
-// optim::Optimizer works (optim/optimizer.hpp). The exec orders the copies (an Exec<Cuda> for CPU
-// <-> CUDA; a copy to the host is complete when the call returns). on_device<To>(view, exec) does
-// the same for one tensor: an evaluation batch is a view of the loader's host tensor on the CPU and
-// an uploaded copy on the GPU; keep it alive until backward returns (layers keep views of their
-// inputs for the weight gradients). The resnet and mingpt training loops take their batches from
-// Prefetcher (tensor/prefetch.hpp) instead: on the GPU from pinned memory, uploaded a step ahead.
+//   auto host = train::state_on<Cpu>(exec, net, opt, mo);
+//   // D = Cpu: net and opt themselves; D = Cuda: a ResNet<float, Cpu>(mo) + SGD, copied
+//   load_snapshot_bytes<float>(bytes, host.model(), host.optimizer(), path);  // resume:
+//   host.push(exec);
+//   host.pull(exec);                                                          // save:
+//   save_snapshot(path, host.model(), host.optimizer(), info);
+// pull()/push() copy every parameter, buffer (BatchNorm running statistics and counters) and
+// optimizer state tensor (momentum buffers, AdamW's moments and per-parameter step counts), the
+// learning rate and the step count (copy_state); on a view they do nothing. Any optim::Optimizer
+// works. The exec orders the copies (Exec<Cuda> for CPU <-> CUDA; a copy to the host is complete
+// when the call returns). on_device<To>(view, exec) does the same for one tensor (an evaluation
+// batch: a view on the CPU, an uploaded copy on the GPU); keep it alive until backward returns
+// (layers keep views of their inputs for the weight gradients). Training batches come from
+// Prefetcher (tensor/prefetch.hpp) instead: on the GPU from pinned memory, a step ahead.
 #pragma once
 
 #include <concepts>
@@ -47,9 +43,8 @@
 namespace ddp::train {
 
 namespace detail {
-// dst = src between any two devices. Host to host needs no exec; every other pair is the device
-// layer's copy(src, dst, Exec<Cuda>) (tensor/cuda/copy.hpp), found by argument-dependent lookup at
-// instantiation.
+// dst = src between any two devices. Host to host needs no exec; every other pair is
+// tensor/cuda/copy.hpp's copy(src, dst, Exec<Cuda>), found by ADL at instantiation.
 template <class T, class E>
 void copy_between(TensorView<const T, Cpu> src, TensorView<T, Cpu> dst, const E& /*exec*/) {
   copy(src, dst);
@@ -60,11 +55,11 @@ void copy_between(TensorView<const T, From> src, TensorView<T, To> dst, const E&
 }
 }  // namespace detail
 
-// Copies the state of (src, src_opt) into (dst, dst_opt): models of the same structure, on any
-// devices, and optimizers of the same kind over the same parameters in the same groups. dst_opt
-// ends with exactly src_opt's state tensors (none where src_opt has none), per-parameter step
-// counts, learning rates and step count. Throws ValueError when the parameter or buffer lists
-// differ in length or shape, or the optimizers' lists of parameter names or group counts differ.
+// (src, src_opt) -> (dst, dst_opt): models of the same structure on any devices, optimizers of the
+// same kind over the same parameters in the same groups. dst_opt ends with exactly src_opt's state
+// tensors (none where src_opt has none), per-parameter step counts, learning rates and step count.
+// Throws ValueError when parameter or buffer lists differ in length or shape, or the optimizers'
+// parameter names or group counts differ.
 template <class T, Device From, Device To, class E, optim::Optimizer SrcOpt,
           optim::Optimizer DstOpt>
 requires(SrcOpt::kind == DstOpt::kind) void copy_state(const E& exec, nn::Module<T, From>& src,
@@ -81,8 +76,7 @@ requires(SrcOpt::kind == DstOpt::kind) void copy_state(const E& exec, nn::Module
                                       "; both models must be built with the same options"));
   for (std::size_t i = 0; i < sp.size(); ++i)
     detail::copy_between<T>(sp[i]->value().cview(), dp[i]->value().view(), exec);
-  // Optimizer state by the optimizers' own parameter order (groups may order parameters unlike the
-  // model).
+  // By the optimizers' own parameter order (groups may order parameters unlike the model).
   const auto& sop = src_opt.parameters();
   const auto& dop = dst_opt.parameters();
   bool same = sop.size() == dop.size() && src_opt.groups().size() == dst_opt.groups().size();
@@ -116,10 +110,9 @@ requires(SrcOpt::kind == DstOpt::kind) void copy_state(const E& exec, nn::Module
   dst_opt.set_steps(src_opt.steps());
 }
 
-// The state of a model (type Src = M<T, From>) and its optimizer (SrcOpt, e.g. optim::SGD<T, From>)
-// on device To, as Dst = M<T, To> and the same optimizer on To (see the file comment). The general
-// case owns a copy; the same-device case below is a view. Not copyable; the source model and
-// optimizer must outlive it.
+// A model Src = M<T, From> and its optimizer SrcOpt on device To, as Dst = M<T, To> and the same
+// optimizer on To. This general case owns a copy; the same-device case below is a view. Not
+// copyable; the source model and optimizer must outlive it.
 template <class Dst, class Src,
           optim::Optimizer SrcOpt = optim::SGD<typename Src::value_type, typename Src::device_type>>
 class StateOn {
@@ -131,8 +124,7 @@ class StateOn {
  public:
   static constexpr bool is_view = false;
 
-  // Builds Dst(model_args...) and an optimizer on To with src_opt's options and parameter groups,
-  // and pulls the source's state.
+  // Dst(model_args...) and an optimizer with src_opt's options and groups; pulls the state.
   template <class E, class... ModelArgs>
   StateOn(const E& exec, Src& src, SrcOpt& src_opt, const ModelArgs&... model_args)
       : src_(&src),
@@ -183,8 +175,7 @@ class StateOn {
   std::unique_ptr<DstOpt> opt_;
 };
 
-// Same device: refers to the model and optimizer themselves; pull() and push() have nothing to
-// copy.
+// Same device: the model and optimizer themselves; pull() and push() do nothing.
 template <class M, optim::Optimizer Opt>
 class StateOn<M, M, Opt> {
  public:
@@ -208,10 +199,9 @@ class StateOn<M, M, Opt> {
   Opt* opt_;
 };
 
-// The state of (model, opt) on To, current as of this call: a view on the same device, else a copy
-// built from model_args (M<T, To>(model_args...), the arguments the model was built with) and
-// pulled with exec. A: the model's activation type when it has one (nn::Module<T, D, A>), kept on
-// To.
+// (model, opt) on To as of this call: a view on the same device, else M<T, To>(model_args...) (the
+// model's own constructor arguments) pulled with exec. A: the model's activation type, if any,
+// kept on To.
 template <Device To, template <class, Device, class...> class M, class T, Device From, class... A,
           class E, optim::Optimizer Opt, class... ModelArgs>
 StateOn<M<T, To, A...>, M<T, From, A...>, Opt> state_on(const E& exec, M<T, From, A...>& model,
@@ -220,8 +210,7 @@ StateOn<M<T, To, A...>, M<T, From, A...>, Opt> state_on(const E& exec, M<T, From
   return StateOn<M<T, To, A...>, M<T, From, A...>, Opt>(exec, model, opt, model_args...);
 }
 
-// A tensor's data on device To: the source itself when it already lives there, else a copy made
-// with exec. Keep it alive as long as cview() is in use.
+// The source itself on To, else a copy made with exec. Keep it alive while cview() is in use.
 template <class T, Device To>
 class OnDevice {
  public:

@@ -3,42 +3,33 @@
 // SPDX-License-Identifier: MIT
 //
 //   int main(int argc, char** argv) {
-//     ddp::train::InitFlags init(argc, argv);           // takes --rank, --local_rank=N, ... out of
-//       argv
+//     ddp::train::InitFlags init(argc, argv);   // takes --rank, --local_rank=N, ... out of argv
 //     cxxopts::Options options("prog", "...");
-//     options.add_options()("epochs", ...);               // the program's own flags
-//     init.add_options(options);                          // --backend, --device, --timeout-ms, ...
-//       ("distributed")
+//     options.add_options()("epochs", ...);       // the program's own flags
+//     init.add_options(options);                  // --backend, --device, --timeout-ms, ...
 //     const auto args = ddp::train::parse_args(options, argc, argv);
-//     const ddp::train::DistFlags& dist = init.read(args);  // bad flags and devices fail here,
-//       before any rendezvous
+//     const ddp::train::DistFlags& dist = init.read(args);  // bad flags fail before rendezvous
 //     ddp::train::Job job = ddp::train::init_process_group(init);
 //     ... job.rank(), job.world_size(), job.local_rank(), job.cuda_device(), job.communicator() ...
-//   }                                                     // ~Job: the communicator's bounded
-//     barrier, then the store
-// Programs without a check of their own between the parse and the join do all of it in one call,
-// which also adds -h,--help (see Startup below):
-//     auto [job, args] = ddp::train::init_process_group(argc, argv, options);  if (!job) return 0;
-//       // --help
-// InitFlags reads: the launch flags (env/flags.hpp), the environment (env::Env::process(); tests
+//   }  // ~Job: the communicator's bounded barrier, then the store
+// Programs with no check of their own between the parse and the join use the argv overload below
+// (it also adds -h,--help).
+// InitFlags reads the launch flags (env/flags.hpp), the environment (env::Env::process(); tests
 // pass a fake one), the distributed flags (train/options.hpp, DistFlags) and --device
 // (train/device_choice.hpp: cpu, cuda or picked; a log line says why when picked).
 // init_process_group then, in order:
-//   1. env::detect: which launcher started the process (torchrun, env://, mpirun, srun, ...), flags
-//      over it;
-//   2. the GPU of this local rank (train::cuda_device_for) made current, before any communicator
-//      exists, so nccl and the staging copies find it current and no rank creates a context on GPU
-//      0 by accident;
+//   1. env::detect: which launcher started the process (torchrun, env://, mpirun, srun, ...),
+//      flags over it;
+//   2. makes the GPU of this local rank (train::cuda_device_for) current before any communicator
+//      exists, so nccl and the staging copies find it and no rank creates a context on GPU 0;
 //   3. the store: store::make_store (torchrun's agent store, or one rank 0 hosts), none for
-//      --backend mpi, or the caller's (the second overload, torch's `store=` argument: a HashStore
-//      shared by threads in tests);
+//      --backend mpi, or the caller's (torch's `store=`: a HashStore shared by threads in tests);
 //   4. comm::make_communicator(--backend), over that GPU's memory when training there.
-// How the names map to torch's (docs/decisions/0067): torch's process group is ddp's
-// comm::Communicator (job.communicator()); dist.get_rank()/get_world_size() are
-// job.rank()/world_size(); LOCAL_RANK is job.local_rank(); torch.cuda.set_device(local_rank) is
-// step 2; destroy_process_group is ~Job. CUDA: the two runtime calls of step 2 are
-// tensor/cuda/current_device.hpp's, found on the device tag Cuda and instantiated only in builds
-// with CUDA (BuildConfig::with_cuda), so this header compiles without CUDA.
+// Torch's names (docs/decisions/0067): the process group is job.communicator();
+// dist.get_rank()/get_world_size() are job.rank()/world_size(); LOCAL_RANK is job.local_rank();
+// torch.cuda.set_device(local_rank) is step 2; destroy_process_group is ~Job. The header compiles
+// without CUDA: step 2's runtime calls are found on the device tag Cuda and instantiated only in
+// builds with CUDA (BuildConfig::with_cuda).
 #pragma once
 
 #include <iostream>
@@ -74,8 +65,7 @@ struct InitOptions {
   bool cpu_only = false;
 };
 
-// The start-up settings, read before any rendezvous: see the file comment for the order of the
-// calls.
+// The start-up settings, read before any rendezvous (the file comment shows the calls' order).
 class InitFlags {
  public:
   // Takes the launch flags out of argv (argc updated; ConfigError for a bad one) and keeps `env`.
@@ -96,8 +86,7 @@ class InitFlags {
                                          cxxopts::value<std::string>()->default_value(""));
   }
 
-  // Reads what add_options added and chooses the device (choose_device's rules; ConfigError when
-  // they refuse).
+  // Reads what add_options added and chooses the device (choose_device; ConfigError if refused).
   const DistFlags& read(const cxxopts::ParseResult& args);
 
   const DistFlags& dist() const noexcept { return dist_; }
@@ -121,9 +110,8 @@ class Job;
 
 namespace detail {
 
-// The CUDA runtime through the device tag (tensor/cuda/current_device.hpp): templates, so that the
-// calls are looked up, by argument-dependent lookup on D = Cuda, only where a build with CUDA
-// instantiates them.
+// The CUDA runtime through the device tag (tensor/cuda/current_device.hpp): templates, found by
+// argument-dependent lookup on D = Cuda only where a build with CUDA instantiates them.
 template <class D = Cuda>
 int visible_gpus() {
   if constexpr (BuildConfig::with_cuda)
@@ -265,11 +253,9 @@ struct Startup {
   cxxopts::ParseResult args;
 };
 
-// The whole start-up from argv, in the order of the file comment: InitFlags (launch flags out of
-// argv, argc updated), the distributed flags and, unless `options` has its own, -h,--help added to
-// `options`, parse_args; then on --help the help to stdout and an empty job, else InitFlags::read
-// (bad flags fail there, before any rendezvous) and init_process_group(init). Programs with checks
-// of their own between the parse and the join call those steps.
+// The whole start-up from argv (the file comment's steps): InitFlags, the distributed flags and,
+// unless `options` has its own, -h,--help added to `options`, parse_args; then on --help the help
+// to stdout and an empty job, else InitFlags::read and init_process_group(init).
 //   cxxopts::Options options("prog", "...");
 //   options.add_options()("epochs", ...);
 //   auto [job, args] = ddp::train::init_process_group(argc, argv, options, {.cpu_only = true});

@@ -3,52 +3,35 @@
 // choose.
 // SPDX-License-Identifier: MIT
 //
-//   ddp::train::add_optim_options(options, {.momentum = 0.9, .weight_decay = 1e-5});  // group
-//     "optimizer"
+//   ddp::train::add_optim_options(options, {.momentum = 0.9, .weight_decay = 1e-5});
 //   auto args = options.parse(argc, argv);
-//   const ddp::train::OptimFlags of = ddp::train::read_optim_flags(args);  // ConfigError naming
-//     the flag
+//   const ddp::train::OptimFlags of = ddp::train::read_optim_flags(args);  // ConfigError
 //   ...
-//   ddp::train::sync_batchnorm_if(of, net, comm);                     // --sync-bn, before DDP
-//     wraps net
-//   return ddp::train::with_optimizer(of, lr, net, [&](auto& opt) {   // opt: SGD<T, D> or AdamW<T,
-//     D>
+//   ddp::train::sync_batchnorm_if(of, net, comm);  // --sync-bn, before DDP wraps net
+//   return ddp::train::with_optimizer(of, lr, net, [&](auto& opt) {  // SGD<T, D> or AdamW<T, D>
 //     const auto schedule = ddp::train::lr_schedule(of, lr, steps_per_epoch, epochs);
 //     ... backward; ddp::train::clip_gradients(of, exec, net); schedule.apply(opt); opt.step(exec);
-//       ...
 //   });
-// The optimizer kind is chosen at run time, but the training loop stays one template:
-// with_optimizer builds the chosen optimizer and calls the loop (a generic lambda) with it, so the
-// loop is instantiated once per kind and its inner step has no virtual call (docs/decisions/0026,
-// 0032). A wrapper around the optimizer (e.g. ZeRO) belongs in with_optimizer too: its type then
-// flows into the same loop.
+// with_optimizer builds the optimizer chosen at run time and calls the loop (a generic lambda)
+// with it, so the loop is instantiated once per kind and its step has no virtual call
+// (docs/decisions/0032). A wrapper around the optimizer (e.g. ZeRO) belongs there too.
 //
-// What the flags mean, in torch's terms:
-//   --optimizer sgd|adamw   torch.optim.SGD(momentum=--momentum) | torch.optim.AdamW (betas
-//     0.9/0.999, eps 1e-8)
-//   --weight-decay W        two parameter groups (optim::weight_decay_groups): W on conv and linear
-//     weights, 0
-//                           on biases and BatchNorm weights and biases (torchvision's
-//                             --norm-weight-decay 0
-//                           --bias-weight-decay 0 recipe)
-//   --clip-grad-norm M      torch.nn.utils.clip_grad_norm_(model.parameters(), M) after backward,
-//     before step;
-//                           under DDP the gradients are already all-reduced, so this is the global
-//                             norm (0: off)
-//   --lr-schedule P         constant | StepLR(--lr-step-epochs, --lr-gamma) |
-//     MultiStepLR(--lr-milestones,
-//                           --lr-gamma) | CosineAnnealingLR(T_max = the steps after warmup, eta_min
-//                             0),
-//                           stepped once per optimizer step (epochs are converted with the steps
-//                             per epoch)
-//   --warmup-epochs E       SequentialLR(LinearLR(1/3, 1, E epochs of steps), P): the schedule
-//     proper starts
-//                           after the warmup, so step epochs and milestones count from its end
-//   --sync-bn               torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP
-//     (nn/sync_batchnorm.hpp)
-// The schedule's only state is the optimizer's step count, which snapshots keep
-// (train/checkpoint.hpp), and snapshots record the optimizer kind, so resuming with another
-// --optimizer is an IoError naming the flag.
+// The flags in torch's terms:
+//   --optimizer sgd|adamw  torch.optim.SGD(momentum=--momentum) | torch.optim.AdamW (betas
+//                          0.9/0.999, eps 1e-8)
+//   --weight-decay W       two parameter groups (optim::weight_decay_groups): W on conv and linear
+//                          weights, 0 on biases and BatchNorm parameters (torchvision's
+//                          --norm-weight-decay 0 --bias-weight-decay 0 recipe)
+//   --clip-grad-norm M     torch.nn.utils.clip_grad_norm_(model.parameters(), M) after backward,
+//                          before step; under DDP, of the all-reduced gradients (0: off)
+//   --lr-schedule P        constant | StepLR(--lr-step-epochs, --lr-gamma) |
+//                          MultiStepLR(--lr-milestones, --lr-gamma) | CosineAnnealingLR(T_max =
+//                          the steps after warmup, eta_min 0), stepped once per optimizer step
+//   --warmup-epochs E      SequentialLR(LinearLR(1/3, 1, E epochs of steps), P): step epochs and
+//                          milestones count from the warmup's end
+//   --sync-bn              torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP
+// The schedule's only state is the optimizer's step count, which snapshots keep, with the
+// optimizer kind: resuming with another --optimizer is an IoError naming the flag.
 #pragma once
 
 #include <algorithm>
@@ -95,8 +78,7 @@ struct OptimFlags {
   bool zero = false;
 };
 
-// The defaults an example keeps when the flags are not given (its behaviour before the flags
-// existed).
+// The defaults an example keeps when the flags are not given.
 struct OptimDefaults {
   double momentum = 0.0;
   double weight_decay = 0.0;
@@ -206,8 +188,7 @@ inline OptimFlags read_optim_flags(const cxxopts::ParseResult& args) {
   f.lr_milestones = detail::parse_milestones(args["lr-milestones"].as<std::string>());
   f.sync_bn = args.count("sync-bn") > 0;
   f.zero = args.count("zero") > 0;
-  // Flags the chosen optimizer or schedule would ignore: say so rather than train with a silent
-  // no-op.
+  // Flags the chosen optimizer or schedule would ignore: refuse rather than silently ignore them.
   const std::string schedule = args["lr-schedule"].as<std::string>();
   const auto refuse = [&](const char* flag, bool used, const char* needs, const std::string& have) {
     if (args.count(flag) && !used)
@@ -258,20 +239,19 @@ std::size_t sync_batchnorm_if(const OptimFlags& f, nn::Module<T, D>& model,
   return n;
 }
 
-// --clip-grad-norm: clips model's gradients (all of them: under DDP they are the all-reduced ones,
-// equal on every rank, so every rank clips by the same factor) and returns their norm before
-// clipping; -1 when off.
+// --clip-grad-norm: clips all of model's gradients (under DDP the all-reduced ones, so every rank
+// clips by the same factor) and returns their norm before clipping; -1 when off.
 template <class T, Device D>
 double clip_gradients(const OptimFlags& f, Exec<D>& exec, nn::Module<T, D>& model) {
   if (f.clip_grad_norm <= 0.0) return -1.0;
   return optim::clip_grad_norm(exec, model.parameters(), f.clip_grad_norm);
 }
 
-// Builds the optimizer the flags choose over model's parameters, in weight_decay_groups (decay on
-// weights of rank >= 2 only), at learning rate lr, and returns fn(optimizer). fn is called with an
-// optim::SGD<T, D>& or an optim::AdamW<T, D>&, or with --zero a parallel::ZeroRedundancyOptimizer
-// over one of them sharded over comm (a generic lambda: the training loop; train/snapshot_io.hpp
-// saves and resumes any of them), which lives for the duration of the call.
+// Builds the optimizer the flags choose over model's parameters (weight_decay_groups) at learning
+// rate lr and returns fn(optimizer), the optimizer living for the call. fn (the training loop, a
+// generic lambda) gets an optim::SGD<T, D>& or optim::AdamW<T, D>&, or with --zero a
+// parallel::ZeroRedundancyOptimizer over one of them sharded over comm (train/snapshot_io.hpp
+// saves and resumes any of them).
 template <class T, Device D, class Fn>
 std::invoke_result_t<Fn&, optim::SGD<T, D>&> with_optimizer(const OptimFlags& f, double lr,
                                                             nn::Module<T, D>& model,

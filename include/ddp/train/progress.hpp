@@ -2,22 +2,19 @@
 // log.
 // SPDX-License-Identifier: MIT
 //
-//   train::Progress progress(std::cout, {.total_steps = (epochs - start_epoch) * steps, .log_every
-//     = 10,
+//   train::Progress progress(std::cout, {.total_steps = (epochs - start_epoch) * steps,
+//                                        .log_every = 10,
 //                                        .live = train::live_progress_wanted()});
-//   progress.step(epoch, step, steps, loss, samples_per_sec, "lr 0.1");  // after each optimizer
-//     step
-//   progress.end_epoch();                                                   // after each epoch
+//   progress.step(epoch, step, steps, loss, samples_per_sec, "lr 0.1");  // each optimizer step
+//   progress.end_epoch();                                                 // after each epoch
 //
-// Live (a terminal): one line redrawn in place ('\r', then erase to the end of the line), at most
-// every 100 ms and at each epoch's last step; end_epoch() keeps that line and starts the next.
-// Plain (a pipe or a file: a launcher's log, ddprun's "[rank0]: " prefixes; or a terminal other
-// ranks write to as well: mpirun, srun, torchrun with several local workers, see stdout_shared_by):
-// a line every log_every steps and at each epoch's last step, as the examples always printed, now
-// ending in the ETA:
+// Live (a terminal): one line redrawn in place ('\r', erase to end of line), at most every 100 ms
+// and at each epoch's last step; end_epoch() keeps that line and starts the next.
+// Plain (a pipe or file; or a terminal other ranks share, see stdout_shared_by): a line every
+// log_every steps and at each epoch's last step:
 //   "epoch 1 step 3/20 loss 2.3100 samples/s 812.5 lr 0.1 eta 0:42"
-// The ETA is the steps left times the mean step time since the first step this run (so data loading
-// and evaluation between epochs count): h:mm:ss, or m:ss under an hour.
+// ETA = steps left x the mean step time since this run's first step (so data loading and
+// evaluation between epochs count): h:mm:ss, or m:ss under an hour.
 #pragma once
 
 #include <unistd.h>
@@ -44,29 +41,22 @@ inline std::string progress_line(long long epoch, long long step, long long step
   return buf;
 }
 
-// The variable showing that a launcher puts other ranks' output on the terminal this process writes
-// to, or "" when none does. A redrawn line stays open (no newline) between redraws, so their lines
-// would be glued onto it and cut it apart; and a launcher that relays output may hold the open line
-// back until a newline comes.
-//   OMPI_COMM_WORLD_SIZE  Open MPI's mpirun/mpiexec: each rank's stdout is a pty that mpirun reads
-//     and relays,
-//                         so isatty() says yes although every rank ends up on mpirun's terminal
-//   PMIX_RANK             PMIx launchers: Open MPI 5's prterun, PRRTE, srun --mpi=pmix, MPICH built
-//     with PMIx
-//   PMI_RANK, PMI_ID      MPICH's Hydra (PMI_ID with -pmi-port), Intel MPI, Cray PALS, srun
-//     --mpi=pmi2 (pipes
-//                         today, which isatty() already refuses; a pty would not be this rank's
-//                           alone either)
+// The variable showing that a launcher puts other ranks' output on this process's terminal, or "".
+// Their lines would be glued onto the open (unterminated) redrawn line, and a relaying launcher may
+// hold an open line back until a newline.
+//   OMPI_COMM_WORLD_SIZE  Open MPI's mpirun: each rank's stdout is a pty mpirun relays, so
+//                         isatty() says yes although every rank ends up on mpirun's terminal
+//   PMIX_RANK             PMIx launchers: Open MPI 5's prterun, PRRTE, srun --mpi=pmix, MPICH
+//                         built with PMIx
+//   PMI_RANK, PMI_ID      MPICH's Hydra (PMI_ID with -pmi-port), Intel MPI, Cray PALS,
+//                         srun --mpi=pmi2 (pipes, which isatty() refuses; a pty would be shared)
 //   MV2_COMM_WORLD_SIZE   MVAPICH2's mpirun_rsh (output relayed over ssh)
-//   SLURM_STEP_ID         an srun task (srun relays every task's output; srun --pty gives task 0 a
-//     pty); an
-//                         sbatch script itself has no step id and writes to its own file
-//   LOCAL_WORLD_SIZE > 1  torchrun (or torch.distributed.launch) without --redirects/--tee: the
-//     node's workers
-//                         inherit torchrun's terminal and all write to it. One worker per node has
-//                           it alone.
-// ddprun needs no entry: its workers write to pipes, and when ddprun's own stdout is a terminal it
-// sets DDP_PROGRESS=live for them and keeps rank 0's line below the others (launch/supervisor.hpp).
+//   SLURM_STEP_ID         an srun task (srun relays every task's output; --pty gives task 0 a
+//                         pty); an sbatch script has no step id and writes to its own file
+//   LOCAL_WORLD_SIZE > 1  torchrun without --redirects/--tee: the node's workers share its
+//                         terminal (one worker per node has it alone)
+// ddprun needs no entry: its workers write to pipes, and on a terminal it sets DDP_PROGRESS=live
+// for them and keeps rank 0's line below the others (launch/supervisor.hpp).
 inline std::string_view stdout_shared_by(const env::Env& env) {
   for (std::string_view v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_ID",
                              "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID"})
@@ -76,10 +66,9 @@ inline std::string_view stdout_shared_by(const env::Env& env) {
   return {};
 }
 
-// Whether rank 0 should redraw one line, from the environment `env` and whether stdout is a
-// terminal: DDP_PROGRESS=live or lines decides; unset or auto, stdout must be a terminal that
-// understands '\r' and erase-line (TERM set and not "dumb") and no launcher may share it with other
-// ranks (stdout_shared_by). Throws ConfigError for any other DDP_PROGRESS.
+// Whether rank 0 should redraw one line: DDP_PROGRESS=live or lines decides; unset or auto, stdout
+// must be a terminal that understands '\r' and erase-line (TERM set, not "dumb") and not shared
+// with other ranks (stdout_shared_by). Throws ConfigError for any other DDP_PROGRESS.
 inline bool live_progress_wanted(const env::Env& env, bool stdout_is_terminal) {
   const std::string mode = env.get("DDP_PROGRESS").value_or("auto");
   if (mode == "live") return true;
@@ -128,8 +117,7 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
-  // Reports step `step` (1-based) of `steps` in `epoch`; `extra` (e.g. "lr 0.1") goes before the
-  // ETA.
+  // `step` is 1-based; `extra` (e.g. "lr 0.1") goes before the ETA.
   void step(long long epoch, long long step, long long steps, double loss, double samples_per_sec,
             std::string_view extra = {}, Clock::time_point now = Clock::now()) {
     ++done_;
@@ -152,8 +140,7 @@ class Progress {
   }
 
  private:
-  // The report of one step: progress_line's fields, `extra`, then "eta m:ss" when the total is
-  // known.
+  // progress_line's fields, `extra`, then "eta m:ss" when the total is known.
   std::string line(long long epoch, long long step, long long steps, double loss,
                    double samples_per_sec, std::string_view extra, Clock::time_point now) const {
     std::string s = progress_line(epoch, step, steps, loss, samples_per_sec);

@@ -3,27 +3,23 @@
 // through it.
 // SPDX-License-Identifier: MIT
 //
-// File layout (how it works):
+// File layout:
 //   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian
 //   bytes [8, 8 + N)    JSON header, UTF-8, padded with spaces so that 8 + N is a multiple of 8:
 //     {"__metadata__": {"epoch": "3"},
 //      "fc.bias":   {"dtype": "F32", "shape": [10],    "data_offsets": [0, 40]},
 //      "fc.weight": {"dtype": "F32", "shape": [10, 4], "data_offsets": [40, 200]}}
 //   bytes [8 + N, end)  the data section; data_offsets are [begin, end) byte offsets from its start
-// Worked example: the two tensors above make a 200-byte data section; the header JSON is 170 bytes,
-// padded to N = 176, so the file is 8 + 176 + 200 = 384 bytes and "fc.weight" lives at file bytes
-// [224, 384).
+// Example: a 200-byte data section and a 170-byte header JSON padded to N = 176 make a 384-byte
+// file; "fc.weight" lives at file bytes [224, 384).
 //
 // Validation on read follows the reference implementation: the header length must fit in the file
 // (and under kMaxHeaderBytes), the header must be a JSON object without duplicate names, every
 // entry needs a known dtype, a shape of non-negative integers and offsets with begin <= end, shape
 // * dtype size must equal end - begin, and the entries sorted by begin must tile the data section
 // exactly (no gap, no overlap, no trailing bytes). Any violation is an IoError naming the file and
-// the tensor; nothing is allocated before the sizes involved are known to be backed by the file.
-//
-// Writing: SafetensorsWriter (train/safetensors_writer.hpp).
-// All multi-byte values are little-endian: this header only builds on little-endian hosts (x86,
-// ARM).
+// the tensor; nothing is allocated before the file is known to back the sizes.
+// Writing: train/safetensors_writer.hpp. Builds only on little-endian hosts (x86, ARM).
 #pragma once
 
 #include <algorithm>
@@ -55,11 +51,9 @@ static_assert(
     std::endian::native == std::endian::little,
     "ddp: safetensors I/O writes host bytes as little-endian; big-endian hosts are not supported");
 
-// Refuse headers larger than this (the reference implementation's limit): a corrupt length field
-// must not turn into a 16 EiB allocation.
+// The reference implementation's limit: a corrupt length must not become a 16 EiB allocation.
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
-// Where one tensor lives in a file and what it is.
 struct TensorInfo {
   DType dtype = DType::F32;
   std::vector<std::int64_t> shape;
@@ -74,7 +68,6 @@ struct TensorInfo {
   std::uint64_t nbytes() const { return end - begin; }
 };
 
-// One tensor read into memory.
 struct TensorEntry {
   DType dtype = DType::F32;
   std::vector<std::int64_t> shape;
@@ -109,8 +102,8 @@ struct SafetensorsFile {
   const TensorEntry& at(const std::string& name) const;
 };
 
-// The safetensors name of a dtype is dtype_name(); this is the inverse. nullopt for names ddp has
-// no type for (BOOL, I8, I16, U16, U32, U64, F8_*) and for garbage.
+// The inverse of dtype_name(); nullopt for names ddp has no type for (BOOL, I8, I16, U16, U32,
+// U64, F8_*) and for garbage.
 inline std::optional<DType> parse_dtype_name(std::string_view s) {
   for (DType t :
        {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8})
@@ -183,8 +176,7 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
                          std::map<std::string, TensorInfo>& tensors,
                          std::map<std::string, std::string>& metadata,
                          std::vector<std::string>& order) {
-  // nlohmann::json keeps the last of duplicate keys silently; a parser callback sees every
-  // top-level key.
+  // nlohmann::json silently keeps the last duplicate; a parser callback sees every top-level key.
   std::set<std::string> seen;
   std::string duplicate;
   auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
@@ -258,10 +250,9 @@ inline void parse_header(std::string_view path, std::string_view header, std::ui
                                data_bytes, "; the file has trailing garbage or a wrong header"));
 }
 
-// A 64-bit hash of a byte string, for detecting corruption (not an adversary): four lanes of
-// multiply-xorshift over 8-byte words, so a ResNet-18 snapshot (~90 MB) hashes in tens of
-// milliseconds. Any single flipped bit changes the result. Tensors are hashed one by one and
-// chained with chain_hash(), so the reader needs no copy of the whole data section.
+// A 64-bit hash against corruption (not an adversary): four lanes of multiply-xorshift over 8-byte
+// words (a ~90 MB ResNet-18 snapshot in tens of ms). Any single flipped bit changes it. Tensors are
+// hashed one by one and chained (chain_hash()): the reader needs no copy of the data section.
 inline std::uint64_t hash_bytes(std::span<const std::uint8_t> b) {
   constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
   std::uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
@@ -309,8 +300,7 @@ inline std::uint64_t check_header_length(std::string_view path, std::uint64_t n,
   return n;
 }
 
-// Opens `path` for binary reading and returns its size; IoError if it is missing, not a regular
-// file (a directory, a FIFO) or unreadable.
+// Returns the size; IoError if missing, not a regular file (a directory, a FIFO) or unreadable.
 inline std::uint64_t open_for_read(const std::string& path, std::ifstream& in) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
@@ -372,8 +362,8 @@ inline SafetensorsFile parse_safetensors(std::span<const std::uint8_t> bytes,
   return f;
 }
 
-// Reads the header of a file and, on demand, single tensors straight into caller memory (no staging
-// copy of the whole file). Not thread-safe: one reader per thread. Throws IoError.
+// Reads the header, then single tensors on demand straight into caller memory (no copy of the
+// whole file). Not thread-safe: one reader per thread. Throws IoError.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::string path) : path_(std::move(path)) {
@@ -456,9 +446,8 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
   return f;
 }
 
-// The raw bytes of a file, e.g. for rank 0 to broadcast a snapshot that the others parse with
-// parse_safetensors (no shared filesystem needed). Validation is left to the parser. Throws
-// IoError.
+// Unvalidated bytes, e.g. for rank 0 to broadcast a snapshot the others parse_safetensors (no
+// shared filesystem needed). Throws IoError.
 inline std::vector<std::uint8_t> read_file_bytes(const std::string& path) {
   std::ifstream in;
   const auto n = static_cast<std::size_t>(detail::open_for_read(path, in));

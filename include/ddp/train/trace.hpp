@@ -7,26 +7,20 @@
 //     const auto got_batch = Clock::now();
 //     tracer.begin_step(g);           // records from step `first` on: every span of core/trace.hpp
 //     ... forward, loss, backward, optimizer ...
-//     tracer.end_step(g, previous_step_end, got_batch, exec);  // "step g" and "data wait"; at
-//       `last`: writes
-//   }
+//     tracer.end_step(g, previous_step_end, got_batch, exec);  // "step g", "data wait"; writes
+//   }                                                            // at `last`
 //   tracer.close(exec);               // writes what was recorded if `last` was never reached
-// What a traced step shows, per rank (pid = rank): on thread 0 the step, its data wait, the forward
-// and backward of every module nested as the model nests them (nn::Module opens the spans; the root
-// is "model"), the loss, DDP's wait for the all-reduces after backward ("wait for all-reduces") and
-// the optimizer; on the threads named "all-reduce" each gradient bucket from its launch to its
-// completion by the backend (parallel/reducer.hpp; buckets whose all-reduces overlap in time go on
-// separate lanes, so that each thread's spans nest). Args carry the module's description, the
-// bucket's index, step, parameter count and bytes. Timestamps: every rank converts its steady-clock
-// times to the system clock (microseconds since the Unix epoch, through one pair of readings taken
-// when the tracer starts); rank 0 then subtracts the earliest, so the trace starts at 0 and
-// "otherData.start_unix_us" keeps the absolute time. On one host the ranks share one clock; across
-// hosts their alignment is that of the hosts' clocks (NTP: typically well under a millisecond).
-// Writing (end_step at `last`, or close) is collective: every rank sends its events to every other
-// through the training communicator (one length and one byte broadcast per rank, rooted there:
-// parallel::Broadcaster<D>, so nccl stages them through the GPU), then rank 0 writes the file
-// atomically (train/atomic_file.hpp). Traces are small (a resnet18 step is ~130 spans, ~25 KB per
-// rank).
+// Per rank (pid = rank), thread 0 shows the step, its data wait, every module's forward and
+// backward nested as the model nests them (root "model"), the loss, DDP's "wait for all-reduces"
+// and the optimizer; the "all-reduce" threads show each gradient bucket from launch to completion
+// (overlapping buckets on separate lanes, so each thread's spans nest). Args carry the module's
+// description, the bucket's index, step, parameter count and bytes. Timestamps: each rank maps
+// its steady clock to system-clock microseconds since the Unix epoch (one pair of readings at
+// start); rank 0 subtracts the earliest, so the trace starts at 0 ("otherData.start_unix_us" keeps
+// the absolute time). Across hosts, alignment is that of their clocks (NTP: well under a ms).
+// Writing (end_step at `last`, or close) is collective: each rank broadcasts a length and its
+// bytes over the training communicator (parallel::Broadcaster<D>, so nccl stages them through the
+// GPU), then rank 0 writes the file atomically. A resnet18 step is ~130 spans, ~25 KB per rank.
 #pragma once
 
 #include <algorithm>
@@ -62,8 +56,7 @@ struct TraceOptions {
   long last = 5;  // the last traced step (inclusive)
 };
 
-// "--trace-steps" as "N" or "FIRST:LAST" (1-based, inclusive) into o.first / o.last; ConfigError
-// naming the flag.
+// "--trace-steps" "N" or "FIRST:LAST" (1-based, inclusive); ConfigError naming the flag.
 inline void parse_trace_steps(const std::string& text, TraceOptions& o) {
   const auto bad = [&](const char* why) {
     return ConfigError(
@@ -104,9 +97,8 @@ struct ClockPair {
   }
 };
 
-// One rank's events as Chrome "X" (complete) events. Main-track spans go on tid 0; communication
-// events on tids 1, 2, ...: the lowest lane whose previous event has ended, so that every thread's
-// spans nest.
+// Chrome "X" (complete) events. Main-track spans on tid 0; communication events on tids 1, 2, ...:
+// the lowest lane whose previous event has ended, so every thread's spans nest.
 inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank,
                                     const ClockPair& clock) {
   std::sort(events.begin(), events.end(), [](const trace::Event& a, const trace::Event& b) {
@@ -143,8 +135,8 @@ inline nlohmann::json chrome_events(std::vector<trace::Event> events, int rank,
   return out;
 }
 
-// The file rank 0 writes: every rank's events shifted so that the earliest starts at 0, with
-// process and thread names. `per_rank[r]` is rank r's chrome_events.
+// Every rank's events shifted so the earliest starts at 0, with process and thread names.
+// `per_rank[r]` is rank r's chrome_events.
 inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_rank,
                                          const TraceOptions& o) {
   double origin = std::numeric_limits<double>::infinity();
@@ -191,8 +183,7 @@ inline nlohmann::json merge_chrome_trace(const std::vector<nlohmann::json>& per_
             {"steps", ddp::detail::str(o.first, ":", o.last)}}}};
 }
 
-// Every rank's string on every rank (collective): per rank r, its length then its bytes, broadcast
-// from r.
+// Every rank's string on every rank (collective): r broadcasts its length, then its bytes.
 template <Device D>
 std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D>& exec,
                                           const std::string& mine) {
@@ -212,15 +203,12 @@ std::vector<std::string> exchange_strings(comm::Communicator& comm, const Exec<D
 
 }  // namespace detail
 
-// Records the steps o.first..o.last of a training loop and writes the merged trace (see the file
-// comment). Every rank constructs one with the same options and calls begin_step/end_step for the
-// same steps.
+// Every rank constructs one with the same options and calls begin_step/end_step for the same steps.
 template <Device D>
 class StepTracer {
  public:
-  // On a GPU every span of a traced step waits for exec's stream before it ends, so the trace shows
-  // device time (at the cost of serialising those steps; core/trace.hpp). exec must outlive the
-  // tracer.
+  // On a GPU every span of a traced step waits for exec's stream before it ends: the trace shows
+  // device time (serialising those steps). exec must outlive the tracer.
   StepTracer(comm::Communicator& comm, TraceOptions o, Exec<D>& exec)
       : comm_(&comm), o_(std::move(o)) {
     rec_.set_synchronize([&exec] { synchronize(exec); });  // a no-op on the CPU (tensor/device.hpp)
@@ -235,9 +223,8 @@ class StepTracer {
   void begin_step(long step) {
     if (enabled() && !written_ && step >= o_.first && step <= o_.last && !on_) on_.emplace(rec_);
   }
-  // Step `step` ended: adds its "step" span (from `started`, the previous step's end, so that the
-  // data wait is part of it) and its "data wait" (started .. got_batch); after o.last writes the
-  // trace (collective).
+  // Adds the "step" span (from `started`, the previous step's end, so it includes the data wait)
+  // and "data wait" (started .. got_batch); after o.last writes the trace (collective).
   void end_step(long step, Clock::time_point started, Clock::time_point got_batch,
                 const Exec<D>& exec) {
     if (!on_) return;
@@ -257,8 +244,8 @@ class StepTracer {
               .args = {number}});
     if (step >= o_.last) write(exec);
   }
-  // After training (collective): writes the trace if it was not written yet -- the run ended before
-  // o.last, or before o.first (then the file has no events and rank 0 says so on stderr).
+  // After training (collective): writes the trace if the run ended before o.last (before o.first:
+  // no events, and rank 0 says so on stderr).
   void close(const Exec<D>& exec) {
     if (enabled() && !written_) write(exec);
   }

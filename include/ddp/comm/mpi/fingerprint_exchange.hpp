@@ -4,12 +4,11 @@
 // comm/mpi/mpi_communicator.hpp, which owns the ordering and timeouts.
 // SPDX-License-Identifier: MIT
 //
-// Messages: per peer, message 0 is the fingerprint followed by the first kCarryBytes of carried
-// data; a carried payload larger than that follows at once as messages 1.. of at most kCarryBytes
-// each, sent from the caller's buffer, all on tag 0 of the communicator given (MPI keeps their
-// order between two ranks, so message k lands in slot k). Every message stays under Open MPI's
-// shared-memory eager limit (4 KiB with MPI's header), so the exchange costs about one eager
-// latency. Every receive is kMsgCap bytes, so a peer running another op never truncates one.
+// Per peer, message 0 is the fingerprint and the first kCarryBytes of carried data; the rest
+// follows at once as messages 1.. of at most kCarryBytes, sent from the caller's buffer, all on
+// tag 0 (MPI keeps their order between two ranks: message k lands in slot k). Each message stays
+// under Open MPI's shared-memory eager limit (4 KiB with MPI's header): about one eager latency.
+// Every receive is kMsgCap bytes, so a peer running another op never truncates one.
 #pragma once
 
 #include <mpi.h>
@@ -32,33 +31,29 @@
 namespace ddp::comm::mpi {
 
 inline constexpr std::size_t kFingerprintBytes = kFingerprintWords * sizeof(std::uint64_t);
-// Carried data per message: with the fingerprint and MPI's header a message stays under the 4 KiB
-// eager limit (above it a message takes a rendezvous: one 4 KiB message 5.2 us, as a ring 1.3 us).
-// A multiple of every dtype's size, so chunks split on element boundaries.
+// Bytes per message: with the fingerprint and MPI's header under the 4 KiB eager limit (above it a
+// rendezvous: one 4 KiB message 5.2 us, as a ring 1.3 us). A multiple of every dtype's size.
 inline constexpr std::size_t kCarryBytes = 4096 - 128;
-// An all-reduce is carried when the bytes a rank receives, (size - 1) copies, fit here
-// (docs/decisions/0038's third pass: 2 ranks, 16 KiB 7.7-9.7 us carried against 14.6-17.3 us as a
-// ring; 128 KiB slower carried).
+// An all-reduce is carried when the (size - 1) copies a rank receives fit here
+// (docs/decisions/0038: 2 ranks, 16 KiB 7.7-9.7 us carried vs 14.6-17.3 us as a ring; 128 KiB
+// slower carried).
 inline constexpr std::size_t kCarryMaxBytes = 64 << 10;
 // the largest exchange message
 inline constexpr std::size_t kMsgCap = kFingerprintBytes + kCarryBytes;
 
-// Whether an all-reduce of `bytes` on `size` ranks travels with its fingerprint (a one-message
-// payload always does).
+// Whether an all-reduce travels with its fingerprint (a one-message payload always does).
 inline bool carries(std::size_t bytes, int size) {
   return bytes <= kCarryBytes ||
          bytes * static_cast<std::size_t>(std::max(1, size - 1)) <= kCarryMaxBytes;
 }
-// How many messages a rank whose op is `fp` sends each peer: one, or one per kCarryBytes of a
-// carried all-reduce.
+// Messages sent to each peer for op `fp`: one, or one per kCarryBytes of a carried all-reduce.
 inline std::size_t messages_of(const Fingerprint& fp, int size) {
   const std::size_t bytes = fp.kind == OpKind::AllReduce ? fp.count * dtype_size(fp.dtype) : 0;
   return bytes > kCarryBytes && carries(bytes, size) ? (bytes + kCarryBytes - 1) / kCarryBytes : 1;
 }
 
-// Receive buffers of finished exchanges, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which
-// glibc would map and unmap (page faults included) on every op. Not thread-safe: one thread at a
-// time runs ops.
+// Receive buffers, reused: a 64 KiB all-reduce needs 136 KB at 2 ranks, which glibc would map and
+// unmap (page faults included) per op. Not thread-safe: one thread at a time runs ops.
 class ExchangePool {
  public:
   // A buffer of at least `bytes` (the smallest that fits), else a new one; `cap` gets its capacity.
@@ -91,8 +86,8 @@ class ExchangePool {
 
 class FingerprintExchange {
  public:
-  // Posts the exchange of `fp` (and of `carry`'s data when carry.count > 0) with every other rank
-  // of `comm`. Returns MPI's code; on failure some requests may be in flight (pending()).
+  // Posts the exchange of `fp` (and `carry`'s data when carry.count > 0) with every other rank.
+  // Returns MPI's code; on failure some requests may be in flight (pending()).
   int start(const Fingerprint& fp, BufferRef carry, MPI_Comm comm, int rank, int size,
             ExchangePool& pool) {
     carry_ = carry;
@@ -124,11 +119,10 @@ class FingerprintExchange {
     return rc;
   }
 
-  // Tests every peer's first message (its fingerprint): `done` once all arrived. Testing these
-  // alone lets a mismatch be reported even when a peer's op sends fewer messages than this one
-  // waits for.
+  // Every peer's fingerprint message alone: reports a mismatch even when a peer's op sends fewer
+  // messages than this one waits for.
   int test_fingerprints(int& done) { return test(reqs_.empty() ? 0 : peers(), done); }
-  // Tests the whole exchange (the carried data, and this rank's sends): `done` once all completed.
+  // The whole exchange (carried data, and this rank's sends).
   int test_all(int& done) { return test(reqs_.size(), done); }
   bool pending() const {
     return std::any_of(reqs_.begin(), reqs_.end(),
@@ -142,9 +136,8 @@ class FingerprintExchange {
                             [&](int r) { return r == rank_ ? out_.data() : slot(r, 0); });
   }
 
-  // A carried all-reduce once the exchange completed: every rank reduces all copies in rank order,
-  // chunk by chunk (the same chain everywhere, so the results are bit-identical), then divides for
-  // Avg.
+  // After the exchange: every rank reduces all copies in rank order, chunk by chunk (the same chain
+  // everywhere: bit-identical results), then divides for Avg.
   void reduce(ReduceOp op) const {
     const BufferRef& b = carry_;
     const std::size_t elem = dtype_size(b.dtype);
@@ -164,15 +157,13 @@ class FingerprintExchange {
     if (op == ReduceOp::Avg) divide_by(b.data, b.count, b.dtype, size_);
   }
 
-  // After a mismatch (test_fingerprints done) every message of the exchange must still be matched:
-  // a leftover would meet a later communicator's receive (MPICH reuses a freed communicator's
-  // context id), and a pending request makes the process end with MPI_Abort. Each peer's
-  // fingerprint says how many messages it sent (messages_of), so per peer the receives beyond those
-  // are cancelled and the messages beyond this op's receives are received and dropped; every peer
-  // does the same, so the sends complete too. Waits until `deadline` at most: whatever is still
-  // pending() then must be kept alive by the caller. `carrying`: whether this communicator's
-  // all-reduces are carried at all (not when they run in shared memory, where every rank's exchange
-  // is its fingerprint alone).
+  // After a mismatch every message must still be matched: a leftover would meet a later
+  // communicator's receive (MPICH reuses context ids), and a pending request ends the process with
+  // MPI_Abort. Each peer's fingerprint says how many messages it sent (messages_of): receives
+  // beyond those are cancelled, messages beyond ours are received and dropped; every peer does the
+  // same, so the sends complete. Waits until `deadline` at most; whatever is still pending() must
+  // be kept alive by the caller. `carrying`: whether this communicator carries all-reduces at all
+  // (not in shared memory, where the exchange is the fingerprint alone).
   void drain(std::chrono::steady_clock::time_point deadline, bool carrying) {
     if (reqs_.empty()) return;
     std::vector<std::pair<int, std::size_t>> surplus;  // (peer, messages beyond this op's receives)
@@ -209,8 +200,7 @@ class FingerprintExchange {
     }
   }
 
-  // Once the exchange completed (nothing can write into the receive buffer any more): the buffer
-  // goes back.
+  // Only once the exchange completed (nothing can write into the buffer any more).
   void release(ExchangePool& pool) { pool.give(std::move(in_), in_cap_); }
 
  private:

@@ -1,25 +1,18 @@
-// mpi::OpEngine: how the mpi backend runs its ops: it numbers each one, checks its fingerprint
+// mpi::OpEngine: how the mpi backend runs its ops. It numbers each one, checks its fingerprint
 // against every rank's, posts its non-blocking MPI call in issue order and tests it against the
-// op's deadline, on whichever thread runs it: the calling thread for a small (or
-// AllreduceOptions::blocking) collective issued while nothing else is pending, else a progress
-// thread, which a thread waiting for the only outstanding collective, still queued, replaces
-// (run_if_next). The tcp backend's counterpart is tcp/op_queue.hpp.
+// op's deadline, on one thread at a time: the caller for a small (or AllreduceOptions::blocking)
+// collective issued while nothing else is pending, else a progress thread, which a thread waiting
+// for the only outstanding collective, still queued, replaces (run_if_next). The tcp backend's
+// counterpart is tcp/op_queue.hpp.
 // SPDX-License-Identifier: MIT
 //
-// MPI_THREAD_SERIALIZED suffices (mpi/runtime.hpp), since one thread at a time runs ops (the caller
-// or the progress thread, handed over under the queue's lock). Routes (mpi_communicator.hpp picks
-// one per op): Body, the op's own MPI call after the fingerprint exchange; Carried, an all-reduce
-// whose data rides in the exchange (mpi/fingerprint_exchange.hpp); Ring, an all-reduce on
-// point-to-point calls after the exchange (mpi/ring_allreduce.hpp); Shm, an all-reduce, broadcast
-// or barrier through shared memory (comm/shm/collectives.hpp, docs/decisions/0055), which runs
-// alone: after every earlier op completed, so that no MPI request of this rank waits for progress
-// while it spins. Every collective announces itself in the segment when it starts, so that a peer
-// waiting there sees a mismatch at once (mpi/shm_watch.hpp) and reports it through the fingerprint
-// exchange like any other. Ordering: fingerprints go out on the protocol communicator in issue
-// order; bodies go out in issue order too, each only after its fingerprint matched and every
-// earlier op's body was posted, so all ranks post every communicator's calls in the same order (MPI
-// matches collectives by posting order only). Failure: MPI cannot cancel a collective, so an op
-// that times out breaks the communicator; the process then ends with MPI_Abort at exit instead of
+// MPI_THREAD_SERIALIZED suffices (mpi/runtime.hpp): one thread at a time runs ops, handed over
+// under the queue's lock. Ordering: fingerprints go out on the protocol communicator in issue
+// order; each body only after its fingerprint matched and every earlier op's body was posted, so
+// all ranks post every communicator's calls in the same order (MPI matches collectives by posting
+// order only). A Route::Shm op runs alone, after every earlier op completed, so that no MPI request
+// of this rank waits for progress while it spins. Failure: MPI cannot cancel a collective, so an op
+// that times out breaks the communicator and the process ends with MPI_Abort at exit instead of
 // hanging in MPI_Finalize, which makes mpirun stop every rank (docs/decisions/0009). A fingerprint
 // mismatch leaves nothing pending: such a program can exit normally.
 #pragma once
@@ -66,9 +59,13 @@ struct Pending {
   std::unique_ptr<RingAllreduce> ring;
 };
 using Body = std::function<Pending()>;  // posts the non-blocking call
-// How an op runs: its Body after the fingerprint exchange; an all-reduce carried in the exchange;
-// an all-reduce on a ring after the exchange; an all-reduce, broadcast or barrier through shared
-// memory (run_shm).
+// How an op runs (mpi_communicator.hpp picks one per op): Body, its own MPI call after the
+// fingerprint exchange; Carried, an all-reduce whose data rides in the exchange
+// (mpi/fingerprint_exchange.hpp); Ring, an all-reduce on point-to-point calls after the exchange
+// (mpi/ring_allreduce.hpp); Shm, an all-reduce, broadcast or barrier through shared memory
+// (comm/shm/collectives.hpp, docs/decisions/0055), run by run_shm. Every collective announces
+// itself in the segment, so that a peer waiting there sees a mismatch at once (mpi/shm_watch.hpp)
+// and reports it through the fingerprint exchange.
 enum class Route : std::uint8_t { Body, Carried, Ring, Shm };
 
 class OpEngine {
@@ -94,11 +91,10 @@ class OpEngine {
 
   bool uses_shm() const noexcept { return shm_ != nullptr; }
 
-  // Numbers the call, then runs it here when comm::runs_inline allows it (at most inline_max_bytes,
-  // or a blocking all-reduce) and nothing else is queued or in flight (no hand-off to the progress
-  // thread and back: about 2 x 10-50 us on a busy host), else queues it for the progress thread.
-  // The element count must fit MPI's int. Every route but Body takes call.in as its data (and
-  // call.fp.op as its reduction).
+  // Numbers the call, then runs it here when comm::runs_inline allows it and nothing else is queued
+  // or in flight (saving the hand-off and back, about 2 x 10-50 us on a busy host), else queues it
+  // for the progress thread. The element count must fit MPI's int. Every route but Body takes
+  // call.in as its data and call.fp.op as its reduction.
   Work submit(OpCall call, Body body, Route route = Route::Body) {
     for (const BufferRef* b : {&call.in, &call.out})
       if (b->count > static_cast<std::size_t>(INT_MAX))
@@ -166,12 +162,11 @@ class OpEngine {
     FingerprintExchange exchange;
   };
 
-  // Work::wait's help (comm/work.hpp): the collective whose state is `s` runs on the waiting thread
-  // when it is the only op outstanding and still queued, i.e. the progress thread has not taken it
-  // yet and has nothing in flight; otherwise nothing happens (the progress thread runs it, or ran
-  // it). That saves the hand-back from the progress thread to the waiter; the wake-up of the
-  // progress thread at submit still costs (~16 us per op on this 2-core VM at 256 KiB), which a
-  // caller that waits at once avoids with AllreduceOptions::blocking.
+  // Work::wait's help (comm/work.hpp): runs the collective whose state is `s` on the waiting thread
+  // when it is the only op outstanding and still queued (the progress thread has nothing in
+  // flight), saving the hand-back to the waiter; otherwise does nothing. The progress thread's
+  // wake-up at submit still costs (~16 us per op on a 2-core VM at 256 KiB);
+  // AllreduceOptions::blocking avoids it for a caller that waits at once.
   void run_if_next(const comm::detail::WorkState* s) {
     std::unique_lock lock(mu_);
     if (running_here_ || outstanding_ != 1 || queue_.empty() || queue_.front().state.get() != s)
@@ -208,11 +203,10 @@ class OpEngine {
   // How the progress thread works: it starts queued ops in issue order (for a collective, that
   // posts its fingerprint exchange; for send/recv, the call itself), keeps them in flight, and
   // tests them all. A collective whose fingerprints matched posts its own call once every earlier
-  // op has posted its own (MPI matches non-blocking collectives by posting order). An op completes
-  // when its request does, so an irecv posted before a send never blocks that send. While ops are
-  // in flight it tests them without pause (Open MPI progresses only inside MPI calls), yielding the
-  // core between rounds, and naps 20 us per round only after 1 ms without progress; idle, it sleeps
-  // on the condition variable.
+  // op has posted its own. An op completes when its request does, so an irecv posted before a send
+  // never blocks that send. While ops are in flight it tests them without pause (Open MPI
+  // progresses only inside MPI calls), yielding between rounds, and naps 20 us per round only
+  // after 1 ms without progress; idle, it sleeps on the condition variable.
   void progress_loop() {
     std::deque<Task> in_flight;
     std::optional<Task> alone;  // a shared-memory op, run right here (run_shm)
@@ -287,19 +281,17 @@ class OpEngine {
     if (t.route == Route::Shm) return run_shm(t, in_flight);
     if (t.fp.is_p2p() || (!opts_.check_fingerprints && t.route != Route::Carried))
       return post(t, in_flight);
-    // The exchange: my fingerprint (and carried data) to every peer, theirs back
-    // (mpi/fingerprint_exchange.hpp).
+    // The exchange: my fingerprint (and carried data) to every peer, theirs back.
     t.stage = Stage::Fingerprint;
     if (const int rc = t.exchange.start(t.fp, t.data, proto_comm_, rank_, size_, exchange_pool_);
         rc != MPI_SUCCESS)
       fail(t, CommError(ddp::detail::str(t.state->label, " failed: ", error_text(rc))), in_flight);
   }
 
-  // A shared-memory all-reduce, broadcast or barrier, run to completion on this thread. It starts
-  // only when nothing else is in flight (run_here, or the progress loop's `alone`). Failures: a
-  // mismatch is reported through the fingerprint exchange (report_shm_mismatch); a timeout or a
-  // dead peer ends the process with MPI_Abort at exit, as an MPI op's timeout does, since the peers
-  // may be stuck where only mpirun can end them.
+  // A shared-memory op run to completion on this thread, only when nothing else is in flight
+  // (run_here, or the progress loop's `alone`). A mismatch is reported through the fingerprint
+  // exchange (report_shm_mismatch); a timeout or a dead peer ends the process with MPI_Abort at
+  // exit, as an MPI op's timeout does: the peers may be stuck where only mpirun can end them.
   void run_shm(Task& t, const std::deque<Task>& in_flight) {
     try {
       ShmWatch w(t.fp, t.deadline, *shm_);
@@ -403,8 +395,7 @@ class OpEngine {
     if (t.state->is_done()) return true;
     if (t.stage == Stage::Ready) return false;
     if (t.stage == Stage::Fingerprint) {
-      // First every peer's fingerprint, then the rest of the exchange
-      // (FingerprintExchange::test_fingerprints).
+      // First every peer's fingerprint, then the rest of the exchange.
       int done = 1;
       int rc = MPI_SUCCESS;
       if (!t.fp_compared && (rc = t.exchange.test_fingerprints(done)) == MPI_SUCCESS && done) {
@@ -470,9 +461,8 @@ class OpEngine {
     return false;
   }
 
-  // Fails the task and the communicator. When an MPI request is still pending anywhere (this task's
-  // or another in-flight one's), MPI cannot cancel it, so the runtime is marked broken (MPI_Abort
-  // at exit).
+  // Fails the task and the communicator. An MPI request still pending anywhere (this task's or
+  // another's) cannot be cancelled, so the runtime is then marked broken (MPI_Abort at exit).
   template <class E>
   void fail(Task& t, const E& e, const std::deque<Task>& in_flight) {
     failure_.fail(e.what());
@@ -509,8 +499,7 @@ class OpEngine {
   bool running_here_ = false;    // a caller is running an op (run_here)
   bool stop_ = false;
   std::thread thread_;
-  // What Work::help holds (weakly): a Work waited on after its engine is gone finds nothing to
-  // help.
+  // What Work::help holds weakly: a Work waited on after its engine is gone finds nothing to help.
   std::shared_ptr<OpEngine*> self_ = std::make_shared<OpEngine*>(this);
 };
 

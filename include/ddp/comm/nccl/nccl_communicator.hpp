@@ -3,29 +3,26 @@
 // watched by a thread.
 // SPDX-License-Identifier: MIT
 //
-// How an op runs: Communicator has checked the arguments (buffers must be CUDA device memory).
-// Under the lock the op gets its number (OpSequence); an event recorded on the caller's stream
-// (OpCall::stream; null: the legacy default stream) makes the communicator's own stream wait for
-// it, so the op sees everything the caller's kernels wrote before the call. The NCCL call is
-// enqueued on the communicator's stream, a "done" event is recorded after it, and the caller's
-// stream waits for that event, so the caller's later kernels see the result: the op is
-// stream-ordered and the host never blocks. The watcher thread completes the Work when
-// cudaEventQuery reports "done"; Work::wait() blocks the host until then.
+// An op (arguments checked by Communicator: CUDA device memory) gets its number (OpSequence) under
+// the lock; an event recorded on the caller's stream (OpCall::stream; null: the legacy default
+// stream) makes the communicator's stream wait, so the op sees what the caller's kernels wrote.
+// The NCCL call runs on the communicator's stream, and the caller's stream waits for a "done"
+// event after it: stream-ordered, the host never blocks. The watcher thread completes the Work
+// when cudaEventQuery reports "done"; Work::wait() blocks the host until then.
 //
 // Example: grad (4 Mi floats on the device), 2 ranks; backward and the optimizer run on `compute`
 //   Work w = comm.all_reduce(d_grad.view(), {.op = ReduceOp::Avg, .stream = compute});
 //   sgd_step<<<..., compute>>>(...);   // enqueued at once, runs after the all-reduce; no host wait
 //   ... at the end of the step: w.wait() raises a failure of the op
 //
-// How failure is bounded (docs/decisions/0009): communicators are created non-blocking
-// (ncclConfig_t::blocking = 0), so neither init nor a collective can hang the host. The watcher
-// thread polls the pending events, ncclCommGetAsyncError and, every kStorePollInterval while ops
-// are pending, whether another rank published a failure (FailureReport, comm/failure_report.hpp).
-// On a timeout, an asynchronous NCCL error or another rank's failure, it calls ncclCommAbort (which
-// stops the kernels), fails every pending Work with a CommError/TimeoutError naming the op and its
-// sequence number, and publishes its own message and position so that the other ranks stop too. A
-// timeout also names the ranks whose position is behind. NCCL does not exchange fingerprints, so a
-// mismatched collective shows up as a timeout (or garbage).
+// Bounded failure (docs/decisions/0009): communicators are non-blocking (ncclConfig_t::blocking =
+// 0), so neither init nor a collective can hang the host. The watcher polls the pending events,
+// ncclCommGetAsyncError and, every kStorePollInterval while ops are pending, whether another rank
+// published a failure (comm/failure_report.hpp). On a timeout, an asynchronous NCCL error or
+// another rank's failure it calls ncclCommAbort (stops the kernels), fails every pending Work with
+// a CommError/TimeoutError naming the op and its sequence number, and publishes its message and
+// position so the others stop too; a timeout names the ranks that are behind. NCCL exchanges no
+// fingerprints: a mismatched collective shows up as a timeout (or garbage).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -67,10 +64,9 @@ inline constexpr std::chrono::milliseconds kStorePollInterval{200};
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Creates the NCCL communicator of the job described by `info` on CUDA device `device` (-1: the
-  // local rank). Collective: rank 0 publishes the ncclUniqueId in the store, every rank joins.
-  // Throws ConfigError without a usable device, TimeoutError when the ranks do not all join within
-  // opts.timeout.
+  // On CUDA device `device` (-1: the local rank). Collective: rank 0 publishes the ncclUniqueId in
+  // the store, every rank joins. Throws ConfigError without a usable device, TimeoutError when the
+  // ranks do not all join within opts.timeout.
   NcclCommunicator(const env::LaunchInfo& info, store::Store& store, const CommOptions& opts = {},
                    int device = -1)
       : rank_(check_setup(info.rank, info.world_size, opts)),
@@ -328,8 +324,7 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
 
-  // Numbers the op, orders it after the caller's stream, launches it, orders the caller's stream
-  // after it and hands it to the watcher (see the file comment).
+  // Numbers the op, orders it between the caller's stream and its own, hands it to the watcher.
   Work enqueue(OpCall call, const Launch& launch) {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);
@@ -348,8 +343,7 @@ class NcclCommunicator final : public Communicator {
       DDP_CUDA_CHECK(cudaEventRecord(ready_, caller));
       DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       wait_in_progress(comm_, launch(stream_), fp.label(), p.deadline);
-      // NCCL reads and writes these blocks on stream_: the caching allocator reuses them only after
-      // it has.
+      // NCCL uses these blocks on stream_: the caching allocator reuses them only after it has.
       for (const BufferRef* b : {&call.in, &call.out})
         if (b->memory == MemoryKind::Cuda) cuda_record_stream(b->data, stream_);
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
@@ -368,9 +362,9 @@ class NcclCommunicator final : public Communicator {
     return work;
   }
 
-  // How the watcher works: ops complete in issue order on one stream, so it polls the oldest
-  // pending event (every 20 us while something is pending), checks ncclCommGetAsyncError and each
-  // op's deadline, and every kStorePollInterval asks the store whether another rank failed.
+  // Ops complete in issue order on one stream, so it polls the oldest pending event (every 20 us
+  // while one is pending), ncclCommGetAsyncError and each op's deadline, and every
+  // kStorePollInterval asks the store whether another rank failed.
   void watch() {
     try {
       DDP_CUDA_CHECK(cudaSetDevice(device_));
@@ -443,8 +437,7 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // Aborts the communicator, fails every pending op with `msg`, publishes it (see fail_locked). mu_
-  // held.
+  // Aborts, fails every pending op with `msg`, publishes it (see fail_locked). mu_ held.
   void fail_all_locked(const std::string& msg, bool timed_out, bool publish = true) {
     Pending oldest = std::move(pending_.front());  // msg names it
     pending_.pop_front();
@@ -452,9 +445,9 @@ class NcclCommunicator final : public Communicator {
     fail_locked(msg, timed_out, oldest, publish);
   }
 
-  // Marks the communicator failed and publishes msg with this rank's position at p (first failure
-  // only, unless the caller published already), aborts the NCCL communicator, fails `p` with msg
-  // and every other pending op with a message quoting it. mu_ held.
+  // Marks the communicator failed, publishes msg with this rank's position at p (first failure
+  // only, unless the caller did), aborts, fails `p` with msg and every other pending op with a
+  // message quoting it. mu_ held.
   void fail_locked(const std::string& msg, bool timed_out, Pending& p, bool publish = true) {
     if (failure_.fail(msg) && publish) report_.publish(msg, position(p.fp), p.fp, p.timeout);
     if (comm_ && !aborted_) {
@@ -471,8 +464,8 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // Where this rank is in the collective sequence when `fp` fails, for the failure report: a
-  // collective's own number; for send/recv, the last collective issued. mu_ held.
+  // This rank's position for the failure report: a collective's own number; for send/recv, the
+  // last collective issued. mu_ held.
   std::uint64_t position(const Fingerprint& fp) const noexcept {
     return fp.is_p2p() ? sequence_.last_collective() : fp.seq;
   }

@@ -1,16 +1,16 @@
 // shm::Collectives: all-reduce, broadcast, all-gather and barrier through one shared-memory
 // segment, for a communicator whose ranks all run on one host: the tcp backend (its TCP mesh stays
-// open as the liveness channel) and the mpi backend (all-reduce only; docs/decisions/0055).
+// open as the liveness channel) and the mpi backend (all-reduce, broadcast and barrier;
+// docs/decisions/0055).
 // SPDX-License-Identifier: MIT
 //
 // Segment layout (shm::Segment::create maps it on every rank):
 //   [0, 4096)   control: the segment header, then one 128-byte line per rank: its barrier counter
-//               (`arrive`, a futex word), how many ranks sleep on that counter, the op it announced
-//                 and
-//               its pid and pid namespace
+//               (`arrive`, a futex word), how many ranks sleep on it, the op it announced, its pid
+//               and pid namespace
 //   then        2 sets x n slots x kSlotBytes of data; rank r writes only slot (set, r)
 //
-// How the all-reduce works (one "round" per block of at most kSlotBytes of the user's buffer):
+// The all-reduce runs one "round" per block of at most kSlotBytes of the user's buffer:
 //   1. every rank copies its block, except its own segment r of it (even_segments: n pieces), into
 //      its slot of set (round % 2), then arrives at a barrier;
 //   2. rank r reduces segment r: its own buffer's copy (op) every peer's slot, in rank order, into
@@ -19,23 +19,21 @@
 // Example, n = 2, 3 MiB of floats and 1 MiB slots: 3 rounds; in each, rank 0 copies the second 512
 // KiB of the round into its slot and rank 1 the first; rank 0 sums its buffer's first 512 KiB with
 // rank 1's slot, rank 1 the second, and both copy both halves out. Every segment is reduced by
-// exactly one rank and copied, so all ranks end bit-identical. The data of a round is still in the
-// shared cache when the next step reads it, so main memory sees little more than the user's buffer
-// read and written once. Leaving the own segment out of step 1 saves (1/n) of the copy-in (tcp 2
-// ranks, 256 MiB: 40.9 ms against 42.8-45.1 ms, three alternating pairs). Two sets make two
-// barriers per round enough: a rank writes set s in round k+2 only after every rank passed round
-// k+1's first barrier, which each reaches after its round-k copy-out. Broadcast and all-gather use
-// one barrier per round (the root, or every rank, writes; all copy out), and so does an all-reduce
-// of a small block (CommOptions::small_allreduce_bytes): every rank reduces the whole block from
-// all slots in rank order, trading n times the (tiny) arithmetic for a barrier.
+// exactly one rank, so all ranks end bit-identical. A round's data is still in the shared cache
+// when the next step reads it, so main memory sees little more than the user's buffer read and
+// written once; leaving the own segment out of step 1 saves 1/n of the copy-in
+// (docs/decisions/0056).
+// Two sets make two barriers per round enough: a rank writes set s in round k+2 only after every
+// rank passed round k+1's first barrier, which each reaches after its round-k copy-out. Broadcast,
+// all-gather and a small all-reduce (CommOptions::small_allreduce_bytes: every rank reduces the
+// whole block from all slots in rank order, n times the tiny arithmetic) use one barrier per round.
 //
 // Waiting: spin briefly (cores may be shared), then sleep on the peer's futex word for at most
-// kNapTime. Between naps the waiter checks the op's deadline, asks the backend whether the peer is
-// still alive (Watch::check: tcp polls its sockets, a failing rank closes them; mpi tests the
-// peer's pid), and compares the op the peer announced with its own, so that a rank that runs
-// another collective is reported as a mismatch instead of waiting for the timeout. How a failure is
-// reported is the backend's (the Watch's): tcp throws PeerFailure exactly like Mesh::run, mpi
-// reports it through its fingerprint exchange.
+// kNapTime. Between naps the waiter checks the op's deadline, the peer's liveness (Watch::check:
+// tcp polls its sockets, a failing rank closes them; mpi tests the peer's pid), and the op the peer
+// announced, so that a rank running another collective is a mismatch, not a timeout. How a failure
+// is reported is the Watch's: tcp throws PeerFailure exactly like Mesh::run, mpi reports it through
+// its fingerprint exchange.
 #pragma once
 
 #include <linux/futex.h>
@@ -71,19 +69,16 @@ namespace ddp::comm::shm {
 
 inline constexpr std::size_t kSlotBytes = 1 << 20;
 inline constexpr std::size_t kControlBytes = 4096;
-// Ops this large copy results out with streaming stores. 32 MiB, not 8: on this VM (32 MiB L3) a 16
-// MiB all-reduce took 3.10-3.22 ms with cached stores against 3.32-3.56 ms streamed (2 ranks, four
-// alternating pairs; 4 ranks 6.0-6.7 against 6.6-7.1 ms); at 32 MiB both were alike (7.0-8.6 ms).
+// Ops this large copy results out with streaming stores; below it, cached stores were faster
+// (32 MiB L3; docs/decisions/0056).
 inline constexpr std::size_t kStreamBytes = 32 << 20;
 inline constexpr int kMaxRanks = 31;  // control lines that fit in kControlBytes after the header
 inline constexpr auto kNapTime = std::chrono::milliseconds(1);
 // Waiting for a peer spins for up to kSpinTime before it sleeps on the futex: waking a sleeper
-// costs a syscall on each side and the scheduler's latency (~30 us on this VM, against ~2 us for a
-// 16 KiB all-reduce between spinning ranks). Each look at the peer is followed by one pause and a
-// sched_yield, so a peer or a compute thread that shares this core (more ranks than cores, the
-// progress thread beside training threads) runs at once; with nothing else runnable the yield
-// returns in ~0.4 us. Yielding every 64 pauses instead was 15-30% slower from 1 to 256 KiB at 2 and
-// 4 ranks on this VM (docs/decisions/0058), every 512 pauses 3x slower (docs/decisions/0051).
+// costs a syscall on each side and the scheduler's latency (~30 us, against ~2 us for a 16 KiB
+// all-reduce between spinning ranks). Each look at the peer is followed by one pause and a
+// sched_yield, so a peer or compute thread sharing this core runs at once (~0.4 us when nothing
+// else is runnable; yielding less often was slower: docs/decisions/0058).
 inline constexpr auto kSpinTime = std::chrono::microseconds(100);
 
 // One rank's control line. Written only by its rank, except `sleepers`.
@@ -167,11 +162,10 @@ inline std::uint64_t pack_meta(const Fingerprint& f) {
 }  // namespace detail
 
 // What an op needs from its backend while it waits: a small object per op, built by the caller.
-//   fp(), deadline()   the op's fingerprint and when it must give up
-//   check(peer)        called between naps while waiting for `peer`: throws when the peer is gone
-//   mismatch(peer, f)  [[noreturn]]: `peer` runs collective `f` where this rank runs fp()
-//   timed_out(peer, what)  [[noreturn]]: the deadline passed while waiting for `peer` (`what` says
-//     where)
+//   fp(), deadline()       the op's fingerprint and when it must give up
+//   check(peer)            called between naps while waiting for `peer`: throws when it is gone
+//   mismatch(peer, f)      [[noreturn]]: `peer` runs collective `f` where this rank runs fp()
+//   timed_out(peer, what)  [[noreturn]]: the deadline passed waiting for `peer` (`what`: where)
 // (Checked on the type without reference and const: ops take the Watch by forwarding reference.)
 template <class W>
 concept Watch = requires(std::remove_cvref_t<W>& w, const std::remove_cvref_t<W>& cw, int peer,

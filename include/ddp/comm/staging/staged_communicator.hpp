@@ -4,71 +4,51 @@
 // SPDX-License-Identifier: MIT
 //
 // Why: NCCL refuses two ranks on one GPU, and PyTorch's gloo takes CUDA tensors; so does `--backend
-// gloo --device cuda` here (several ranks on one GPU, or GPUs without NCCL). memory() is Cuda, so
-// Transport<T, Cuda> and DistributedDataParallel<T, Cuda> use it unchanged; backend() names the
-// host backend ("tcp").
+// gloo --device cuda` here. memory() is Cuda, so Transport<T, Cuda> and DistributedDataParallel<T,
+// Cuda> use it unchanged; backend() names the host backend ("tcp").
 //
-// How an op on device memory with .stream = s runs (all device work on s, enqueued by the call,
-// which never blocks the host):
-//   s: [earlier work] -> D2H copy into a pinned block -> ready event -> hold -> H2D copy back ->
-//     done event
-//   worker thread:  waits for `ready` (polling, bounded by the op's timeout), runs the host op on
-//     the pinned
-//                   block through the inner communicator, waits for it, opens the hold's gate
-//   then:           the Work completes once `done` has passed; the pinned block is reused after
-//     that
-// So the op sees everything enqueued on s before the call, and everything enqueued on s after the
-// call sees the result, as with nccl. The hold is a host function (cudaLaunchHostFunc) that waits
-// for the gate and calls no CUDA API, or, with DDP_STAGING_MEMORY_WAIT=1, a stream memory wait
-// (cuStreamWaitValue32 on a pinned word that the gate's open() writes). PyTorch's ProcessGroupGloo
-// stages the same way but copies on a side stream and makes the caller's stream wait only in
-// Work::wait(); holding the stream instead keeps DDP's contract (the optimizer, enqueued next on
-// the stream, sees the averages without a host wait). Copies made: only what the op reads and
-// writes (send: D2H only; recv: H2D only; broadcast: D2H on the root, H2D elsewhere; reduce: H2D on
-// the root only; barrier: none). Every device access is on s, in stream order like the caller's own
-// kernels, so nothing needs cuda_record_stream: a buffer freed after the call is ordered after our
-// copies exactly as it is after the caller's kernels. Pinned blocks (with their two events and
-// gate) are cached by size and reused once their `done` passed: a training step repeats its sizes,
-// so the steady state allocates no pinned memory. Failure (docs/decisions/0009), bounded and loud:
-// the inner communicator's errors and timeouts (its failure report tells the other ranks) fail the
-// Work with the inner op's exception; a stream that does not reach the op within its timeout is a
-// TimeoutError here. Either way the gate opens, so the stream is never held past the op's timeout;
-// the communicator is broken, and every later call returns a failed Work that quotes the first
-// failure. Ops run one at a time in issue order (collectives must match across ranks). As with nccl
-// outside a group, a send and a recv that depend on each other must be issued in matching order on
-// the two ranks. Ranks must be processes, one CUDA context each (as launchers start them), when
-// they share a GPU: in one process a held stream delays work elsewhere in the context. The first
-// GPU run (2026-11-27, H200) saw every test whose two ranks were threads of one process time out,
-// with host-function holds and again in a run where memory waits were the default (whether its
-// driver offered them was not logged): most likely one rank's work on the legacy default stream (or
-// a device-wide synchronisation) waits for the other rank's held stream, whose hold waits for this
-// rank. Processes ran (ddprun --backend gloo --device cuda, world 2 and 4). Host functions are also
-// run one at a time per process, so a host-function hold can delay another stream's hold: ops on
-// several streams must be issued in dependency order. The memory wait blocks only its own stream
-// and lifts that; it is opt-in until a GPU run has shown it (scripts/gpu_check.sh runs a step with
-// it). Either way an op that cannot proceed ends in a TimeoutError, not a hang.
+// An op on device memory with .stream = s only enqueues (the host never blocks):
+//   s:      [earlier work] -> D2H copy into a pinned block -> ready event -> hold -> H2D copy back
+//           -> done event
+//   worker: waits for `ready` (polling, bounded by the op's timeout), runs the host op on the
+//           block through the inner communicator, opens the hold's gate
+//   then:   the Work completes once s passed `done`; the block is reused after that
+// So, as with nccl, the op sees all work enqueued on s before the call, and all work enqueued after
+// it sees the result without a host wait (torch's ProcessGroupGloo orders s only in Work::wait()).
+// The hold is a host function (cudaLaunchHostFunc) that waits for the gate and calls no CUDA API,
+// or, with DDP_STAGING_MEMORY_WAIT=1 (opt-in), a stream memory wait (cuStreamWaitValue32 on a
+// pinned word that the gate's open() writes). Copied is only what the op reads and writes (send:
+// D2H; recv: H2D; broadcast: D2H on the root, H2D elsewhere; reduce: H2D on the root only;
+// barrier: none). Device memory is touched only on s, in stream order, so nothing needs
+// cuda_record_stream. Blocks are cached by size: a step repeats its sizes, so the steady state pins
+// no new memory.
 //
-// The device side is a template parameter D (the "device ops") so that all of the above is tested
-// on the CPU with a fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the
-// CUDA one is comm/staging/cuda/staging_device.hpp. D provides:
-//   using Event = ...;                                  // a copyable handle
-//   using Pinned = ...;                                 // move-only page-locked block: std::byte*
-//     data(), bytes()
+// Failure (docs/decisions/0009), bounded and loud: an inner error or timeout fails the Work with
+// the inner op's exception; a stream that does not reach the op within its timeout is a
+// TimeoutError. Either way the gate opens (s is never held past the op's timeout, never a hang)
+// and every later call returns a failed Work that quotes the first failure.
+// Ordering: ops run one at a time in issue order. As with nccl outside a group, a send and a recv
+// that depend on each other must be issued in matching order on the two ranks. Host functions run
+// one at a time per process, so with host-function holds, ops on several streams must be issued in
+// dependency order; a memory wait blocks only its own stream.
+// Ranks that share a GPU must be processes, one CUDA context each (as launchers start them): in one
+// process a held stream delays other work in the context (threads as ranks time out; see 0023).
+//
+// D (the "device ops") is a template parameter so that all of the above is tested on the CPU with a
+// fake device whose streams are threads (tests/unit/comm/test_staged.cpp); the CUDA one is
+// comm/staging/cuda/staging_device.hpp. Streams are the options' void* (a cudaStream_t; null: the
+// legacy default stream). D provides:
+//   using Event = ...;   // a copyable handle
+//   using Pinned = ...;  // move-only page-locked block: std::byte* data(), bytes()
 //   Pinned alloc_pinned(std::size_t bytes);
 //   Event create_event();  void destroy_event(Event) noexcept;
-//   void copy_to_host(void* host, const void* dev, std::size_t bytes, void* stream);    // async on
-//     stream
-//   void copy_to_device(void* dev, const void* host, std::size_t bytes, void* stream);  // async on
-//     stream
-//   void record(Event, void* stream);                   // completes when stream gets there
-//   bool query(Event);                                  // completed? never blocks
-//   void hold(void* stream, staging::Gate& gate);       // stream's later work waits until
-//     gate.open()
-//                                                       // (it may attach a word to the gate:
-//                                                         Gate::attach)
-//   void bind_thread();                                 // on the worker thread, before its first
-//     query
-// Streams are the options' void* (a cudaStream_t; null: the legacy default stream).
+//   void copy_to_host(void* host, const void* dev, std::size_t bytes, void* stream);    // async
+//   void copy_to_device(void* dev, const void* host, std::size_t bytes, void* stream);  // async
+//   void record(Event, void* stream);              // completes when stream gets there
+//   bool query(Event);                             // completed? never blocks
+//   void hold(void* stream, staging::Gate& gate);  // stream's later work waits for gate.open();
+//                                                  // may attach a word to the gate (Gate::attach)
+//   void bind_thread();                            // on the worker thread, before its first query
 #pragma once
 
 #include <atomic>
@@ -189,9 +169,8 @@ inline constexpr std::size_t kBlockAlign = 4096;
 template <staging::DeviceOps D>
 class StagedCommunicator final : public Communicator {
  public:
-  // Wraps `inner` (host memory: tcp or mpi), which it owns. `opts` gives the default op timeout and
-  // the bound on destruction (shutdown_timeout). ConfigError if `inner` reaches device memory
-  // itself.
+  // Owns `inner` (host memory: tcp or mpi). `opts` gives the default op timeout and the bound on
+  // destruction (shutdown_timeout). ConfigError if `inner` reaches device memory itself.
   StagedCommunicator(std::unique_ptr<Communicator> inner, D device, const CommOptions& opts = {})
       : inner_(checked(std::move(inner))),
         dev_(std::move(device)),
@@ -201,8 +180,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   // Runs what was issued (each op bounded by its timeout), waits up to shutdown_timeout for the
-  // streams to pass the last copies, then lets the inner communicator run its own bounded shutdown.
-  // Never throws.
+  // streams to pass the last copies, then destroys the inner communicator. Never throws.
   ~StagedCommunicator() override {
     {
       std::lock_guard lock(mu_);
@@ -287,8 +265,8 @@ class StagedCommunicator final : public Communicator {
     return (n + staging::kBlockAlign - 1) / staging::kBlockAlign * staging::kBlockAlign;
   }
 
-  // Enqueues the op's device work on the caller's stream and hands it to the worker (see the file
-  // comment). copy_in: the op reads call.in from the device; copy_out: it writes call.out back.
+  // Enqueues the op's device work on the caller's stream and hands it to the worker. copy_in: the
+  // op reads call.in from the device; copy_out: it writes call.out back.
   Work stage(OpCall call, bool copy_in, bool copy_out) {
     std::unique_lock lock(mu_);
     const std::string label = sequence_.number(call);

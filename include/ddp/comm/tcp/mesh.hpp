@@ -2,25 +2,23 @@
 // transfer engine that moves framed messages over it full-duplex with failure detection.
 // SPDX-License-Identifier: MIT
 //
-// How the mesh is built (connect): rank r listens on <ip>:0 and publishes "ip:port" at
-// <prefix>addr/<r>. It then (1) connects to every higher rank and sends a hello {magic, rank, size,
-// prefix hash}, (2) accepts one connection from every lower rank and checks its hello, (3) answers
-// each with an ack, (4) reads the acks of the ranks it connected to. Step 1 never waits for a peer
-// (the kernel completes connections in the listen backlog), so no two ranks wait on each other.
+// connect: rank r listens on <ip>:0 and publishes "ip:port" at <prefix>addr/<r>, then (1) connects
+// to every higher rank and sends a hello {magic, rank, size, prefix hash}, (2) accepts one
+// connection from every lower rank and checks its hello, (3) acks each, (4) reads the acks of the
+// ranks it connected to. Step 1 never waits for a peer (the kernel completes connections in the
+// listen backlog), so no two ranks wait on each other.
 // Example, 3 ranks: 0 connects to 1 and 2, 1 connects to 2 and accepts 0, 2 accepts 0 and 1.
 //
-// How a transfer works (run): every message is a 40-byte FrameHeader carrying the op's fingerprint
-// (kind, dtype, reduce op, root/tag, count, sequence number) and the payload size, then the
-// payload. run() takes a set of sends and receives on distinct peers and advances all of them with
-// non-blocking sockets and poll(), so a ring step that sends 64 MiB right while receiving 64 MiB
-// from the left never deadlocks on full socket buffers. A receive checks the header against its own
-// fingerprint first; a difference is a Mismatch naming the peer's op. Received data can be reduced
-// into a destination while the rest is still arriving (Transfer::reduce_dst), overlapping the
-// reduction with the network.
+// run: every message is a 40-byte FrameHeader (the op's fingerprint: kind, dtype, reduce op,
+// root/tag, count, sequence number; payload size), then the payload. Sends and receives on
+// distinct peers advance together over non-blocking sockets and poll(), so a ring step sending
+// 64 MiB right while receiving 64 MiB from the left never deadlocks on full socket buffers. A
+// header that differs from the receive's fingerprint is a Mismatch naming the peer's op. Data can
+// be reduced into Transfer::reduce_dst while the rest still arrives (overlaps the network).
 //
-// Failure detection: every peer socket is polled for POLLRDHUP/POLLHUP/POLLERR during every op, not
-// only the sockets the op uses, so a peer that dies (or that failed and closed its sockets, which
-// is how a failing rank tells the others) fails the op at once instead of after the timeout.
+// Failure detection: every peer socket, not only the op's, is polled for POLLRDHUP/POLLHUP/POLLERR
+// during every op, so a peer that dies or fails (a failing rank closes its sockets to tell the
+// others) fails the op at once instead of after the timeout.
 #pragma once
 
 #include <poll.h>
@@ -115,8 +113,8 @@ struct Transfer {
   std::byte* data = nullptr;  // send: payload; receive: where the payload lands
   std::size_t bytes = 0;
   std::byte* reduce_dst = nullptr;  // receive only: combine the payload into this as it arrives
-  // With reduce_dst: when > 0, `data` is a circular staging buffer of this many bytes (a multiple
-  // of kReduceGrainBytes) instead of room for the whole payload; it keeps a large receive in cache.
+  // With reduce_dst, > 0: `data` is a circular staging buffer of this many bytes (a multiple of
+  // kReduceGrainBytes), not room for the whole payload: keeps a large receive in cache.
   std::size_t stage_bytes = 0;
   // the op's own fingerprint when run_until_any batches several ops
   const Fingerprint* fp = nullptr;
@@ -147,8 +145,7 @@ class Mesh {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
-  // Builds the mesh (see the file comment). Keys live under `prefix`. Throws
-  // CommError/TimeoutError.
+  // Keys live under `prefix`. Throws CommError/TimeoutError.
   void connect(store::Store& store, const std::string& prefix, const std::string& listen_ip,
                Clock::time_point deadline) {
     if (size_ == 1) return;
@@ -170,8 +167,7 @@ class Mesh {
       }
   }
 
-  // Runs a set of transfers to completion, the op's deadline, or a peer failure (throws
-  // PeerFailure).
+  // Until completion, the op's deadline, or a peer failure (throws PeerFailure).
   void run(std::span<Transfer> xs, const OpContext& ctx) {
     for (auto& x : xs) start(x, ctx);
     for (;;) {
@@ -186,16 +182,14 @@ class Mesh {
     }
   }
 
-  // Resets a transfer's progress and builds its header; run() does it, run_until_any() callers do
-  // it once.
+  // Resets a transfer's progress and builds its header (run() does; run_until_any() callers once).
   void start(Transfer& x, const OpContext& ctx) {
     x.done = x.reduced = 0;
     if (x.is_send) x.header = wire_header(x.fp ? *x.fp : ctx.fp, x.bytes);
   }
 
-  // Advances already started transfers (each with its own Transfer::fp) until at least one finishes
-  // or `wake_fd` (an eventfd) becomes readable: how batched send/recv ops let newly issued ones
-  // join.
+  // Advances started transfers (each with its own Transfer::fp) until one finishes or `wake_fd` (an
+  // eventfd) is readable, so newly issued batched send/recv ops can join.
   void run_until_any(std::span<Transfer> xs, const OpContext& ctx, int wake_fd) {
     for (;;) {
       bool any = false;
@@ -208,12 +202,11 @@ class Mesh {
     }
   }
 
-  // Adds to `closed` every other peer whose connection has closed, waiting at most `wait` for the
-  // first such close (zero: a poll that does not wait). Why: when rank 0 dies and rank 3 fails
-  // because of it, a rank reading from rank 3 can see rank 3's close first, since a dying process's
-  // sockets close one by one; with rank 0's store gone there is no message from rank 3, so naming
-  // only rank 3 would blame a survivor. With both in the list the message names both
-  // (FailureProtocol::describe prefers a peer that left no message and waits when it has none).
+  // Adds every other closed peer to `closed`, waiting at most `wait` for the first close (zero: no
+  // wait). Why: when rank 0 dies and rank 3 fails because of it, a reader of rank 3 can see rank
+  // 3's close first (a dying process's sockets close one by one), and with rank 0's store gone
+  // rank 3 left no message; naming only rank 3 would blame a survivor. FailureProtocol::describe
+  // then prefers a peer that left no message.
   void add_hung_up_peers(std::vector<int>& closed, std::chrono::milliseconds wait = {}) const {
     std::vector<pollfd> pfds;
     std::vector<int> peers;
@@ -233,8 +226,7 @@ class Mesh {
       if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
   }
 
-  // Shuts every connection down: peers see the close at once (that is how a failing rank tells
-  // them).
+  // Peers see the close at once: how a failing rank tells them.
   void close_all() noexcept {
     for (auto& f : fds_)
       if (f) {
@@ -404,8 +396,7 @@ class Mesh {
     if (x.reduce_dst) reduce_ready(x, ctx, true);
   }
 
-  // Combines the received, not yet reduced bytes into reduce_dst: a grain at a time, or all with
-  // `flush`.
+  // Received, not yet reduced bytes into reduce_dst: a grain at a time, or all with `flush`.
   void reduce_ready(Transfer& x, const OpContext& ctx, bool flush) {
     constexpr std::size_t H = sizeof(FrameHeader);
     if (x.done <= H) return;
@@ -445,8 +436,8 @@ class Mesh {
     }
   }
 
-  // Polls the sockets of unfinished transfers plus every peer for hang-ups, until something is
-  // ready. Returns true when woken through wake_fd (drained), false when a socket is ready.
+  // Polls unfinished transfers' sockets and every peer for hang-ups. Returns true when woken
+  // through wake_fd (drained), false when a socket is ready.
   bool wait_ready(std::span<Transfer> xs, const OpContext& ctx, int wake_fd = -1) {
     pfds_.clear();
     peer_of_.clear();

@@ -3,38 +3,30 @@
 // SPDX-License-Identifier: MIT
 //
 // The CPU's algorithm (kernels/cpu/attention.hpp) with the same saved state: forward writes the
-// probabilities att (B, nh, T, T), 0 above the diagonal, which backward reads
-// (docs/decisions/0044). The (batch, head) pairs are not one strided batch (b and h have different
-// strides in qkv), so each op loops over the nh heads and batches over b: in qkv, q of (b, h)
-// starts at b*T*3C + h*hs (batch stride T*3C, leading dimension 3C); in att at (b*nh + h)*T*T
-// (batch stride nh*T*T); in y and dy at b*T*C + h*hs (batch stride T*C, leading dimension C).
-// Row-major products as column-major cuBLAS calls (a row-major (r x c) block with leading dimension
-// ld is the column-major (c x r) matrix with the same ld; blas.cuh):
-//   forward   att = scale q k^T   ->  att^T (T x T) = k q^T:      A = k (op T), B = q (op N), m = n
-//     = T, k = hs
+// probabilities att (B, nh, T, T), 0 above the diagonal, for backward (docs/decisions/0044). b and
+// h have different strides in qkv, so each op loops over the nh heads and batches over b: q of
+// (b, h) starts at b*T*3C + h*hs in qkv (batch stride T*3C, leading dimension 3C), at
+// (b*nh + h)*T*T in att (batch stride nh*T*T), at b*T*C + h*hs in y and dy (batch stride T*C,
+// leading dimension C). Row-major products as column-major cuBLAS calls (a row-major (r x c) block
+// with leading dimension ld is the column-major (c x r) matrix with the same ld; blas.cuh):
+//   forward   att = scale q k^T    att^T = k q^T      A = k (T), B = q (N)     m = n = T, k = hs
 //             softmax rows (kernel below, all B*nh*T rows at once)
-//             y = att v           ->  y^T (hs x T) = v^T att^T:   A = v (N), B = att (N), m = hs, n
-//               = k = T
-//   backward  datt = dy v^T       ->  datt^T = v dy^T:            A = v (T), B = dy (N), m = n = T,
-//     k = hs
-//             dv = att^T dy       ->  dv^T (hs x T) = dy^T att:   A = dy (N), B = att (T), m = hs,
-//               n = k = T
+//             y = att v            y^T = v^T att^T    A = v (N), B = att (N)   m = hs, n = k = T
+//   backward  datt = dy v^T        datt^T = v dy^T    A = v (T), B = dy (N)    m = n = T, k = hs
+//             dv = att^T dy        dv^T = dy^T att    A = dy (N), B = att (T)  m = hs, n = k = T
 //             dpre = att * (datt - rowsum(att * datt))  in place (kernel below)
-//             dq = scale dpre k   ->  dq^T = k^T dpre^T:          A = k (N), B = dpre (N), m = hs,
-//               n = k = T
-//             dk = scale dpre^T q ->  dk^T = q^T dpre:            A = q (N), B = dpre (T), m = hs,
-//               n = k = T
-// datt is one head's (B, T, T) scratch from Allocator<Cuda>, reused by the next head (stream
-// order). Attention dropout (p > 0, AttentionDropout in attention_args.hpp; the CPU's scheme): per
-// head, a warp-per-row kernel writes drop = mask * att / (1 - p) into a second (B, T, T) scratch,
-// which the y GEMM reads instead of att (A = v, B = drop with batch stride T*T); in backward the
-// same kernel, after the datt GEMM, draws the mask again, writes drop for the dv GEMM and turns
-// datt into mask * datt / (1 - p) in place, and the softmax backward reads the undropped att as
-// before. Each lane evaluates one Philox block (4 elements) at a time, with the CPU's counter
-// layout (attention_dropout_row), so both devices draw the same mask. p = 0 launches none of it.
-// The GEMMs compute at exec.precision (Fp32: CUBLAS_COMPUTE_32F, like linear.cuh); the softmax
-// kernels use one warp per row with float sums (expf, not the fast-math __expf), as the CPU sums in
-// T. Example: minGPT (B 216, T 128, C 512, nh 8): forward is 8 x 2 batched GEMMs of 216 128x128x64
+//             dq = scale dpre k    dq^T = k^T dpre^T  A = k (N), B = dpre (N)  m = hs, n = k = T
+//             dk = scale dpre^T q  dk^T = q^T dpre    A = q (N), B = dpre (T)  m = hs, n = k = T
+// datt is one head's (B, T, T) scratch, reused by the next head (stream order). Dropout (p > 0,
+// attention_args.hpp's AttentionDropout; the CPU's scheme): per head, a warp-per-row kernel writes
+// drop = mask * att / (1 - p) into a second (B, T, T) scratch, which the y GEMM reads instead of
+// att (batch stride T*T); in backward it redraws the mask after the datt GEMM, writes drop for the
+// dv GEMM and turns datt into mask * datt / (1 - p) in place; the softmax backward reads the
+// undropped att. Each lane evaluates one Philox block (4 elements) with the CPU's counter layout
+// (attention_dropout_row): both devices draw the same mask. p = 0 launches none of it.
+// The GEMMs compute at exec.precision (Fp32: CUBLAS_COMPUTE_32F); the softmax kernels use one warp
+// per row with float sums (expf, not the fast-math __expf), as the CPU sums in T.
+// Example: minGPT (B 216, T 128, C 512, nh 8): forward is 8 x 2 batched GEMMs of 216 128x128x64
 // products plus one softmax launch over 221,184 rows.
 #pragma once
 
@@ -56,8 +48,8 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-// Row r of `rows` (T x T) matrices, in place: att[i][j] = softmax over j <= i, 0 for j > i (i = r %
-// T).
+// Row r of `rows` (T x T) matrices, in place: att[i][j] = softmax over j <= i, 0 for j > i
+// (i = r % T).
 template <class T>
 __global__ void causal_softmax_kernel(T* __restrict__ att, std::int64_t rows, std::int64_t t) {
   const std::int64_t r = warp_row();
@@ -79,8 +71,8 @@ __global__ void causal_softmax_kernel(T* __restrict__ att, std::int64_t rows, st
 }
 
 // One head over the batch, in place on datt (B, T, T): datt[i][j] = att[i][j] (datt[i][j] - dot_i)
-// for j <= i, 0 beyond, dot_i = sum_{j <= i} att[i][j] datt[i][j]. att of batch b starts at b *
-// att_batch_stride.
+// for j <= i, 0 beyond, dot_i = sum_{j <= i} att[i][j] datt[i][j]. att of batch b starts at
+// b * att_batch_stride.
 template <class T>
 __global__ void causal_softmax_backward_kernel(const T* __restrict__ att,
                                                std::int64_t att_batch_stride, T* __restrict__ datt,
@@ -97,10 +89,9 @@ __global__ void causal_softmax_backward_kernel(const T* __restrict__ att,
   for (std::int64_t j = lane; j < t; j += 32) g[j] = j <= i ? p[j] * (g[j] - dot) : T(0);
 }
 
-// One head h over the batch: rows r = b T + i of drop (B, T, T) from att (B, nh, T, T) under the
-// mask m: drop[r][j] = mask * att * keep_scale for j <= i, 0 beyond; with datt (B, T, T),
-// datt[r][j] = mask * datt * keep_scale for j <= i, in place (the softmax backward zeroes it
-// beyond).
+// One head h, rows r = b T + i: drop (B, T, T)[r][j] = mask * att (B, nh, T, T) * keep_scale for
+// j <= i, 0 beyond; with datt (B, T, T): datt[r][j] *= mask * keep_scale for j <= i (the softmax
+// backward zeroes it beyond).
 template <class T>
 __global__ void attention_dropout_kernel(const T* __restrict__ att, T* __restrict__ drop,
                                          T* __restrict__ datt, std::int64_t rows, std::int64_t t,

@@ -2,32 +2,27 @@
 // backward.
 // SPDX-License-Identifier: MIT
 //
-// How it works (same formulas as kernels/cpu/batchnorm.hpp). x (N, H, W, C) is M = N*H*W rows of C
-// channels, cut into tiles of channels and chunks of rows as kernels/bn_stats.hpp describes
-// (BnGeometry); each kernel body is bn_stats.hpp's host/device arithmetic, which a host emulation
-// tests (tests/unit/kernels/test_bn_stats.cpp; docs/decisions/0063). Training forward, three
-// launches:
+// Same formulas as kernels/cpu/batchnorm.hpp. x (N, H, W, C) is M = N*H*W rows of C channels, cut
+// into tiles of channels and chunks of rows (bn_stats.hpp's BnGeometry); the kernel bodies are
+// bn_stats.hpp's host/device arithmetic, tested by a host emulation (docs/decisions/0063).
+// Training forward, three launches:
 //   1. bn_moments_kernel: grid (tiles, chunks), block (cols, lanes); each thread's rows in shifted
-//      float segments merged into double moments (n, mean, M2), the lanes merged in a fixed tree ->
-//      partial (chunks, C) moments. One read of x (16-byte vector loads when aligned): no separate
-//      mean pass.
+//      float segments merged into double moments (n, mean, M2), lanes merged in a fixed tree ->
+//      partial (chunks, C). One read of x (16-byte vector loads when aligned), no mean pass.
 //   2. bn_finalize_kernel: grid ceil(C / 32), block (32 channels, 16 chunk lanes) merges the chunks
 //      in a fixed order, then BnChannelOutputs::finish (save_mean/invstd, running statistics with
 //      the unbiased variance, num_batches_tracked, scale and shift).
 //   3. bn_act_apply_kernel: y = x scale + shift (+ residual, ReLU for bn_act.cuh) on a 2-D grid
-//      (tiles, row blocks), each thread's scale and shift in registers: no per-element channel
-//      index (i % C).
-// Backward: bn_grad_sums_kernel (sum g, sum g xhat; same decomposition), bn_grad_finalize_kernel
-// (dgamma, dbeta, and k1..k3 of dx = k1 g + k2 (x - mean) + k3; k2 = k3 = 0 in eval),
-// bn_act_backward_apply_kernel. Every order of summation is fixed by the geometry: results repeat
-// bit for bit (deterministic). Synchronised (Args::sync, training; docs/decisions/0027): the
-// finalize kernels write this rank's (2C + 1) sums instead (sum x = n mean, sum x^2 = M2 + n
-// mean^2; or sum g, sum g xhat; and M), the reducer all-reduces them on the exec's stream, and the
-// functors of kernels/batchnorm_sync.hpp finish. An empty local batch (rows 0) launches no pass
-// over x and contributes zeros.
-// Example: ResNet's bn1 at batch 16: M = 200,704 rows, C = 64 -> vec 4, block (16, 16), grid (1,
-//   784) for
-// the moments (256 rows per chunk, 16 per thread); the finalize is 2 blocks of 512 threads.
+//      (tiles, row blocks), scale and shift in registers: no per-element i % C.
+// Backward: bn_grad_sums_kernel (sum g, sum g xhat), bn_grad_finalize_kernel (dgamma, dbeta, and
+// k1..k3 of dx = k1 g + k2 (x - mean) + k3; k2 = k3 = 0 in eval), bn_act_backward_apply_kernel.
+// Every summation order is fixed by the geometry: results repeat bit for bit. Synchronised
+// (Args::sync, training; docs/decisions/0027): the finalize kernels write this rank's (2C + 1)
+// sums instead (sum x = n mean, sum x^2 = M2 + n mean^2; or sum g, sum g xhat; and M), the reducer
+// all-reduces them on the exec's stream, and kernels/batchnorm_sync.hpp's functors finish. An
+// empty local batch (rows 0) launches no pass over x and contributes zeros.
+// Example: ResNet's bn1 at batch 16: M = 200,704, C = 64 -> vec 4, block (16, 16), grid (1, 784)
+// for the moments (256 rows per chunk, 16 per thread); the finalize is 2 blocks of 512 threads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,8 +50,7 @@ namespace detail {
 
 static_assert(sizeof(BnMoments) == 3 * sizeof(double), "BnMoments is stored as three doubles");
 
-// Statistics pass: block (cols, lanes) covers tile blockIdx.x of chunk blockIdx.y -> partial
-// (chunks, C).
+// Block (cols, lanes) covers tile blockIdx.x of chunk blockIdx.y -> partial (chunks, C).
 template <class T, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
     bn_moments_kernel(const T* __restrict__ x, BnGeometry g, BnMoments* __restrict__ partial) {
@@ -115,9 +109,8 @@ struct BnEvalFinish {
   __device__ void operator()(std::size_t i) const { out.finish_eval(static_cast<std::int64_t>(i)); }
 };
 
-// Backward sums pass: partial (2, chunks, C) = sum g, sum g (x - mean) invstd per chunk; g = dy, or
-// dy * (ymask > 0) when ymask is given (the ReLU that follows the BatchNorm in bn_act.cuh). T: the
-// statistics' type, A: the activations' (bf16 ones are widened as they are loaded).
+// partial (2, chunks, C) = sum g, sum g (x - mean) invstd per chunk; g = dy, or dy * (ymask > 0)
+// with ymask (bn_act.cuh's ReLU). T: the statistics' type, A: the activations' (bf16 widened).
 template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
     bn_grad_sums_kernel(const A* __restrict__ x, const A* __restrict__ dy,
@@ -198,11 +191,9 @@ __global__ void __launch_bounds__(kBnFinCols* kBnFinLanes)
                      static_cast<double>(rows), training, coef[ch], coef[c + ch], coef[2 * c + ch]);
 }
 
-// y = act(x scale + shift + residual) on a 2-D grid (tiles, row blocks): coef = [scale (C), shift
-// (C)]; residual nullable; act = ReLU (NaN stays) when relu, else identity. Plain batchnorm: no
-// residual, no relu. y may be x (each element is read before it is written, by the same thread).
-// Arithmetic in T (the parameters' type); x, residual and y of type A, so bf16 ones are widened as
-// loaded and y rounded once, after the ReLU.
+// y = act(x scale + shift + residual), coef = [scale (C), shift (C)]; residual nullable; act =
+// ReLU (NaN stays) when relu, else identity. y may be x (same thread reads, then writes).
+// Arithmetic in T; x, residual, y of type A: bf16 widened on load, y rounded once after the ReLU.
 template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
     bn_act_apply_kernel(BnGeometry g, const A* x, const T* __restrict__ coef, const A* residual,
@@ -232,9 +223,8 @@ __global__ void __launch_bounds__(kBnBlockThreads)
 }
 
 // g = y ? (y > 0 ? dy : 0) : dy; dres = g (nullable); dx = k1 g + k2 (x - mean) + k3 (nullable),
-// with coef = [k1, k2, k3] (C each). Same grid as the apply. dx may be dy (read before written,
-// same thread). Arithmetic in T; x, dy, y, dx and dres of type A (dres = g needs no rounding: it is
-// dy or 0).
+// coef = [k1, k2, k3] (C each). Same grid as the apply. dx may be dy (same thread). Arithmetic in
+// T; x, dy, y, dx, dres of type A (dres = g is dy or 0: no rounding).
 template <class T, class A, int V>
 __global__ void __launch_bounds__(kBnBlockThreads)
     bn_act_backward_apply_kernel(BnGeometry g, const A* x, const A* dy, const A* y,
@@ -288,10 +278,8 @@ inline dim3 bn_apply_grid(const BnGeometry& g) {
   return dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(blocks));
 }
 
-// Column sums of a (rows, C) matrix for conv2d.cuh's dbias (channel_sums there): partial[chunk][c]
-// = the sum of the chunk's rows in double, block (32, 8) over 32 adjacent channels (coalesced), the
-// 8 row-lanes added in a fixed order; conv2d.cuh adds the chunks in order. BatchNorm itself uses
-// the kernels above.
+// Column sums of a (rows, C) matrix for conv2d.cuh's dbias: partial[chunk][c] in double, block
+// (32, 8) over 32 adjacent channels (coalesced), the 8 row-lanes added in a fixed order.
 enum class BnSum : int { X = 0 };
 inline constexpr int kBnChannels = 32, kBnRowLanes = 8;
 template <class T, BnSum Mode>
@@ -332,8 +320,7 @@ inline BnGrid bn_grid(std::int64_t rows, std::int64_t c) {
           .block = dim3(kBnChannels, kBnRowLanes)};
 }
 
-// f(std::integral_constant<int, V>) with V = g.vec: kBnVec<T> (16-byte vectors) or 1, the two
-// instantiations of every pass.
+// f(std::integral_constant<int, V>), V = g.vec: kBnVec<T> (16-byte vectors) or 1.
 template <class T, class F>
 void bn_with_vec(const BnGeometry& g, F&& f) {
   if (g.vec == kBnVec<T>)
@@ -346,11 +333,10 @@ void bn_with_vec(const BnGeometry& g, F&& f) {
 
 namespace detail {
 
-// Statistics of a (validated) forward: fills save_mean/save_invstd, updates the running statistics
-// and num_batches_tracked when training, and writes coef = [scale (C), shift (C)] for y = x scale +
-// shift. Synchronised training: this rank's sums, the reducer's all-reduce, then BnSyncStatistics.
-// Enqueued on e's stream (the synchronised one waits for the host only when its local batch has
-// fewer than 2 rows).
+// Fills save_mean/save_invstd, updates the running statistics and num_batches_tracked when
+// training, writes coef = [scale (C), shift (C)] for y = x scale + shift. Synchronised: this rank's
+// sums, the all-reduce, then BnSyncStatistics. Enqueued on e's stream (synchronised: a host wait
+// only when the local batch has fewer than 2 rows).
 template <class T, class A>
 void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda, A>& a,
                             Tensor<T, Cuda>& coef) {
@@ -388,7 +374,7 @@ void batchnorm_coefficients(const Exec<Cuda>& e, const BatchNormForwardArgs<T, C
   check_launch("bn_finalize_kernel", s);
   if (!synced) return;
   a.sync->all_reduce_sum(e, sums.view());
-  // only then can the total be too small (every rank sees the same total): a host wait here only
+  // Only then can the total be below 2 (every rank sees the same one): the only host wait.
   if (rows < 2) {
     double total = 0.0;
     DDP_CUDA_CHECK(
@@ -430,10 +416,9 @@ void batchnorm_forward(const Exec<Cuda>& e, const BatchNormForwardArgs<T, Cuda, 
 
 namespace detail {
 
-// dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3 for a
-// (validated) backward, where g = dy, or dy * (ymask > 0) when ymask is given (bn_act.cuh's fused
-// ReLU). Synchronised training: dgamma and dbeta from this rank's sums, k1..k3 from every rank's
-// (BnSyncBackwardCoefficients).
+// dgamma, dbeta and coef = [k1, k2, k3] (each C) of dx = k1 g + k2 (x - mean) + k3; g = dy, or
+// dy * (ymask > 0) with ymask (bn_act.cuh's ReLU). Synchronised: dgamma and dbeta from this rank's
+// sums, k1..k3 from every rank's (BnSyncBackwardCoefficients).
 template <class T, class A>
 void batchnorm_backward_coefficients(const Exec<Cuda>& e,
                                      const BatchNormBackwardArgs<T, Cuda, A>& a, const A* ymask,
@@ -478,8 +463,7 @@ void batchnorm_backward_coefficients(const Exec<Cuda>& e,
                                                .c = c});
 }
 
-// dres = g and dx = k1 g + k2 (x - mean) + k3 (either nullable), g = dy or dy * (y > 0) when y is
-// given.
+// dres = g, dx = k1 g + k2 (x - mean) + k3 (either nullable); g = dy, or dy * (y > 0) with y.
 template <class T, class A>
 void batchnorm_backward_apply(const Exec<Cuda>& e, const BatchNormBackwardArgs<T, Cuda, A>& a,
                               const A* y, const Tensor<T, Cuda>& coef, A* dx, A* dres) {

@@ -2,34 +2,27 @@
 // tiles).
 // SPDX-License-Identifier: MIT
 //
-// How it works. The three products of kernels/cpu/conv2d.hpp are computed without materialising
-// col, as the operand-map problems of kernels/conv_gemm_maps.hpp (fprop, wgrad, and dgrad one
-// problem per stride phase, so no product by a tap that cannot reach the pixel); the maps are
-// host-callable too, and tests/unit/kernels checks them against the CPU conv without a GPU.
+// The three products of kernels/cpu/conv2d.hpp without materialising col, as the operand-map
+// problems of kernels/conv_gemm_maps.hpp (dgrad: one problem per stride phase, so no product by a
+// tap that cannot reach the pixel; the maps are host-callable and tested on the CPU).
 // implicit_gemm_kernel tiles C into 64x64 blocks, stages 16-deep slices of A and B in shared
-// memory, and gives each of its 256 threads a 4x4 register tile (rows ty + 16i, columns tx + 16j,
-// so a warp's shared reads hit distinct banks). Edges are predicated, so no size needs to divide
-// the tile. wgrad's reduction dimension (N*P, 50,176 for ResNet's layer1 at batch
-// 16) is long and its output small (64 x 576 = 9 x 1 tiles), so it is split over blockIdx.z into
-// partial products that a second kernel adds in split order (deterministic, no atomics).
-// Example: layer1's 3x3 conv at batch 16: fprop M = 50,176, N = 64, K = 576 -> 784 x 1 tiles.
-// 1x1 stride-1 unpadded convs without bias skip the implicit GEMM: they are cuBLAS GEMMs
-// (blas.cuh). With cuDNN (the program links ddp::cudnn, DDP_WITH_CUDNN) the other convs go to cuDNN
-// unless the exec's ConvImpl is Own (tensor/conv_impl.hpp, cudnn_conv.hpp, docs/decisions/0052);
-// these kernels stay the reference and what runs without cuDNN. Element type float only (a double
-// instantiation is a compile error, docs/decisions/0024); accumulation is always fp32. The exec's
-// Precision (tensor/precision.hpp) picks the arithmetic:
-//   Fp32  the SIMT kernel below (exact FMAs; matches the CPU within fp32 rounding of another
-//     summation order)
-//   Tf32  the same tiles on tensor cores (wmma m16n16k8, TF32 operands), cuBLAS in FAST_TF32 mode
-//   Bf16  the same tiles on tensor cores (wmma m16n16k16, bf16 operands), cuBLAS in FAST_16BF mode
-// bf16 activations (Conv2dForwardArgs<float, Cuda, bfloat16>, docs/decisions/0072): the cuBLAS 1x1
-// and the cuDNN convs run on the bf16 tensors as they are, with the weight rounded to a bf16 copy
-// per call; the rest (a bias, ddp's own kernels) goes through kernels/bf16_storage.hpp
-// (conv2d_bf16_native says which). Mixed precision of the float path, as far as it goes: operands
-// are rounded to tf32/bf16 only as they are staged in shared memory; activations, weights (the
-// float32 master copy) and gradients stay float32 in global memory, so Bf16 saves tensor-core time
-// but not memory bandwidth or capacity (bf16 activation storage is future work).
+// memory, and gives each of its 256 threads a 4x4 register tile (rows ty + 16i, columns tx + 16j:
+// a warp's shared reads hit distinct banks). Edges are predicated: no size must divide the tile.
+// A long reduction with a small output (wgrad of ResNet's layer1 at batch 16: K = N*P = 50,176,
+// 9 x 1 tiles) is split over blockIdx.z into partials that a second kernel adds in split order
+// (deterministic, no atomics).
+// 1x1 stride-1 unpadded convs without bias are cuBLAS GEMMs (blas.cuh). With cuDNN
+// (DDP_WITH_CUDNN) the other convs go to cuDNN unless the exec's ConvImpl is Own
+// (docs/decisions/0052); these kernels are the reference and the path without cuDNN. float only
+// (docs/decisions/0024); accumulation is always fp32. The exec's Precision picks the arithmetic:
+//   Fp32  the SIMT kernel (exact FMAs; matches the CPU up to summation order)
+//   Tf32  the same tiles on tensor cores (wmma m16n16k8), cuBLAS in FAST_TF32 mode
+//   Bf16  the same tiles on tensor cores (wmma m16n16k16), cuBLAS in FAST_16BF mode
+// Operands are rounded to tf32/bf16 only as they are staged in shared memory, so on float tensors
+// Bf16 saves tensor-core time, not memory. bf16 activations (Conv2dForwardArgs<float, Cuda,
+// bfloat16>, docs/decisions/0072): the cuBLAS 1x1 and cuDNN convs read the bf16 tensors directly,
+// with a per-call bf16 copy of the weight; the rest goes through kernels/bf16_storage.hpp
+// (conv2d_bf16_native says which).
 #pragma once
 
 #include <cublas_v2.h>
@@ -64,17 +57,15 @@
 
 namespace ddp::kernels::cuda {
 
-// Arithmetic of the conv GEMMs: the run's Precision (Exec<Cuda>::precision). The old name stays as
-// an alias: cuda::conv2d_forward(e, a, ConvMath::Tf32) overrides the exec's precision for one call.
+// Alias: cuda::conv2d_forward(e, a, ConvMath::Tf32) overrides the exec's precision for one call.
 using ConvMath = Precision;
 
 namespace detail {
 
 inline constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kGemmThreads = 256;
 
-// C = A * B for problem P over the k-range [z * k_per_split, (z + 1) * k_per_split) of split z =
-// blockIdx.z. partial == nullptr: store through P; else write partial[z][m][n] for
-// implicit_gemm_reduce_kernel.
+// C = A * B for problem P over k in [z * k_per_split, (z + 1) * k_per_split), z = blockIdx.z.
+// partial == nullptr: store through P; else write partial[z][m][n] for the reduce kernel.
 template <class T, class P>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
@@ -139,11 +130,10 @@ __global__ void implicit_gemm_reduce_kernel(P p, std::int64_t m_size, std::int64
   }
 }
 
-// The same tile on tensor cores (TF32 inputs, fp32 accumulation): operands are rounded to TF32 as
-// they are staged in shared memory; each of the 8 warps owns a 16 x 32 strip of the 64 x 64 tile
-// (two m16n16k8 accumulators: warp w covers rows 16 (w % 4), columns 32 (w / 4)); the accumulators
-// go through shared memory so the epilogue can predicate the edges and call p.store like the SIMT
-// kernel. Relative error vs fp32 ~1e-3 (TF32 keeps 10 mantissa bits).
+// The same tile on tensor cores (TF32 operands, fp32 accumulation). Each of the 8 warps owns a
+// 16 x 32 strip (warp w: rows 16 (w % 4), columns 32 (w / 4)); the accumulators go through shared
+// memory so the epilogue can predicate edges like the SIMT kernel. Relative error vs fp32 ~1e-3
+// (TF32 keeps 10 mantissa bits).
 template <class T, class P>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_tf32_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
@@ -204,11 +194,9 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// The same tile on tensor cores with bf16 operands (wmma m16n16k16, fp32 accumulation): operands
-// are rounded to bf16 (round to nearest even) as they are staged in shared memory; the whole
+// The same tile with bf16 operands (round to nearest even; wmma m16n16k16, fp32 accumulation): a
 // 16-deep k-slice is one mma step. Warp layout, epilogue and split-K as in the TF32 kernel.
-// Relative error vs fp32 ~4e-3 per product (bf16 keeps 8 significant bits), averaging out over long
-// reductions.
+// Relative error vs fp32 ~4e-3 per product (8 significant bits), averaging out over long sums.
 template <class T, class P>
 __global__ void __launch_bounds__(kGemmThreads)
     implicit_gemm_bf16_kernel(P p, std::int64_t m_size, std::int64_t n_size, std::int64_t k_size,
@@ -267,7 +255,7 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// Runs problem p; splits the reduction when the output has too few tiles to fill the GPU.
+// Splits the reduction when the output has too few tiles to fill the GPU.
 template <class T, class P>
 void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   const std::int64_t m = p.m_size(), n = p.n_size(), k = p.k_size();
@@ -299,9 +287,8 @@ void run_implicit_gemm(const Exec<Cuda>& e, const P& p, ConvMath math) {
   check_launch("implicit_gemm_reduce_kernel", s);
 }
 
-// dx of conv g, one implicit GEMM per stride phase (conv_gemm_maps.hpp). A phase no tap reaches (a
-// 1x1 stride-2 conv's odd rows and columns) has no problem to run: dx is cleared first for it (left
-// as it is when accumulating: its gradient is 0).
+// dx of conv g, one implicit GEMM per stride phase. A phase no tap reaches (a 1x1 stride-2 conv's
+// odd rows and columns) has gradient 0: dx is cleared first (left as is when accumulating).
 template <class T>
 void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, const T* w, T* dx,
                       ConvMath math, bool accumulate) {
@@ -321,8 +308,7 @@ void run_dgrad_phases(const Exec<Cuda>& e, const ConvGeometry& g, const T* dy, c
           math);
 }
 
-// out[c] = sum over rows of v (rows, c): deterministic chunked channel sums (batchnorm.cuh's
-// kernel).
+// out[c] = sum over rows of v (rows, c): deterministic chunked sums (batchnorm.cuh's kernel).
 template <class T>
 __global__ void channel_sum_finalize_kernel(const double* __restrict__ partial, std::int64_t chunks,
                                             std::int64_t c, T* __restrict__ out) {
@@ -352,10 +338,8 @@ inline bool cublas_pointwise(const ConvGeometry& g) {
   return g.pointwise() && g.n * g.h * g.w <= 2147483647;  // cuBLAS takes int sizes
 }
 
-// float only (docs/decisions/0024): the tiles above stage operands in float registers and shared
-// memory and accumulate in float, so a double conv would silently compute in single precision,
-// while its 1x1 convs (cuBLAS) would compute in double. Refused at compile time, at both entry
-// points.
+// float only (docs/decisions/0024): the tiles stage and accumulate in float, so a double conv
+// would silently compute in single precision (its cuBLAS 1x1s in double).
 template <class T>
 constexpr void require_float() {
   static_assert(
@@ -368,10 +352,9 @@ constexpr void require_float() {
       "on the CPU (Cpu).");
 }
 
-// Whether conv g goes to cuDNN under e (docs/decisions/0052): built with it, not asked for ddp's
-// own kernels, and describable.
+// Whether conv g goes to cuDNN (docs/decisions/0052): built with it, not asked for ddp's own
+// kernels, and describable. Throws for a cuDNN mode without cuDNN.
 inline bool use_cudnn(const Exec<Cuda>& e, [[maybe_unused]] const ConvGeometry& g) {
-  // throws for a cuDNN mode without cuDNN
   if (resolve_conv_impl(e.conv) == ConvImpl::Own) return false;
 #if DDP_WITH_CUDNN
   return cudnn::describable(g);
@@ -475,9 +458,8 @@ namespace ddp::kernels::cuda {
 
 namespace detail {
 
-// w rounded to bf16 (nearest even) in a temporary from the caching allocator: the values
-// Bf16Storage's operand() rounds the weight to, as the bf16 operand cuDNN and cuBLAS read. Once per
-// call (a per-step cache would save the cast pass of every forward and backward after the first).
+// w rounded to bf16 (nearest even, as Bf16Storage's operand()) in a caching-allocator temporary,
+// for cuDNN and cuBLAS. Once per call (a per-step cache would save a cast pass per call).
 inline Tensor<bfloat16, Cuda> bf16_weight(const Exec<Cuda>& e, TensorView<const float, Cuda> w) {
   const CudaAllocStream on_stream(e);
   Tensor<bfloat16, Cuda> out(w.shape());
@@ -486,10 +468,9 @@ inline Tensor<bfloat16, Cuda> bf16_weight(const Exec<Cuda>& e, TensorView<const 
   return out;
 }
 
-// Whether conv g on bf16 tensors runs natively under e: no bias (cuDNN adds it in y's type, after
-// its rounding, where the host model rounds once after the add), and a cuBLAS 1x1, or a cuDNN conv
-// for whose wanted passes (forward; or backward-data, backward-filter) cuDNN offers a bf16
-// algorithm: a shape it has none for stays on the widening path rather than failing.
+// Whether conv g on bf16 tensors runs natively: no bias (cuDNN adds it after rounding y, the host
+// model rounds once after the add), and a cuBLAS 1x1, or a cuDNN conv with a bf16 algorithm for
+// the wanted passes (forward; or backward-data and backward-filter); else the widening path.
 inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias,
                         [[maybe_unused]] bool fprop, [[maybe_unused]] bool dgrad,
                         [[maybe_unused]] bool wgrad) {
@@ -509,8 +490,7 @@ inline bool bf16_native(const Exec<Cuda>& e, const ConvGeometry& g, bool bias,
 
 }  // namespace detail
 
-// Whether Kernels<Cuda> runs a bf16-activation conv natively (the overloads below) or through
-// Bf16Storage.
+// Whether Kernels<Cuda> runs a bf16-activation conv natively (below) or through Bf16Storage.
 inline bool conv2d_bf16_native(const Exec<Cuda>& e,
                                const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
@@ -524,8 +504,7 @@ inline bool conv2d_bf16_native(const Exec<Cuda>& e,
                              !a.dbias.empty(), false, !a.dx.empty(), !a.dw.empty());
 }
 
-// y (bf16) = conv(x, bf16(w)): fp32 accumulation, one rounding at the store. Requires
-// conv2d_bf16_native(e, a).
+// y (bf16) = conv(x, bf16(w)), fp32 accumulation, one rounding. Requires conv2d_bf16_native(e, a).
 inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);
   const ConvGeometry g = conv_geometry(a.x, a.w, a.stride, a.padding, a.dilation);
@@ -543,10 +522,9 @@ inline void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<float, C
 #endif
 }
 
-// dx (bf16; with accumulate_dx, dx + the product formed in fp32 and rounded once) from dy and
-// bf16(w); dw (float). The cuBLAS 1x1 writes dw in fp32 straight from the bf16 operands; cuDNN's
-// legacy backward-filter has no mixed types, so its dw is bf16 (fp32 accumulation, one rounding)
-// widened into the parameter's gradient. Requires conv2d_bf16_native(e, a).
+// dx (bf16; with accumulate_dx, dx + the fp32 product, rounded once) and dw (float) from dy and
+// bf16(w). cuBLAS writes dw in fp32; cuDNN's legacy backward-filter has no mixed types, so its dw
+// is bf16 (fp32 accumulation, one rounding), widened. Requires conv2d_bf16_native(e, a).
 inline void conv2d_backward(const Exec<Cuda>& e,
                             const Conv2dBackwardArgs<float, Cuda, bfloat16>& a) {
   validate(a);

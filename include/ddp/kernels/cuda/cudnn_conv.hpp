@@ -2,34 +2,31 @@
 // conv2d.cuh's problem, NHWC activations and KRSC weights as they are, fp32 in memory.
 // SPDX-License-Identifier: MIT
 //
-// Host code only (cuDNN is a host API): compiles without nvcc, so its host-side logic is tested on
-// machines without a GPU (tests/gpu/cudnn). Used by conv2d.cuh when the program links ddp::cudnn
-// (DDP_WITH_CUDNN) and the exec's ConvImpl (tensor/conv_impl.hpp) is not Own.
+// Host code only (cuDNN is a host API): compiles without nvcc, so tests/gpu/cudnn checks its
+// host-side logic without a GPU. Used by conv2d.cuh under DDP_WITH_CUDNN when the exec's ConvImpl
+// is not Own.
 //
-// Per convolution shape a Plan is made once per thread and kept: the cuDNN descriptors (x and y as
-// NHWC 4-d tensors, the weight as an NHWC filter, which is KRSC), the algorithm and its workspace
-// size. The algorithm is the first acceptable entry of cuDNN's list, which is ranked by its
-// heuristics (ConvImpl::Cudnn, PyTorch's default) or by measured time (ConvImpl::CudnnFind,
-// PyTorch's cudnn.benchmark). Acceptable (accepts()):
+// A Plan per convolution shape, made once per thread and kept: the descriptors (x and y as NHWC
+// tensors, the weight as an NHWC filter, i.e. KRSC), the algorithm and its workspace size. The
+// algorithm is the first acceptable entry of cuDNN's list, ranked by heuristics (ConvImpl::Cudnn,
+// PyTorch's default) or by measured time (ConvImpl::CudnnFind, PyTorch's cudnn.benchmark).
+// Acceptable (accepts()):
 //   - status success and a workspace of at most kMaxWorkspaceBytes;
 //   - deterministic when Exec<Cuda>::deterministic is set;
-//   - its math type fits the exec's Precision: Fp32 takes CUDNN_FMA_MATH only (no TF32 anywhere:
-//     the CPU's results to rounding); Tf32 and Bf16 take any math type but
-//     CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (that one may convert fp32 operands to fp16, whose
-//     range fp32 data can exceed).
-// Bf16 runs TF32 tensor-core arithmetic here: cuDNN needs bf16 tensors in memory for bf16 products
-// and ours stay fp32 (issue 14's "bf16 for real" is not done), and TF32 is at least as accurate as
-// the bf16 it stands for. Handles, one per thread and device like cuBLAS's (blas.cuh), are bound to
-// the exec's stream before each call and never destroyed (destroying them after the CUDA context is
-// gone crashes some drivers). The workspace comes from ddp's caching allocator on the exec's
-// stream, so it costs no cudaMalloc after the first steps. bf16 activations (docs/decisions/0072):
-// x, y, dx and dy as CUDNN_DATA_BFLOAT16 tensors, the weight as a bf16 filter (the caller's rounded
-// copy of the fp32 parameter), FLOAT compute type; their plans run at Precision::Bf16 whatever the
-// exec's (the operands are bf16 already, so any math type but ALLOW_CONVERSION computes exact
-// products accumulated in fp32) and are kept apart from the fp32 plans by the data type in the key.
-// cuDNN's legacy API has no mixed-type backward-filter (x, dy and dw share a data type), so the
-// bf16 weight gradient is bf16. Shapes cuDNN's int descriptors cannot hold (a dimension or a tensor
-// of 2^31 elements or more) are not describable(); conv2d.cuh runs them on ddp's own kernels.
+//   - a math type that fits the exec's Precision: Fp32 takes CUDNN_FMA_MATH only (no TF32: the
+//     CPU's results to rounding); Tf32 and Bf16 take any but ALLOW_CONVERSION (it may convert fp32
+//     operands to fp16, whose range fp32 data can exceed).
+// On fp32 tensors Bf16 runs TF32 arithmetic: cuDNN computes bf16 products only from bf16 tensors,
+// and TF32 is at least as accurate. Handles, one per thread and device as cuBLAS's, are bound to
+// the exec's stream before each call and never destroyed (destroying them after the CUDA context
+// is gone crashes some drivers). The workspace comes from the caching allocator on the exec's
+// stream (no cudaMalloc after the first steps).
+// bf16 activations (docs/decisions/0072): x, y, dx, dy as CUDNN_DATA_BFLOAT16, the weight as the
+// caller's bf16 copy, FLOAT compute type; these plans run at Precision::Bf16 whatever the exec's
+// (bf16 operands give exact products accumulated in fp32) and are keyed apart by data type. The
+// legacy API has no mixed-type backward-filter, so their weight gradient is bf16.
+// Shapes cuDNN's int descriptors cannot hold (a dimension or tensor of >= 2^31 elements) are not
+// describable(); conv2d.cuh runs them on ddp's own kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -91,10 +88,9 @@ inline constexpr std::string_view op_name(Op op) noexcept {
   return "?";
 }
 
-// The largest workspace an algorithm may ask for. PyTorch lets cuDNN take what it asks and retries
-// smaller algorithms on out-of-memory; a fixed cap keeps a plan the same from run to run. 1 GiB is
-// above what ResNet-50's fastest algorithms ask for at batch 256 by cuDNN's own figures, and small
-// beside an H100's 80 GB.
+// Cap on an algorithm's workspace (bytes). PyTorch lets cuDNN take what it asks and retries on
+// out-of-memory; a fixed cap keeps a plan the same from run to run. 1 GiB covers ResNet-50's
+// fastest algorithms at batch 256 and is small beside an H100's 80 GB.
 inline constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
 
 // One entry of cuDNN's algorithm list, whichever of the three perf structs it came from.
@@ -117,8 +113,7 @@ AlgoChoice to_choice(const Perf& p) {
           .math = p.mathType};
 }
 
-// The math type the descriptor asks for at precision p: Fp32 forbids tensor cores; the others allow
-// TF32.
+// The descriptor's math type at p: Fp32 forbids tensor cores; the others allow TF32.
 inline cudnnMathType_t requested_math(Precision p) {
   require_conv_precision(p);  // fp16: refused as by ddp's kernels
   return p == Precision::Fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
@@ -144,8 +139,7 @@ inline AlgoChoice choose(std::span<const AlgoChoice> ranked, Precision p, bool d
   return {};
 }
 
-// Whether cuDNN's int-sized 4-d descriptors can hold g: every dimension and every tensor's element
-// count below 2^31.
+// Whether cuDNN's int descriptors can hold g: every dimension and tensor size below 2^31.
 inline bool describable(const ConvGeometry& g) {
   const std::int64_t limit = INT_MAX;
   for (std::int64_t v : {g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.ho, g.wo, g.stride.h, g.stride.w,
@@ -186,15 +180,14 @@ inline constexpr cudnnDataType_t data_type = CUDNN_DATA_FLOAT;
 template <>
 inline constexpr cudnnDataType_t data_type<bfloat16> = CUDNN_DATA_BFLOAT16;
 
-// The precision a plan computes at: the exec's for fp32 tensors, Bf16 for bf16 ones (see the header
-// comment).
+// The exec's precision for fp32 tensors, Bf16 for bf16 ones.
 inline Precision plan_precision(Precision p, cudnnDataType_t dt) {
   return dt == CUDNN_DATA_BFLOAT16 ? Precision::Bf16 : p;
 }
 
-// The descriptors of geometry g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in
-// NHWC order, the weight (k, c, r, s) in NHWC filter order, which is our KRSC, all of data type dt;
-// the bias as (1, k, 1, 1) in float. The convolution computes in float whatever dt.
+// Descriptors of g (describable(g) must hold): x (n, c, h, w) and y (n, k, ho, wo) in NHWC, the
+// weight (k, c, r, s) as an NHWC filter (our KRSC), all of type dt; bias (1, k, 1, 1) in float.
+// The convolution computes in float whatever dt.
 struct Descriptors {
   TensorDesc x, y, bias;
   FilterDesc w;
@@ -208,8 +201,7 @@ struct Descriptors {
                                                to_int(g.k), 1, 1));
     DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), dt, CUDNN_TENSOR_NHWC, to_int(g.k),
                                                to_int(g.c), to_int(g.r), to_int(g.s)));
-    // Cross-correlation is what deep-learning frameworks call convolution (no kernel flip), as our
-    // CPU kernel.
+    // Cross-correlation (no kernel flip), as every framework's "convolution" and our CPU kernel.
     DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
         conv.get(), to_int(g.pad.h), to_int(g.pad.w), to_int(g.stride.h), to_int(g.stride.w),
         to_int(g.dil.h), to_int(g.dil.w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -217,7 +209,7 @@ struct Descriptors {
   }
 };
 
-// The current CUDA device (what handles and plans are kept per).
+// The current CUDA device (handles and plans are kept per device).
 inline int current_device() {
   int device = 0;
   DDP_CUDA_CHECK(cudaGetDevice(&device));
@@ -242,8 +234,7 @@ inline cudnnHandle_t handle(const Exec<Cuda>& e, int device = current_device()) 
   return h;
 }
 
-// What a plan is keyed by: the op, the geometry, how the algorithm is chosen, the device and the
-// tensors' data type.
+// A plan's key: op, geometry, how the algorithm is chosen, device, tensors' data type.
 using PlanKey = std::array<std::int64_t, 21>;
 inline PlanKey plan_key(Op op, const ConvGeometry& g, Precision p, bool find, bool deterministic,
                         int device, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
@@ -286,8 +277,7 @@ inline std::string geometry_text(const ConvGeometry& g) {
                           "x", g.dil.w);
 }
 
-// cuDNN's list for one op in its Perf struct: max_count(h, &n) sizes it, query(n, &got, perf) fills
-// it.
+// max_count(h, &n) sizes cuDNN's list, query(n, &got, perf) fills it.
 template <class Perf, class MaxCount, class Query>
 std::vector<AlgoChoice> list_of(cudnnHandle_t h, MaxCount max_count, Query query) {
   int count = 0, got = 0;
@@ -299,8 +289,7 @@ std::vector<AlgoChoice> list_of(cudnnHandle_t h, MaxCount max_count, Query query
   return out;
 }
 
-// cuDNN's ranked list for op: heuristics (find false) or timed runs (find true; cuDNN allocates and
-// frees its own scratch buffers for the timing).
+// Ranked by heuristics (find false) or timed runs (find true; cuDNN allocates its own scratch).
 inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors& d, bool find) {
   const auto x = d.x.get(), y = d.y.get();
   const auto w = d.w.get();
@@ -333,8 +322,8 @@ inline std::vector<AlgoChoice> ranked(cudnnHandle_t h, Op op, const Descriptors&
 
 }  // namespace detail
 
-// This thread's plan for (op, g) on tensors of data type dt under e on `device` (h's), made on
-// first use and kept, also when cuDNN offers no acceptable algorithm (then algo.algo is -1).
+// This thread's plan for (op, g, dt) on h's device, made on first use and kept, also when no
+// algorithm is acceptable (then algo.algo is -1).
 inline const Plan& find_plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvGeometry& g,
                              int device, cudnnDataType_t dt) {
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
@@ -347,8 +336,7 @@ inline const Plan& find_plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const 
   const std::vector<AlgoChoice> list = detail::ranked(h, op, p->d, find);
   p->algo = choose(list, precision, e.deterministic);
   p->candidates = list.size();
-  // Run with the math type the chosen algorithm was ranked under (cuDNN's advice for the _v7 and
-  // Find lists).
+  // The math type the algorithm was ranked under (cuDNN's advice for the _v7 and Find lists).
   if (p->algo.algo >= 0)
     DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->d.conv.get(), p->algo.math));
   slot = std::move(p);
@@ -370,8 +358,7 @@ inline const Plan& plan(const Exec<Cuda>& e, cudnnHandle_t h, Op op, const ConvG
   return p;
 }
 
-// Whether cuDNN offers an acceptable algorithm for op of conv g on tensors of data type dt under e
-// (the plan is made, and kept, on first ask).
+// Whether op of conv g on type dt has an acceptable algorithm (makes and keeps the plan).
 inline bool has_algorithm(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt) {
   const int device = current_device();
   return find_plan(e, handle(e, device), op, g, device, dt).algo.algo >= 0;
@@ -385,8 +372,7 @@ inline Tensor<float, Cuda> workspace(const Exec<Cuda>& e, std::size_t bytes) {
       Shape{static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
 }
 
-// Runs one op of conv g on tensors of data type dt under e: call(handle, plan, workspace) issues
-// the cuDNN call with the plan's algorithm.
+// call(handle, plan, workspace) issues the cuDNN call with the plan's algorithm.
 template <class Call>
 void run(const Exec<Cuda>& e, Op op, const ConvGeometry& g, cudnnDataType_t dt, Call&& call) {
   const int device = current_device();
@@ -427,8 +413,7 @@ void backward_data(const Exec<Cuda>& e, const ConvGeometry& g, const E* dy, cons
   });
 }
 
-// dw = conv's gradient with respect to w, from x and dy (overwritten, not accumulated), of x's
-// type.
+// dw = d conv / d w from x and dy, of x's type (overwritten, not accumulated).
 template <class E>
 void backward_filter(const Exec<Cuda>& e, const ConvGeometry& g, const E* x, const E* dy, E* dw) {
   run(e, Op::BackwardFilter, g, data_type<E>, [&](cudnnHandle_t h, const Plan& p, void* ws) {

@@ -71,7 +71,8 @@ int main(int argc, char** argv) try {
 
   manual_seed(seed);  // the layers' initial weights
   auto net = make_model();
-  parallel::DistributedDataParallel<float, Cpu> model(*net, job->communicator());
+  // --comm-hook, --bucket-cap-mb, ... (train::init_process_group added them) reach DDP here
+  parallel::DistributedDataParallel<float, Cpu> model(*net, job->communicator(), job->flags().ddp);
   optim::SGD<float, Cpu> opt(*net, {.lr = 0.05, .momentum = 0.9});
   nn::CrossEntropyLoss<float, Cpu> loss;
   // kernels on this thread: one thread per process, as the launchers ask (OMP_NUM_THREADS=1)
@@ -82,7 +83,10 @@ int main(int argc, char** argv) try {
   train::Bookkeeper<Cpu> book(job->communicator(), exec,
                               {.steps_per_epoch = static_cast<long long>(loader.num_batches()),
                                .last_epoch = epochs - 1,
-                               .progress_lines = false});
+                               .progress_lines = false,
+                               .metrics_file = job->flags().metrics_file,
+                               .tensorboard_dir = job->flags().tensorboard_dir,
+                               .trace = job->flags().trace});
   for (int epoch = 0; epoch < epochs; ++epoch) {
     net->train();
     loader.start_epoch(epoch);

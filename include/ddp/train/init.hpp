@@ -155,6 +155,11 @@ class Job {
   int cuda_device() const noexcept { return gpu_; }
   comm::Communicator& communicator() const noexcept { return *comm_; }
   store::Store& store() const noexcept { return *store_; }
+  // The distributed flags this job was made from: flags().ddp is what --bucket-cap-mb,
+  // --comm-hook, --find-unused-parameters, --static-graph and --gradient-as-bucket-view ask of
+  // DistributedDataParallel (pass it to its constructor); metrics_file, tensorboard_dir and trace
+  // are the Bookkeeper's outputs. Flags a program does not pass on have no effect.
+  const DistFlags& flags() const noexcept { return flags_; }
 
  private:
   friend Job detail::join(const InitFlags& init, std::shared_ptr<store::Store> store);
@@ -162,6 +167,7 @@ class Job {
 
   env::LaunchInfo info_;
   DeviceChoice device_;
+  DistFlags flags_;
   int gpu_ = -1;
   // shared: the caller may keep the store it passed in
   std::shared_ptr<store::Store> store_;
@@ -203,6 +209,7 @@ inline Job join(const InitFlags& init, std::shared_ptr<store::Store> given) {
                   {.need_master_addr = !given && dist.needs_store(), .backend = dist.backend});
   log::set_rank(job.info_.rank, job.info_.world_size);
   job.device_ = init.device();
+  job.flags_ = dist;
   if (job.device_.is_cuda()) {
     job.gpu_ = cuda_device_for(dist.backend, job.info_.local_rank, init.visible_gpus());
     make_current(job.gpu_);

@@ -231,11 +231,19 @@ TEST_SUITE("train") {
 
   TEST_CASE("init_process_group(argc, argv, options): one process returns the job and the parsed flags") {
     using namespace test_init;
-    Argv a({"prog", "--epochs", "3", "--local_rank=0", "--backend", "tcp", "--timeout-ms=5000"});
+    Argv a({"prog", "--epochs", "3", "--local_rank=0", "--backend", "tcp", "--timeout-ms=5000", "--comm-hook",
+            "fp16", "--bucket-cap-mb", "2", "--static-graph", "--metrics-file", "m.jsonl"});
     cxxopts::Options options = program_options();
     auto [job, args] =
         train::init_process_group(a.argc, a.ptrs.data(), options, {.cpu_only = true}, env::Env::from({}));
     REQUIRE(job.has_value());
+    // The distributed flags reach the program through the job (DDP's options, the bookkeeper's outputs).
+    CHECK(job->flags().ddp.comm_hook == parallel::CommHookKind::Fp16);
+    CHECK(job->flags().ddp.bucket_cap_bytes == 2u << 20);
+    CHECK(job->flags().ddp.static_graph);
+    CHECK_FALSE(job->flags().ddp.find_unused_parameters);
+    CHECK(job->flags().metrics_file == "m.jsonl");
+    CHECK(job->flags().timeout == std::chrono::milliseconds(5000));
     CHECK(args.count("help") == 0);
     CHECK(args["epochs"].as<long>() == 3);
     CHECK(args["backend"].as<std::string>() == "tcp");

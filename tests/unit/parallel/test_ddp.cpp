@@ -141,7 +141,7 @@ class TwoHeads : public nn::Module<float, Cpu> {
 }  // namespace
 
 namespace test_ddp {
-// The guide's example hook (docs/GUIDE.md, section 3), verbatim.
+// The guide's example hook (docs/GUIDE.md, section 10), verbatim.
 template <class T, Device D>
 parallel::CommHook<T, D> counting_hook(std::shared_ptr<std::size_t> bytes) {
   return [bytes](parallel::GradBucket<T, D>& b) {
@@ -444,7 +444,7 @@ TEST_SUITE("parallel") {
 
   TEST_CASE("user hooks: the guide's counting hook; Sum, halve in `then`, defer a second Sum; deferred errors raise") {
     // The contract of parallel/grad_bucket.hpp, the same on both devices (the CUDA test runs the same hook shape).
-    // The guide's hook (section 3) averages like the default: the same bits, 21 floats x 4 bytes x 2 steps counted.
+    // The guide's hook (section 10) averages like the default: the same bits, 21 floats x 4 bytes x 2 steps counted.
     // Sum / halve / Sum: ((g0 + g1) * 0.5) summed over 2 ranks = g0 + g1, exactly twice the default hook's average
     // (x / 2 and x * 0.5 are exact).
     const std::int64_t B = 8;

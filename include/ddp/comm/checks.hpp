@@ -1,19 +1,15 @@
-// What every backend does before it runs an op, written once: the setup checks (check_setup) and
-// store keys (attempt_prefix) of a new communicator, the preconditions of every call (CallChecks,
-// applied by Communicator before a backend sees the call), and the numbering and naming of ops
-// (OpSequence, used by each backend under the lock that orders its queue).
+// What every backend does before it runs an op, written once: a new communicator's setup checks
+// (check_setup) and store keys (attempt_prefix), every call's preconditions (CallChecks, applied
+// by Communicator before a backend sees the call), and the numbering and naming of ops
+// (OpSequence).
 // SPDX-License-Identifier: MIT
 //
 // So every backend raises the same ValueError words for the same mistake:
 //   ddp[rank 0/2]: broadcast root 2 is out of range [0, 2)
 //   ddp[rank 0/2]: cannot send to rank 0: peers are the other ranks in [0, 2)
-//   ddp[rank 0/2]: all_gather needs out.size() == size() * in.size() = 2 * 3 = 6, but out has 5
-//     elements
-//   ddp[rank 0/2]: all_reduce got CUDA device memory, but the tcp backend reaches host memory only;
-//     ...
 // and names ops the same way in Work labels and failures:
-//   ddp[rank 0/4]: all_reduce #17 (F32 x 4)        ddp[rank 0/4]: send #2 (I64 x 1, tag 0) to rank
-//     3
+//   ddp[rank 0/4]: all_reduce #17 (F32 x 4)
+//   ddp[rank 0/4]: send #2 (I64 x 1, tag 0) to rank 3
 #pragma once
 
 #include <cstddef>
@@ -34,9 +30,8 @@ inline std::string who(int rank, int size) {
   return ddp::detail::str("ddp[rank ", rank, '/', size, ']');
 }
 
-// The setup every backend checks before it talks to anyone; returns rank, so that a constructor can
-// check in its first member initializer. Throws ConfigError naming the variable or flag that fixes
-// it.
+// Returns rank, so that a constructor can check in its first member initializer. Throws
+// ConfigError naming the variable or flag that fixes it.
 inline int check_setup(int rank, int size, const CommOptions& opts) {
   if (size < 1 || rank < 0 || rank >= size)
     throw ConfigError(ddp::detail::str("ddp: rank ", rank, " is not in [0, world_size=", size,
@@ -48,18 +43,16 @@ inline int check_setup(int rank, int size, const CommOptions& opts) {
   return rank;
 }
 
-// The store keys of a backend's world communicator: "ddp/<backend>/<attempt>/". A job restarted in
-// place (torchrun keeps its store) must not read the previous attempt's keys: every rank joins once
-// per attempt, so the join count numbers the attempts consistently everywhere. Collective: every
-// rank calls it.
+// "ddp/<backend>/<attempt>/", the world communicator's keys. A job restarted in place (torchrun
+// keeps its store) must not read the previous attempt's keys; every rank joins once per attempt,
+// so the join count numbers attempts alike everywhere. Collective: every rank calls it.
 inline std::string attempt_prefix(store::Store& store, std::string_view backend, int size) {
   const std::int64_t joined = store.add(ddp::detail::str("ddp/", backend, "/joined"), 1);
   return ddp::detail::str("ddp/", backend, '/', (joined - 1) / size, '/');
 }
 
-// The preconditions of every call of one communicator (rank, size, backend name, the memory it
-// reaches); each function throws ValueError at the call, before anything is sent, or returns the
-// checked OpCall.
+// Each function throws ValueError at the call, before anything is sent, or returns the checked
+// OpCall.
 class CallChecks {
  public:
   CallChecks(int rank, int size, std::string_view backend, MemoryKind memory) noexcept
@@ -130,8 +123,8 @@ class CallChecks {
             .stream = o.stream};
   }
 
-  // new_group's rank list: strictly increasing ranks of this communicator, at least one. Returns
-  // this rank's index in it (its rank in the group), or -1 when it is not a member.
+  // new_group's ranks: strictly increasing, at least one. Returns this rank's index in them (its
+  // group rank), or -1 when it is not a member.
   int group_index(const std::vector<int>& ranks) const {
     if (ranks.empty())
       throw ValueError(ddp::detail::str(who(rank_, size_), ": new_group needs at least one rank"));
@@ -211,10 +204,10 @@ class CallChecks {
   MemoryKind memory_;
 };
 
-// Numbers ops and names them (see the file comment). Collectives share one sequence per
-// communicator, from 1; send and recv count per (peer, direction), so that a rank's n-th send to
-// rank j matches rank j's n-th receive from it. Not thread-safe: a backend calls it under the lock
-// that also orders its queue, so numbers follow issue order.
+// Collectives share one sequence per communicator, from 1; send and recv count per (peer,
+// direction), so that a rank's n-th send to rank j matches rank j's n-th receive from it. Not
+// thread-safe: a backend calls it under the lock that orders its queue, so numbers follow issue
+// order.
 class OpSequence {
  public:
   OpSequence(int rank, int size)

@@ -1,27 +1,23 @@
-// FailureReport: how the ranks of a communicator tell each other about a failure through the store,
-// for every backend that has one (tcp, nccl): publish a rank's error and position, read another
-// rank's, and explain a timeout by naming the ranks that never reached the op
-// (docs/decisions/0009).
+// FailureReport: how a communicator's ranks tell each other about a failure through the store
+// (tcp, nccl): publish a rank's error and position, read another rank's, and explain a timeout by
+// naming the ranks that never reached the op (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
 // The store is the side channel: NCCL cannot tell a rank that a peer aborted (its kernels just
 // wait), and a tcp rank that sees a peer's socket close needs that peer's message. Keys, under the
 // communicator's prefix:
-//   failed        counter, incremented by every failing rank (one key to poll cheaply)
-//   error/<r>     rank r's first error message
-//   state/<r>     "seq\tlabel": the collective rank r was in when it failed, "5\tall_reduce #5 (F32
-//     x 4, sum)"
-// Example: rank 1 never calls all_reduce #5. Rank 0 times out, publishes state/0 = "5\t...", waits
-//   a grace
-// period for state/1, finds none and reports " Ranks that never reached all_reduce #5: 1 (no report
-// ...)".
+//   failed      counter, incremented by every failing rank (one key to poll cheaply)
+//   error/<r>   rank r's first error message
+//   state/<r>   "seq\tlabel" of the collective rank r was in when it failed, e.g.
+//               "5\tall_reduce #5 (F32 x 4, sum)"
+// Example: rank 1 never calls all_reduce #5. Rank 0 times out, publishes state/0, waits a grace
+// period for state/1, finds none and reports " Ranks that never reached all_reduce #5: 1 (...)".
 //
 // Budget: the store's host may be frozen (SIGSTOP) or cut off, and a full store timeout per call
-// would multiply the time a failing rank takes to exit. Every store call here runs under a
-// store::ScopedTimeoutCap of budget(T) = T/4 within [0.1 s, 3 s] for an op timeout T, and the grace
-// period for the other ranks' positions is the same budget. After one failed call the store counts
-// as lost and later calls skip it instead of waiting out the budget once per key. Thread-safe: the
-// store is, and the "lost" flag is atomic.
+// would multiply a failing rank's exit time. Every store call here, and the grace period, is
+// capped at budget(T) = T/4 within [0.1 s, 3 s] for an op timeout T (store::ScopedTimeoutCap).
+// After one failed call the store counts as lost and later calls skip it. Thread-safe: the store
+// is, and the "lost" flag is atomic.
 #pragma once
 
 #include <algorithm>
@@ -45,7 +41,7 @@ class FailureReport {
   FailureReport(store::Store& store, std::string prefix, int rank, int size)
       : store_(store), prefix_(std::move(prefix)), rank_(rank), size_(size) {}
 
-  // The cap on every store call of a report for an op whose timeout is T (see the file comment).
+  // See the file comment.
   static std::chrono::milliseconds budget(std::chrono::milliseconds op_timeout) {
     return std::clamp(op_timeout / 4, std::chrono::milliseconds(100),
                       std::chrono::milliseconds(3000));
@@ -55,9 +51,9 @@ class FailureReport {
     return ddp::detail::str(seq, '\t', at.full_label());
   }
 
-  // Publishes this rank's first error and its position (state_text(seq, at)). Never throws. When it
-  // returns, every rank can read both: PyTorch's SET has no reply, so the final ADD on the same
-  // connection is the round trip that proves the server applied the SETs before it.
+  // Publishes this rank's first error and its position (state_text(seq, at)). Never throws. On
+  // return every rank can read both: PyTorch's SET has no reply, so the final ADD on the same
+  // connection proves the server applied the SETs.
   void publish(const std::string& msg, std::uint64_t seq, const Fingerprint& at,
                std::chrono::milliseconds op_timeout) noexcept {
     if (store_lost_) return;
@@ -85,8 +81,8 @@ class FailureReport {
   }
 
   // "rank k reported: ..." for the first other rank that published, a sentence saying so when the
-  // store is unreachable (its host, rank 0 when the ranks host it, may be dead: that is news too),
-  // else empty. Cheap while nobody failed: one CHECK of `failed`.
+  // store is unreachable (its host may be dead: news too), else empty. Cheap while nobody failed:
+  // one CHECK of `failed`.
   std::string any_peer_failure(std::chrono::milliseconds op_timeout) {
     if (store_lost_) return "the store became unreachable; rank 0 may have died";
     store::ScopedTimeoutCap cap(budget(op_timeout));
@@ -103,10 +99,11 @@ class FailureReport {
     return {};
   }
 
-  // After `fp` timed out here: " Ranks that never reached all_reduce #5: 1 (last in all_reduce #4
-  // (...)), 3 (no report: busy outside ddp, stuck or dead). At #5 rank 2 ran all_reduce #5 (F32 x
-  // 9, sum)." or " Every other rank reached #5 too." Waits up to the budget for the other ranks'
-  // positions, which ranks publish when they fail (they do once this rank's failure reaches them).
+  // After `fp` timed out here, e.g.
+  //   " Ranks that never reached all_reduce #5: 1 (last in all_reduce #4 (...)), 3 (no report:
+  //   busy outside ddp, stuck or dead). At #5 rank 2 ran all_reduce #5 (F32 x 9, sum)."
+  // or " Every other rank reached #5 too." Waits up to the budget for the others' positions
+  // (published once this rank's failure reaches them).
   std::string timeout_report(const Fingerprint& fp, std::chrono::milliseconds op_timeout) {
     if (store_lost_) return " The store is unreachable, so the other ranks' positions are unknown.";
     std::vector<std::string> keys;

@@ -5,25 +5,19 @@
 //
 //   ddp::trace::Recorder rec;
 //   {
-//     ddp::trace::Activation on(rec);             // spans of this thread now go to rec
-//     ddp::trace::Span s("optimizer", "step");    // [construction, destruction) on the calling
-//       thread
+//     ddp::trace::Activation on(rec);           // this thread's spans now go to rec
+//     ddp::trace::Span s("optimizer", "step");  // [construction, destruction)
 //     opt.step(exec);
 //   }
 //   std::vector<ddp::trace::Event> events = rec.take();
-// Cost when no Recorder is active: one thread-local load per span (nn::Module's forward/backward
-// open one each), no allocation, no clock read. A recorder is active on the thread that activated
-// it, the thread that drives training: its spans go on track kMainTrack (kernel pool threads and
-// loader threads record nothing; several ranks in one process, as in the unit tests, each trace
-// their own thread). The all-reduce of a bucket, which runs on the backend's progress thread, is
-// recorded from its launch and its Work's completion time as an event on track kCommTrack
-// (parallel/reducer.hpp), so overlapping all-reduces need no thread of their own. Every event is
-// thus added on the thread that activated the recorder, and a recorder needs no lock. Times are
-// steady_clock (CLOCK_MONOTONIC: one clock for every process of a host); the trace writer
-// (train/trace.hpp) pairs it with the system clock so that traces of several hosts can be laid side
-// by side. GPU: a span measures the host; Recorder::set_synchronize(f) makes every span wait for
-// the device (f, e.g. a cudaStreamSynchronize) before it ends, so that traced steps show device
-// time at the cost of serialising them.
+// Cost with no Recorder active: one thread-local load per span, no allocation, no clock read. A
+// recorder records only the thread that activated it, the one driving training (track kMainTrack;
+// pool and loader threads record nothing). A bucket's all-reduce, run on the progress thread, is
+// added by the reducer from its launch and completion times on track kCommTrack. So every event is
+// added on one thread and a recorder needs no lock. Times are steady_clock (CLOCK_MONOTONIC, one
+// clock per host); the trace writer pairs it with the system clock to align hosts. GPU: a span
+// measures the host; Recorder::set_synchronize(f) makes every span wait for the device before it
+// ends, showing device time at the cost of serialising the steps.
 #pragma once
 
 #include <chrono>
@@ -62,7 +56,7 @@ struct Event {
   std::vector<Arg> args;
 };
 
-// Collects the events of the thread that activated it (see the file comment: one thread, no lock).
+// Collects the events of the thread that activated it; not thread-safe (see the file comment).
 class Recorder {
  public:
   Recorder() = default;
@@ -73,8 +67,7 @@ class Recorder {
   // Every event recorded so far, in the order they ended; the recorder is empty afterwards.
   std::vector<Event> take() { return std::exchange(events_, {}); }
   std::size_t size() const { return events_.size(); }
-  // Called at the end of every span before its end time is read (nullptr: none); see the file
-  // comment.
+  // Called at the end of every span before its end time is read (nullptr: none).
   void set_synchronize(std::function<void()> f) { synchronize_ = std::move(f); }
   void synchronize() const {
     if (synchronize_) synchronize_();
@@ -136,8 +129,7 @@ class Span {
     } catch (...) {
     }
   }
-  // Whether this span is recorded: guard work that only its arguments need (e.g. describing the
-  // module).
+  // Whether this span is recorded: guards work that only its arguments need.
   explicit operator bool() const noexcept { return rec_ != nullptr; }
   void arg(std::string key, double v) {
     if (rec_)

@@ -3,21 +3,15 @@
 // SPDX-License-Identifier: MIT
 //
 //   ddp::data::CharDataset text("input.txt", {.block_size = 128, .truncate = 0.05});
-//   auto [train, test] = ddp::data::split_indices(text.size(), 0.9, /*seed=*/0);  // positions, not
-//     characters
-//   ddp::data::TokenBatch b = text.batch(std::span(train).subspan(0, 32));       // x, y: (32, 128)
-//     int64
-// What it is, in the tutorial's terms (pytorch/examples distributed/minGPT-ddp,
-// mingpt/char_dataset.py): the file is read as UTF-8 text and cut to its first `truncate` fraction
-// of characters; the vocabulary is its distinct characters (Unicode code points) in sorted order,
-// token i = the i-th of them; sample i is the characters [i, i + block_size] encoded: x = the first
-// block_size, y = the last block_size (x shifted by one), so there are len - block_size samples.
-// Where it differs: the tutorial splits with torch's random_split, whose permutation our generator
-// cannot reproduce; split_indices() is our own seeded permutation (data::permutation, Philox) cut
-// at train_split, the same on every rank. A file that is not valid UTF-8 is an IoError naming the
-// file and the byte offset (the tutorial's .decode('utf-8') raises too); so is a missing file, and
-// a text too short for one sample. Samples are slices: no worker threads are needed, batch() copies
-// B x block_size ids.
+//   auto [train, test] = ddp::data::split_indices(text.size(), 0.9, /*seed=*/0);  // sample ids
+//   ddp::data::TokenBatch b = text.batch(std::span(train).subspan(0, 32));  // x, y: (32, 128)
+// As pytorch/examples distributed/minGPT-ddp's char_dataset.py: the file is read as UTF-8 and cut
+// to its first `truncate` fraction of characters; token i is the i-th distinct code point in sorted
+// order; sample i is characters [i, i + block_size] encoded, x the first block_size, y the last
+// (x shifted by one), so there are len - block_size samples. Unlike it, split_indices() is our own
+// seeded permutation (torch's random_split cannot be reproduced), the same on every rank. Invalid
+// UTF-8 (naming the file and byte offset), a missing file and a text too short for one sample are
+// IoErrors. batch() copies B x block_size ids; no worker threads are needed.
 #pragma once
 
 #include <algorithm>
@@ -50,8 +44,7 @@ struct TokenBatch {
   std::vector<std::int64_t> indices;
 };
 
-// UTF-8 bytes -> code points; IoError naming `what` and the byte offset of the first invalid
-// sequence.
+// UTF-8 bytes -> code points; IoError naming `what` and the first invalid sequence's byte offset.
 inline std::vector<char32_t> decode_utf8(const std::string& bytes, const std::string& what) {
   std::vector<char32_t> out;
   out.reserve(bytes.size());
@@ -75,8 +68,7 @@ inline std::vector<char32_t> decode_utf8(const std::string& bytes, const std::st
       ok = (p[i + static_cast<std::size_t>(k)] & 0xC0) == 0x80;
       cp = (cp << 6) | (p[i + static_cast<std::size_t>(k)] & 0x3F);
     }
-    // Overlong forms, surrogates and values past U+10FFFF are invalid UTF-8 too (Python's decoder
-    // agrees).
+    // Overlong forms, surrogates and values past U+10FFFF are invalid (as Python's decoder says).
     static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
     ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     if (!ok)
@@ -109,9 +101,8 @@ inline std::string encode_utf8(char32_t cp) {
   return s;
 }
 
-// A character vocabulary: token id i is the i-th of a sorted list of distinct code points.
-// CharDataset builds one from its text; `mingpt generate` rebuilds it from a snapshot's metadata
-// (utf8() written there). `source` names where it came from in errors, e.g. "'input.txt'".
+// Token id i is the i-th of a sorted list of distinct code points. `mingpt generate` rebuilds it
+// from utf8() stored in a snapshot. `source` names its origin in errors, e.g. "'input.txt'".
 class CharVocab {
  public:
   CharVocab() = default;
@@ -128,8 +119,7 @@ class CharVocab {
     const auto it = std::lower_bound(itos_.begin(), itos_.end(), c);
     return it == itos_.end() || *it != c ? -1 : it - itos_.begin();
   }
-  // Every character in id order, as UTF-8: CharVocab(decode_utf8(utf8(), ...), ...) is the same
-  // vocabulary.
+  // Every character in id order, as UTF-8; CharVocab(decode_utf8(utf8(), ...), ...) restores it.
   std::string utf8() const {
     std::string out;
     for (char32_t c : itos_) out += encode_utf8(c);
@@ -247,9 +237,8 @@ class CharDataset {
   std::vector<std::int64_t> tokens_;  // the text as token ids
 };
 
-// The tutorial's random_split(dataset, [int(n * train_split), rest]) with our generator: a seeded
-// permutation of 0..n-1 (data::permutation, the same on every rank), its first floor(n *
-// train_split) entries for training.
+// The tutorial's random_split(dataset, [int(n * train_split), rest]) with our generator: the first
+// floor(n * train_split) entries of a seeded permutation of 0..n-1 (the same on every rank) train.
 inline std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> split_indices(
     std::size_t n, double train_split, std::uint64_t seed) {
   if (!(train_split > 0.0 && train_split <= 1.0))

@@ -2,24 +2,20 @@
 // and the tutorials' augmentation (random crop with zero padding + random horizontal flip), seeded.
 // SPDX-License-Identifier: MIT
 //
-// Format (https://www.cs.toronto.edu/~kriz/cifar.html, "binary version"): a file is a sequence of
-// records
-//   <1 label byte><C*H*W pixel bytes, channel-major: all of R, then G, then B, each row-major H x
-//     W>
-// CIFAR-10 has C = 3, H = W = 32, so a record is 3073 bytes; data_batch_1..5.bin (train) and
-// test_batch.bin hold 10000 records each. RecordFormat allows other sizes
-// (tests/interop/reference/digits_to_cifar_format.py writes scikit-learn's digits this way). Files
-// are read whole at construction (CIFAR-10: 180 MB).
+// Format (https://www.cs.toronto.edu/~kriz/cifar.html, "binary version"): a sequence of records
+//   <1 label byte><C*H*W pixel bytes, channel-major (all R, then G, then B), each H x W row-major>
+// CIFAR-10 has C = 3, H = W = 32 (3073-byte records); data_batch_1..5.bin (train) and
+// test_batch.bin hold 10000 records each; RecordFormat allows other sizes. Files are read whole at
+// construction (CIFAR-10: 180 MB).
 //
 // get_into() produces channels-last floats: out(y, x, c) = (pixel / 255 - mean[c]) / std[c],
-// exactly torchvision's ToTensor + Normalize. With augmentation it first does, like RandomCrop(H,
-// padding=p) + RandomHorizontalFlip(): pad the image with p zero pixels on each side, cut an H x W
-// window at (top, left) in [0, 2p] x [0, 2p], then mirror it with probability 1/2. Padding pixels
-// are 0 before normalisation, so they become -mean[c] / std[c], as in torchvision. The random
-// choices for sample i in epoch e come from one Philox block, b = e * N + i, of Generator(seed, 0,
-// kStreamAugment): top = w0 % (2p+1), left = w1 % (2p+1), flip = w2 & 1.
-// Example: p = 4, top = 0, left = 8, no flip: out(y, x) = in(y - 4, x + 4), zero where y < 4 or x
-//   >= 28.
+// exactly torchvision's ToTensor + Normalize. With augmentation it first does, like
+// RandomCrop(H, padding=p) + RandomHorizontalFlip(): pad with p zero pixels on each side, cut an
+// H x W window at (top, left) in [0, 2p] x [0, 2p], then mirror it with probability 1/2. Padding
+// pixels become -mean[c] / std[c], as in torchvision. Sample i's choices in epoch e come from one
+// Philox block, b = e * N + i, of Generator(seed, 0, kStreamAugment): top = w0 % (2p+1),
+// left = w1 % (2p+1), flip = w2 & 1. Example: p = 4, top = 0, left = 8, no flip:
+// out(y, x) = in(y - 4, x + 4), zero where y < 4 or x >= 28.
 #pragma once
 
 #include <cerrno>
@@ -45,8 +41,7 @@ inline constexpr std::uint32_t kStreamAugment = 256;  // Philox stream of augmen
 // The usual CIFAR-10 channel statistics (over the training set, pixels in [0, 1]).
 inline const std::vector<float> kCifar10Mean = {0.4914f, 0.4822f, 0.4465f};
 inline const std::vector<float> kCifar10Std = {0.2470f, 0.2435f, 0.2616f};
-// ImageNet's statistics, which some CIFAR tutorials (e.g. the DDP ResNet one) pass to Normalize
-// instead.
+// ImageNet's statistics, which some CIFAR tutorials (e.g. the DDP ResNet one) pass to Normalize.
 inline const std::vector<float> kImageNetMean = {0.485f, 0.456f, 0.406f};
 inline const std::vector<float> kImageNetStd = {0.229f, 0.224f, 0.225f};
 
@@ -111,8 +106,7 @@ class CifarBinaryDataset : public Dataset {
     if (o_.crop_padding < 0)
       throw ValueError(ddp::detail::str("ddp: crop padding ", o_.crop_padding, " must be >= 0"));
     if (files.empty()) throw ValueError("ddp: CifarBinaryDataset needs at least one file");
-    // scale[c] and shift[c] turn a byte v into (v / 255 - mean[c]) / std[c] = v * scale[c] +
-    // shift[c].
+    // For a byte v: (v / 255 - mean[c]) / std[c] = v * scale[c] + shift[c].
     for (std::size_t k = 0; k < o_.mean.size(); ++k) {
       scale_.push_back(1.0f / (255.0f * o_.std[k]));
       shift_.push_back(-o_.mean[k] / o_.std[k]);

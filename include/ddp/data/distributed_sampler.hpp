@@ -2,26 +2,24 @@
 // padded) and EvalSampler (every sample exactly once across ranks, unpadded).
 // SPDX-License-Identifier: MIT
 //
-// DistributedSampler, how it works (same arithmetic as torch.utils.data.DistributedSampler):
-//   N = dataset size, R = num_replicas.
-//   num_samples = ceil(N / R)                 (drop_last: floor(N / R), the tail is dropped)
+// DistributedSampler, torch.utils.data.DistributedSampler's arithmetic (N = dataset size,
+// R = num_replicas):
+//   num_samples = ceil(N / R)            (drop_last: floor(N / R), the tail is dropped)
 //   total_size  = num_samples * R
 //   indices     = shuffle ? permutation(N, seed + epoch) : [0, 1, ..., N-1]
-//   pad         = total_size - N; the list is extended with its own head, repeated as often as
-//     needed
-//                 when pad > N (drop_last: truncated to total_size instead)
-//   rank r gets indices[r], indices[r + R], indices[r + 2R], ...   (num_samples of them)
-// Worked example, N = 10, R = 4, no shuffle: num_samples = 3, total_size = 12, the padded list is
-//   0 1 2 3 4 5 6 7 8 9 0 1, so rank 0 gets {0, 4, 8}, rank 1 {1, 5, 9}, rank 2 {2, 6, 0}, rank 3
-//     {3, 7, 1}.
-//   With drop_last: num_samples = 2, list 0..7, rank 0 {0, 4}, rank 3 {3, 7}; 8 and 9 are skipped.
+//   padding     = the list's head, repeated as often as needed, up to total_size entries
+//                 (drop_last: truncated to total_size instead)
+//   rank r gets indices[r], indices[r + R], indices[r + 2R], ...  (num_samples of them)
+// Example, N = 10, R = 4, no shuffle: the padded list is 0 1 2 3 4 5 6 7 8 9 0 1, so rank 0 gets
+// {0, 4, 8}, rank 1 {1, 5, 9}, rank 2 {2, 6, 0}, rank 3 {3, 7, 1}. With drop_last: rank 0 {0, 4},
+// rank 3 {3, 7}; 8 and 9 are skipped.
 //
-// The shuffle is OUR permutation, not torch.randperm's (the same seed gives a different order than
-// PyTorch): a Fisher-Yates shuffle driven by ddp's Philox generator,
+// The shuffle is OUR permutation, not torch.randperm's (the same seed gives another order): an
+// unbiased Fisher-Yates shuffle on ddp's Philox generator,
 //   g = Generator(seed + epoch, /*rank*/ 0, kStreamShuffle);  p = [0, 1, ..., N-1]
 //   for i = N-1 down to 1:  j = g.uniform_int(i + 1); swap(p[i], p[j])
 // Every rank computes the same permutation (rank 0's stream on purpose), so the strided split is a
-// partition. uniform_int is unbiased (rejection sampling, see tensor/random.hpp).
+// partition.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +33,7 @@
 
 namespace ddp::data {
 
-// The documented permutation above: Fisher-Yates over Generator(seed, 0, kStreamShuffle).
+// The permutation of the file comment.
 inline std::vector<std::int64_t> permutation(std::size_t n, std::uint64_t seed) {
   std::vector<std::int64_t> p(n);
   for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::int64_t>(i);
@@ -54,7 +52,6 @@ class Sampler {
   virtual ~Sampler() = default;
   virtual void set_epoch(std::uint64_t epoch) = 0;
   virtual std::uint64_t epoch() const = 0;
-  // indices().size(), without computing them
   virtual std::size_t size() const = 0;
   virtual std::vector<std::int64_t> indices() const = 0;  // this rank's indices, in visiting order
 };
@@ -100,8 +97,7 @@ class DistributedSampler : public Sampler {
   std::size_t dataset_size() const { return n_; }
   const SamplerOptions& options() const { return o_; }
 
-  // The padded (or truncated) list of all ranks' indices before the strided split: total_size
-  // entries.
+  // All ranks' indices before the strided split, padded or truncated to total_size.
   std::vector<std::int64_t> global_indices() const {
     std::vector<std::int64_t> all =
         o_.shuffle ? permutation(n_, o_.seed + epoch_) : permutation_identity();
@@ -139,10 +135,9 @@ class DistributedSampler : public Sampler {
   std::uint64_t epoch_ = 0;
 };
 
-// Evaluation: rank r gets r, r + R, r + 2R, ... < N, in order; no padding and no shuffle, so the
-// union over ranks is every sample exactly once and metrics summed over ranks are exact. Ranks may
-// differ in count by one (N = 10, R = 4: 3, 3, 2, 2), so per-rank loops must not assume equal batch
-// counts.
+// Evaluation: rank r gets r, r + R, r + 2R, ... < N, in order; no padding, no shuffle, so every
+// sample is seen once and metrics summed over ranks are exact. Ranks may differ in count by one
+// (N = 10, R = 4: 3, 3, 2, 2): per-rank loops must not assume equal batch counts.
 class EvalSampler : public Sampler {
  public:
   EvalSampler(std::size_t dataset_size, int num_replicas, int rank)

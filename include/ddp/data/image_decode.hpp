@@ -1,21 +1,18 @@
-// Decoding JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng) files into 8-bit RGB, as PIL's
-// Image.open(path).convert("RGB") does, which is what torchvision's default ImageFolder loader
-// returns.
+// Decoding JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng) files into 8-bit RGB as PIL's
+// Image.open(path).convert("RGB") does, which torchvision's default ImageFolder loader returns.
 // SPDX-License-Identifier: MIT
 //
-// The decoders exist when ddp was configured with them (target ddp::image, which defines
-// DDP_WITH_IMAGE=1; docs/decisions/0039). Without them this header still compiles and
-// decode_image() throws ConfigError saying how to get them, so code that only names the types
-// builds everywhere.
+// The decoders exist when ddp is configured with them (target ddp::image, DDP_WITH_IMAGE=1;
+// docs/decisions/0039). Without them this header still compiles (code that only names the types
+// builds everywhere) and decode_image() throws ConfigError saying how to get them.
 //
 // Result: DecodedImage{height H, width W, rgb: H*W*3 bytes, row-major, channels-last (R, G, B)}.
-// JPEG: tjDecompress2 to TJPF_RGB with TurboJPEG's defaults, i.e. the accurate integer IDCT
-// (JDCT_ISLOW) and fancy upsampling, which are also libjpeg's defaults as PIL uses them: with the
-// same libjpeg-turbo underneath the bytes are identical. Grayscale JPEGs come out with R = G = B
-// (as convert("RGB")); CMYK JPEGs are rejected (TurboJPEG cannot convert them to RGB). PNG: palette
+// JPEG: TurboJPEG's default decode, which is libjpeg's as PIL uses it, so with the same
+// libjpeg-turbo underneath the bytes are identical. Grayscale JPEGs give R = G = B (as
+// convert("RGB")); CMYK JPEGs are rejected (TurboJPEG cannot convert them to RGB). PNG: palette
 // expanded, gray replicated to RGB, 16-bit samples reduced to their high byte (PIL's "RGB;16B" raw
-// mode), alpha dropped without compositing (convert("RGB") of RGBA/LA drops it too). Every failure
-// is an IoError naming the file; a decoder never aborts the process.
+// mode), alpha dropped without compositing (as convert("RGB") of RGBA/LA). Every failure is an
+// IoError naming the file; a decoder never aborts the process.
 #pragma once
 
 #include <csetjmp>
@@ -46,8 +43,7 @@ struct DecodedImage {
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
 
-// Sniffs the format from the first bytes (the extension is not trusted: torchvision's PIL loader
-// does not trust it either).
+// Sniffs the format from the first bytes; the extension is not trusted (nor is it by PIL).
 inline ImageFormat sniff_image_format(std::span<const std::uint8_t> bytes) {
   if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
     return ImageFormat::kJpeg;
@@ -105,12 +101,11 @@ inline DecodedImage decode_jpeg(std::span<const std::uint8_t> bytes, const std::
     throw IoError(ddp::detail::str("ddp: JPEG file '", path, "' has invalid extents ", w, "x", ht));
   DecodedImage out{.height = ht, .width = w, .rgb = {}};
   out.rgb.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(ht) * 3);
-  // Flags 0: accurate integer IDCT and fancy upsampling (libjpeg's defaults, as PIL decodes).
+  // Flags 0: accurate integer IDCT and fancy upsampling, libjpeg's defaults as PIL decodes.
   if (tjDecompress2(h, src, size, out.rgb.data(), w, 0, ht, TJPF_RGB, 0) != 0) {
-    // Errors fail. Of libjpeg's warnings only a truncated file ("Premature end of JPEG file",
-    // decoded grey- padded) fails, as PIL raises "image file is truncated" there; PIL decodes
-    // through the others (e.g. "Corrupt JPEG data: N extraneous bytes before marker"), so they are
-    // accepted as in torchvision.
+    // Errors fail; of libjpeg's warnings only a truncated file ("Premature end of JPEG file",
+    // decoded grey-padded) fails, as PIL raises "image file is truncated". PIL decodes through the
+    // others (e.g. "Corrupt JPEG data: N extraneous bytes before marker"): they pass, as there.
     const std::string msg = tjGetErrorStr2(h);
     if (tjGetErrorCode(h) != TJERR_WARNING || msg.find("Premature end") != std::string::npos)
       throw IoError(ddp::detail::str("ddp: corrupt JPEG file '", path, "': ", msg));
@@ -140,9 +135,8 @@ extern "C" inline void ddp_png_read_(png_structp png, png_bytep data, png_size_t
   s->pos += n;
 }
 
-// The libpng part: only trivially destructible objects live in this frame, so longjmp from an error
-// callback skips no destructor. `rows` and `out` are owned by the caller. Returns false with
-// s.message set on error.
+// The libpng part: only trivially destructible objects live in this frame, so a longjmp from an
+// error callback skips no destructor; the caller owns `rows` and `out`. False (s.message) on error.
 inline bool png_decode_into_(PngReadState& s, std::vector<std::uint8_t>& out,
                              std::vector<png_bytep>& rows, std::int64_t& height,
                              std::int64_t& width) {

@@ -1,23 +1,21 @@
 // ImageFolder: torchvision.datasets.ImageFolder's layout and order over JPEG/PNG files, with the
-// ImageNet transforms of image_transform.hpp. docs/decisions/0039.
+// ImageNet transforms of image_transform.hpp (docs/decisions/0039).
 // SPDX-License-Identifier: MIT
 //
 //   root/<class>/<...>/<image>.<ext>     ext in torchvision's IMG_EXTENSIONS, case-insensitive
 // Classes are the sorted names of root's subdirectories (byte order of the UTF-8 names, which is
 // Python's code-point order), class_to_idx[classes[k]] = k. Samples follow torchvision's
 // make_dataset: classes in order; within a class the directories of os.walk(class_dir,
-// followlinks=True) sorted by path string, and in each directory its files sorted by name. So
-// sample i here is torchvision's sample i. get_into() decodes sample i (JPEG: libjpeg-turbo, PNG:
-// libpng) and writes (S, S, 3) floats, S = crop_size:
-//   train: RandomResizedCrop(S, scale, ratio) + RandomHorizontalFlip + ToTensor + Normalize(mean,
-//     std)
-//   eval:  Resize(resize_size) + CenterCrop(S) + ToTensor + Normalize(mean, std)
-// The random choices of sample i in epoch e come from Generator(seed, 0, kStreamAugment) at offset
-// (e * N + i) * 64 blocks (RandomResizedCrop uses at most 24 blocks, the flip one), so they are a
-// pure function of (seed, e, i), as every Dataset's (dataset.hpp). Bad files: an undecodable sample
-// (corrupt, truncated, other format, unreadable) throws IoError naming the file (on_error = kFail,
-// the default); with kSkip it is counted (skipped()), reported once on stderr, and the next
-// decodable sample in index order takes its place, so a batch never has a hole.
+// followlinks=True) sorted by path string, in each its files sorted by name; so sample i here is
+// torchvision's sample i. get_into() decodes sample i and writes (S, S, 3) floats, S = crop_size:
+//   train: RandomResizedCrop(S, scale, ratio) + RandomHorizontalFlip + ToTensor + Normalize
+//   eval:  Resize(resize_size) + CenterCrop(S) + ToTensor + Normalize
+// Sample i's random choices in epoch e come from Generator(seed, 0, kStreamAugment) at offset
+// (e * N + i) * 64 blocks (RandomResizedCrop uses at most 24 blocks, the flip one), a pure function
+// of (seed, e, i) as every Dataset's must be. An undecodable sample (corrupt, truncated, other
+// format, unreadable) throws IoError naming the file (on_error = kFail, the default); with kSkip it
+// is counted (skipped()), reported once on stderr, and the next decodable sample in index order
+// takes its place, so a batch never has a hole.
 #pragma once
 
 #include <algorithm>
@@ -80,9 +78,8 @@ struct ImageSample {
   std::int64_t label = 0;
 };
 
-// find_classes + make_dataset of torchvision 0.14. Throws IoError when root is not a directory, has
-// no class directory, or a class has no file with an image extension (torchvision's
-// FileNotFoundError).
+// torchvision 0.14's find_classes + make_dataset. IoError (torchvision's FileNotFoundError) when
+// root is not a directory, has no class directory, or a class has no file with an image extension.
 inline std::pair<std::vector<std::string>, std::vector<ImageSample>> scan_image_folder(
     const std::string& root) {
   namespace fs = std::filesystem;
@@ -208,8 +205,7 @@ class ImageFolder : public Dataset {
     const auto [rh, rw] = resize_shorter_extents(img.height, img.width, o_.resize_size);
     const CropParams whole{
         .top = 0, .left = 0, .height = img.height, .width = img.width, .flip = false};
-    // torchvision returns the image itself when it already has the target size; PIL's resize would
-    // copy it.
+    // Already the target size: torchvision returns the image itself, so no resize.
     const auto bytes = (rh == img.height && rw == img.width)
                            ? img.rgb
                            : resize_bilinear_pil(img.rgb, img.height, img.width, whole, rh, rw);

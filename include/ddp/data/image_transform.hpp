@@ -1,20 +1,16 @@
-// torchvision's ImageNet transforms on 8-bit RGB images, with torchvision 0.14's semantics on PIL
-// images:
-//   train: RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip() +
-//     ToTensor + Normalize
+// torchvision 0.14's ImageNet transforms on 8-bit RGB (PIL) images:
+//   train: RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip()
+//          + ToTensor + Normalize
 //   eval:  Resize(resize) + CenterCrop(size) + ToTensor + Normalize
 // SPDX-License-Identifier: MIT
 //
-// Resizing is PIL's bilinear resampling (Image.resize(..., BILINEAR), libImaging/Resample.c)
-// re-implemented bit for bit: a triangle filter widened by the downscale factor (that is PIL's
-// antialiasing), coefficients normalised per output pixel and turned into 22-bit fixed point, a
-// horizontal pass then a vertical pass, each rounding to uint8 (the intermediate image is uint8
-// too), a pass skipped when its axis is unchanged. Python's round() (half to even) is
-// std::nearbyint in the default rounding mode. ToTensor + Normalize are computed as torchvision
-// does in float32: (v / 255 - mean[c]) / std[c], two divisions, so the floats equal torchvision's,
-// not just the bytes. Random choices (RandomResizedCrop's area/ratio tries and offsets, the flip)
-// come from a ddp Generator; the procedure is torchvision's, the random numbers are not torch's:
-// compare crops by their parameters.
+// Resizing is PIL's bilinear resampling (libImaging/Resample.c) bit for bit: a triangle filter
+// widened by the downscale factor (PIL's antialiasing), 22-bit fixed-point coefficients normalised
+// per output pixel, a horizontal then a vertical pass, each rounding to uint8, a pass skipped when
+// its axis is unchanged. Python's round() (half to even) is std::nearbyint. ToTensor + Normalize
+// compute (v / 255 - mean[c]) / std[c] in float32, two divisions, so the floats equal
+// torchvision's. Random choices come from a ddp Generator: the procedure is torchvision's, the
+// random numbers are not torch's, so compare crops by their parameters.
 #pragma once
 
 #include <algorithm>
@@ -47,9 +43,8 @@ namespace detail {
 
 inline constexpr int kPilPrecisionBits = 32 - 8 - 2;  // Resample.c's PRECISION_BITS
 
-// Resample.c's precompute_coeffs() for the bilinear filter (support 1) over input [in0, in1) of an
-// axis of `in_size` pixels to `out_size` pixels; then normalize_coeffs_8bpc(). bounds: (xmin,
-// count) per output.
+// Resample.c's precompute_coeffs() + normalize_coeffs_8bpc() for the bilinear filter over input
+// [in0, in1) of an axis of `in_size` pixels to `out_size` pixels. bounds: (xmin, count) per output.
 struct PilCoeffs {
   int ksize = 0;
   std::vector<int> bounds;  // (out_size, 2)
@@ -102,9 +97,8 @@ inline std::uint8_t pil_clip8(int v) {
 
 }  // namespace detail
 
-// PIL's img.crop((left, top, left + w, top + h)).resize((out_w, out_h), Image.BILINEAR) for an RGB
-// image src (src_h, src_w, 3); the window must lie inside the image. Returns (out_h, out_w, 3)
-// bytes.
+// PIL's img.crop((left, top, left + w, top + h)).resize((out_w, out_h), Image.BILINEAR) of src
+// (src_h, src_w, 3) -> (out_h, out_w, 3) bytes; the window must lie inside the image.
 inline std::vector<std::uint8_t> resize_bilinear_pil(std::span<const std::uint8_t> src,
                                                      std::int64_t src_h, std::int64_t src_w,
                                                      CropParams window, std::int64_t out_h,
@@ -191,10 +185,9 @@ inline double uniform_real(Generator& g, double lo, double hi) {
   return lo + (hi - lo) * static_cast<double>(g.next_u64() >> 11) * 0x1p-53;
 }
 
-// RandomResizedCrop.get_params (torchvision 0.14) for an image of height x width: up to 10 tries of
-// a random area fraction in [scale_lo, scale_hi] and a log-uniform aspect ratio in [ratio_lo,
-// ratio_hi], the first window that fits wins, at a uniform offset; otherwise the central crop
-// clamped to the ratio range.
+// RandomResizedCrop.get_params: up to 10 tries of a random area fraction in [scale_lo, scale_hi]
+// and a log-uniform ratio in [ratio_lo, ratio_hi]; the first window that fits wins, at a uniform
+// offset; otherwise the central crop clamped to the ratio range.
 inline CropParams random_resized_crop_params(std::int64_t height, std::int64_t width,
                                              double scale_lo, double scale_hi, double ratio_lo,
                                              double ratio_hi, Generator& g) {
@@ -235,17 +228,15 @@ inline std::pair<std::int64_t, std::int64_t> resize_shorter_extents(std::int64_t
   return w <= h ? std::pair{nl, size} : std::pair{size, nl};
 }
 
-// CenterCrop's offset along one axis of `extent` pixels for a crop of `crop`: round((extent - crop)
-// / 2) (half to even); negative when the image is smaller (torchvision pads (crop - extent) // 2
-// zeros first).
+// CenterCrop's offset on an axis of `extent` pixels: round((extent - crop) / 2), half to even;
+// negative when the image is smaller (torchvision pads (crop - extent) // 2 zeros first).
 inline std::int64_t center_crop_offset(std::int64_t extent, std::int64_t crop) {
   if (crop > extent) return -((crop - extent) / 2);
   return static_cast<std::int64_t>(std::nearbyint(static_cast<double>(extent - crop) / 2.0));
 }
 
-// ToTensor + Normalize of an (h, w, 3) byte window at (top, left) of src (src_h, src_w, 3) into out
-// (h, w, 3) floats, mirrored when flip; pixels outside src are 0 before normalisation (CenterCrop's
-// padding).
+// ToTensor + Normalize of the (h, w, 3) byte window at (top, left) of src (src_h, src_w, 3) into
+// out (h, w, 3) floats, mirrored when flip; pixels outside src are 0 (CenterCrop's padding).
 inline void normalize_rgb(std::span<const std::uint8_t> src, std::int64_t src_h, std::int64_t src_w,
                           std::int64_t top, std::int64_t left, std::int64_t h, std::int64_t w,
                           bool flip, const float* mean, const float* stdev, std::span<float> out) {

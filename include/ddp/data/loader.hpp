@@ -1,27 +1,22 @@
-// DataLoader: batches of a Dataset in a Sampler's order, assembled ahead of time on a background
-// thread.
+// DataLoader: batches of a Dataset in a Sampler's order, assembled ahead on background threads.
 // SPDX-License-Identifier: MIT
 //
 //   DataLoader loader(dataset, sampler, {.batch_size = 32, .prefetch = 2});
 //   for (std::uint64_t epoch = start; epoch < epochs; ++epoch) {
-//     loader.start_epoch(epoch);                  // sampler.set_epoch(epoch), worker starts
+//     loader.start_epoch(epoch);                  // sampler.set_epoch(epoch), workers start
 //     while (auto batch = loader.next()) step(batch->images, batch->labels);
 //   }
-// How it works: start_epoch() takes this rank's index list from the sampler, cuts it into batches
-// of batch_size (the last one smaller unless drop_last) and starts `num_workers` worker threads
-// that take batch numbers in order and assemble them (make_batch; decoding JPEGs in parallel, one
-// batch per worker) while at most `prefetch` batches are ahead of the consumer (queued or being
-// assembled): a worker blocks otherwise, so memory is bounded by prefetch + 1 batches, and
-// num_workers > prefetch leaves workers idle. next() returns the batches in order, waiting for the
-// next one if it is not ready, and nullopt at the end of the epoch. If a worker throws (a corrupt
-// file, a bad index), the batches before the failed one are still delivered and then next()
-// rethrows that exception on the calling thread. start_epoch() during an epoch and the destructor
-// stop the workers (each finishes at most the batch it is assembling) and join them: never a
-// detached thread.
-// Example: 10 indices, batch_size 4: batches of 4, 4, 2 (drop_last: 4, 4). num_batches() says how
-//   many.
-// Thread-safety: one consumer thread calls start_epoch/next; the dataset's get_into runs on the
-// workers, concurrently when num_workers > 1 (Dataset::get_into must allow that, dataset.hpp).
+// start_epoch() cuts this rank's indices into batches of batch_size (the last one smaller unless
+// drop_last; 10 indices, batch_size 4: 4, 4, 2, or 4, 4) and starts `num_workers` threads that
+// take batch numbers in order and assemble them (make_batch). At most `prefetch` batches are ahead
+// of the consumer (queued or being assembled; a worker blocks otherwise), so memory is bounded by
+// prefetch + 1 batches and num_workers > prefetch leaves workers idle. next() returns the batches
+// in order, waiting if needed, and nullopt at the end of the epoch. If a worker throws (a corrupt
+// file, a bad index), the batches before the failed one are delivered, then next() rethrows on the
+// calling thread. start_epoch() during an epoch and the destructor stop the workers (each finishes
+// at most its current batch) and join them: never a detached thread.
+// Thread-safety: one consumer thread calls start_epoch/next; Dataset::get_into runs on the
+// workers, concurrently when num_workers > 1, and must allow that.
 #pragma once
 
 #include <algorithm>
@@ -55,7 +50,7 @@ struct LoaderOptions {
 
 class DataLoader {
  public:
-  // The dataset and sampler must outlive the loader. Throws ValueError for batch_size 0.
+  // The dataset and sampler must outlive the loader; ValueError for batch_size or num_workers 0.
   DataLoader(const Dataset& dataset, Sampler& sampler, const LoaderOptions& options)
       : dataset_(&dataset), sampler_(&sampler), o_(options) {
     if (o_.batch_size == 0)
@@ -74,8 +69,7 @@ class DataLoader {
   }
   std::uint64_t epoch() const { return epoch_; }
 
-  // Sets the sampler's epoch and starts producing this epoch's batches (stopping any unfinished
-  // epoch).
+  // Sets the sampler's epoch and starts this epoch's batches (stopping any unfinished epoch).
   void start_epoch(std::uint64_t epoch) {
     stop();
     epoch_ = epoch;

@@ -8,14 +8,11 @@
 //   auto env = ddp::env::Env::from({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
 //   env.int_var("RANK", "torchrun");        // 3
 //   env.int_var("LOCAL_RANK", "torchrun");  // ConfigError: "ddp: launched by torchrun but
-//     LOCAL_RANK is not
-//                                           //  set. torchrun always exports it; if you start
-//                                             workers
-//                                           //  yourself, export LOCAL_RANK or pass --local-rank."
+//       LOCAL_RANK is not set. torchrun always exports it; if you start workers yourself,
+//       export LOCAL_RANK or pass --local-rank."
 //
 // An empty value counts as unset (`export MASTER_ADDR=` leaves the variable present but says
-// nothing). Env is a value type: copying it copies the map; it is safe to read from several
-// threads.
+// nothing). Env is a value type (a copy copies the map), safe to read from several threads.
 #pragma once
 
 #include <unistd.h>  // environ (glibc declares it under _GNU_SOURCE, which g++ and clang++ define)
@@ -37,10 +34,9 @@ namespace ddp::env {
 
 namespace detail {
 
-// The command-line flag with the same spelling as a torch-style variable, or "" when there is none:
-// flag_for("LOCAL_WORLD_SIZE") == "--local-world-size". Launcher-specific names
-// (OMPI_COMM_WORLD_RANK, ...) have no flag of their own; the flags override the field, whatever the
-// launcher.
+// The flag spelt like a torch-style variable, or "" if none: flag_for("LOCAL_WORLD_SIZE") ==
+// "--local-world-size". Launcher-specific names (OMPI_COMM_WORLD_RANK, ...) have none; the flags
+// override the field whatever the launcher.
 inline std::string flag_for(std::string_view name) {
   static constexpr std::string_view kWithFlag[] = {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
@@ -53,8 +49,7 @@ inline std::string flag_for(std::string_view name) {
   return {};
 }
 
-// Parses a whole decimal integer ("-2", "17"); nullopt for "", "3x", " 3", "0x10" or out of int
-// range.
+// Parses a whole decimal integer ("-2", "17"); nullopt for "", "3x", " 3", "0x10" or overflow.
 inline std::optional<long long> parse_int(std::string_view s) {
   long long v = 0;
   const char* end = s.data() + s.size();
@@ -84,14 +79,12 @@ class Env {
     return Env(std::move(vars));
   }
 
-  // Env::from({{"RANK", "3"}, {"WORLD_SIZE", "4"}}); for tests and for programs that build an
-  // environment.
+  // For tests and for programs that build an environment (example above).
   static Env from(std::initializer_list<std::pair<const std::string, std::string>> vars) {
     return Env(Map(vars.begin(), vars.end()));
   }
 
-  // A copy with `name` set to `value` (or removed when value is nullopt); handy for table-driven
-  // tests.
+  // A copy with `name` set to `value` (removed when nullopt); handy for table-driven tests.
   Env with(std::string_view name, std::optional<std::string_view> value) const {
     Env copy = *this;
     if (value)
@@ -112,8 +105,7 @@ class Env {
     return it->second;
   }
 
-  // The value of a variable the launcher must have set; throws ConfigError naming it, the launcher
-  // and the fix.
+  // A variable the launcher must have set; ConfigError naming it, the launcher and the fix.
   std::string var(std::string_view name, std::string_view launcher) const {
     if (auto v = get(name)) return *v;
     std::string flag = detail::flag_for(name);
@@ -123,8 +115,7 @@ class Env {
                                        name, flag.empty() ? "" : " or pass ", flag, "."));
   }
 
-  // A required integer: missing -> var()'s error; "3x" -> "ddp: RANK='3x' (from torchrun) is not an
-  // integer."
+  // A required 32-bit integer: missing -> var()'s error; "3x" -> "... is not an integer."
   int int_var(std::string_view name, std::string_view launcher) const {
     return to_int(name, var(name, launcher), launcher);
   }

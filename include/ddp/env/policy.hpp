@@ -4,20 +4,16 @@
 // A policy is a struct of statics, no state:
 //
 //   struct OpenMpi {
-//     static constexpr std::string_view name = "openmpi";              // LaunchInfo::source, JSON,
-//       logs
-//     static constexpr std::string_view launcher = "Open MPI mpirun";  // words used in error
-//       messages
-//     static constexpr VarNames vars = {...};                          // which variable holds
-//       which field
+//     static constexpr std::string_view name = "openmpi";  // LaunchInfo::source, JSON, logs
+//     static constexpr std::string_view launcher = "Open MPI mpirun";  // for error messages
+//     static constexpr VarNames vars = {...};  // which variable holds which field
 //     static bool detected(const Env&);    // cheap: looks for one marker variable, never throws
 //     static LaunchInfo read(const Env&);  // strict: a missing or bad variable is a ConfigError
 //   };
 //
-// `read` returns a LaunchInfo that already passed validate(): 0 <= rank < world_size, 0 <=
-// local_rank < local_world_size <= world_size, 0 <= node_rank < nnodes. The checks name the
-// launcher's own variables (OMPI_COMM_WORLD_RANK, not RANK) so that the message points at what to
-// fix.
+// `read` returns a LaunchInfo that passed validate() (0 <= rank < world_size,
+// 0 <= local_rank < local_world_size <= world_size, 0 <= node_rank < nnodes), whose messages name
+// the launcher's own variables (OMPI_COMM_WORLD_RANK, not RANK), i.e. what to fix.
 #pragma once
 
 #include <concepts>
@@ -61,7 +57,7 @@ namespace detail {
 }  // namespace detail
 
 // Throws ConfigError for the first inconsistency, e.g.
-//   "ddp: RANK=4 (from torchrun) is out of range: it must be below WORLD_SIZE=4. ..."
+//   "ddp: RANK=4 (from torchrun) is out of range: it must be in [0, 4) since WORLD_SIZE=4. ..."
 // Returns `info` unchanged so that callers can write `return validate(info, vars, launcher);`.
 inline const LaunchInfo& validate(const LaunchInfo& info, const VarNames& vars,
                                   std::string_view launcher) {
@@ -117,10 +113,9 @@ inline void derive_nodes(LaunchInfo& info) {
 }
 
 // The LaunchInfo of an MPI-style launcher (Open MPI, MPICH/Intel PMI, MVAPICH): rank, size and the
-// local pair from the launcher's own variables `vars`, MASTER_ADDR / MASTER_PORT from the
-// environment when set (MPI has no rendezvous address of its own), nodes derived as above. Not
-// validated: the policy may refine the node fields first, then returns validate(info, vars,
-// launcher).
+// local pair from its own variables `vars`, MASTER_ADDR / MASTER_PORT from the environment when set
+// (MPI has no rendezvous address of its own), nodes derived as above. Not validated: the policy
+// may refine the node fields, then returns validate(info, vars, launcher).
 inline LaunchInfo read_mpi_style(const Env& env, const VarNames& vars, std::string_view launcher,
                                  std::string_view source) {
   LaunchInfo info{.rank = env.int_var(vars.rank, launcher),

@@ -1,21 +1,17 @@
-// Argument structs of causal multi-head self-attention (the core of minGPT's CausalSelfAttention)
-// and their checks.
+// Argument structs and checks of causal multi-head self-attention (minGPT's CausalSelfAttention).
 // SPDX-License-Identifier: MIT
 //
-// The kernels work on the packed projection qkv = c_attn(x) (B, T, 3C), as llm.c's
-// attention_forward does: row (b, t) holds q (columns [0, C)), k ([C, 2C)) and v ([2C, 3C)); head h
-// of each is the hs = C / n_head columns starting at h * hs. So q of head h for batch b is a (T x
-// hs) matrix with leading dimension 3C inside qkv, and no kernel needs a transpose to (B, nh, T,
-// hs) or back:
-//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs))) (B, nh, T, T);  y =
-//     dropout(att) v as (B, T, C)
+// The kernels work on the packed projection qkv = c_attn(x) (B, T, 3C), as llm.c does: row (b, t)
+// holds q (columns [0, C)), k ([C, 2C)) and v ([2C, 3C)); head h of each is the hs = C / n_head
+// columns from h * hs. So q of head h, batch b is a (T x hs) matrix with leading dimension 3C
+// inside qkv, and no kernel transposes to (B, nh, T, hs) or back:
+//   attention_forward   att = softmax(causal_mask(q k^T / sqrt(hs)))  (B, nh, T, T);
+//                       y = dropout(att) v  (B, T, C)
 //   attention_backward  dqkv (B, T, 3C) from dy (B, T, C), qkv and the forward's att
-// Kernels<Cpu> (kernels/cpu/attention.hpp) and Kernels<Cuda> (kernels/cuda/attention.cuh) implement
-// them; both are in KernelsApi. validate() throws ValueError like args.hpp's. Dropout on the
-// probabilities (minGPT's attn_dropout, AttentionDropout below): att keeps the undropped
-// probabilities, which the softmax backward needs; the dropped ones exist only in a scratch for the
-// y GEMM (and for the dv GEMM in backward, which draws the same mask again from its Philox counters
-// instead of keeping it).
+// Both Kernels<D> implement them (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh).
+// validate() throws ValueError. Dropout (minGPT's attn_dropout): att keeps the undropped
+// probabilities, which the softmax backward needs; the dropped ones live only in a scratch for the
+// y GEMM (and the backward's dv GEMM, which redraws the same mask from its Philox counters).
 #pragma once
 
 #include <cmath>
@@ -35,10 +31,9 @@ namespace ddp::kernels {
 
 // Inverted dropout on att before the y GEMM: y = (mask * att / (1 - p)) v. The mask is
 // nn::Dropout's over att (B, nh, T, T) as one tensor (docs/decisions/0043): element e (att's flat
-// index, ((b nh + h) T + i) T + j) uses word e % 4 of block (step << 32) + e / 4 of Generator(seed,
-// rank, stream), so both devices, any thread count, and a backward drawing it again all see the
-// same mask. p = 0 (the default) is no dropout: the kernels then draw nothing and compute exactly
-// what they did without this field.
+// index ((b nh + h) T + i) T + j) uses word e % 4 of block (step << 32) + e / 4 of
+// Generator(seed, rank, stream), so both devices, any thread count and the backward's redraw see
+// the same mask. p = 0 (the default): no dropout, nothing drawn.
 struct AttentionDropout {
   double p = 0.0;  // in [0, 1]
   std::uint64_t seed = 0;
@@ -68,13 +63,12 @@ struct AttentionBackwardArgs {
   AttentionDropout dropout;  // the forward's, so the same mask
 };
 
-// Row i of one (batch, head)'s probabilities under the dropout mask m, for both devices: the row's
-// element (i, 0) has flat index e_row in att. For j <= i, dropped[j] = att[j] * scale where m keeps
-// element e_row + j, else 0; with datt (backward: d(dropped att) in, d(att) out, in place) datt[j]
+// Row i of one (batch, head)'s probabilities under dropout mask m, for both devices; e_row is the
+// flat index in att of the row's element (i, 0). For j <= i, dropped[j] = att[j] * scale if m
+// keeps element e_row + j, else 0; datt (backward: d(dropped att) in, d(att) out, in place)
 // likewise. Columns beyond i are left alone (att is 0 there). One Philox block per 4 elements:
-// worker `lane` of `stride` takes blocks first + lane, first + lane + stride, ... (a warp's 32
-// lanes on the GPU; lane 0 of 1 on the CPU). A block straddling two rows is evaluated for each: the
-// words are the same.
+// worker `lane` of `stride` takes blocks e_row / 4 + lane, + stride, ... (a warp's 32 lanes on the
+// GPU; lane 0 of 1 on the CPU). A block straddling two rows is evaluated for each (same words).
 template <class T>
 DDP_HOST_DEVICE void attention_dropout_row(const DropoutMask& m, T scale, std::uint64_t e_row,
                                            std::int64_t i, const T* att, T* dropped, T* datt,
@@ -101,8 +95,7 @@ inline void validate_attention_dropout(const AttentionDropout& d, std::int64_t a
   if (d.p > 0.0) validate_dropout_draw(att_numel, d.step, op);
 }
 
-// torch's 1.0 / math.sqrt(hs), computed in double and rounded once to T: the scores' scale of every
-// device's kernel.
+// torch's 1.0 / math.sqrt(hs) in double, rounded once to T: every device's score scale.
 template <class T>
 T attention_scale(std::int64_t hs) {
   return static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));

@@ -1,25 +1,19 @@
-// Per-channel arithmetic of BatchNorm, written once for both devices: the statistics' finish of
-// every forward (BnChannelOutputs), and the synchronised BatchNorm's (torch.nn.SyncBatchNorm)
-// functors run by Kernels<D>::for_each_index over the C channels (kernels/cpu/batchnorm.hpp and
-// kernels/cuda/batchnorm.cuh call them between their own "sums" and "apply" passes).
+// Per-channel arithmetic of BatchNorm for both devices: every forward's finish of the statistics
+// (BnChannelOutputs) and the synchronised BatchNorm's functors, run by Kernels<D>::for_each_index
+// over the C channels between the kernels' own "sums" and "apply" passes.
 // SPDX-License-Identifier: MIT
 //
-// A synchronised training step (ChannelSumReducer in kernels/args.hpp, docs/decisions/0027) is:
-//   forward   this rank's sums s = [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics ->
-//     y = x scale + shift
-//   backward  this rank's sums s = [sum g (C), sum g xhat (C), M] -> BnLocalGrads (dbeta, dgamma
-//     from this
-//             rank's sums) -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean)
-//               + k3
+// A synchronised training step (docs/decisions/0027):
+//   forward   sums [sum x (C), sum x^2 (C), M] -> all-reduce -> BnSyncStatistics
+//             -> y = x scale + shift
+//   backward  sums [sum g (C), sum g xhat (C), M] -> BnLocalGrads (this rank's dbeta, dgamma)
+//             -> all-reduce -> BnSyncBackwardCoefficients -> dx = k1 g + k2 (x - mean) + k3
 // With the global M, mean = sum x / M and var = sum x^2 / M - mean^2 (biased, for normalising);
-// running_var takes var M / (M - 1), the unbiased variance over all ranks, as torch. The sums are
-// doubles: x^2 of a float is exact in double, so the one-pass variance loses nothing that matters
-// next to float's rounding unless |mean| / std exceeds ~1e5 (the non-synchronised kernels keep a
-// stable variance: two passes on the CPU, one shifted pass on the GPU, kernels/bn_stats.hpp, whose
-// moments give the GPU's sums: sum x = n mean, sum x^2 = M2 + n mean^2).
-// Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} = {16,
-//   84, 4}
-// -> mean 4, var 84/4 - 16 = 5, running_var moves towards 5 * 4/3.
+// running_var takes var M / (M - 1), as torch. The sums are doubles: x^2 of a float is exact in
+// double, so the one-pass variance loses nothing next to float's rounding unless |mean| / std
+// exceeds ~1e5 (the non-synchronised kernels keep a stable variance, kernels/bn_stats.hpp).
+// Example: two ranks with x = {1, 3} and {5, 7} (one channel): s = {4, 10, 2} + {12, 74, 2} =
+// {16, 84, 4} -> mean 4, var 84/4 - 16 = 5, running_var moves towards 5 * 4/3.
 #pragma once
 
 #include <cmath>
@@ -30,13 +24,12 @@
 
 namespace ddp::kernels {
 
-// One channel's statistics -> everything a forward writes for it, for every forward (CPU and CUDA,
-// plain and synchronised): with `rows` > 0 (training) the running statistics move towards mu and
-// the unbiased var * rows / (rows - 1), as torch; rows == 0 (eval) leaves them alone (mu and var
-// are then the running ones). Then save_mean = mu, save_invstd = 1 / sqrt(var + eps), scale = gamma
-// invstd and shift = beta - mu scale, so that y = x scale + shift is one FMA per element. A
-// training finish also counts the batch in num_batches_tracked (when given; channel 0 does it), so
-// the counter needs no launch of its own.
+// One channel's statistics -> everything any forward writes for it: with `rows` > 0 (training) the
+// running statistics move towards mu and var * rows / (rows - 1), as torch; rows == 0 (eval)
+// leaves them (mu and var are then the running ones). Then save_mean = mu, save_invstd =
+// 1 / sqrt(var + eps), scale = gamma invstd, shift = beta - mu scale, so y = x scale + shift is one
+// FMA per element. Channel 0 of a training finish counts num_batches_tracked (when given), saving
+// the counter a launch.
 template <class T>
 struct BnChannelOutputs {
   const T* gamma;
@@ -90,8 +83,7 @@ BnChannelOutputs<T> channel_outputs(const Args& a, T* scale, T* shift) {
               a.num_batches_tracked.empty() ? nullptr : a.num_batches_tracked.data()};
 }
 
-// Global sums (2C + 1: sum x, sum x^2, M) -> mean and biased variance -> BnChannelOutputs::finish
-// with M rows. One index per channel.
+// Global sums (2C + 1: sum x, sum x^2, M) -> mean, biased variance -> finish; one index a channel.
 template <class T>
 struct BnSyncStatistics {
   const double* sums;  // (2C + 1), summed over the ranks
@@ -107,8 +99,8 @@ struct BnSyncStatistics {
   }
 };
 
-// This rank's backward sums (before the all-reduce) -> dbeta = sum g, dgamma = sum g xhat (either
-// nullable).
+// This rank's backward sums (before the all-reduce) -> dbeta = sum g, dgamma = sum g xhat
+// (either nullable).
 template <class T>
 struct BnLocalGrads {
   const double* sums;  // (2C + 1)
@@ -123,8 +115,8 @@ struct BnLocalGrads {
 };
 
 // One channel's dx = k1 g + k2 (x - mean) + k3 from gamma, invstd, sg = sum g, sgx = sum g xhat
-// over m rows (kernels/cpu/batchnorm.hpp's formula): k1 = gamma invstd, k2 = -k1 invstd sgx / m, k3
-// = -k1 sg / m in training; k2 = k3 = 0 in eval.
+// over m rows: k1 = gamma invstd, k2 = -k1 invstd sgx / m, k3 = -k1 sg / m in training; k2 = k3 = 0
+// in eval.
 template <class T>
 DDP_HOST_DEVICE void bn_dx_coefficients(double gamma, double is, double sg, double sgx, double m,
                                         bool training, T& k1, T& k2, T& k3) {
@@ -134,8 +126,7 @@ DDP_HOST_DEVICE void bn_dx_coefficients(double gamma, double is, double sg, doub
   k3 = static_cast<T>(training ? -g * sg / m : 0.0);
 }
 
-// Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of dx = k1 g + k2 (x - mean) +
-// k3 (kernels/cpu/batchnorm.hpp's formula with the global M).
+// Global backward sums (2C + 1: sum g, sum g xhat, M) -> k1, k2, k3 of bn_dx_coefficients' formula.
 template <class T>
 struct BnSyncBackwardCoefficients {
   const double* sums;  // (2C + 1), summed over the ranks

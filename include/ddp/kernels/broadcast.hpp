@@ -1,12 +1,11 @@
-// Broadcasting, reduction and index-mapping functors for autograd's ops (autograd/ops.hpp), written
-// once for both devices and run by Kernels<D>::for_each_index(exec, n, f) like those of
-// kernels/elementwise.hpp.
+// Broadcasting, reduction and index-mapping functors for autograd's ops, written once for both
+// devices and run by Kernels<D>::for_each_index(exec, n, f).
 // SPDX-License-Identifier: MIT
 //
 // Shapes are aligned numpy-style: a rank-r operand of a rank-R result (r <= R) is padded with
-// leading 1s, and a dimension of extent 1 is read with stride 0. StridedIndex maps a flat index of
-// the result (row-major over `dims`) to an offset into an operand (sum of index * stride), which is
-// all broadcasting, expand, permute and narrow need. Example: a (3, 1) + b (4,) -> out (3, 4): a's
+// leading 1s, and an extent-1 dimension is read with stride 0. StridedIndex maps a flat index of
+// the result (row-major over `dims`) to an operand offset (sum of index * stride), which is all
+// broadcasting, expand, permute and narrow need. Example: a (3, 1) + b (4,) -> out (3, 4): a's
 // strides (1, 0), b's (0, 1).
 #pragma once
 
@@ -63,8 +62,7 @@ struct Gather {
   }
 };
 
-// y[iy(i)] = x[i]: the scatter that undoes a Gather whose offsets are distinct (permute, narrow,
-// concat parts).
+// y[iy(i)] = x[i]: undoes a Gather whose offsets are distinct (permute, narrow, concat parts).
 template <class T>
 struct Scatter {
   const T* x;
@@ -75,10 +73,8 @@ struct Scatter {
   }
 };
 
-// y[j] = scale * sum over the reduced positions of x: output element j starts at x[outer(j)] and
-// adds x[outer(j) + inner(k)] for k in [0, count). Sums every dimension that a broadcast expanded
-// (the gradient of a broadcast operand), or the dimensions of sum/mean. Accumulates in double for
-// float and double inputs.
+// y[j] = scale * sum of x[outer(j) + inner(k)] for k in [0, count), accumulated in double. Sums the
+// dimensions a broadcast expanded (a broadcast operand's gradient) or those of sum/mean.
 template <class T>
 struct ReduceSum {
   const T* x;
@@ -111,9 +107,8 @@ template <class T>
 struct DivOp {
   DDP_HOST_DEVICE T operator()(T a, T b) const { return a / b; }
 };
-// The gradient of a / b with respect to b, from dy and (a, b): -dy * a / b^2, computed as
-// BroadcastBinary over (dy * a) and b. (Gradients of a are dy, -dy, dy * b, dy / b: MulOp / DivOp /
-// NegOp applied to dy.)
+// d(a / b)/db = -dy * a / b^2, run as BroadcastBinary over (dy * a) and b. The other operand
+// gradients (dy, -dy, dy * b, dy / b) are MulOp, DivOp or NegOp applied to dy.
 template <class T>
 struct DivGradDenOp {
   DDP_HOST_DEVICE T operator()(T dya, T b) const { return -dya / (b * b); }

@@ -1,32 +1,23 @@
 // The implicit-GEMM operand maps of conv2d: forward, backward-data (split by stride phase) and
 // backward-weight as C = A B problems whose operands are read straight from the NHWC/KRSC tensors.
-// Host- and device-callable (DDP_HOST_DEVICE): kernels/cuda/conv2d.cuh runs them in its tiled
-// kernels, and tests/unit/kernels evaluates them on the host against the CPU conv, so every index
-// formula is checked on machines without a GPU.
+// Host- and device-callable: kernels/cuda/conv2d.cuh runs them in its tiled kernels, and the unit
+// tests check every index formula on the host against the CPU conv.
 // SPDX-License-Identifier: MIT
 //
 // A problem P has m_size() x n_size() outputs and a k_size() reduction; a(m, k) and b(k, n) give
 // the operand elements (0 where the window leaves the image) and store(m, n, v) writes the result:
-//   fprop  y  (N*P x K) = col (N*P x RSC) * w^T (RSC x K)      col(m, (r,s,c)) = x at the window,
-//     or 0
+//   fprop  y  (N*P x K) = col (N*P x RSC) * w^T (RSC x K)    col(m, (r,s,c)) = x at the window
 //   wgrad  dw (K x RSC) = dy^T (K x N*P) * col (N*P x RSC)
-//   dgrad  one problem per stride phase (dgrad_phases): the dx pixels h = qh + i*sh, w = qw + j*sw
-//     of phase
-//          (qh, qw) receive only from taps r with (qh + ph - r*dh) divisible by sh (likewise s), an
-//            arithmetic
-//          progression r0, r0 + rstep, ... of rcount taps. So
+//   dgrad  one problem per stride phase (dgrad_phases): the dx pixels h = qh + i*sh,
+//          w = qw + j*sw of phase (qh, qw) receive only from taps r with (qh + ph - r*dh)
+//          divisible by sh (likewise s), a progression r0, r0 + rstep, ... of rcount taps. So
 //            dx_q (N*Hq*Wq x C) = dyc_q (N*Hq*Wq x rcount*scount*K) * wt_q (rcount*scount*K x C)
-//          with no product by a tap that cannot reach the pixel. A one-phase-per-pixel walk over
-//            all R*S taps
-//          (what stride 1 is) multiplies by zero in (sh*sw - 1)/(sh*sw) of the products for a 1x1
-//            stride-2 conv
-//          and 3/4 of them for a 3x3 stride-2 one: about 1 TFLOP per ResNet-50 training step at
-//            batch 256.
-// Example: a 3x3 stride-2 pad-1 conv: phase qh = 0 takes r = 1 only, qh = 1 takes r = 0 and 2; per
-//   pixel 2.25
-// of the 9 taps (9/4 of the work of one stride-1 walk), with every product reaching dy. A 1x1
-// stride-2 unpadded conv: phase (0, 0) takes the one tap, the other three phases none (their dx
-// pixels are 0).
+//          with no product by a tap that cannot reach the pixel. Walking all R*S taps per pixel
+//          would multiply by zero in 3/4 of the products of a stride-2 conv: about 1 TFLOP per
+//          ResNet-50 training step at batch 256.
+// Example: a 3x3 stride-2 pad-1 conv: phase qh = 0 takes r = 1 only, qh = 1 takes r = 0 and 2, so
+// 2.25 of the 9 taps per pixel. A 1x1 stride-2 unpadded conv: phase (0, 0) takes the one tap, the
+// other three phases none (their dx pixels are 0).
 #pragma once
 
 #include <cstdint>
@@ -66,14 +57,12 @@ struct ConvFpropMap {
   }
 };
 
-// The taps of one axis that reach the input positions q, q + stride, ... : r0, r0 + step, ...
-// (count of them).
+// The `count` taps r0, r0 + step, ... of one axis that reach input positions q, q + stride, ...
 struct TapProgression {
   std::int64_t r0 = 0, step = 1, count = 0;
 };
 
-// Taps r in [0, taps) with (q + pad - r * dil) divisible by stride; they form an arithmetic
-// progression.
+// Taps r in [0, taps) with (q + pad - r * dil) divisible by stride.
 inline TapProgression taps_reaching(std::int64_t q, std::int64_t taps, std::int64_t stride,
                                     std::int64_t pad, std::int64_t dil) {
   TapProgression t;
@@ -86,16 +75,14 @@ inline TapProgression taps_reaching(std::int64_t q, std::int64_t taps, std::int6
   return t;
 }
 
-// One stride phase of dx: its pixels h = qh + i*sh (i < nh), w = qw + j*sw (j < nw) and the taps
-// reaching them.
+// One stride phase of dx: pixels h = qh + i*sh (i < nh), w = qw + j*sw (j < nw), and their taps.
 struct DgradPhase {
   std::int64_t qh = 0, qw = 0, nh = 0, nw = 0;
   TapProgression th, tw;
   std::int64_t taps() const { return th.count * tw.count; }
 };
 
-// Every phase (qh < min(sh, H), qw < min(sw, W)) of g's dx: together their pixels are each of dx's
-// once.
+// Every phase (qh < min(sh, H), qw < min(sw, W)) of g's dx; together they cover dx once.
 inline std::vector<DgradPhase> dgrad_phases(const ConvGeometry& g) {
   std::vector<DgradPhase> out;
   for (std::int64_t qh = 0; qh < g.stride.h && qh < g.h; ++qh)
@@ -109,10 +96,9 @@ inline std::vector<DgradPhase> dgrad_phases(const ConvGeometry& g) {
   return out;
 }
 
-// dx of one phase. Rows m = (img, i, j); reduction kk = (ri, si, ko) over the phase's taps r =
-// th.r0 + ri * th.step, s = tw.r0 + si * tw.step and the K output channels. (h + ph - r*dh) is a
-// multiple of sh by construction, so the only test left is whether the window's output pixel lies
-// inside dy.
+// dx of one phase. Rows m = (img, i, j); reduction kk = (ri, si, ko) over the taps
+// r = th.r0 + ri * th.step, s = tw.r0 + si * tw.step and the K output channels. Divisibility holds
+// by construction; the only test left is whether the output pixel lies inside dy.
 template <class T>
 struct ConvDgradPhaseMap {
   const T* dy;

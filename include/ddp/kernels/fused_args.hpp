@@ -1,20 +1,15 @@
-// Argument structs of the fused and multi-tensor kernels (BatchNorm + ReLU (+ residual),
-// multi-tensor SGD).
+// Argument structs of the fused and multi-tensor kernels.
 // SPDX-License-Identifier: MIT
 //
 // Both Kernels<D> have these ops; they exist for the GPU, where one pass over memory instead of two
 // or three (one launch instead of one per tensor) is what pays:
-//   batchnorm_act_forward   y  = relu(bn(x) + residual)            (residual and relu optional)
-//   batchnorm_act_backward  g  = dy * (y > 0); dresidual = g; dx, dgamma, dbeta = bn_backward(g)
-//   sgd_step_multi          SgdStep (kernels/elementwise.hpp) over every parameter tensor in one
-//     launch
+//   batchnorm_act_forward   y = relu(bn(x) + residual)       (residual and relu optional)
+//   batchnorm_act_backward  g = dy * (y > 0); dresidual = g; dx, dgamma, dbeta = bn_backward(g)
+//   sgd_step_multi          SgdStep over every parameter tensor in one launch
 //   adamw_step_multi        AdamwStep likewise (per-tensor lr, weight decay and step count)
-//   sum_squares_multi       sum of x^2 over many tensors, accumulated in double (clip_grad_norm's
-//     norm)
+//   sum_squares_multi       sum of x^2 over many tensors, in double (clip_grad_norm's norm)
 //   scale_multi             x *= alpha over many tensors (clip_grad_norm's clipping)
-// The CPU versions (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) run the
-// unfused CPU passes in a row and are the reference the GPU tests compare against. validate()
-// throws ValueError like args.hpp's.
+// The CPU versions (kernels/cpu/) run the unfused passes and are the GPU tests' reference.
 #pragma once
 
 #include <cmath>
@@ -81,8 +76,7 @@ struct SgdTensor {
   bool first_step = true;  // this tensor's buffer starts as g (PyTorch's "buf is None")
 };
 
-// Hyper-parameters shared by every tensor (as in SgdArgs); tensors are raw device (or host)
-// pointers.
+// Hyper-parameters shared by every tensor, as in SgdArgs; tensors hold raw device/host pointers.
 template <class T, Device D>
 struct MultiSgdArgs {
   std::span<const SgdTensor<T>> tensors;
@@ -107,10 +101,9 @@ void validate(const MultiSgdArgs<T, D>& a) {
   }
 }
 
-// ---- multi-tensor AdamW: torch.optim.AdamW's rule (AdamwStep in elementwise.hpp) over many
-//   tensors
-// Learning rate, weight decay and step count are per tensor (parameter groups; a parameter skipped
-// while it had no gradient has a smaller step count), the betas and eps are shared.
+// ---- multi-tensor AdamW: torch.optim.AdamW's rule (AdamwStep) over many tensors
+// lr, weight decay and step count are per tensor (parameter groups; a parameter skipped while it
+// had no gradient has a smaller step count); betas and eps are shared.
 template <class T>
 struct AdamwTensor {
   T* param = nullptr;
@@ -151,9 +144,8 @@ void validate(const MultiAdamwArgs<T, D>& a) {
   }
 }
 
-// The functor that updates tensor t: the bias corrections and the decay factor computed in double,
-// as torch computes them in Python, then converted to T. Shared by the CPU loop and the CUDA
-// kernel.
+// Tensor t's update functor: bias corrections and decay factor in double (as torch computes them
+// in Python), then converted to T. Shared by the CPU loop and the CUDA kernel.
 template <class T>
 AdamwStep<T> adamw_step_for(const AdamwTensor<T>& t, double beta1, double beta2, double eps) {
   const double step = static_cast<double>(t.step);

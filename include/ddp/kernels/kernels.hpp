@@ -1,13 +1,12 @@
-// Kernels<D>: the one trait through which modules call every op on device D (primary template), and
-// the element-wise members both specialisations inherit.
+// Kernels<D>: the one trait through which modules call every op on device D (primary template),
+// and the element-wise members both specialisations inherit.
 // SPDX-License-Identifier: MIT
 //
-// Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, compiled by
-// nvcc) list the same static members with the same Args structs (kernels/args.hpp,
-// kernels/fused_args.hpp), so a module is written once: `Kernels<D>::conv2d_forward(exec_,
-// Conv2dForwardArgs<T, D>{...})`. Kernels<D> is the only place that knows the device; KernelsApi
-// below is the member list both must have. Using a device whose specialisation was not included
-// stops at the static_assert below with what to do.
+// Kernels<Cpu> (kernels/cpu/kernels.hpp) and Kernels<Cuda> (kernels/cuda/kernels.cuh, nvcc only)
+// have the same static members with the same Args structs, so a module is written once:
+// `Kernels<D>::conv2d_forward(exec_, Conv2dForwardArgs<T, D>{...})`. Kernels<D> is the only place
+// that knows the device; KernelsApi below is the member list both must have. Using a device whose
+// specialisation was not included stops at the static_assert below, which says what to do.
 #pragma once
 
 #include <cmath>
@@ -38,10 +37,8 @@ struct Kernels {
                 "Kernels<Cpu>.");
 };
 
-// The element-wise members, written once for both devices: each checks shapes and runs a functor of
-// kernels/elementwise.hpp through Kernels<D>::for_each_index (a chunked loop over the CPU pool, a
-// grid-stride kernel on the GPU). Kernels<Cpu> and Kernels<Cuda> inherit them; the name Kernels<D>
-// is looked up when a member is instantiated, by which time the specialisation is complete.
+// The element-wise members both specialisations inherit: each checks shapes and runs an
+// elementwise.hpp functor via Kernels<D>::for_each_index (complete once a member is instantiated).
 template <Device D>
 struct ElementwiseKernels {
   // y = max(x, 0) (y may alias x).
@@ -89,9 +86,8 @@ struct ElementwiseKernels {
                                Fill<T>{.value = value, .x = x.data()});
   }
 
-  // ---- transformer element-wise ops (issue 19) ----
-  // y = gelu(x), exact (erf) or the tanh form (y may alias x); dx = dy * gelu'(x) (dx may alias
-  // dy).
+  // ---- transformer element-wise ops ----
+  // y = gelu(x), exact (erf) or tanh form (y may alias x); dx = dy * gelu'(x) (dx may alias dy).
   template <class T>
   static void gelu_forward(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y,
                            bool tanh_form) {
@@ -109,7 +105,7 @@ struct ElementwiseKernels {
         e, static_cast<std::size_t>(x.numel()),
         GeluBackward<T>{.x = x.data(), .dy = dy.data(), .dx = dx.data(), .tanh_form = tanh_form});
   }
-  // Inverted dropout with a counter-based mask (DropoutForwardArgs in args.hpp), and its backward.
+  // Inverted dropout with a counter-based mask (kernels/dropout_args.hpp), and its backward.
   template <class T>
   static void dropout_forward(const Exec<D>& e, const DropoutForwardArgs<T, D>& a) {
     validate(a);
@@ -159,8 +155,7 @@ struct ElementwiseKernels {
                                                .dx = dx.data(),
                                                .f = f});
   }
-  // x (N, H, W, C) -> y (N, C, H, W) (to_nhwc false), or x (N, C, H, W) -> y (N, H, W, C); not in
-  // place.
+  // (N, H, W, C) -> (N, C, H, W) when !to_nhwc, else (N, C, H, W) -> (N, H, W, C); not in place.
   template <class T>
   static void permute_nhwc_nchw(const Exec<D>& e, TensorView<const T, D> x, TensorView<T, D> y,
                                 bool to_nhwc) {
@@ -178,9 +173,8 @@ struct ElementwiseKernels {
   }
 };
 
-// The members every Kernels<D> has, as calls (for T = float): kernels/cpu/kernels.hpp and
-// kernels/cuda/kernels.cuh static_assert it, so a member added to one specialisation only fails to
-// compile.
+// The members every Kernels<D> has, as calls (T = float); both specialisations static_assert it,
+// so a member added to only one fails to compile.
 template <class K, class D>
 concept KernelsApi = requires(
     const Exec<D>& e, std::size_t n, TensorView<const float, D> cx, TensorView<float, D> x,

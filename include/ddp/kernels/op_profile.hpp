@@ -1,20 +1,16 @@
-// OpTimeline and OpProfile: the host side of the per-op-class GPU time profile
-// (kernels/cuda/op_profile.cuh, bench_resnet_gpu --profile): which op class the device runs between
-// consecutive timing events, and the milliseconds per class summed over steps. Plain C++, so its
-// bookkeeping is tested without a GPU.
+// OpTimeline and OpProfile: the host side of the per-op-class GPU time profile (--profile of
+// bench_resnet_gpu): which op class the device runs between consecutive timing events, and the
+// milliseconds per class summed over steps. Plain C++, so its bookkeeping is tested without a GPU.
 // SPDX-License-Identifier: MIT
 //
-// How it works. Every scope boundary records one device event (begin, phase, end), and the timeline
-// remembers, for each event i, the label of the work enqueued between event i and event i + 1: the
-// innermost open scope's class, followed by ".<phase>" once a phase was named inside it (e.g.
-// "conv.dgrad.cudnn", "bn_forward.stats"). Time is therefore exclusive: a scope opened inside
-// another takes its own time out of the outer one, and the outer label resumes at the inner end.
-// Work outside every scope is labelled kUnscoped. The device side measures the times between
-// consecutive events (cudaEventElapsedTime) and hands them to OpProfile::add.
-// Example: begin("conv") e0, phase("fprop.cudnn") e1, end() e2, begin("bn_forward","stats") e3,
-//   end() e4 gives
-// "conv" e0->e1, "conv.fprop.cudnn" e1->e2, kUnscoped e2->e3, "bn_forward.stats" e3->e4.
-// Labels are string literals (the scopes' arguments), stored as pointers: no allocation per event.
+// Every scope boundary records one device event (begin, phase, end); for each event i the timeline
+// keeps the label of the work between events i and i + 1: the innermost open scope's class, plus
+// ".<phase>" once a phase was named inside it. Time is exclusive: a nested scope takes its time out
+// of the outer one, whose label resumes at the inner end. Work outside every scope is kUnscoped.
+// The device side measures the gaps between consecutive events and hands them to OpProfile::add.
+// Example: begin("conv") e0, phase("fprop.cudnn") e1, end() e2, begin("bn_forward", "stats") e3,
+// end() e4 gives "conv" e0->e1, "conv.fprop.cudnn" e1->e2, kUnscoped e2->e3, "bn_forward.stats"
+// e3->e4. Labels must be string literals (stored as pointers: no allocation per event).
 #pragma once
 
 #include <algorithm>
@@ -41,8 +37,7 @@ class OpTimeline {
     open_.push_back({cls, phase});
     return mark(true);
   }
-  // Names the phase of the innermost open scope from here on; false (record nothing) when no scope
-  // is open.
+  // Names the innermost open scope's phase from here on; false (nothing recorded) if none is open.
   bool phase(const char* phase) {
     if (open_.empty()) return false;
     open_.back().phase = phase;
@@ -63,8 +58,7 @@ class OpTimeline {
     if (!m.cls) return kUnscoped;
     return m.phase ? ddp::detail::str(m.cls, '.', m.phase) : std::string(m.cls);
   }
-  // Whether event i starts a new call of its label (begin, phase), not the resumption after a
-  // nested scope.
+  // Whether event i starts a call of its label (begin, phase), not a resume after a nested scope.
   bool starts_call(std::size_t i) const { return marks_.at(i).entered; }
   // Forgets the events; the open scopes stay open (a new stretch starts inside them).
   void clear() noexcept { marks_.clear(); }
@@ -125,8 +119,8 @@ class OpProfile {
     return v;
   }
 
-  // {"steps": S, "ms_per_step": total, "classes": {"<label>": {"ms_per_step": m, "calls_per_step":
-  // c, "share": m / total}, ...}} with the classes most time first.
+  // {"steps": S, "ms_per_step": total, "classes": {"<label>": {"ms_per_step": m,
+  //  "calls_per_step": c, "share": m / total}, ...}}, classes most time first.
   std::string json() const {
     const double s = std::max(1, steps_);
     std::string out = ddp::detail::str("{\"steps\":", steps_,

@@ -1,18 +1,16 @@
 // Unary element-wise ops, y = f(x) and dx = dy * f'(x, y), written once for every user: one struct
-// per op serves Kernels<D>::unary_forward / unary_backward, the nn activation modules
-// (nn/activation.hpp) and the autograd ops (autograd/ops.hpp), on both devices.
+// per op serves Kernels<D>::unary_forward / unary_backward, the nn activation modules and the
+// autograd ops, on both devices. Formulas follow torch 1.13's CPU kernels.
 // SPDX-License-Identifier: MIT
 //
 // An op is a struct template over the element type T with
 //   T operator()(T x) const       the value y = f(x)
 //   T grad(T x, T y) const        df/dx at x, given y = f(x)
-// and, for the ops that are also modules, `name` (torch's function name, used in errors),
-// `module_name` (torch.nn's class name, describe()) and `reads` (what grad uses: the input x, the
-// output y, or both), so a module keeps only that. Adding an activation is one such struct here,
-// an alias in nn/activation.hpp and a one-line function in autograd/ops.hpp (docs/decisions/0078).
-// A user's own op of this form works the same way: nn::Activation<T, D, F> and
-// autograd::unary(x, F{}) (docs/GUIDE.md, "Your own activation").
-// Formulas follow torch 1.13's CPU kernels.
+// and, for the ops that are also modules, `name` (torch's function name, for errors),
+// `module_name` (torch.nn's class name, describe()) and `reads` (what grad uses: x, y or both),
+// so a module keeps only that. Adding an activation is one such struct here, an alias in
+// nn/activation.hpp and a one-line function in autograd/ops.hpp (docs/decisions/0078). A user's
+// own op works the same way: nn::Activation<T, D, F> and autograd::unary(x, F{}) (docs/GUIDE.md).
 #pragma once
 
 #include <cmath>

@@ -2,20 +2,17 @@
 // runs the workers under a Supervisor. tools/ddprun/main.cpp is a thin wrapper around run_agent().
 // SPDX-License-Identifier: MIT (Linux only)
 //
-// How it works (static rendezvous, like torchrun --nnodes M --node-rank R --master-addr A
-// --master-port P):
-//   node 0:  binds a TcpStoreServer on P (--standalone: a free port of 127.0.0.1, bound with port 0
-//     and
-//            kept), so workers of every node are clients of it (TORCHELASTIC_USE_AGENT_STORE=True);
-//   node R>0: hosts nothing and passes MASTER_ADDR=A, MASTER_PORT=P on; its workers' clients retry
-//     until
-//            node 0's store is up.
+// Static rendezvous, like torchrun --nnodes M --node-rank R --master-addr A --master-port P:
+//   node 0:   binds a TcpStoreServer on P (--standalone: a free port of 127.0.0.1), whose clients
+//             are the workers of every node (TORCHELASTIC_USE_AGENT_STORE=True);
+//   node R>0: hosts nothing, passes MASTER_ADDR=A, MASTER_PORT=P on; its workers retry until
+//             node 0's store is up.
 // The store outlives every restart of the workers, as torchrun's does. Example: `ddprun
-// --standalone --nproc-per-node 2 ./probe` binds 127.0.0.1:0 -> say port 41237, and both workers
-// get MASTER_ADDR=127.0.0.1 MASTER_PORT=41237 TORCHELASTIC_RUN_ID=<random hex>. With M > 1 nodes,
-// an exit barrier (below) keeps node 0 and its store up until every node is done. Limit: restarts
-// are per node (nodes do not agree on a restart, as torchrun's dynamic rendezvous makes them); a
-// multi-node job should use --max-restarts 0 or torchrun's c10d rendezvous.
+// --standalone --nproc-per-node 2 ./probe` binds, say, 127.0.0.1:41237 and both workers get
+// MASTER_ADDR=127.0.0.1 MASTER_PORT=41237 TORCHELASTIC_RUN_ID=<random hex>. With M > 1 nodes an
+// exit barrier keeps node 0's store up until every node is done. Limit: restarts are per node
+// (nodes do not agree on one, unlike torchrun's dynamic rendezvous); a multi-node job should use
+// --max-restarts 0 or torchrun's c10d rendezvous.
 #pragma once
 
 #include <poll.h>
@@ -45,8 +42,7 @@
 
 namespace ddp::launch {
 
-// Where the store is and who hosts it, decided from the options alone (pure; tested without
-// sockets).
+// Where the store is and who hosts it, from the options alone (pure; tested without sockets).
 struct StorePlan {
   bool host = false;            // this ddprun binds the store
   std::string bind_host;        // address to bind when host is true
@@ -61,8 +57,7 @@ inline bool is_loopback(std::string_view addr) {
 inline StorePlan plan_store(const LaunchOptions& o) {
   if (o.standalone)
     return {.host = true, .bind_host = "127.0.0.1", .bind_port = 0, .master_addr = "127.0.0.1"};
-  // Node 0 listens on every interface unless the address is a loopback one (then local workers
-  // only).
+  // Node 0 listens on every interface unless the address is a loopback one.
   return {.host = o.node_rank == 0,
           .bind_host = is_loopback(o.master_addr) ? "127.0.0.1" : "0.0.0.0",
           .bind_port = o.master_port,
@@ -85,13 +80,11 @@ inline std::string random_run_id() {
 // torchrun's default exit_barrier_timeout
 inline constexpr std::chrono::seconds kExitBarrierTimeout{300};
 
-// Multi-node exit barrier. How it works: when its workers are done, every node sets
-// ddprun/<run_id>/exit/<node_rank> in node 0's store; node 0 polls check() on all M keys every
-// monitor_interval and returns when all are there, after `timeout`, or on SIGINT/SIGTERM, so the
-// store it hosts outlives every node's workers. Example, M = 2: node 0's workers finish first ->
-// node 0 sets .../exit/0 and waits; node 1's finish 5 s later -> node 1 sets .../exit/1 and exits
-// -> node 0 exits. Problems are logged, never thrown: the workers' exit code is what ddprun
-// reports.
+// Multi-node exit barrier: when its workers are done, every node sets
+// ddprun/<run_id>/exit/<node_rank> in node 0's store; node 0 polls the M keys every
+// monitor_interval and returns when all are set, after `timeout`, or on SIGINT/SIGTERM, so its
+// store outlives every node's workers. Problems are logged, never thrown: ddprun reports the
+// workers' exit code.
 inline void exit_barrier(const LaunchOptions& o, const std::string& run_id, const std::string& addr,
                          std::uint16_t port, SignalChannel& signals,
                          std::chrono::milliseconds timeout = kExitBarrierTimeout) {
@@ -126,14 +119,12 @@ inline void exit_barrier(const LaunchOptions& o, const std::string& run_id, cons
   }
 }
 
-// Runs the job described by `o`, with `parent` as the base of every worker's environment. Returns
-// the workers' result; its exit_code is what ddprun returns (0, the first failing worker's code, or
-// 128 + a received signal). Throws ConfigError/StoreError/Error when the job cannot start (program
-// not found, port in use, ...). Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD and SIGPIPE while
-// it runs.
+// Runs job `o`, `parent` being the base of every worker's environment. exit_code of the result is
+// ddprun's: 0, the first failing worker's code, or 128 + a received signal. Throws
+// ConfigError/StoreError/Error when the job cannot start (program not found, port in use, ...).
+// Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD and SIGPIPE while it runs.
 inline SupervisorResult run_agent(const LaunchOptions& o, const EnvMap& parent) {
-  // Block signals before the store server starts its threads: they inherit the mask (see
-  // SignalChannel).
+  // Before the store server starts its threads: they inherit the mask.
   SignalChannel signals({SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE});
 
   const auto path_it = parent.find("PATH");
@@ -163,9 +154,8 @@ inline SupervisorResult run_agent(const LaunchOptions& o, const EnvMap& parent) 
                plan.master_addr, ':', port,
                plan.host ? " hosted by this ddprun" : " hosted by node 0", "; run id ", run_id);
 
-  // On a terminal, rank 0 redraws its progress line (DDP_PROGRESS=live: the workers' stdout is a
-  // pipe) and the supervisor keeps it at the bottom; DDP_PROGRESS=lines (or a log) keeps plain
-  // lines.
+  // On a terminal rank 0 redraws its progress line (DDP_PROGRESS=live, as the workers' stdout is a
+  // pipe) and the supervisor keeps it at the bottom; DDP_PROGRESS=lines (or a log): plain lines.
   const bool live = train::live_progress_wanted();
   EnvMap base = parent;
   if (live) base.insert_or_assign("DDP_PROGRESS", "live");

@@ -3,13 +3,11 @@
 // SPDX-License-Identifier: MIT (Linux only: signalfd, prctl)
 //
 // spawn_process() and async-signal safety: between fork and exec the child of a process that may
-// have threads (the store server's) may only call async-signal-safe functions. So everything that
-// allocates (argv, envp, the resolved path) is built before fork, and the child runs only setpgid,
-// prctl, getppid, sigprocmask, signal, dup2, close_range/close, execve, write and _exit. If execve
-// fails the child writes its errno into a close-on-exec pipe; the parent reads 0 bytes on success
-// (exec closed the pipe) or the errno, and then throws. PR_SET_PDEATHSIG makes the kernel SIGKILL
-// the worker if ddprun dies, even by SIGKILL; the getppid() check covers a parent that died before
-// prctl ran.
+// have threads (the store server's) may only call async-signal-safe functions, so everything that
+// allocates (argv, envp, the resolved path) is built before fork. If execve fails the child writes
+// its errno into a close-on-exec pipe; the parent reads 0 bytes on success (exec closed the pipe)
+// or the errno, and throws. PR_SET_PDEATHSIG makes the kernel SIGKILL the worker if ddprun dies,
+// even by SIGKILL; the getppid() check covers a parent that died before prctl ran.
 #pragma once
 
 #include <fcntl.h>
@@ -47,8 +45,7 @@ inline std::string errno_text(int err) {
   return ddp::detail::str(std::strerror(err), " (errno ", err, ")");
 }
 
-// A close-on-exec pipe; the read end is non-blocking so a supervisor loop never stalls on one
-// worker.
+// Close-on-exec; the read end is non-blocking so a supervisor loop never stalls on one worker.
 inline Pipe make_pipe(bool nonblocking_read = true) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
@@ -59,9 +56,8 @@ inline Pipe make_pipe(bool nonblocking_read = true) {
   return p;
 }
 
-// Finds `program` as execvp would (a name with '/' is used as is, otherwise each PATH entry is
-// tried), before fork, so the child needs no allocation. Throws ConfigError when nothing executable
-// is found.
+// Finds `program` as execvp would (a name with '/' as is, else each PATH entry), before fork so
+// the child needs no allocation. Throws ConfigError when nothing executable is found.
 inline std::string resolve_program(const std::string& program, std::string_view path_env) {
   auto executable = [](const std::string& p) {
     struct stat st {};
@@ -97,8 +93,7 @@ struct SpawnRequest {
 
 // Forks and execs one process in a new process group (pgid == pid), with PR_SET_PDEATHSIG =
 // SIGKILL, an empty signal mask, SIGPIPE at its default, and no descriptors but 0, 1, 2. Returns
-// the pid. Throws Error when fork fails or the program cannot be executed (the child is reaped
-// first).
+// the pid; throws Error when fork fails or the program cannot be executed (child reaped first).
 inline pid_t spawn_process(const SpawnRequest& req) {
   std::vector<char*> argv, envp;
   for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -191,9 +186,8 @@ class SignalChannel {
   }
   SignalChannel(const SignalChannel&) = delete;
   SignalChannel& operator=(const SignalChannel&) = delete;
-  // Pending signals are consumed before the mask is restored: a SIGPIPE from writing to a closed
-  // stdout must not kill the process on its way out (SIGINT/SIGTERM were already acted on while
-  // running).
+  // Pending signals are consumed before the mask is restored, so a SIGPIPE from writing to a closed
+  // stdout cannot kill the process on its way out (SIGINT/SIGTERM were acted on while running).
   ~SignalChannel() {
     signalfd_siginfo info;
     while (::read(fd_.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
@@ -204,8 +198,7 @@ class SignalChannel {
 
   int fd() const noexcept { return fd_.get(); }
 
-  // Signals received since the last call (non-blocking), in arrival order; SIGCHLDs may be
-  // coalesced.
+  // Signals since the last call (non-blocking), in arrival order; SIGCHLDs may be coalesced.
   std::vector<int> drain() {
     std::vector<int> out;
     signalfd_siginfo info;

@@ -4,21 +4,16 @@
 //
 // Training: y = gamma (x - mean_B) / sqrt(var_B + eps) + beta with the batch's biased variance, and
 //   running_mean = (1 - momentum) running_mean + momentum mean_B
-//   running_var  = (1 - momentum) running_var  + momentum var_B * n / (n - 1)   (n = N*H*W,
-//     unbiased)
+//   running_var  = (1 - momentum) running_var  + momentum var_B n/(n-1)  (unbiased; n = N*H*W)
 //   num_batches_tracked += 1
-// Evaluation: the running statistics replace the batch ones and nothing is updated. state_dict
-// names: weight, bias (parameters); running_mean, running_var, num_batches_tracked (buffers).
-// Initialisation (torchvision): weight 1, bias 0, running_mean 0, running_var 1,
-// num_batches_tracked 0. forward_act/backward_act: the same layer followed by "+ residual, ReLU"
-// (Kernels<D>::batchnorm_act_*), what the residual blocks and the stem use: one fused pass on the
-// GPU (kernels/cuda/bn_act.cuh), the unfused passes in a row on the CPU (kernels/cpu/bn_act.hpp),
-// the same numbers as forward + add + relu. Synchronised (torch.nn.SyncBatchNorm,
-// docs/decisions/0027): set_sync(reducer) -- what nn/sync_batchnorm.hpp's
-// convert_sync_batchnorm(model, comm) does to every BatchNorm2d -- makes training use the
-// statistics of every rank's batch together (one all-reduce in forward, one in backward, also in
-// forward_act/backward_act); a rank's batch may then be empty. Eval and a single rank communicate
-// nothing.
+// Evaluation: the running statistics replace the batch ones; nothing is updated. state_dict names:
+// weight, bias (parameters); running_mean, running_var, num_batches_tracked (buffers).
+// forward_act/backward_act: the same layer then "+ residual, ReLU", as the residual blocks and the
+// stem use it: one fused pass on the GPU, the same numbers as forward + add + relu.
+// Synchronised (torch.nn.SyncBatchNorm, docs/decisions/0027): set_sync(reducer), which
+// convert_sync_batchnorm applies to every BatchNorm2d, makes training use every rank's batch
+// together (one all-reduce in forward, one in backward); a rank's batch may then be empty. Eval and
+// a single rank communicate nothing.
 #pragma once
 
 #include <cstddef>
@@ -62,8 +57,7 @@ class BatchNorm2d : public Module<T, D, A> {
     reset_parameters();
   }
 
-  // weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0 (torch's
-  // reset_parameters()).
+  // weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0 (as torch).
   void reset_parameters() {
     detail::fill_value(weight_->value(), T(1));
     detail::fill_value(bias_->value(), T(0));
@@ -102,7 +96,6 @@ class BatchNorm2d : public Module<T, D, A> {
   // follow (not backward): it needs y, the returned tensor, kept alive by the caller.
   Tensor<A, D> forward_act(Exec<D>& exec, TensorView<const A, D> x, TensorView<const A, D> residual,
                            bool relu) {
-    // the fused ReLU (and residual add) included
     const trace::Span span = this->trace_span("forward");
     check_input(x);
     Tensor<A, D> y(x.shape());
@@ -114,9 +107,8 @@ class BatchNorm2d : public Module<T, D, A> {
     return y;
   }
 
-  // From dy = d(loss)/d(y) of forward_act (y its output): returns d(loss)/dx, writes dy * (y > 0)
-  // into dresidual when it is not empty (the residual's gradient), and reports weight and bias as
-  // ready.
+  // dy, y: forward_act's output gradient and output. Returns dx; writes dy * (y > 0) (the
+  // residual's gradient) into dresidual unless empty; reports weight and bias ready.
   Tensor<A, D> backward_act(Exec<D>& exec, TensorView<const A, D> dy, TensorView<const A, D> y,
                             TensorView<A, D> dresidual) {
     const trace::Span span = this->trace_span("backward");
@@ -131,12 +123,10 @@ class BatchNorm2d : public Module<T, D, A> {
     return dx;
   }
 
-  // forward_act's output (no residual) once more, from the input it kept, for a caller that freed
-  // it after forward (docs/decisions/0068): the same kernel on the same input, gamma and beta, so
-  // the same bits on an Exec with the forward's threads. Leaves the layer as it was: a training
-  // forward's statistics are computed again, their outputs (running statistics,
-  // save_mean/save_invstd) go to scratch, num_batches_tracked is not counted. Between forward_act
-  // and backward_act only; not after a synchronised forward (it would communicate).
+  // forward_act's output (no residual) again from the kept input, bit-identical on an Exec with the
+  // forward's threads (docs/decisions/0068). Changes no state: running statistics and
+  // save_mean/save_invstd go to scratch. Only between forward_act and backward_act, and not after a
+  // synchronised forward (it would communicate).
   Tensor<A, D> recompute_act(Exec<D>& exec) {
     this->require_forward_state(have_x_);
     if (forward_sync_)
@@ -200,8 +190,7 @@ class BatchNorm2d : public Module<T, D, A> {
   }
   // Whether this forward synchronises: training, a reducer, more than one rank (torch's need_sync).
   bool syncing() const noexcept { return this->is_training() && sync_ && sync_->ranks() > 1; }
-  // Runs a kernel call; a synchronised one's argument errors (a total batch too small) name this
-  // layer.
+  // A synchronised call's argument errors (total batch too small) get this layer's name.
   template <class F>
   void run_synced(F&& f) {
     if (!syncing()) return f();
@@ -263,7 +252,6 @@ class BatchNorm2d : public Module<T, D, A> {
   bool forward_training_ = true;
   bool act_relu_ = true;       // the relu flag of the last forward_act
   bool forward_sync_ = false;  // whether the last forward synchronised (its backward must too)
-  // set by convert_sync_batchnorm (nn/sync_batchnorm.hpp)
   std::shared_ptr<kernels::ChannelSumReducer<D>> sync_;
 };
 

@@ -1,32 +1,25 @@
-// CausalSelfAttention: minGPT's masked multi-head self-attention with its output projection, x (B,
-// T, C) -> (B, T, C).
+// CausalSelfAttention: minGPT's masked multi-head self-attention with its output projection,
+// x (B, T, C) -> (B, T, C).
 // SPDX-License-Identifier: MIT
 //
 // karpathy/minGPT's mingpt/model.py CausalSelfAttention, whose state_dict keys we keep:
-//   qkv = c_attn(x)                      Linear(C, 3C): q, k, v side by side, (B, T, 3C)
-//   q, k, v -> (B, nh, T, hs)            hs = C / n_head (a view in torch; our kernels read qkv in
-//     place)
-//   att = softmax(mask(q k^T / sqrt(hs))) causal: position t attends to positions <= t only
-//   att = attn_dropout(att)              Dropout(attn_pdrop), in training only
-//   y = att v -> (B, T, C)               the heads side by side again
-//   y = c_proj(y)                        Linear(C, C)
+//   qkv = c_attn(x)                        Linear(C, 3C): q, k, v side by side, (B, T, 3C)
+//   q, k, v -> (B, nh, T, hs)              hs = C / n_head (our kernels read qkv in place)
+//   att = softmax(mask(q k^T / sqrt(hs)))  causal: position t attends to positions <= t only
+//   att = attn_dropout(att)                Dropout(attn_pdrop), in training only
+//   y = att v -> (B, T, C)                 the heads side by side again
+//   y = c_proj(y)                          Linear(C, C)
 // Parameters "c_attn.weight" (3C, C), "c_attn.bias" (3C), "c_proj.weight" (C, C), "c_proj.bias"
-// (C). minGPT also keeps the causal mask as a buffer "bias" (1, 1, block_size, block_size) in its
-// state_dict; we compute the mask instead, so a loader must skip that key (as minGPT's own
-// from_pretrained does). block_size is the longest T accepted; shorter sequences are fine (minGPT's
-// mask[:, :, :T, :T]). Dropout: attn_pdrop is minGPT's attn_dropout on the probabilities, inverted
-// (kept ones scaled by 1 / (1 - attn_pdrop)) in training mode; eval() or attn_pdrop = 0 compute
-// exactly what no dropout does and draw nothing. Its mask is nn::Dropout's (docs/decisions/0043), a
-// pure function of (seed, rank, stream, step) and the element of att (B, nh, T, T): step() counts
-// training forwards (eval ones do not), set_step() restores it on resume, and each attention of a
-// model needs its own stream (GPT gives every one its own). resid_pdrop (minGPT's dropout after
-// c_proj) is not implemented: it must be 0 (GPT has that Dropout in its AttentionLayer instead).
-// Memory: forward keeps qkv (B, T, 3C), the probabilities att (B, nh, T, T) and the heads' output
-// (B, T, C), which c_proj reads in backward; att is kept rather than recomputed
-// (docs/decisions/0044). With dropout att stays the undropped probabilities (the softmax backward
-// needs them) and no mask is kept: backward draws it again from the same Philox counters; the
-// dropped probabilities live only in a kernel scratch (kernels/attention_args.hpp). Devices:
-// Kernels<D>::attention_forward/backward (kernels/cpu/attention.hpp, kernels/cuda/attention.cuh).
+// (C). minGPT's causal-mask buffer "bias" (1, 1, block_size, block_size) is computed instead, so a
+// loader must skip that key (as minGPT's from_pretrained does). block_size is the longest T
+// accepted. Dropout is inverted (kept probabilities scaled by 1 / (1 - attn_pdrop)); eval() or
+// attn_pdrop = 0 draw nothing. Its mask is nn::Dropout's (docs/decisions/0043), a pure function of
+// (seed, rank, stream, step) and the element of att (B, nh, T, T): step() counts training forwards,
+// set_step() restores it on resume, and each attention of a model needs its own stream.
+// resid_pdrop must be 0 (GPT has that Dropout in its AttentionLayer instead).
+// Memory: forward keeps qkv (B, T, 3C), att (B, nh, T, T) and the heads' output (B, T, C) for
+// c_proj's backward; att is kept, not recomputed (docs/decisions/0044). With dropout att stays
+// undropped (the softmax backward needs it) and no mask is kept: backward draws it again.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +43,8 @@ struct CausalSelfAttentionOptions {
   std::int64_t block_size = 0;  // longest sequence T accepted
   double attn_pdrop = 0.0;      // dropout on att, in [0, 1]
   double resid_pdrop = 0.0;     // dropout on the output (only 0 is implemented)
-  // The attention dropout's mask (nn::DropoutOptions' meaning): the run's seed, this process's
-  // global rank, and a Philox stream no other dropout of the model uses.
+  // The attention dropout's mask (as nn::DropoutOptions): the run's seed, this process's global
+  // rank, and a Philox stream no other dropout of the model uses.
   std::uint64_t seed = 0;
   std::uint32_t rank = 0;
   std::uint32_t stream = kStreamDropout;
@@ -83,8 +76,7 @@ class CausalSelfAttention : public Module<T, D> {
                                              .in_features = o.n_embd, .out_features = o.n_embd}));
   }
 
-  // torch.nn.Linear's default initialisation for both projections (what a fresh minGPT
-  // CausalSelfAttention has; the GPT model re-initialises them with its own scheme).
+  // torch.nn.Linear's default initialisation for both projections (GPT re-initialises them).
   void reset_parameters(Generator& gen) {
     c_attn_->reset_parameters(gen);
     c_proj_->reset_parameters(gen);
@@ -93,8 +85,7 @@ class CausalSelfAttention : public Module<T, D> {
   const CausalSelfAttentionOptions& options() const noexcept { return o_; }
   Linear<T, D>& c_attn() noexcept { return *c_attn_; }
   Linear<T, D>& c_proj() noexcept { return *c_proj_; }
-  // Training forwards done so far: the next one draws the attention dropout's mask of this step
-  // (nn::Dropout's).
+  // Training forwards so far: the next one draws this step's dropout mask.
   std::uint64_t step() const noexcept { return step_; }
   void set_step(std::uint64_t step) noexcept { step_ = step; }
 
@@ -117,7 +108,7 @@ class CausalSelfAttention : public Module<T, D> {
       throw ValueError(ddp::detail::str(
           "ddp: ", this->where(), ": sequence length T = ", t, " exceeds block_size = ",
           o_.block_size, "; crop the input to the last block_size positions or raise block_size"));
-    // The Linears see (B*T, C) rows: Linear takes (N, ...) with the trailing dims as features.
+    // The Linears see (B*T, C) rows.
     qkv_ = c_attn_->forward(exec, x.reshape(Shape{b * t, c}));
     qkv_.reshape(Shape{b, t, 3 * c});
     att_ = Tensor<T, D>(Shape{b, o_.n_head, t, t});

@@ -1,23 +1,17 @@
-// Embedding: a lookup table of token vectors (torch.nn.Embedding); ids (...) -> (...,
-// embedding_dim).
+// Embedding: a lookup table of token vectors (torch.nn.Embedding); ids (...) -> (..., C).
 // SPDX-License-Identifier: MIT
 //
-// Parameter "weight" (num_embeddings, embedding_dim), as in PyTorch. Its input is int64 token ids,
-// not T, so it implements Module's forward(exec, ids) (forward_ids_impl): it keeps a view of the
-// ids (THE CALLER KEEPS THEM ALIVE AND UNCHANGED until backward returns, as for every module's
-// input, nn/module.hpp; backward does not check them again), and backward(exec, dy) accumulates the
-// weight gradient by token and returns an empty tensor (ids take no gradient). Module's
-// forward(exec, x) with T values is a ValueError. Ids outside [0, num_embeddings) are a ValueError:
-// on the CPU checked on the host before the lookup (once: the kernel is told, Args::ids_checked),
-// naming this module, the id and its position in ids; on the GPU the ids are device memory, so the
-// kernel checks them and the error names embedding_forward and the position in the flattened ids
-// (kernels/cuda/embedding.cuh; it costs a stream wait per forward; backward, on the ids forward
-// checked, skips it). Initialisation at construction (torch's reset_parameters, nn/init.hpp):
-// weight ~ N(0, init_std^2) from the default generator (tensor/random.hpp's manual_seed);
-// reset_parameters(gen) draws from gen. init_std 1 is torch's default, 0.02 minGPT's _init_weights
-// (which the tutorial's minGPT-ddp applies to every Embedding and Linear). No padding_idx. Devices:
-// Kernels<D>::embedding_forward/backward (kernels/cpu/embedding.hpp, kernels/cuda/embedding.cuh;
-// docs/decisions/0048).
+// Parameter "weight" (num_embeddings, embedding_dim), as in torch. Its input is int64 token ids,
+// not T, so it implements Module's forward(exec, ids); forward(exec, x) with T values is a
+// ValueError. It keeps a view of the ids: THE CALLER KEEPS THEM ALIVE AND UNCHANGED until backward
+// returns (as for every module's input; backward does not check them again). backward(exec, dy)
+// accumulates the weight gradient by token and returns an empty tensor (ids take no gradient).
+// Ids outside [0, num_embeddings) are a ValueError: on the CPU checked on the host before the
+// lookup, naming this module, the id and its position; on the GPU the ids are device memory, so
+// the kernel checks them (a stream wait per forward) and the error names embedding_forward and the
+// position in the flattened ids. weight starts as N(0, init_std^2) from the default generator;
+// init_std 1 is torch's default, 0.02 minGPT's _init_weights (which the tutorial's minGPT-ddp
+// applies to every Embedding and Linear). No padding_idx. GPU kernels: docs/decisions/0048.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +36,7 @@ struct EmbeddingOptions {
 };
 
 namespace detail {
-// `s` with one more trailing dimension `last`: (B, T) -> (B, T, C). Throws if s already has
-// Shape::kMaxRank dims.
+// `s` plus a trailing dimension `last`: (B, T) -> (B, T, C); ValueError beyond Shape::kMaxRank.
 inline Shape append_dim(const Shape& s, std::int64_t last) {
   switch (s.rank()) {
     case 0: return Shape{last};
@@ -73,8 +66,7 @@ class Embedding : public Module<T, D> {
     if (!SkipDefaultInit::active()) reset_parameters();
   }
 
-  // weight ~ N(0, init_std^2) (torch.nn.Embedding.reset_parameters: normal_(); minGPT: normal_(0,
-  // 0.02)).
+  // weight ~ N(0, init_std^2) (torch's reset_parameters: normal_(); minGPT: normal_(0, 0.02)).
   void reset_parameters(Generator& gen) { init_normal(*weight_, gen, 0.0, o_.init_std); }
   // The same from the default generator (what the constructor does).
   void reset_parameters() {
@@ -120,8 +112,7 @@ class Embedding : public Module<T, D> {
     expect_shape(dy, detail::append_dim(ids_.shape(), o_.embedding_dim), "output gradient dy",
                  "Embedding.backward");
     const std::int64_t n = ids_.numel();
-    // The ids forward checked (here on the CPU, by the kernel on the GPU): no second check, nor its
-    // stream wait.
+    // The ids forward checked: no second check, nor its stream wait.
     Kernels<D>::embedding_backward(
         exec, kernels::EmbeddingBackwardArgs<T, D>{.ids = ids_.reshape(Shape{n}),
                                                    .dy = dy.reshape(Shape{n, o_.embedding_dim}),

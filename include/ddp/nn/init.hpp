@@ -2,17 +2,14 @@
 // bound, and SkipDefaultInit for models that initialise every parameter themselves.
 // SPDX-License-Identifier: MIT
 //
-// Every layer with parameters initialises itself when it is constructed, as its torch.nn namesake
-// does (docs/decisions/0064): Linear and Conv2d draw U(-b, b), b = fan_in_bound(fan_in), for weight
-// and bias; Embedding N(0, init_std^2); BatchNorm2d and LayerNorm set weight 1 and bias 0 (no
-// draw). The random draws come from the process-wide default generator (tensor/random.hpp:
-// manual_seed(s) makes them repeat), through the layer's reset_parameters(); reset_parameters(gen)
-// draws from a generator of the caller's instead.
-// Example: manual_seed(1); Linear(4 -> 2) draws its weight (8 values) then its bias (2) from
-//   Generator(1), as
+// Every layer with parameters initialises itself at construction, as its torch.nn namesake does
+// (docs/decisions/0064): Linear and Conv2d draw U(-b, b), b = fan_in_bound(fan_in), for weight and
+// bias; Embedding N(0, init_std^2); BatchNorm2d and LayerNorm set weight 1 and bias 0 (no draw).
+// Draws come from the process-wide default generator (manual_seed(s) repeats them) through the
+// layer's reset_parameters(); reset_parameters(gen) uses the caller's generator instead. Example:
+// after manual_seed(1), Linear(4 -> 2) draws its weight (8 values) then its bias (2) as
 // Linear(4 -> 2).reset_parameters(gen) does with gen = Generator(1). Draws run on the host and are
-// copied to the parameter's device (nn/parameter.hpp's fill_via_host), so a CUDA layer gets the CPU
-// layer's numbers.
+// copied to the parameter's device, so a CUDA layer gets the CPU layer's numbers.
 #pragma once
 
 #include <cmath>
@@ -25,10 +22,9 @@
 
 namespace ddp::nn {
 
-// torch's default bound for Linear and Conv2d: kaiming_uniform_(a = sqrt(5)) is U(-b, b) with b =
-// gain sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), so b = 1 / sqrt(fan_in); the bias
-// uses the same b. fan_in = weight.size(1) * kH * kW in torch's layout: in_features for Linear,
-// C_in kH kW for Conv2d.
+// torch's default bound for Linear and Conv2d weight and bias: kaiming_uniform_(a = sqrt(5)) is
+// U(-b, b) with b = gain sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), so
+// b = 1 / sqrt(fan_in); fan_in = in_features (Linear) or C_in kH kW (Conv2d), as in torch.
 inline double fan_in_bound(std::int64_t fan_in) {
   return 1.0 / std::sqrt(static_cast<double>(fan_in));
 }
@@ -45,9 +41,8 @@ void init_normal(Parameter<T, D>& p, Generator& gen, double mean, double std) {
   detail::fill_via_host(p.value(), [&](TensorView<T, Cpu> v) { gen.fill_normal(v, mean, std); });
 }
 
-// The same two draws from the process-wide default generator (torch.nn.init.uniform_ / normal_):
-// what a module of one's own calls in its constructor for the parameters it registers (they start
-// at zero, nn/parameter.hpp); manual_seed(s) before building the model repeats them.
+// The same draws from the process-wide default generator (torch.nn.init.uniform_ / normal_), for a
+// module of one's own to call on the parameters it registers (they start at zero).
 template <class T, Device D>
 void init_uniform(Parameter<T, D>& p, double lo, double hi) {
   with_default_generator([&](Generator& gen) { init_uniform(p, gen, lo, hi); });
@@ -58,11 +53,10 @@ void init_normal(Parameter<T, D>& p, double mean, double std) {
 }
 
 // While one lives on this thread, layers constructed on it skip their random default
-// initialisation: they draw nothing (their parameters stay zero, nn/parameter.hpp) and leave the
-// default generator where it was. For models whose own reset_parameters() overwrites every
-// parameter right after construction (ResNet, GPT): it saves the draws the model would throw away
-// (resnet50: a fifth more construction time, docs/decisions/0064). Constant initialisations
-// (BatchNorm2d, LayerNorm) still run. Nests.
+// initialisation: they draw nothing (parameters stay zero) and leave the default generator where it
+// was. For models whose reset_parameters() overwrites every parameter right after construction
+// (ResNet, GPT): it saves draws the model would discard (resnet50: a fifth of construction time,
+// docs/decisions/0064). Constant initialisations (BatchNorm2d, LayerNorm) still run. Nests.
 class SkipDefaultInit {
  public:
   SkipDefaultInit() noexcept { ++depth(); }

@@ -2,33 +2,26 @@
 // Bottleneck.
 // SPDX-License-Identifier: MIT
 //
-//   out = relu( bn_L(conv_L( ... relu(bn_1(conv_1(x))) ... )) + identity ),  identity =
-//     downsample(x) or x
-// A block registers its modules under torchvision's names and in its order (conv1, bn1, ...,
-// downsample), then lists its main path as (conv, bn) stages with add_stage() and its projection
-// with set_downsample(). Forward: each stage but the last is conv -> bn + ReLU
-// (BatchNorm2d::forward_act without a residual); the last is conv -> bn + identity + ReLU
-// (forward_act with the residual), so the skip is added before the final ReLU. The ReLUs run on the
-// BatchNorm outputs, which is safe because BatchNorm's backward needs its input, not its output
-// (torchvision's ReLU(inplace=True)). The downsample's output (the skip term) is freed once the
-// last bn has added it: backward does not read it. Backward (how it works): the last bn's
-// backward_act takes dy and the block's output y, applies the mask g = dy * (y > 0) and returns g
-// as its dresidual: g is the skip path's gradient, passed through downsample.backward when there is
-// one. The main path then runs conv_L back and, for each earlier stage from the last to the first,
-// bn + ReLU mask (backward_act on that stage's output) and conv; conv_1's backward adds its input
-// gradient to the skip gradient in place (Conv2d::backward_accumulate: beta = 1 in cuBLAS and
-// cuDNN, docs/decisions/0061), so dx = main + skip costs neither a pass nor a tensor of its own.
-// Gradient order (what DDP's first-step buckets follow): bn_L, then the downsample's (downsample.1,
-// .0), then conv_L, bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample:
-// bn2.weight, bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight,
-// bn1.weight, bn1.bias, conv1.weight. Recomputation (BlockOptions::recompute_relu,
-// docs/decisions/0068): stage i's a = relu(bn_i(c_i)) is read in backward by conv_{i+1}'s wgrad
-// (its input) and by bn_i's ReLU mask, nothing else, and conv_{i+1}'s backward comes first. So
-// forward frees a once conv_{i+1} has run, and backward computes it again just before conv_{i+1}'s
-// backward (Conv2d::rebind_input) and frees it after bn_i's; the same kernel on the same c_i with
-// the same gamma and beta gives the same bits, hence the same gradients. A synchronised bn keeps
-// its a. On the GPU each bn + (residual) + ReLU is one fused pass (kernels/cuda/bn_act.cuh); on the
-// CPU it is the unfused passes in a row, bit-identical to bn, add, relu (kernels/cpu/bn_act.hpp).
+//   out = relu(bn_L(conv_L(... relu(bn_1(conv_1(x))) ...)) + identity)
+//   identity = downsample(x) or x
+// A block registers its modules under torchvision's names and order (conv1, bn1, ..., downsample),
+// then lists its main path as (conv, bn) stages with add_stage() and its projection with
+// set_downsample() (docs/decisions/0019). Each stage is conv -> BatchNorm2d::forward_act (bn +
+// ReLU; the last adds the skip before its ReLU). The ReLUs may overwrite the bn outputs because
+// BatchNorm's backward needs its input (torchvision's ReLU(inplace=True)). The skip term is freed
+// once added: backward does not read it.
+// Backward: the last bn's backward_act masks g = dy * (y > 0), the skip path's gradient (through
+// downsample.backward if any); the main path runs back stage by stage, and conv_1 adds its input
+// gradient into the skip gradient in place (Conv2d::backward_accumulate, docs/decisions/0061), so
+// dx = main + skip costs no pass or tensor of its own.
+// Gradient order (DDP's first-step buckets follow it): bn_L, downsample.1, downsample.0, conv_L,
+// bn_{L-1}, conv_{L-1}, ..., bn_1, conv_1. Example, BasicBlock with downsample: bn2.weight,
+// bn2.bias, downsample.1.weight, downsample.1.bias, downsample.0.weight, conv2.weight, bn1.weight,
+// bn1.bias, conv1.weight.
+// Recomputation (BlockOptions::recompute_relu, docs/decisions/0068): stage i's a = relu(bn_i(c_i))
+// is read in backward only by conv_{i+1}'s wgrad and bn_i's mask, conv_{i+1} first. So forward
+// frees a after conv_{i+1}; backward recomputes it (bit-identical, so the same gradients) just
+// before conv_{i+1}'s backward and frees it after bn_i's. A synchronised bn keeps its a.
 #pragma once
 
 #include <cstddef>
@@ -51,11 +44,9 @@ struct BlockOptions {
   std::int64_t planes = 64;
   std::int64_t stride = 1;
   bool downsample = false;  // add the 1x1 conv + BN projection on the skip path
-  // Free each relu(bn) output of the main path (all stages but the last) once the next conv has
-  // read it in forward, and compute it again in backward from the kept conv output
-  // (BatchNorm2d::recompute_act): less memory between forward and backward for one more BatchNorm
-  // forward per stage (docs/decisions/0068: off by default, as in PyTorch, while the GPU cost is
-  // estimated at about 3 % of a ResNet-50 step).
+  // Free the main path's relu(bn) outputs after forward and recompute them in backward: less
+  // memory for one more BatchNorm forward per stage. Off by default, as torch
+  // (docs/decisions/0068).
   bool recompute_relu = false;
 };
 
@@ -154,8 +145,7 @@ class ResidualBlock : public Module<T, D, A> {
   }
   // The skip path's projection (nullptr: identity).
   void set_downsample(Sequential<T, D, A>* downsample) { downsample_ = downsample; }
-  // Whether forward frees the stages' relu(bn) outputs and backward recomputes them
-  // (BlockOptions::recompute_relu).
+  // BlockOptions::recompute_relu.
   void set_recompute_relu(bool on) noexcept { recompute_relu_ = on; }
 
  private:
@@ -163,7 +153,7 @@ class ResidualBlock : public Module<T, D, A> {
     Conv2d<T, D, A>* conv = nullptr;
     BatchNorm2d<T, D, A>* bn = nullptr;
     Tensor<A, D> c;  // conv output (N, H', W', C'), bn's input
-    // relu(bn(c)), the next conv's input and this stage's ReLU mask (all but the last stage)
+    // relu(bn(c)): the next conv's input and this stage's ReLU mask
     Tensor<A, D> a;
     bool recomputed = false;  // a was freed after forward; backward computes it again
   };

@@ -4,24 +4,21 @@
 //
 // Structure (torchvision.models.resnet.ResNet), activations NHWC:
 //   conv1 7x7/2 pad 3 (3 -> 64) - bn1 - relu - maxpool 3x3/2 pad 1
-//   layer1..layer4: Sequentials of blocks (BasicBlock for 18/34, Bottleneck for 50/101/152) with
-//   planes 64, 128, 256, 512 and strides 1, 2, 2, 2; block 0 of a layer gets a downsample (1x1 conv
-//     with
-//   the layer's stride + BN) when the stride is not 1 or the channel count changes
+//   layer1..layer4: blocks (BasicBlock for 18/34, Bottleneck for 50/101/152), planes 64, 128,
+//     256, 512, strides 1, 2, 2, 2; block 0 gets a downsample (1x1 conv with the layer's stride
+//     + BN) when the stride is not 1 or the channel count changes
 //   avgpool (adaptive, 1x1) - flatten - fc (512 * expansion -> num_classes)
 // Blocks per layer: resnet18 [2,2,2,2], resnet34 [3,4,6,3], resnet50 [3,4,6,3], resnet101
 // [3,4,23,3], resnet152 [3,8,36,3]. Example: resnet18 at 224x224 goes (N,224,224,3) -> conv1
 // (N,112,112,64) -> maxpool (N,56,56,64) -> layer1 (N,56,56,64) -> layer2 (N,28,28,128) -> layer3
 // (N,14,14,256) -> layer4 (N,7,7,512) -> avgpool (N,1,1,512) -> fc (N,num_classes); 11,689,512
-// parameters at 1000 classes. Initialisation (torchvision's ResNet.__init__), drawn from
-// Generator(seed, 0, kStreamInit) module by module in registration order: convs ~ N(0, 2 / fan_out)
-// with fan_out = C_out kH kW (kaiming_normal_, mode fan_out, relu); BN weight 1, bias 0; fc ~
-// U(+-1/sqrt(in)) for weight and bias (nn.Linear's default); with zero_init_residual the last BN of
-// each block starts at weight 0. The numbers differ from PyTorch's (other RNG), the distributions
-// do not. Its layers skip their own default initialisation (nn/init.hpp's SkipDefaultInit: these
-// draws replace it), so building a ResNet leaves the default generator (manual_seed) untouched.
-// `width` scales every layer's channel count (64 is torchvision's; smaller widths give the small,
-// fast models tests train here) without changing any name.
+// parameters at 1000 classes.
+// Initialisation (torchvision's), drawn from Generator(seed, 0, kStreamInit) module by module in
+// registration order: convs ~ N(0, 2 / (C_out kH kW)) (kaiming_normal_, fan_out, relu); BN weight
+// 1, bias 0; fc weight and bias ~ U(+-1/sqrt(in)); with zero_init_residual each block's last BN
+// weight starts at 0. The distributions are PyTorch's, the numbers are not. The layers skip their
+// own default initialisation, so building a ResNet leaves the default generator untouched.
+// `width` scales every channel count (torchvision: 64) without changing any name.
 #pragma once
 
 #include <array>
@@ -52,14 +49,12 @@ struct ResNetOptions {
   std::string arch = "resnet18";  // resnet18, resnet34, resnet50, resnet101, resnet152
   std::int64_t num_classes = 1000;
   bool zero_init_residual = false;
-  // initialisation seed (every rank uses the same; DDP broadcasts rank 0's anyway)
+  // initialisation seed (DDP broadcasts rank 0's parameters anyway)
   std::uint64_t seed = 0;
   std::int64_t in_channels = 3;
   std::int64_t width = 64;  // channels of conv1 and layer1's planes; torchvision: 64
-  // Free the relu(bn) outputs that only a ReLU mask and the next layer's backward read (the stem's,
-  // each block's stages but the last) after forward and recompute them in backward: same gradients,
-  // less memory (BlockOptions::recompute_relu, docs/decisions/0068). Off by default: kept, as
-  // PyTorch keeps them.
+  // Free the stem's and the blocks' relu(bn) outputs after forward and recompute them in
+  // backward: same gradients, less memory (docs/decisions/0068). Off by default, as PyTorch.
   bool recompute_relu = false;
 };
 
@@ -181,8 +176,7 @@ class ResNet : public Module<T, D, A> {
     acts_.push_back(conv1_->forward(exec, x));
     acts_.push_back(bn1_->forward_act(exec, acts_.back().cview(), {}, true));
     acts_.push_back(maxpool_->forward(exec, acts_.back().cview()));
-    // relu(bn1) is read again only as bn1's ReLU mask (the max pool kept its argmax): recomputed in
-    // backward
+    // relu(bn1) is read again only as bn1's ReLU mask (the max pool kept its argmax)
     stem_recomputed_ = o_.recompute_relu && !bn1_->forward_synchronised();
     if (stem_recomputed_) acts_[1] = {};
     for (auto* layer : layers_) acts_.push_back(layer->forward(exec, acts_.back().cview()));
@@ -191,8 +185,7 @@ class ResNet : public Module<T, D, A> {
     return fc_->forward(exec, acts_.back().cview().reshape(Shape{n, c}));
   }
 
-  // dlogits (N, num_classes) -> empty tensor (the image needs no gradient); fills every parameter's
-  // grad.
+  // dlogits (N, num_classes) -> empty (the image needs no gradient); fills every parameter's grad.
   Tensor<A, D> backward_impl(Exec<D>& exec, TensorView<const A, D> dlogits) override {
     this->require_forward_state(acts_.size() == 8);
     Tensor<A, D> g = fc_->backward(exec, dlogits);

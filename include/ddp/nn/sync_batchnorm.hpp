@@ -1,30 +1,25 @@
 // SyncBatchNorm: convert_sync_batchnorm(model, comm) makes every BatchNorm2d of a model take its
-// training statistics over the batches of all ranks of `comm`
-// (torch.nn.SyncBatchNorm.convert_sync_batchnorm).
+// training statistics over all ranks of `comm` (torch.nn.SyncBatchNorm.convert_sync_batchnorm).
 // SPDX-License-Identifier: MIT
 //
 //   nn::ResNet<float, Cpu> model({.arch = "resnet18"});
-//   nn::convert_sync_batchnorm(model, comm);        // before wrapping it in
-//     DistributedDataParallel
+//   nn::convert_sync_batchnorm(model, comm);        // before DistributedDataParallel wraps it
 //   parallel::DistributedDataParallel ddp(model, comm, ...);
 //
-// What it does (docs/decisions/0027): the layers stay BatchNorm2d objects (the blocks hold them as
-// typed members); each gets a shared CommChannelSums, the kernels' ChannelSumReducer
-// (kernels/args.hpp) over `comm`. In training, forward all-reduces (Sum) this rank's [sum x, sum
-// x^2, count] per channel (2C + 1 doubles) and normalises with the global mean and biased variance;
-// running_var takes the unbiased variance of the global count. Backward all-reduces [sum dy, sum dy
-// xhat, count] for dx, while dgamma and dbeta stay this rank's own sums, as torch's SyncBatchNorm:
-// DDP's averaging then gives the gradient of the mean loss over the concatenated batch when the
-// ranks' batches are equal. Batches may differ in size; a rank's may be empty (torch >= 1.12
-// semantics; the total over the ranks must exceed 1 per channel, else a ValueError naming the layer
-// on every rank). Eval uses the running statistics and communicates nothing; a communicator of one
-// rank leaves the ordinary kernels in place (torch's need_sync). Memory: the statistics live where
-// the model does, so the communicator must reach that memory (host: tcp/mpi; CUDA: nccl, or tcp/mpi
-// made with CommOptions::cuda_device) -- the same communicator DDP needs. On CUDA the all-reduces
-// are ordered on the exec's stream (the host does not wait, except when a rank's batch has fewer
-// than 2 rows, where the total is checked); on the host they are waited for at once. Contract:
-// every rank calls the synchronised layers in the same order (each forward and backward is a
-// collective on `comm`, interleaved with DDP's own); `comm` outlives the model's layers.
+// The layers stay BatchNorm2d objects, sharing one CommChannelSums (docs/decisions/0027). In
+// training, forward all-reduces [sum x, sum x^2, count] per channel (2C + 1 doubles) and normalises
+// with the global mean and biased variance; running_var takes the unbiased variance of the global
+// count. Backward all-reduces [sum dy, sum dy xhat, count] for dx; dgamma and dbeta stay this
+// rank's sums, as torch's, so DDP's averaging gives the gradient of the mean loss over the
+// concatenated batch when the ranks' batches are equal. Batches may differ in size or be empty
+// (torch >= 1.12); fewer than 2 values per channel over all ranks is a ValueError naming the layer
+// on every rank. Eval, and a communicator of one rank, communicate nothing (torch's need_sync).
+// The statistics live where the model does, so `comm` must reach that memory (host: tcp/mpi; CUDA:
+// nccl, or tcp/mpi made with CommOptions::cuda_device), as DDP's must. On CUDA the all-reduces are
+// ordered on the exec's stream (the host waits only when a rank's batch has fewer than 2 rows, to
+// check the total); on the host they are waited for at once. Contract: every rank calls the
+// synchronised layers in the same order (each forward and backward is a collective on `comm`,
+// interleaved with DDP's); `comm` outlives the model's layers.
 #pragma once
 
 #include <cstddef>
@@ -97,10 +92,8 @@ class CommChannelSums final : public kernels::ChannelSumReducer<D> {
   std::deque<comm::Work> pending_;
 };
 
-// Makes every BatchNorm2d in `model` (itself included) synchronised over `comm`; returns how many
-// it made. Call it on every rank, before DistributedDataParallel wraps the model. A communicator of
-// one rank is allowed (the layers then run unsynchronised). ConfigError when `comm` cannot reach
-// the model's memory.
+// Makes every BatchNorm2d in `model` (itself included) synchronised over `comm`; returns how many.
+// Call it on every rank; ConfigError when `comm` cannot reach the model's memory.
 template <class T, Device D>
 std::size_t convert_sync_batchnorm(Module<T, D>& model, comm::Communicator& comm) {
   auto sync = std::make_shared<CommChannelSums<D>>(comm);

@@ -1,25 +1,20 @@
 // AdamW: torch.optim.AdamW (decoupled weight decay, bias-corrected moments, parameter groups;
-// amsgrad off).
+// amsgrad and maximize unsupported).
 // SPDX-License-Identifier: MIT
 //
-// Update per parameter p with gradient g and its own step count t (torch 1.13's
-// _single_tensor_adamw; the arithmetic is kernels/elementwise.hpp's AdamwStep):
+// Per parameter p, gradient g, own step count t (torch 1.13's _single_tensor_adamw; AdamwStep):
 //   t += 1
-//   p  = p * (1 - lr * weight_decay)                      decay applied to the weights, not to the
-//     gradient
-//   m  = beta1 * m + (1 - beta1) * g                      exp_avg,    zeros before the first step
-//   v  = beta2 * v + (1 - beta2) * g^2                    exp_avg_sq, zeros before the first step
+//   p  = p * (1 - lr * weight_decay)              decay on the weights, not on the gradient
+//   m  = beta1 * m + (1 - beta1) * g              exp_avg,    zeros before the first step
+//   v  = beta2 * v + (1 - beta2) * g^2            exp_avg_sq, zeros before the first step
 //   p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// Worked example: lr 0.1, weight_decay 0, p = 1, g = 2 on the first step: m = 0.2, v = 0.004, the
-// corrections make m / sqrt(v) = 1, so p = 1 - 0.1 = 0.9 (Adam's first step is lr * sign(g)). A
-// parameter without a gradient (nn::Parameter::has_grad() false: torch's .grad is None) is skipped
-// entirely, as torch skips it: no decay, its moments keep their values and its step count does not
-// move, so its bias corrections differ from a parameter stepped every time. amsgrad and maximize
-// are not supported. Parameter groups (optim/param_groups.hpp) override weight_decay and the lr per
-// group. State for snapshots (train/checkpoint.hpp, optim/optimizer.hpp): exp_avg, exp_avg_sq and
-// the step count per parameter, torch's state[p]['exp_avg'], ['exp_avg_sq'], ['step']. A step is
-// one Kernels<D>::adamw_step_multi call over every parameter that has a gradient (one launch on the
-// GPU, tensor after tensor on the CPU). Not thread-safe; step() must not overlap a backward.
+// Example: lr 0.1, weight_decay 0, p = 1, g = 2 on the first step: m = 0.2, v = 0.004, the
+// corrections make m / sqrt(v) = 1, so p = 0.9 (Adam's first step is lr * sign(g)). A parameter
+// without a gradient (has_grad() false: torch's .grad is None) is skipped as torch skips it: no
+// decay, its moments keep their values and its step count does not move, so its bias corrections
+// differ from a parameter stepped every time. Parameter groups override lr and weight_decay.
+// Snapshot state per parameter: torch's state[p]['exp_avg'], ['exp_avg_sq'] and ['step'].
+// Not thread-safe; step() must not overlap a backward.
 #pragma once
 
 #include <array>
@@ -105,11 +100,9 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
     ++steps_;
   }
 
-  // Steps parameter i has taken (0: no state yet); exp_avg / exp_avg_sq exist exactly when it is >
-  // 0.
+  // Steps parameter i has taken (0: no state yet); exp_avg / exp_avg_sq exist exactly when > 0.
   std::int64_t param_step(std::size_t i) const { return param_steps_.at(i); }
-  // Sets parameter i's step count (from a snapshot); n > 0 creates zero moments if it had none, 0
-  // drops them.
+  // Sets parameter i's step count (snapshots); n > 0 creates zero moments if none, 0 drops them.
   void set_param_step(std::size_t i, std::int64_t n) {
     if (n < 0)
       throw ValueError(
@@ -123,9 +116,8 @@ class AdamW : public detail::GroupedOptimizer<T, D, AdamwOptions> {
     if (param_steps_.at(i) == 0) return nullptr;
     return &moment(name, i);
   }
-  // The moment `name` of parameter i for the caller to fill; creates both moments (zeros) if i had
-  // none. It counts as state once param_step(i) > 0: a snapshot restores both moments and the step
-  // count.
+  // Moment `name` of parameter i for the caller to fill; creates both (zeros) if i had none. It
+  // counts as state once param_step(i) > 0: a snapshot restores both moments and the step count.
   Tensor<T, D>& set_state(std::string_view name, std::size_t i) {
     if (!has_moments(i)) init_moments(i);
     return moment(name, i);

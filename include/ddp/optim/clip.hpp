@@ -2,26 +2,21 @@
 // max_norm).
 // SPDX-License-Identifier: MIT
 //
-// How it works (torch 1.13's clip_grad_norm_ with norm_type 2):
-//   total     = sqrt(sum over parameters with a gradient of sum(g^2))   (accumulated in double
-//     here)
-//   clip_coef = max_norm / (total + 1e-6), clamped to at most 1
-//   g        *= clip_coef for every gradient (skipped when clip_coef is 1: multiplying by 1 changes
-//     nothing)
-// and returns total, the norm before clipping. Parameters without a gradient (has_grad() false:
-// torch's .grad is None) are left out of the norm and untouched. Like torch's default
+// torch 1.13's clip_grad_norm_ with norm_type 2:
+//   total     = sqrt(sum over parameters with a gradient of sum(g^2))   (accumulated in double)
+//   clip_coef = min(max_norm / (total + 1e-6), 1)
+//   g        *= clip_coef for every gradient (skipped when clip_coef is 1)
+// returning total, the norm before clipping. Parameters without a gradient (has_grad() false:
+// torch's .grad is None) are left out of the norm and untouched. As with torch's default
 // (error_if_nonfinite=False), a NaN or infinite total is returned as is and the gradients are
-// scaled by the resulting NaN / 0 factor.
-// Example: gradients (3, 4) and (0) with max_norm 1: total 5, clip_coef 1 / 5.000001, gradients
-//   (0.6, 0.8), (0).
+// scaled by the resulting NaN / 0 factor. Example: gradients (3, 4) and (0), max_norm 1: total 5,
+// clip_coef 1 / 5.000001, gradients (0.6, 0.8), (0).
 //
-// Distributed use. Call it after backward and before step(). Under DDP (parallel/), the gradients
-// are already averaged over all ranks and identical on every rank when backward returns, so this
-// local norm IS the global norm and every rank clips by the same factor: no communication is
-// needed. (A ZeRO-style optimizer that shards gradients or optimizer state must instead all-reduce
-// the per-rank sums of squares before the square root: that is the place to hook it,
-// sum_of_squares() below, when such sharding exists.) On the GPU this waits for exec's stream once
-// (the norm is needed on the host), as torch's .item() would.
+// Call it after backward and before step(). Under DDP the gradients are already averaged and
+// identical on every rank, so this local norm is the global one and every rank clips by the same
+// factor without communicating (ZeRO-1 keeps whole gradients too). An optimizer that sharded the
+// gradients would have to all-reduce sum_of_squares() before the square root. On the GPU this
+// waits for exec's stream once (the norm is needed on the host), as torch's .item() would.
 #pragma once
 
 #include <cmath>
@@ -48,17 +43,15 @@ std::vector<kernels::TensorPtr<T>> grads_of(const std::vector<nn::Parameter<T, D
 }
 }  // namespace detail
 
-// Sum of g^2 over every gradient of `params` (in double). A sharded optimizer would all-reduce
-// this.
+// Sum of g^2 over every gradient of `params`, in double.
 template <class T, Device D>
 double sum_of_squares(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params) {
   const auto grads = detail::grads_of(params);
   return Kernels<D>::sum_squares_multi(exec, kernels::MultiTensorArgs<T, D>{.tensors = grads});
 }
 
-// Scales the gradients of `params` so that their total L2 norm, known to be `total` (e.g.
-// GradScaler::unscale's norm), becomes at most max_norm; returns total. The second half of
-// clip_grad_norm, for callers that have the norm.
+// Scales the gradients of `params`, whose total L2 norm is `total` (e.g. GradScaler::unscale's),
+// to at most max_norm; returns total. clip_grad_norm's second half, for callers with the norm.
 template <class T, Device D>
 double clip_to_norm(Exec<D>& exec, const std::vector<nn::Parameter<T, D>*>& params, double max_norm,
                     double total) {

@@ -2,26 +2,23 @@
 // step, multi-step or cosine decay.
 // SPDX-License-Identifier: MIT
 //
-// lr_at(t) is the rate for optimizer step t (0-based: the rate of the first step is lr_at(0)), the
-// closed form of what torch's schedulers give after t calls of scheduler.step(), one per optimizer
-// step:
-//   constant:  base                                                    (torch: no scheduler)
-//   step:      base * gamma^floor(t / step_size)                       StepLR(step_size, gamma)
-//   multistep: base * gamma^(number of milestones <= t)                MultiStepLR(milestones,
-//     gamma)
-//   cosine:    eta_min + (base - eta_min) * (1 + cos(pi t / t_max)) / 2   CosineAnnealingLR(t_max,
-//     eta_min)
-// The cosine is not clamped at t_max: like torch's, it rises again after t_max (period 2 t_max);
-// choose t_max = the number of steps after warmup to end at eta_min. Example: base 0.1, t_max 10:
-// 0.05 at t = 5, 0 at 10, 0.05 at 15, 0.1 at 20. With warmup_steps = W > 0 the first W steps ramp
-// linearly and the schedule proper starts at step W from its own step 0, torch's
+// lr_at(t) is the rate of optimizer step t (0-based), the closed form of what torch's schedulers
+// give after t calls of scheduler.step(), one per optimizer step:
+//   constant:  base                                       (torch: no scheduler)
+//   step:      base * gamma^floor(t / step_size)          StepLR(step_size, gamma)
+//   multistep: base * gamma^(number of milestones <= t)   MultiStepLR(milestones, gamma)
+//   cosine:    eta_min + (base - eta_min) * (1 + cos(pi t / t_max)) / 2
+//                                                         CosineAnnealingLR(t_max, eta_min)
+// The cosine is not clamped: like torch's, it rises again after t_max (period 2 t_max); choose
+// t_max = the steps after warmup to end at eta_min. Example: base 0.1, t_max 10: 0.05 at t = 5, 0
+// at 10, 0.05 at 15, 0.1 at 20. With warmup_steps = W > 0 the first W steps ramp linearly and the
+// schedule X starts at step W from its own step 0, torch's
 // SequentialLR([LinearLR(start_factor, 1.0, total_iters=W), X], milestones=[W]):
 //   t < W:   base * (warmup_start_factor + (1 - warmup_start_factor) * t / W)
 //   t >= W:  X(t - W)
 // Example: base 0.4, W 4, start factor 0.25: 0.1, 0.175, 0.25, 0.325, then X(0) = 0.4 at t = 4.
-// All counts are in optimizer steps; a schedule given in epochs is converted by the caller (epochs
-// * steps per epoch). The only state is the step, which the optimizer counts (steps(), saved in
-// snapshots), so a resumed run continues the schedule with apply(opt) and nothing else to save.
+// All counts are optimizer steps (the caller converts epochs: epochs * steps per epoch). The only
+// state is the step, which the optimizer counts (steps(), in snapshots): apply(opt) resumes it.
 #pragma once
 
 #include <cmath>
@@ -52,8 +49,7 @@ struct LrScheduleOptions {
   double warmup_start_factor = 1.0 / 3;
 };
 
-// "constant" | "step" | "multistep" | "cosine" -> LrPolicy; anything else is a ConfigError listing
-// the choices.
+// "constant" | "step" | "multistep" | "cosine"; anything else is a ConfigError listing them.
 inline LrPolicy parse_lr_policy(const std::string& s) {
   if (s == "constant") return LrPolicy::Constant;
   if (s == "step") return LrPolicy::Step;
@@ -86,8 +82,7 @@ class LrSchedule {
 
   // The learning rate of optimizer step `step` (0-based; negative counts as 0).
   double lr_at(std::int64_t step) const { return lr_at(step, o_.base_lr); }
-  // The same schedule started from `base_lr` instead of options().base_lr (a parameter group's own
-  // initial lr; eta_min stays absolute, as in torch).
+  // The same schedule from `base_lr` (a group's own initial lr); eta_min stays absolute (torch).
   double lr_at(std::int64_t step, double base_lr) const {
     if (step < 0) step = 0;
     const std::int64_t w = o_.warmup_steps;
@@ -114,9 +109,8 @@ class LrSchedule {
     }
   }
 
-  // Sets opt's learning rates for its next step, opt.steps() (call before each opt.step(), and
-  // after a resume): lr() from base_lr, and each parameter group with its own lr from that group's
-  // initial lr.
+  // Sets opt's learning rates for its next step, opt.steps(); call before each opt.step() and after
+  // a resume. A group with its own lr follows the schedule from that initial lr.
   template <class Opt>
   void apply(Opt& opt) const {
     const std::int64_t step = opt.steps();

@@ -3,17 +3,12 @@
 // AdamW share around them.
 // SPDX-License-Identifier: MIT
 //
-// A group is a list of parameters plus the hyper-parameters it overrides, as in torch's
-// param_groups; SGD and AdamW take a list of groups (optim/sgd.hpp, optim/adamw.hpp). A group
-// without its own lr follows the optimizer's lr() (set_lr); a group with one keeps it
-// (set_group_lr), and LrSchedule::apply schedules it from that initial value as torch's schedulers
-// schedule each group from its initial_lr.
-//   torch:  AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay":
-//     0.0}], lr=1e-3)
-//   ddp:    AdamW<float, D>(weight_decay_groups(model, 0.05), {.lr = 1e-3})
-// weight_decay_groups applies the common recipe: no weight decay on parameters with fewer than two
-// dimensions (every bias, BatchNorm's weight and bias), decay on the rest (conv and linear
-// weights); linear_weight_decay_groups minGPT's: decay on Linear weights only (not on embeddings).
+// A group is a list of parameters plus the hyper-parameters it overrides. A group without its own
+// lr follows the optimizer's lr() (set_lr); one with its own keeps it (set_group_lr), and
+// LrSchedule::apply schedules it from that initial value, as torch's schedulers use initial_lr.
+//   torch: AdamW([{"params": decay, "weight_decay": 0.05},
+//                 {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+//   ddp:   AdamW<float, D>(weight_decay_groups(model, 0.05), {.lr = 1e-3})
 #pragma once
 
 #include <cstddef>
@@ -57,10 +52,9 @@ std::vector<ParamGroup<T, D>> split_decay(const std::vector<nn::Parameter<T, D>*
 }
 }  // namespace detail
 
-// Two groups of `params` (in their order): "decay" (parameters of rank >= 2) with `weight_decay`
-// and "no_decay" (rank <= 1: biases, BatchNorm weights and biases) with 0. A group with no
-// parameter is left out. Example, Linear(20, 1) + BatchNorm: decay = {fc.weight}, no_decay =
-// {fc.bias, bn.weight, bn.bias}.
+// The common recipe: "decay" (parameters of rank >= 2: conv and linear weights) with
+// `weight_decay` and "no_decay" (biases, BatchNorm weights and biases) with 0, each in `params`
+// order; an empty group is left out.
 template <class T, Device D>
 std::vector<ParamGroup<T, D>> weight_decay_groups(const std::vector<nn::Parameter<T, D>*>& params,
                                                   double weight_decay) {
@@ -72,11 +66,9 @@ std::vector<ParamGroup<T, D>> weight_decay_groups(nn::Module<T, D, A>& model, do
   return weight_decay_groups(model.parameters(), weight_decay);
 }
 
-// minGPT's recipe (the DDP tutorial's create_optimizer): "decay" holds the weights of nn::Linear
-// modules only (the attention's packed projection included: torch's in_proj_weight, our c_attn
-// Linear); every other parameter -- biases, LayerNorm and Embedding weights, GPT's pos_emb -- is in
-// "no_decay". In model.parameters() order (the tutorial sorts by name, which only renumbers torch's
-// optimizer state).
+// minGPT's recipe (the DDP tutorial's create_optimizer): "decay" holds nn::Linear weights only
+// (c_attn's included); biases, LayerNorm and Embedding weights and pos_emb are "no_decay". In
+// model.parameters() order (the tutorial sorts by name, which only renumbers torch's state).
 template <class T, Device D>
 std::vector<ParamGroup<T, D>> linear_weight_decay_groups(nn::Module<T, D>& model,
                                                          double weight_decay) {
@@ -91,9 +83,8 @@ std::vector<ParamGroup<T, D>> linear_weight_decay_groups(nn::Module<T, D>& model
 
 namespace detail {
 
-// The groups of an optimizer flattened: parameter i of the optimizer is params[i], in group
-// group_of[i]. Parameter indices are what snapshots and state accessors use (the order of the
-// groups, then of each group's list, like torch's state_dict numbering).
+// The groups flattened: parameter i is params[i], in group group_of[i]. Snapshots and state
+// accessors use these indices (groups in order, then each group's list, as torch's state_dict).
 template <class T, Device D>
 struct FlatGroups {
   std::vector<nn::Parameter<T, D>*> params;
@@ -145,10 +136,8 @@ struct FlatGroups {
   }
 };
 
-// What every optimizer over parameter groups has besides its update: the options (lr and
-// weight_decay at least), the flattened groups, the step count, and their accessors (the Optimizer
-// concept's, optim/optimizer.hpp). SGD and AdamW derive from it; `who` names the optimizer in
-// messages.
+// Base of SGD and AdamW: the options (lr and weight_decay at least), the flattened groups, the
+// step count and the Optimizer concept's accessors. `who` names the optimizer in messages.
 template <class T, Device D, class Options>
 class GroupedOptimizer {
  public:

@@ -1,24 +1,19 @@
-// SGD: torch.optim.SGD (momentum, dampening, nesterov, weight decay, parameter groups) over a
-// module's parameters.
+// SGD: torch.optim.SGD (momentum, dampening, nesterov, weight decay, parameter groups).
 // SPDX-License-Identifier: MIT
 //
-// Update per parameter p with gradient g (PyTorch's rule; the arithmetic is
-// kernels/elementwise.hpp's SgdStep):
+// Update per parameter p with gradient g (torch's rule, computed by kernels' SgdStep):
 //   g = g + weight_decay * p
 //   if momentum != 0:  buf = (first step of p) ? g : momentum * buf + (1 - dampening) * g
 //                      g   = nesterov ? g + momentum * buf : buf
 //   p = p - lr * g
-// Worked example: lr 0.1, momentum 0.9, p = 1, g = 0.5 on both steps: step 1 buf = 0.5, p = 0.95;
+// Example: lr 0.1, momentum 0.9, p = 1, g = 0.5 on both steps: step 1 buf = 0.5, p = 0.95;
 // step 2 buf = 0.9 * 0.5 + 0.5 = 0.95, p = 0.95 - 0.095 = 0.855. A parameter without a gradient
-// (nn::Parameter::has_grad() false: torch's .grad is None, e.g. a layer no rank used since
-// zero_grad()) is skipped entirely, as torch skips it: no weight decay, its momentum buffer keeps
-// its value and its "first step" is still to come. Parameter groups (optim/param_groups.hpp)
-// override weight_decay and the lr per group. The momentum buffers are the optimizer's state:
-// snapshots save them by parameter name (train/checkpoint.hpp), under the same names torch's
+// (has_grad() false: torch's .grad is None, e.g. a layer no rank used since zero_grad()) is
+// skipped as torch skips it: no weight decay, its momentum buffer keeps its value and its "first
+// step" is still to come. Parameter groups override lr and weight_decay. The momentum buffers are
+// the optimizer's state: snapshots save them by parameter name, under the names torch's
 // optimizer.state_dict() indexes by position. Not thread-safe; step() must not overlap a backward
-// that writes the same gradients. A step is one Kernels<D>::sgd_step_multi call per parameter group
-// over its parameters that have a gradient: one kernel launch per group on the GPU, tensor after
-// tensor on the CPU.
+// that writes the same gradients.
 #pragma once
 
 #include <array>
@@ -60,8 +55,7 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
   using value_type = T;
   using device_type = D;
   static constexpr std::string_view kind = "sgd";
-  // The per-parameter state snapshots save (train/checkpoint.hpp):
-  // "optimizer.momentum_buffer.<param name>".
+  // The per-parameter state snapshots save: "optimizer.momentum_buffer.<param name>".
   static constexpr std::array<StateTensor, 1> state_tensors{
       StateTensor{"momentum_buffer", "momentum buffer"}};
 
@@ -80,9 +74,8 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
   template <class A>
   SGD(nn::Module<T, D, A>& model, const SgdOptions& o) : SGD(model.parameters(), o) {}
 
-  // One update of every parameter that has a gradient: one Kernels<D>::sgd_step_multi call per
-  // group (one launch per group on the GPU; on the CPU tensor after tensor, the same bits as one
-  // sgd_step each).
+  // One update of every parameter with a gradient: one sgd_step_multi call per group (one launch
+  // per group on the GPU; on the CPU tensor after tensor, the same bits as one sgd_step each).
   void step(Exec<D>& exec) {
     const bool use_momentum = o_.momentum != 0.0;
     std::vector<kernels::SgdTensor<T>> ts;
@@ -112,13 +105,11 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
     ++steps_;
   }
 
-  // Momentum buffer of parameter i (same shape as it), or nullptr before its first step / without
-  // momentum.
+  // Parameter i's momentum buffer (its shape); nullptr before its first step or without momentum.
   Tensor<T, D>* momentum_buffer(std::size_t i) {
     return have_buffer_.at(i) ? &buffers_[i] : nullptr;
   }
-  // Installs a buffer (e.g. from a snapshot); the next step continues from it instead of starting
-  // afresh.
+  // Installs a buffer (e.g. from a snapshot); the next step continues from it, not afresh.
   Tensor<T, D>& set_momentum_buffer(std::size_t i) {
     if (buffers_.at(i).shape() != flat_.params[i]->shape())
       buffers_[i] = Tensor<T, D>(flat_.params[i]->shape());

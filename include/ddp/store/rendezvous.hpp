@@ -2,28 +2,22 @@
 // SPDX-License-Identifier: MIT
 //
 //   auto info = ddp::env::detect(...);
-//   auto store = ddp::store::make_store(info, 30s);            // rank 0 also hosts the server
-//   auto store = ddp::store::make_store(info, 30s, 29600);     // DDP_STORE_PORT / --store-port
-//     override
+//   auto store = ddp::store::make_store(info, 30s);         // rank 0 also hosts the server
+//   auto store = ddp::store::make_store(info, 30s, 29600);  // DDP_STORE_PORT / --store-port
 //
 // The rules (docs/decisions/0003):
 //   - world_size == 1 and no master address: an in-process HashStore (nothing to rendezvous with).
-//   - launcher_owns_store (torchrun's agent already serves MASTER_ADDR:MASTER_PORT, signalled by
-//     TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client of that store; nobody binds the
-//     port.
+//   - launcher_owns_store (torchrun's agent already serves MASTER_ADDR:MASTER_PORT,
+//     TORCHELASTIC_USE_AGENT_STORE=True) and no store_port: every rank is a client of that store.
 //   - otherwise rank 0 hosts a TcpStoreServer on 0.0.0.0:<port> (or [::]:<port>) and every rank,
-//     rank 0 included, is a client of master_addr:<port>. The server lives as long as rank 0's
-//     returned store.
-//   <port> is store_port when given (the caller reads DDP_STORE_PORT or a flag; the library never
-//     calls
-//   getenv), else master_port. With store_port and launcher_owns_store, rank 0 hosts on store_port:
-//   the override exists precisely to move our store off the port torchrun's agent holds.
-//   - launcher_owns_store: the launcher's store outlives the workers and serves every restart, so
-//     each attempt works under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env://
-//     rendezvous does (torch/distributed/rendezvous.py): keys of an attempt that died half-way - a
-//     rank that never joined leaves the communicator's join count short - cannot shift or mislead
-//     the next attempt (docs/decisions/0036). Every key a program writes there gets the prefix, as
-//     in torch.
+//     rank 0 included, is a client of master_addr:<port>; the server lives as long as rank 0's
+//     returned store. <port> is store_port when given (the caller reads DDP_STORE_PORT or a flag;
+//     the library never calls getenv), else master_port; store_port exists to move our store off
+//     the port torchrun's agent holds.
+// With launcher_owns_store the launcher's store outlives the workers and serves every restart, so
+// every key goes under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/", as torch's env://
+// rendezvous does: keys of an attempt that died half-way (a rank that never joined leaves the join
+// count short) cannot mislead the next one (docs/decisions/0036).
 #pragma once
 
 #include <chrono>

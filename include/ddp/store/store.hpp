@@ -31,12 +31,10 @@ inline std::string to_string(std::span<const std::uint8_t> b) {
 // PyTorch's default: 5 minutes
 inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{300'000};
 
-// While alive, every blocking store call this thread makes (connect, round trip, get, wait) gives
-// up after at most `cap`, whatever the store's or the call's own timeout. For best-effort calls
-// that must not hold a failing program up: the collectives publish a failure through the store when
-// the store's host may be frozen (SIGSTOP) or unreachable (link down), where a full store timeout
-// would double the time to exit. Per thread, so other threads' calls on the same store keep their
-// timeouts. Nests: the smaller cap wins.
+// While alive, every blocking store call of this thread (connect, round trip, get, wait) gives up
+// after at most `cap`, whatever its own timeout: for best-effort calls such as publishing a failure
+// when the store's host may be frozen (SIGSTOP) or unreachable, where a full timeout would double
+// the time to exit. Per thread (other threads keep their timeouts); nests, the smaller cap winning.
 class ScopedTimeoutCap {
  public:
   explicit ScopedTimeoutCap(std::chrono::milliseconds cap) noexcept : saved_(current_) {
@@ -72,9 +70,8 @@ class Store {
   virtual Bytes get(std::string_view key) = 0;
   // Adds delta to the integer stored at key (0 when absent) and returns the new value.
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
-  // Sets key to desired when its current value equals expected (or when the key is absent and
-  // expected is empty); returns the value now stored (PyTorch semantics: when absent and expected
-  // is not empty, returns expected without storing).
+  // Sets key to desired when its value equals expected, or it is absent and expected is empty;
+  // returns the value now stored (as torch: absent and expected non-empty -> expected, unstored).
   virtual Bytes compare_set(std::string_view key, std::span<const std::uint8_t> expected,
                             std::span<const std::uint8_t> desired) = 0;
   // True when every key exists; never blocks.

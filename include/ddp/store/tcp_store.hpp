@@ -6,29 +6,23 @@
 //   store.set("rank/2/addr", "10.0.0.3:4000");
 //   auto peer = store.get_string("rank/0/addr");   // waits up to the timeout for rank 0
 //
-// Contract: thread-safe (one mutex serialises the connection); every call is bounded by the store
-// timeout (connect, get, wait) and throws TimeoutError naming the key, the timeout and host:port,
-// or StoreError for a broken connection. A failed call drops the connection; the next call
-// reconnects.
+// Thread-safe (one mutex serialises the connection). Every call is bounded by the store timeout
+// and throws TimeoutError naming the key, the timeout and host:port, or StoreError for a broken
+// connection; a failed call drops the connection and the next one reconnects.
 //
-// How the protocol is chosen (TcpStoreOptions::protocol):
-//   V1   PyTorch 1.x opcodes, no handshake.
-//   V2   PyTorch 2.x: VALIDATE (magic 0x3C85F7CE) first on every connection.
-//   Auto probe on a throw-away connection with the single byte 06. A 1.x server reads it as
-//     GETNUMKEYS
-//        and answers 8 bytes at once: V1. A 2.x server requires VALIDATE first, so it either closes
-//        the connection (non-libuv backend) or ignores the byte (libuv backend); after EOF, or
-//        probe_timeout of silence: V2. The probe is harmless on both: it changes nothing, and
-//        closing the connection discards it. Sending VALIDATE to a 1.x server instead would be read
-//          as
-//        SET with a ~1 GB key length and freeze that (single-threaded) server, which is why the
-//          probe
-//        is never VALIDATE. Our own TcpStoreServer answers the probe as 1.x would.
+// Protocol (TcpStoreOptions::protocol):
+//   V1    PyTorch 1.x opcodes, no handshake.
+//   V2    PyTorch 2.x: VALIDATE (magic 0x3C85F7CE) first on every connection.
+//   Auto  probe a throw-away connection with the byte 06: a 1.x server reads GETNUMKEYS and
+//         answers 8 bytes: V1. A 2.x server closes (non-libuv) or ignores it (libuv): EOF or
+//         probe_timeout of silence means V2. The probe changes nothing on either; VALIDATE would
+//         read on 1.x as SET with a ~1 GB key and freeze that single-threaded server. Our
+//         TcpStoreServer answers the probe as 1.x does.
 // Operations a 1.x server lacks are emulated: append by get + compare_set retries, multi_get and
 // multi_set one key at a time.
 //
-// Keys travel as "/" + key, like PyTorch's Python/C++ client, so ranks using PyTorch and ranks
-// using ddp see the same keys (TcpStoreOptions::slash_prefix=false sends them verbatim).
+// Keys travel as "/" + key, as PyTorch's client sends them, so PyTorch and ddp ranks see the same
+// keys (slash_prefix=false sends them verbatim).
 #pragma once
 
 #include <array>
@@ -59,14 +53,12 @@ struct TcpStoreOptions {
   // for "ddp[rank r/n]:" in errors; -1: unknown
   int rank = -1;
   int world_size = 0;
-  // send "/" + key, as PyTorch's client does
   bool slash_prefix = true;
 };
 
 class TcpStore final : public Store {
  public:
-  // Connects (retrying with backoff until opts.timeout) and settles the protocol. Throws
-  // TimeoutError when the server cannot be reached in time.
+  // Connects (retrying with backoff; TimeoutError after opts.timeout) and settles the protocol.
   TcpStore(std::string host, std::uint16_t port, TcpStoreOptions opts = {})
       : Store(opts.timeout),
         host_(std::move(host)),
@@ -236,9 +228,8 @@ class TcpStore final : public Store {
       if (connecting)
         throw TimeoutError(
             ddp::detail::str(prefix(), "store ", op, '(', what, "): ", strip(e.what())));
-      // Connected, so the store was reachable: a get or wait timed out because no rank set the key,
-      // anything else because the store's host stopped answering (on rank 0 that may be this very
-      // process).
+      // The store was reachable: a get or wait timed out because no rank set the key, anything
+      // else because the store's host (maybe this process, on rank 0) stopped answering.
       const bool blocking = op == "get" || op == "wait" || op == "multi_get";
       const std::string why =
           blocking ? std::string(

@@ -2,20 +2,15 @@
 // SPDX-License-Identifier: MIT
 //
 // Allocator<D> is the only place that allocates device memory. Allocator<Cpu> is defined here;
-// Allocator<Cuda> is provided by the CUDA layer (tensor/cuda/allocator.hpp), so Storage<Cuda> is
-// usable only in programs that include it. Sizes are bytes (std::size_t); a zero-byte storage owns
-// no memory.
+// Allocator<Cuda> in tensor/cuda/allocator.hpp, so Storage<Cuda> is usable only in programs that
+// include it. Sizes are bytes; a zero-byte storage owns no memory.
 //
-// Host memory comes from a CachingPool (tensor/caching_pool.hpp), the same pool the GPU uses, over
-// host_alloc (core/host_memory.hpp: 64-byte aligned, huge-page advised from 4 MiB). Why the pool: a
-// training step frees and re-allocates the same ~1,000 temporaries every step, many above glibc's
-// mmap threshold (a 16x64x112x112 float activation is 49 MiB). glibc returns those to the kernel at
-// free and trims its heap between steps, so every step page-faulted its activations in again: ~48K
-// page faults per resnet18 step at 224 px and batch 16, about 6% of the step (bench_resnet_cpu).
-// From the cache, the second step allocates nothing (cpu_memory_stats().device_mallocs stays
-// constant) and touches pages that are already mapped. Host code runs in program order, so the pool
-// has one stream and a freed block is reusable at once. DDP_CPU_CACHING=0 (config.hpp; the default
-// under AddressSanitizer) calls host_alloc/host_free per tensor instead.
+// Host memory comes from a CachingPool (the GPU's pool) over host_alloc (64-byte aligned, huge-page
+// advised from 4 MiB), so the ~1,000 temporaries a step frees and re-allocates are not page-faulted
+// in again every step (docs/decisions/0022): steady-state steps allocate nothing and touch only
+// mapped pages. Host code runs in program order, so the pool has one stream and a freed block is
+// reusable at once. DDP_CPU_CACHING=0 (config.hpp; the default under AddressSanitizer) calls
+// host_alloc/host_free per tensor instead.
 #pragma once
 
 #include <cstddef>
@@ -95,8 +90,7 @@ struct Allocator<Cpu> {
   }
 };
 
-// Host tensor memory: in use, peak, reserved from malloc and malloc calls (all zero with
-// DDP_CPU_CACHING=0).
+// Host tensor memory: in use, peak, reserved and malloc calls (all zero with DDP_CPU_CACHING=0).
 inline MemoryStats cpu_memory_stats() {
   return BuildConfig::cpu_caching ? MemoryStats::of(detail::host_pool().stats()) : MemoryStats{};
 }
@@ -115,8 +109,7 @@ class Storage {
   Storage() = default;
   explicit Storage(std::size_t bytes) : data_(Allocator<D>::allocate(bytes)), bytes_(bytes) {}
   // Memory someone else owns and frees (`bytes` at `data`, in D's memory); it must outlive this
-  // Storage. DDP's gradient_as_bucket_view makes gradients such views into its buckets
-  // (parallel/grad_views.hpp).
+  // Storage (e.g. DDP's gradient_as_bucket_view: gradients as views into its buckets).
   static Storage borrowed(void* data, std::size_t bytes) noexcept {
     Storage s;
     s.data_ = data;

@@ -1,5 +1,4 @@
-// Which device a training program runs on, and which GPU each rank uses: one set of rules for every
-// example.
+// Device and per-rank GPU choice of a training program: one set of rules for every example.
 // SPDX-License-Identifier: MIT
 //
 //   const int gpus = BuildConfig::with_cuda ? cuda_devices() : 0;  // cudaGetDeviceCount (.cu/.cpp)
@@ -7,25 +6,19 @@
 //                                             .backend = dist.backend,
 //                                             .built_with_cuda = BuildConfig::with_cuda,
 //                                             .visible_gpus = gpus});
-//   // picked without --device: say why
-//   if (!choice.reason.empty()) DDP_LOG_INFO(choice.reason);
+//   if (!choice.reason.empty()) DDP_LOG_INFO(choice.reason);  // picked without --device: say why
 //   ... env::detect(...) ...
 //   if (choice.is_cuda()) gpu = train::cuda_device_for(dist.backend, info.local_rank, gpus);
 // The inputs are plain values (the GPU count is passed in), so every rule is unit-tested without a
 // GPU. Rules (each refusal is a ConfigError naming the flag and the fix):
-//   --device cpu     any backend but nccl (NCCL reduces GPU memory only).
-//   --device cuda    needs a build with CUDA and a visible GPU; nccl, gloo and tcp (tcp stages CUDA
-//     tensors
-//                    through pinned host memory, as PyTorch's gloo does); not mpi: our MPI backend
-//                      reaches
-//                    host memory only (docs/decisions/0024 lists it with the other GPU limits).
-//   no --device      the GPU when the build has CUDA and one is visible, except under --backend
-//     mpi; else the
-//                    CPU, which --backend nccl refuses. The reason is returned for a log line.
-//   GPU per rank     nccl: GPU LOCAL_RANK (NCCL refuses two ranks on one GPU); gloo/tcp: ranks
-//     share the visible
-//                    GPUs round-robin (LOCAL_RANK mod GPUs), so world 2-4 trains on a one-GPU
-//                      machine.
+//   --device cpu   any backend but nccl (NCCL reduces GPU memory only)
+//   --device cuda  needs a build with CUDA and a visible GPU; nccl, gloo or tcp (tcp stages CUDA
+//                  tensors through pinned host memory, as torch's gloo does); not mpi, whose
+//                  backend reaches host memory only (docs/decisions/0024)
+//   no --device    the GPU when the build has CUDA and one is visible, except under --backend mpi;
+//                  else the CPU, which --backend nccl refuses; the reason is returned to be logged
+//   GPU per rank   nccl: GPU LOCAL_RANK (NCCL refuses two ranks on one GPU); gloo/tcp: ranks share
+//                  the visible GPUs round-robin (LOCAL_RANK mod GPUs), so world 2-4 fits one GPU
 #pragma once
 
 #include <string>

@@ -2,19 +2,14 @@
 // (--tensorboard-dir). The rank-0 progress line is train/progress.hpp's.
 // SPDX-License-Identifier: MIT
 //
-//   ddp::train::MetricsWriter metrics(path, tensorboard_dir); // empty: that output disabled
+//   ddp::train::MetricsWriter metrics(path, tensorboard_dir);  // empty: that output disabled
 //   metrics.write({{"global_step", 23}, {"step", 3}, {"loss", 2.31}, {"samples_per_sec", 812.5}});
 //   -> {"global_step":23,"loss":2.31,"samples_per_sec":812.5,"step":3}
-//   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields
-//     becomes a scalar)
-//   train::add_comm_metrics(record, model.last_trace());  // comm_ms, comm_exposed_ms of the DDP
-//     step
-//   metrics.write(train::step_record({{"epoch", 1}, {"step", 3}, {"loss", 2.31}},  // a training
-//     loop's record
+//   -> TensorBoard step 23: loss 2.31, samples_per_sec 812.5 (every number but the step fields)
+//   // a training loop's record, + step_ms, data_ms, comm_*, gpu_memory_* (MiB):
+//   metrics.write(train::step_record({{"epoch", 1}, {"step", 3}, {"loss", 2.31}},
 //                                    {.start = ts, .got_batch = got_batch, .done = now},
-//                                      model.last_trace(),
-//                                    s.device_memory));  // + step_ms, data_ms, comm_*,
-//                                      gpu_memory_* (MiB)
+//                                    model.last_trace(), s.device_memory));
 #pragma once
 
 #include <chrono>
@@ -36,19 +31,17 @@
 
 namespace ddp::train {
 
-// The communication of the DDP step `t` (DistributedDataParallel::last_trace()) as two fields of a
-// record: comm_ms, the time some bucket's all-reduce was in flight, and comm_exposed_ms, the time
-// the step waited for them after backward (what backward did not hide). Nothing before the first
-// synchronised step, nor where the transport cannot time its all-reduces (CUDA: they end on a
-// stream; StepTrace::completions_known).
+// DDP step `t`'s communication as two fields: comm_ms, the time some bucket's all-reduce was in
+// flight, and comm_exposed_ms, the time the step waited for them after backward. Neither before the
+// first synchronised step, nor where all-reduces cannot be timed (CUDA: they end on a stream;
+// StepTrace::completions_known).
 inline void add_comm_metrics(nlohmann::json& record, const parallel::StepTrace& t) {
   if (t.step < 0 || !t.completions_known) return;
   record["comm_ms"] = t.comm_seconds() * 1e3;
   record["comm_exposed_ms"] = t.exposed_comm_seconds() * 1e3;
 }
 
-// When one training step began (before it waited for its batch), when its batch was there, and when
-// it ended.
+// When a step began (before waiting for its batch), when its batch was there, and when it ended.
 struct StepTimes {
   Clock::time_point start;
   // none: the record gets no data_ms (multinode builds its batch)
@@ -56,11 +49,9 @@ struct StepTimes {
   Clock::time_point done;
 };
 
-// A training loop's per-step record `head` (epoch, step, loss, lr, ...) with the fields every
-// example adds: step_ms (start to done, the data wait included), data_ms (start to got_batch), the
-// DDP step's comm_ms and comm_exposed_ms (add_comm_metrics), and where `device_memory` is given
-// (CUDA: cuda_memory_stats) the device's tensor memory now and its peak, gpu_memory_mib and
-// gpu_memory_peak_mib (MiB, 2^20 bytes).
+// `head` (epoch, step, loss, lr, ...) plus what every example adds: step_ms (start to done),
+// data_ms (start to got_batch), add_comm_metrics' fields, and where `device_memory` is given the
+// device's tensor memory now and at peak, gpu_memory_mib and gpu_memory_peak_mib (MiB, 2^20 bytes).
 inline nlohmann::json step_record(nlohmann::json head, const StepTimes& t,
                                   const parallel::StepTrace& trace,
                                   MemoryStats (*device_memory)() = nullptr) {
@@ -76,9 +67,9 @@ inline nlohmann::json step_record(nlohmann::json head, const StepTimes& t,
   return head;
 }
 
-// TensorBoard's view of one record: every number except the step fields, tagged by its key; its
-// step is "global_step" (counted over epochs, so curves do not restart each epoch), else "step",
-// else `fallback`.
+// TensorBoard's view of a record: every number but the step fields, tagged by its key. Its step
+// (tensorboard_step) is "global_step" (curves do not restart each epoch), else "step", else
+// `fallback`.
 inline std::vector<Scalar> tensorboard_scalars(const nlohmann::json& record) {
   std::vector<Scalar> out;
   for (const auto& [key, v] : record.items())
@@ -93,8 +84,7 @@ inline std::int64_t tensorboard_step(const nlohmann::json& record, std::int64_t 
   return fallback;
 }
 
-// The one place a training program's per-step metrics go: the JSON-lines file, the TensorBoard
-// event file, both or neither.
+// Where a training program's per-step metrics go: JSON lines, TensorBoard, both or neither.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
@@ -111,9 +101,8 @@ class MetricsWriter {
   }
   bool enabled() const noexcept { return out_.is_open() || tensorboard_.enabled(); }
   const TensorBoardWriter& tensorboard() const noexcept { return tensorboard_; }
-  // Writes one line and flushes (a crash loses at most the line being written), and the record's
-  // numbers as one TensorBoard event (flushed by TensorBoardWriter's policy, and when this writer
-  // is destroyed).
+  // Writes one line and flushes (a crash loses at most that line), and the numbers as one
+  // TensorBoard event (flushed by TensorBoardWriter's policy and at destruction).
   void write(const nlohmann::json& record) {
     if (out_.is_open()) {
       out_ << record.dump() << '\n';

@@ -1,24 +1,22 @@
 // TensorBoard event files of scalars, written without a protobuf library (docs/decisions/0040).
 // SPDX-License-Identifier: MIT
 //
-//   ddp::train::TensorBoardWriter tb("runs/resnet18");      // creates the directory; empty:
-//     disabled
-//   tb.add_scalars(120, {{"loss", 2.31f}, {"lr", 0.1f}});   // one Event at step 120, two values
+//   ddp::train::TensorBoardWriter tb("runs/resnet18");     // creates the directory; "": disabled
+//   tb.add_scalars(120, {{"loss", 2.31f}, {"lr", 0.1f}});  // one Event at step 120, two values
 //   -> runs/resnet18/events.out.tfevents.1764000000.host.4242, read by `tensorboard --logdir runs`
 //
-// The file is a sequence of TFRecords (tensorflow/core/lib/io/record_writer.cc), all little-endian:
-//   uint64 length | uint32 masked_crc32c(length's 8 bytes) | data[length] | uint32
-//     masked_crc32c(data)
-// and each record's data is one serialised tensorflow.Event (tensorflow/core/util/event.proto):
+// The file is a sequence of TFRecords (tensorflow's record_writer.cc), all little-endian:
+//   uint64 length | uint32 masked_crc32c(length's 8 bytes) | data[length]
+//   | uint32 masked_crc32c(data)
+// each record's data one serialised tensorflow.Event (tensorflow/core/util/event.proto):
 //   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //   Summary { repeated Value value = 1; }      Value { string tag = 1; float simple_value = 2; }
-// The first record carries file_version "brain.Event:2" (what TensorBoard checks the format by),
-// each later one a Summary of simple values. Only those five fields are ever written, so their
-// protobuf wire encoding is spelled out below (tags, varints, fixed64/fixed32, length-delimited)
-// instead of depending on protobuf. Flushing: records collect in memory and reach the file every
-// `flush_every` events, when `flush_secs` passed since the last flush, on flush() and on
-// close()/destruction, so a clean exit (or an exception unwinding the loop) loses nothing and a
-// crash loses at most the last few seconds. POSIX (gethostname, getpid) for the file name.
+// The first record carries file_version "brain.Event:2" (TensorBoard checks the format by it),
+// each later one a Summary of simple values. Only these five fields are written, so their wire
+// encoding is spelled out below. Records reach the file every `flush_every` events, at the first
+// add `flush_interval` after the last flush, on flush() and on close()/destruction, so a clean exit
+// (or an exception unwinding the loop) loses nothing and a crash at most the last few seconds.
+// POSIX (gethostname, getpid) for the file name.
 #pragma once
 
 #include <chrono>
@@ -130,9 +128,8 @@ inline std::string frame_record(std::string_view data) {
 }
 
 // events.out.tfevents.<10-digit unix time>.<hostname>.<pid>: TensorBoard lists files whose name
-// contains "tfevents" and orders a run's files by the time in the name; the pid (as torch's
-// SummaryWriter adds) keeps two writers started in the same second (a restarted job, two runs into
-// one directory) apart.
+// contains "tfevents", ordered by that time; the pid (as torch's SummaryWriter adds) keeps apart
+// two writers started in the same second.
 inline std::string event_file_name(std::time_t unix_time) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
@@ -155,8 +152,7 @@ struct TensorBoardOptions {
 class TensorBoardWriter {
  public:
   TensorBoardWriter() = default;  // disabled: every call is a no-op
-  // Creates `dir` (and its parents) and a new event file in it; IoError if either fails. Empty dir:
-  // disabled.
+  // Creates `dir` (and parents) and a new event file in it; IoError if either fails. "": disabled.
   explicit TensorBoardWriter(const std::string& dir, TensorBoardOptions o = {}) : o_(o) {
     if (dir.empty()) return;
     std::error_code ec;

@@ -3,33 +3,26 @@
 // mpi/op_engine.hpp.
 // SPDX-License-Identifier: MIT
 //
-// All-reduce is ours, on MPI point-to-point calls (docs/decisions/0038): Open MPI's MPI_Iallreduce
-// (libnbc) takes a binomial tree below 4 ranks and mallocs a full-size temporary per call, which
-// ran at 0.4x the busbw of its own blocking MPI_Allreduce. Ours: a payload whose (size - 1) copies
-// fit in mpi::kCarryMaxBytes rides with the fingerprint (mpi/fingerprint_exchange.hpp: one exchange
-// of eager messages; each rank reduces every rank's copy in rank order); a larger one runs
-// mpi/ring_allreduce.hpp's ring through a reused scratch. When every rank runs on one host (and
-// CommOptions::shm), every all-reduce, broadcast and barrier goes through shared memory instead
-// (comm/shm/collectives.hpp, docs/decisions/0055): the tcp backend's shm collectives (its
-// all-reduce is 1.1-3x Open MPI's own on one host). Every dtype and op reduces through
-// comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own block once, before the
-// all-gather. The other collectives use MPI's non-blocking calls: float, double and the integers
-// with MPI's built-in ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as 16-bit
-// words and reduce through MPI_Op_create'd ops that widen to float; uint8 reduces through our op
-// too, so that sums wrap modulo 256 as on the tcp backend (and in PyTorch). Failure: MPI cannot
-// cancel a collective, so an op that times out breaks the communicator (MPI_Abort at exit,
-// op_engine.hpp). A rank that dies is handled by mpirun itself (it kills the job). Fingerprints
-// (docs/decisions/0009): MPI matches collectives by posting order only, so rank 0's all_reduce and
-// rank 1's broadcast would meet and give garbage or hang. Before each collective's own call, every
-// rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every other rank on a
-// second communicator (proto_comm_, point-to-point, receives sized for the largest message any op
-// sends, so that a mismatch never truncates), and compares all of them: a difference fails the op
-// on every rank with the same message, before any data moves. Cost (docs/decisions/0038): one small
-// message exchange per collective, about 1 us on one host, and for a carried all-reduce nothing,
-// since its data travels in the same exchange; CommOptions::check_fingerprints = false skips the
-// comparison (and the exchange, except for carried all-reduces). Send/recv are matched by tag and
-// are not checked. Ring messages use proto_comm_ with tag 1 + seq % 30000 (mpi::RingPool), so that
-// rings in flight together and the user's send/recv tags on comm_ never meet.
+// All-reduce is ours, on MPI point-to-point calls (why: docs/decisions/0038): a payload whose
+// (size - 1) copies fit in mpi::kCarryMaxBytes rides with the fingerprint exchange (each rank
+// reduces every rank's copy in rank order); a larger one runs a ring through a reused scratch.
+// With every rank on one host (and CommOptions::shm), all-reduce, broadcast and barrier go through
+// the tcp backend's shared-memory collectives instead (docs/decisions/0055). Every dtype and op
+// reduces through comm/reduce.hpp, as on the tcp backend; Avg divides each rank's own block once,
+// before the all-gather. The other collectives use MPI's non-blocking calls with MPI's built-in
+// ops (Avg = MPI_SUM, then a division); bfloat16 and half travel as 16-bit words and reduce
+// through MPI_Op_create'd ops that widen to float; uint8 through our op too, so sums wrap modulo
+// 256 as in PyTorch.
+// Failure: MPI cannot cancel a collective, so an op that times out breaks the communicator
+// (MPI_Abort at exit). mpirun kills the job when a rank dies.
+// Fingerprints (docs/decisions/0009): MPI matches collectives by posting order only. Before each
+// collective every rank sends its 32-byte fingerprint (kind|dtype|op, root, count, seq) to every
+// other rank on proto_comm_ (receives sized for the largest message any op sends, so a mismatch
+// never truncates) and compares them: a difference fails the op on every rank with the same
+// message, before any data moves (about 1 us on one host; CommOptions::check_fingerprints = false
+// skips it except for carried all-reduces). Send/recv are matched by tag and not checked. Ring
+// messages use proto_comm_ with tag 1 + seq % 30000 (mpi::RingPool), so that concurrent rings and
+// the user's send/recv tags on comm_ never meet.
 #pragma once
 
 #include <mpi.h>
@@ -67,8 +60,7 @@ class MpiCommunicator final : public Communicator {
   int size() const noexcept override { return size_; }
   std::string_view backend() const noexcept override { return "mpi"; }
   MemoryKind memory() const noexcept override { return MemoryKind::Cpu; }
-  // True when all-reduce, broadcast and barrier go through shared memory (every rank on this host,
-  // CommOptions::shm).
+  // Whether all-reduce, broadcast and barrier go through shared memory.
   bool uses_shm() const noexcept { return engine_->uses_shm(); }
 
  protected:
@@ -185,8 +177,7 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<shm::Collectives> shm;
     // collective: every rank takes part, even with shm off
     if (size_ > 1 && size_ <= shm::kMaxRanks) {
-      // shm::Segment's setup exchange over MPI (blocking: it runs in the constructor, before any
-      // op).
+      // shm::Segment's setup exchange (blocking: in the constructor, before any op).
       auto gather = [c = comm_](const std::string&, const std::string& mine) {
         return mpi::all_gather_strings(c, mine);
       };

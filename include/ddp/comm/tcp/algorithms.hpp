@@ -1,7 +1,6 @@
-// The tcp backend's collective algorithms over a Mesh: ring reduce-scatter / all-gather (bandwidth-
-// optimal all-reduce), recursive doubling (latency-optimal all-reduce), binomial-tree broadcast and
-// reduce, and pairwise all-to-all. Each takes the op's OpContext (fingerprint, deadline) and throws
-// PeerFailure from Mesh::run on failure.
+// The tcp backend's collectives over a Mesh: ring (bandwidth-optimal all-reduce), recursive
+// doubling (latency-optimal all-reduce), binomial-tree broadcast and reduce, pairwise all-to-all.
+// Each takes the op's OpContext (fingerprint, deadline); Mesh::run throws PeerFailure.
 // SPDX-License-Identifier: MIT
 #pragma once
 
@@ -26,25 +25,19 @@ struct Scratch {
 
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// copy_bytes and even_segments live in comm/reduce.hpp (the shm collectives use them too).
 using comm::copy_bytes;
 using comm::even_segments;
 
 // ---- ring ----
-// How it works: the buffer is cut into n segments (offs). Reduce-scatter runs n-1 steps; in step s
-// rank r sends its partial segment (r - s + shift) to its right neighbour r+1 and receives segment
-// (r - s - 1 + shift) from its left neighbour r-1, combining it into its own copy while the bytes
-// are still arriving (Transfer::reduce_dst) and while its own send is in flight: every link carries
-// data in both directions at once. After n-1 steps rank r holds the complete reduction of segment
-// (r + 1 + shift). All-gather then circulates the finished segments the same way for n-1 more
-// steps, receiving straight into the destination. Each rank sends 2(n-1)/n of the buffer in total,
-// the minimum possible. Worked example, n = 3, shift 0, segments A B C, rank k's partial values a_k
-// b_k c_k:
-//   RS step 0: r0 sends A, gets C from r2: C = c0+c2 | r1 sends B, gets A: a0+a1 | r2 sends C, gets
-//     B: b1+b2
-//   RS step 1: r0 sends C, gets B: b0+b1+b2        | r1: C = c0+c1+c2          | r2: A = a0+a1+a2
-//   now r0 owns B, r1 owns C, r2 owns A (segment r+1); AG steps 0 and 1 pass them on: everyone has
-//     A B C.
+// The buffer is cut into n segments (offs). Reduce-scatter: in step s (n-1 steps) rank r sends
+// segment (r - s + shift) to r+1 and receives (r - s - 1 + shift) from r-1, combining it while the
+// bytes arrive (Transfer::reduce_dst) and its own send is in flight, so every link carries data
+// both ways. Rank r then holds the full reduction of segment (r + 1 + shift); all-gather passes the
+// finished segments on the same way, receiving straight into place. Each rank sends 2(n-1)/n of
+// the buffer, the minimum. Example, n = 3, shift 0, segments A B C, rank k's values a_k b_k c_k:
+//   RS step 0: r0 sends A, gets C: c0+c2 | r1 sends B, gets A: a0+a1 | r2 sends C, gets B: b1+b2
+//   RS step 1: r0 sends C, gets B: b0+b1+b2 | r1: C = c0+c1+c2 | r2: A = a0+a1+a2
+//   r0 owns B, r1 C, r2 A; AG steps 0 and 1 pass them on.
 // A segment is combined along one chain of ranks and then copied, so every rank ends bit-identical.
 inline void ring_reduce_scatter(Mesh& mesh, const OpContext& ctx, std::byte* data,
                                 const std::vector<std::size_t>& offs, int shift, Scratch& scratch) {
@@ -52,7 +45,6 @@ inline void ring_reduce_scatter(Mesh& mesh, const OpContext& ctx, std::byte* dat
   const std::size_t es = dtype_size(ctx.fp.dtype);
   std::size_t max_seg = 0;
   for (int i = 0; i < n; ++i) max_seg = std::max(max_seg, offs[i + 1] - offs[i]);
-  // large segments: circular staging
   const std::size_t stage = max_seg * es > kStageBytes ? kStageBytes : 0;
   std::byte* tmp = Scratch::sized(scratch.recv, stage ? stage : max_seg * es);
   for (int s = 0; s < n - 1; ++s) {
@@ -108,16 +100,13 @@ inline void ring_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data, s
 }
 
 // ---- recursive doubling ----
-// How it works: with p = n a power of two, in round k (mask = 1 << k) rank r swaps its whole buffer
-// with rank r ^ mask and combines: after log2(p) rounds everyone holds the full reduction. That is
-// log2(p) message latencies instead of the ring's 2(n-1), the better choice for small buffers. For
-// other n, let rem = n - p (p the largest power of two below n). First the 2*rem lowest ranks pair
-// up: each even rank r sends its buffer to r+1 and sits out; the odd one combines. The p remaining
-// ranks run the rounds above using new ranks (odd r < 2*rem -> r/2, r >= 2*rem -> r - rem); finally
-// each odd rank sends the result back to the even rank that sat out. Worked example, n = 3 (p = 2,
-// rem = 1): r0 sends x0 to r1 (r1: x0+x1); round 0: r1 (new 0) and r2 (new 1) swap and combine:
-// both hold x0+x1+x2; r1 sends it to r0. Partners combine the same two values in opposite order,
-// which IEEE arithmetic makes bit-identical.
+// With p = n a power of two, in round k rank r swaps its whole buffer with r ^ (1 << k) and
+// combines: log2(p) message latencies instead of the ring's 2(n-1), better for small buffers.
+// Otherwise (p the largest power of two below n, rem = n - p) the 2*rem lowest ranks pair up first:
+// each even r sends to r+1 and sits out; the p remaining ranks run the rounds with new ranks (odd
+// r < 2*rem -> r/2, r >= 2*rem -> r - rem), then each odd rank sends the result back. Example,
+// n = 3: r0 sends x0 to r1; r1 and r2 swap and combine; r1 sends x0+x1+x2 to r0. Partners combine
+// the same two values in opposite order, which IEEE arithmetic makes bit-identical.
 inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std::byte* data,
                                           std::size_t count, Scratch& scratch) {
   const int n = mesh.size(), r = mesh.rank();
@@ -159,11 +148,9 @@ inline void recursive_doubling_all_reduce(Mesh& mesh, const OpContext& ctx, std:
 }
 
 // ---- binomial trees ----
-// How it works (broadcast): with ranks renumbered so that root is 0 (vr = r - root mod n), rank vr
-// receives from vr minus its lowest set bit, then sends to vr + 2^k for every 2^k below that bit.
-// Example, n = 4, root 0: round 1: 0 -> 2 ; round 2: 0 -> 1 and 2 -> 3 (all sends of one rank run
-// concurrently). Reduce mirrors it: children send their partial results up, each parent combines
-// them in turn.
+// Broadcast: with root renumbered 0 (vr = r - root mod n), rank vr receives from vr minus its
+// lowest set bit, then sends to vr + 2^k for every 2^k below that bit, all sends at once.
+// Example, n = 4: 0 -> 2, then 0 -> 1 and 2 -> 3. Reduce mirrors it; each parent combines in turn.
 inline void binomial_broadcast(Mesh& mesh, const OpContext& ctx, std::byte* data, std::size_t bytes,
                                int root) {
   const int n = mesh.size(), vr = mod(mesh.rank() - root, n);
@@ -209,8 +196,7 @@ inline void binomial_reduce(Mesh& mesh, const OpContext& ctx, std::byte* acc, st
 }
 
 // ---- all-to-all ----
-// Every pair exchanges its blocks directly; all 2(n-1) transfers run in one poll loop, so they
-// overlap.
+// Every pair exchanges its blocks directly; all 2(n-1) transfers overlap in one poll loop.
 inline void pairwise_all_to_all(Mesh& mesh, const OpContext& ctx, const std::byte* in,
                                 std::byte* out, std::size_t block_bytes) {
   const int n = mesh.size(), r = mesh.rank();

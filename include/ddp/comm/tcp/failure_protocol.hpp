@@ -2,24 +2,20 @@
 // says (docs/decisions/0009).
 // SPDX-License-Identifier: MIT
 //
-// How a failure spreads: the rank that sees a failure first (mismatched header, peer closed,
-// timeout) publishes its message and position in the store (FailureReport,
-// comm/failure_report.hpp), then shuts all its sockets down. Its peers see the close during
-// whatever op they are in (every op polls every peer), read the message from the store and fail
-// with "rank r reported: ...", or, when there is no message, "rank r closed its connection (process
-// died?)". They spread it the same way, so every rank fails promptly, and the communicator stays
-// failed: later ops fail at once quoting the first error (FailureState, comm/failure_state.hpp).
-// With the store gone too (its host died), nobody's message can be read: a rank that sees a single
-// peer close watches the other connections for up to 250 ms and names every rank that closed,
-// first-seen first. A rank whose collective times out additionally collects the other ranks'
-// positions for a short grace period and names the ranks that never reached the op or ran a
-// different one there. Example, 3 ranks, rank 2 never calls all_reduce #1 (300 ms timeout): rank 0
-// times out and fails with
-//   "... all_reduce #1 (F32 x 4) timed out after 300 ms while receiving from rank 2 (0 of 16
-//     bytes). ...
+// The rank that sees a failure first (mismatched header, peer closed, timeout) publishes its
+// message and position in the store (FailureReport), then shuts all its sockets down. Its peers
+// see the close in whatever op they are in (every op polls every peer), read the message and fail
+// with "rank r reported: ...", or without one "rank r closed its connection (process died?)". They
+// spread it the same way, so every rank fails promptly; the communicator stays failed and later
+// ops fail at once quoting the first error (FailureState). With the store gone too, a rank that
+// sees a single peer close watches the others for up to kLoneCloseGrace and names every rank that
+// closed, first-seen first. A rank whose collective times out also collects the others' positions
+// briefly and names the ranks that never reached the op or ran a different one. Example, 3 ranks,
+// rank 2 never calls all_reduce #1 (300 ms timeout): rank 0 fails with
+//   "... all_reduce #1 (F32 x 4) timed out after 300 ms while receiving from rank 2
+//    (0 of 16 bytes). ...
 //    Ranks that never reached all_reduce #1: 2 (no report: busy outside ddp, stuck or dead)."
-// and rank 1 sees rank 0's sockets close and fails with "... failed: rank 0 reported: <rank 0's
-// message>".
+// and rank 1 with "... failed: rank 0 reported: <rank 0's message>".
 #pragma once
 
 #include <algorithm>
@@ -47,8 +43,7 @@ class FailureProtocol {
       : report_(store, prefix, rank, size), mesh_(mesh) {}
 
   bool failed() const { return state_.failed(); }
-  // The error for an op that is not run because the communicator failed earlier; nullptr while
-  // healthy.
+  // The error for an op not run because the communicator failed earlier; nullptr while healthy.
   std::exception_ptr not_run(const std::string& label) const { return state_.not_run(label); }
 
   // The user's message for a transfer failure of task t. Reads the peers' messages from the store.
@@ -70,17 +65,15 @@ class FailureProtocol {
                                 ". Raise --timeout-ms (DDP_TIMEOUT_MS) if the op is just slow.");
       case PeerFailure::Kind::Closed: break;
     }
-    // Prefer a peer that left no message (the root cause: it died) over one that failed because of
-    // it.
+    // Prefer a peer that left no message (it died: the root cause) over one that failed after it.
     std::vector<int> closed = f.closed;
     std::string reported;
     for (std::size_t i = 0; i < closed.size(); ++i) {
       const int p = closed[i];
       std::string msg = report_.message_of(p, t.timeout);
-      // A lone close with no message and the store gone: p may be a survivor that failed because
-      // another rank died an instant earlier and that rank's close has not reached us yet (a dying
-      // process's sockets close one by one). Give the other connections a moment to show their
-      // closes before blaming p alone.
+      // A lone close, no message, store gone: p may have failed because another rank died an
+      // instant earlier whose close has not reached us yet (a dying process's sockets close one by
+      // one). Give the other connections a moment before blaming p alone.
       if (msg.empty() && report_.store_lost() && closed.size() == 1)
         mesh_.add_hung_up_peers(closed,
                                 std::min<std::chrono::milliseconds>(t.timeout, kLoneCloseGrace));
@@ -104,10 +97,9 @@ class FailureProtocol {
     return reported;
   }
 
-  // Marks the communicator failed, publishes msg with this rank's position (`seq`, the last
-  // collective it started), closes the sockets (telling every peer), and for a timed-out collective
-  // appends what the other ranks were doing. Returns the exception for t's Work: TimeoutError or
-  // CommError.
+  // Marks the communicator failed, publishes msg with `seq` (the last collective this rank
+  // started), closes the sockets (telling every peer) and, for a timeout, appends what the other
+  // ranks were doing. Returns t's exception: TimeoutError or CommError.
   std::exception_ptr fail(const Task& t, std::string msg, bool timed_out, std::uint64_t seq) {
     state_.fail(msg);
     report_.publish(msg, seq, t.fp, t.timeout);
@@ -118,8 +110,7 @@ class FailureProtocol {
   }
 
  private:
-  // How long a rank that saw one peer close (store gone, no message) watches the others for closes:
-  // a dead process's remaining sockets close within microseconds, a loaded 2-core machine can take
+  // A dead process's remaining sockets close within microseconds; a loaded 2-core machine can take
   // milliseconds.
   static constexpr std::chrono::milliseconds kLoneCloseGrace{250};
 

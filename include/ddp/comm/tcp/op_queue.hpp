@@ -1,24 +1,17 @@
 // OpQueue: how the tcp backend issues ops: it numbers each one, queues it, and a progress thread
-// runs the queue one op at a time in issue order, so ops complete in issue order and overlap with
-// the caller's compute.
+// runs the queue one op at a time, so ops complete in issue order and overlap the caller's compute.
 // SPDX-License-Identifier: MIT
 //
-// How an op is issued (submit): under the queue's lock the op gets its sequence number and label
-// (OpSequence) and becomes a Task. A collective that comm::runs_inline allows (at most
-// inline_max_bytes, or a blocking all-reduce of any size: AllreduceOptions::blocking) issued while
-// nothing is queued or running runs on the calling thread instead, which saves the thread hand-off
-// (tens of microseconds). Everything else is queued. The progress thread hands each collective to
-// run_collective, and a send or recv to run_p2p, which also takes the send/recv ops queued behind
-// it (take_p2p) until the next collective: the batch of p2p.hpp. A send or recv queued while a
-// batch runs wakes it through wake_fd().
-// Example: all_reduce(1 KiB) on an idle queue runs inline and its Work is complete on return;
-// all_reduce(4 MiB) is queued and its Work completes on the progress thread. Waiting helps:
-// Work::wait() on a queued collective that is first in line while nothing runs takes it off the
-// queue and runs it on the waiting thread (run_if_next). A caller that waits at once (a blocking
-// all-reduce, a barrier, DDP's last bucket) then pays no hand-off to the progress thread and back
-// (two wake-ups, ~30 us each on a loaded machine: 256 KiB took 94 us instead of 30 for Open MPI's),
-// and one that computes in between still overlaps. Issue order is kept: only the queue's head runs,
-// and only when nothing else does.
+// submit: under the lock the op gets its number and label (OpSequence) and becomes a Task. A
+// collective that comm::runs_inline allows (at most inline_max_bytes, or a blocking all-reduce),
+// issued while nothing is queued or running, runs on the calling thread instead, saving the
+// hand-off (tens of us). The progress thread hands each collective to run_collective, and a send or
+// recv to run_p2p, which also takes the send/recv ops behind it up to the next collective
+// (take_p2p; the batch of p2p.hpp). A send or recv queued while a batch runs wakes it (wake_fd).
+// Example: all_reduce(1 KiB) on an idle queue is complete on return; all_reduce(4 MiB) completes
+// on the progress thread. Work::wait() on a queued collective first in line while nothing runs
+// runs it on the waiting thread (run_if_next), saving two wake-ups (docs/decisions/0051); issue
+// order is kept, as only the queue's head runs, and only when nothing else does.
 #pragma once
 
 #include <sys/eventfd.h>
@@ -74,9 +67,8 @@ class OpQueue {
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
 
-  // Starts the progress thread, on `cpus` when not empty (CommOptions::progress_cpus; a
-  // ConfigError, with the thread stopped, when the kernel refuses them). Until then (while the mesh
-  // is built) nothing may be submitted.
+  // Starts the progress thread, pinned to `cpus` unless empty (ConfigError, thread stopped, when
+  // the kernel refuses them). Nothing may be submitted before.
   void start(std::function<void(Task&)> run_collective, std::function<void(Task)> run_p2p,
              const std::vector<int>& cpus = {}) {
     run_collective_ = std::move(run_collective);
@@ -101,9 +93,8 @@ class OpQueue {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Issues one op (see the file comment): `bytes` is what the op moves, `body` a collective's
-  // algorithm (empty for send/recv, whose transfer comes from call.in), `strict` false only for the
-  // shutdown barrier.
+  // `bytes`: what the op moves; `body`: a collective's algorithm (empty for send/recv, whose
+  // transfer comes from call.in); `strict` false only for the shutdown barrier.
   Work submit(OpCall call, std::size_t bytes, Body body, bool strict = true) {
     std::unique_lock lock(mu_);
     std::string label = sequence_.number(call);
@@ -139,20 +130,17 @@ class OpQueue {
     return work;
   }
 
-  // Runs the queued collective whose state is `s` on the calling thread if it is next in line and
-  // nothing runs (Work::wait's help); otherwise does nothing (it runs, or ran, on the progress
-  // thread).
+  // Work::wait's help: runs collective `s` on the calling thread if it is next in line and nothing
+  // runs; otherwise does nothing (the progress thread runs it).
   void run_if_next(const comm::detail::WorkState* s) {
     std::unique_lock lock(mu_);
-    // s is a collective's (submit)
     if (busy_ || queue_.empty() || queue_.front().state.get() != s) return;
     Task t = std::move(queue_.front());
     queue_.pop_front();
     run_here(t, lock);
   }
 
-  // For a running send/recv batch: hands each send/recv at the head of the queue, up to the next
-  // collective, to admit(Task).
+  // For a running send/recv batch: hands the queue's leading send/recv ops to admit(Task).
   template <class F>
   void take_p2p(F&& admit) {
     std::lock_guard lock(mu_);
@@ -166,8 +154,7 @@ class OpQueue {
   int wake_fd() const noexcept { return wake_.get(); }
 
  private:
-  // Runs collective t on this thread with the queue marked busy; `lock` is held on entry, released
-  // on return.
+  // `lock` is held on entry, released on return.
   void run_here(Task& t, std::unique_lock<std::mutex>& lock) {
     busy_ = true;
     lock.unlock();
@@ -215,8 +202,7 @@ class OpQueue {
   bool busy_ = false;  // an op is running (progress thread or inline)
   bool stop_ = false;
   std::thread thread_;
-  // What Work::help holds (weakly): a Work waited on after its communicator is gone finds no queue
-  // to help.
+  // Held weakly by Work::help: a Work waited on after its communicator is gone finds no queue.
   std::shared_ptr<OpQueue*> self_ = std::make_shared<OpQueue*>(this);
 };
 

@@ -2,19 +2,15 @@
 // SPDX-License-Identifier: MIT
 //
 // This file holds the API and each op's algorithm; the rest lives beside it:
-//   mesh.hpp              the sockets to every peer and the framed transfers (fingerprint in every
-//     header)
-//   algorithms.hpp        ring, recursive doubling, binomial trees, pairwise all-to-all over the
-//     mesh
-//   ../shm/*.hpp          all-reduce, broadcast, all-gather and barrier through shared memory when
-//     every
-//                         rank runs on one host (CommOptions::shm); shm_watch.hpp: the sockets stay
-//                           open
-//                         and keep detecting dead peers, and the other ops keep using them
+//   mesh.hpp              sockets to every peer, framed transfers (fingerprint in every header)
+//   algorithms.hpp        ring, recursive doubling, binomial trees, pairwise all-to-all
+//   ../shm/*.hpp          all-reduce, broadcast, all-gather, barrier through shared memory when
+//                         every rank runs on one host (CommOptions::shm); the sockets stay open
+//                         to detect dead peers (shm_watch.hpp) and carry the other ops
 //   op_queue.hpp          numbering, the progress thread, small ops inline on the caller's thread
 //   p2p.hpp               send/recv batched in one poll loop (irecv before the own send completes)
-//   failure_protocol.hpp  how a failure spreads through the store and the sockets, and the messages
-// Arguments were checked by Communicator (comm/checks.hpp) before any of this runs.
+//   failure_protocol.hpp  how a failure spreads through the store and the sockets; its messages
+// Communicator (comm/checks.hpp) has checked the arguments before any of this runs.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +39,8 @@ namespace ddp::comm {
 
 class TcpCommunicator final : public Communicator {
  public:
-  // Builds the mesh for the job described by `info` (rank, world_size, master_addr). Blocks until
-  // every rank has connected or opts.timeout passes (TimeoutError). The store must outlive the
-  // communicator.
+  // Builds the mesh for `info` (rank, world_size, master_addr); blocks until every rank has
+  // connected or opts.timeout passes (TimeoutError). `store` must outlive the communicator.
   TcpCommunicator(const env::LaunchInfo& info, store::Store& store, const CommOptions& opts = {})
       : TcpCommunicator(info.rank, info.world_size, store, opts, "",
                         info.world_size > 1
@@ -54,9 +49,8 @@ class TcpCommunicator final : public Communicator {
 
   ~TcpCommunicator() override {
     if (!failure_.failed() && size_ > 1) {
-      // Bounded barrier: peers must not see our sockets close while they still need us; never
-      // throws. Lenient (strict = false): a peer that passed it may close before we see its last
-      // frame.
+      // Bounded, never throws: peers must not see our sockets close while they still need us.
+      // Lenient (strict = false): a peer past it may close before we see its last frame.
       try {
         OpCall call{.fp = {.kind = OpKind::Barrier, .dtype = DType::U8, .op = ReduceOp::Max},
                     .timeout = opts_.shutdown_timeout};
@@ -210,8 +204,7 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  // Runs one collective on the calling thread (inline) or the progress thread, and completes its
-  // Work.
+  // Runs one collective, inline or on the progress thread, and completes its Work.
   void run_collective(tcp::Task& t) {
     if (auto e = failure_.not_run(t.state->label)) return t.state->complete(e);
     position_ = t.fp.seq;

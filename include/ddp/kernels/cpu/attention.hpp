@@ -2,35 +2,25 @@
 // per (batch, head).
 // SPDX-License-Identifier: MIT
 //
-// How it works. For each of the B * nh (batch b, head h) pairs, with hs = C / nh and q, k, v the (T
-// x hs) blocks of qkv at columns h*hs, C + h*hs, 2C + h*hs of batch b (leading dimension 3C, see
-// kernels/attention_args.hpp):
-//   forward   att = q k^T * scale                 GEMM (T x T x hs), scale = 1 / sqrt(hs)
-//             att[i][j] = softmax over j <= i      row max subtracted; the masked j > i are exactly
-//               0, as torch's
-//                                                  masked_fill(-inf) + softmax gives
-//             y = att v                            GEMM (T x hs x T), written at columns h*hs of y
-//               (ld C): the heads
-//                                                  land side by side, so y is already (B, T, C)
-//   backward  datt = dy v^T;  dv = att^T dy        dy: the (T x hs) block of dy at columns h*hs
-//             dpre = att * (datt - rowsum(att * datt))   softmax backward (0 where masked, since
-//               att is 0 there)
+// For each of the B * nh (batch b, head h) pairs, hs = C / nh, q, k, v the (T x hs) blocks of qkv
+// at columns h*hs, C + h*hs, 2C + h*hs of batch b (leading dimension 3C):
+//   forward   att = q k^T * scale                GEMM (T x T x hs), scale = 1 / sqrt(hs)
+//             att[i][j] = softmax over j <= i     row max subtracted; masked j > i exactly 0, as
+//                                                 torch's masked_fill(-inf) + softmax
+//             y = att v                           GEMM (T x hs x T) into columns h*hs of y (ld C),
+//                                                 so y is already (B, T, C)
+//   backward  datt = dy v^T;  dv = att^T dy       dy: the (T x hs) block of dy at columns h*hs
+//             dpre = att * (datt - rowsum(att * datt))   softmax backward, 0 where masked
 //             dq = dpre k * scale;  dk = dpre^T q * scale
-// With attention dropout (p > 0, AttentionDropout in attention_args.hpp) the y GEMM reads drop =
-// mask * att / (1 - p) from a (T x T) scratch per chunk of pairs, and att keeps the undropped
-// probabilities; backward draws the same mask again in one pass over the pair that writes drop (for
-// dv = drop^T dy) and turns datt = dy v^T into mask * datt / (1 - p), the gradient of the undropped
-// att, before the softmax backward. So nothing beyond p = 0's state is kept, for one more Philox
-// evaluation per 4 probabilities in backward. p = 0 runs none of it.
-// Example: minGPT's config (B 216, T 128, C 512, nh 8, hs 64) runs 1728 pairs of four 128x128x64
-//   GEMMs forward.
-// The pairs are split over exec's pool, each chunk running gemm_serial (kernels/cpu/gemm.hpp), like
-// the convolutions' per-image split; outputs of different pairs are disjoint, so the result does
-// not depend on the thread count. Fewer pairs than threads (generation with B = 1) leaves threads
-// idle. The full T x T products are computed although half is masked, as torch does; accumulation
-// is in T (float), as torch's CPU softmax. The CUDA version (kernels/cuda/attention.cuh: cuBLAS
-// batched GEMMs and a causal softmax kernel, docs/decisions/0048) keeps the same state; it compiles
-// but has not run on a GPU yet.
+// With attention dropout (p > 0) the y GEMM reads drop = mask * att / (1 - p) from a (T x T)
+// scratch per chunk of pairs, and att keeps the undropped probabilities; backward draws the mask
+// again (drop for dv = drop^T dy) and turns datt into mask * datt / (1 - p) before the softmax
+// backward. So no state beyond p = 0's is kept, for one more Philox draw per 4 probabilities.
+// The pairs are split over exec's pool, each chunk running gemm_serial; pairs' outputs are
+// disjoint, so the result does not depend on the thread count (fewer pairs than threads leaves
+// threads idle). The full T x T products are computed although half is masked, as torch does;
+// accumulation is in T, as torch's CPU softmax. The CUDA version (docs/decisions/0048) keeps the
+// same state.
 #pragma once
 
 #include <algorithm>
@@ -50,9 +40,8 @@ namespace ddp::kernels::cpu {
 namespace detail {
 
 // Row i of the (t x t) scores `att` becomes softmax(att[i][0..i]) and 0 beyond column i, in place.
-// In float the exponentials are exp_vectorizable's (kernels/cpu/vec_math.hpp, a few ulp; GCC
-// vectorises that loop, which libm's expf it cannot): with T 64 they were most of the attention
-// forward's time. The sum stays in order.
+// In float the exponentials are exp_vectorizable's (a few ulp; GCC vectorises it, unlike libm's
+// expf, and they dominated the forward's time at T 64). The sum stays in order.
 template <class T>
 void causal_softmax_rows(T* att, std::int64_t t) {
   for (std::int64_t i = 0; i < t; ++i) {
@@ -87,9 +76,8 @@ void causal_softmax_backward_rows(const T* att, T* datt, std::int64_t t) {
   }
 }
 
-// Pair p's (t x t) probabilities att under the dropout mask m: dropped = mask * att * keep_scale (0
-// above the diagonal); with datt, also datt = mask * datt * keep_scale below it, in place
-// (attention_dropout_row per row).
+// Pair p's (t x t) att under the dropout mask: dropped = mask * att * keep_scale (0 above the
+// diagonal); with datt, also datt = mask * datt * keep_scale below it, in place.
 template <class T>
 void dropout_pair(const DropoutMask& m, T keep_scale, std::int64_t p, std::int64_t t, const T* att,
                   T* dropped, T* datt) {
@@ -118,7 +106,6 @@ void attention_forward(const Exec<Cpu>& exec, const AttentionForwardArgs<T, Cpu>
   T* att_all = a.att.data();
   T* y = a.y.data();
   parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
-    // this chunk's scratch, reused per pair
     std::vector<T> dropped(drop ? static_cast<std::size_t>(t * t) : 0);
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t bi = p / nh, h = p % nh;
@@ -155,7 +142,7 @@ void attention_backward(const Exec<Cpu>& exec, const AttentionBackwardArgs<T, Cp
   const T* dy_all = a.dy.data();
   T* dqkv = a.dqkv.data();
   parallel_for(exec, b * nh, 1, [&](std::int64_t p0, std::int64_t p1, int) {
-    // this chunk's (T x T) scratch, reused per pair
+    // (T x T), reused per pair
     std::vector<T> datt(static_cast<std::size_t>(t * t));
     std::vector<T> dropped(drop ? static_cast<std::size_t>(t * t) : 0);
     for (std::int64_t p = p0; p < p1; ++p) {

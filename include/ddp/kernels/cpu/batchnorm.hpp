@@ -1,25 +1,22 @@
-// CPU batch normalisation over the channel (last) dimension: training and eval forward, and
-// backward.
+// CPU batch normalisation over the channel (last) dimension: training and eval forward, backward.
 // SPDX-License-Identifier: MIT
 //
-// How it works. x (N, H, W, C) is seen as M = N*H*W rows of C channels, so every pass is a loop
-// over rows with the channel loop innermost and contiguous. Training forward:
+// x (N, H, W, C) is seen as M = N*H*W rows of C channels: every pass loops over rows with the
+// channel loop innermost and contiguous. Training forward:
 //   mean_c = sum_m x / M;  var_c = sum_m (x - mean_c)^2 / M   (two passes: no cancellation)
 //   y = (x - mean_c) * invstd_c * gamma_c + beta_c,  invstd_c = 1 / sqrt(var_c + eps)
 //   running_mean = (1 - momentum) running_mean + momentum mean_c
-//   running_var  = (1 - momentum) running_var + momentum var_c * M / (M - 1)   (unbiased, as
-//     PyTorch)
+//   running_var  = (1 - momentum) running_var + momentum var_c * M / (M - 1)  (unbiased, as torch)
 // Eval uses running_mean / running_var in place of the batch statistics. Backward (training), with
 // xhat = (x - mean) invstd:  dbeta = sum dy,  dgamma = sum dy xhat,
 //   dx = gamma invstd (dy - dbeta / M - xhat dgamma / M);   in eval: dx = gamma invstd dy.
-// Example: M = 2 values {1, 3} of one channel: mean 2, var 1, invstd ~ 1/sqrt(1 + 1e-5), xhat =
-//   {-1, 1};
-// running_var moves towards the unbiased 2: 0.9 * 1 + 0.1 * 2 = 1.1. Sums are accumulated in double
-// per thread block and combined in block order (deterministic). Backward reads all of dy (the sums)
-// before it writes dx, one element from the same element, so dx may alias dy (bn_act.hpp relies on
-// that to mask dy in place). Synchronised (Args::sync, training): one pass of sum x and sum x^2,
-// the reducer's all-reduce, then the global statistics (kernels/batchnorm_sync.hpp); backward
-// all-reduces sum dy and sum dy xhat before dx.
+// Example: one channel, M = 2 values {1, 3}: mean 2, var 1, xhat ~ {-1, 1}; running_var (1,
+// momentum 0.1) moves towards the unbiased 2: 0.9 * 1 + 0.1 * 2 = 1.1.
+// Sums are accumulated in double per thread block and combined in block order (deterministic).
+// Backward reads all of dy (the sums) before writing dx, each dx element from its own dy element,
+// so dx may alias dy (bn_act.hpp masks dy in place). Synchronised (Args::sync, training): one pass
+// of sum x and sum x^2, an all-reduce, then the global statistics (kernels/batchnorm_sync.hpp);
+// backward all-reduces sum dy and sum dy xhat before dx.
 #pragma once
 
 #include <cmath>
@@ -35,8 +32,7 @@ namespace ddp::kernels::cpu {
 
 namespace detail {
 
-// out[c] = sum over rows m of f(m, c, acc) accumulated per block of rows in double; returns
-// per-channel sums.
+// Per-channel sums (width * c doubles): f(m, acc) adds row m into its block's acc.
 template <class F>
 std::vector<double> channel_sums(const Exec<Cpu>& exec, std::int64_t rows, std::int64_t c,
                                  int width, F&& f) {
@@ -75,9 +71,8 @@ void bn_backward_apply(const Exec<Cpu>& exec, const T* x, const T* dy, const T* 
   });
 }
 
-// Synchronised training forward (docs/decisions/0027, kernels/batchnorm_sync.hpp): this rank's sum
-// x and sum x^2 in one pass, one all-reduce of (2C + 1) doubles, then the global statistics and the
-// apply pass.
+// Synchronised training forward (docs/decisions/0027): this rank's sum x and sum x^2 in one pass,
+// one all-reduce of 2C + 1 doubles (the last: row count), then the global statistics and apply.
 template <class T>
 void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T, Cpu>& a) {
   const std::int64_t c = a.x.dim(-1), rows = a.x.numel() / c;
@@ -102,8 +97,7 @@ void batchnorm_forward_sync(const Exec<Cpu>& exec, const BatchNormForwardArgs<T,
   bn_apply(exec, x, a.y.data(), rows, c, coef.data(), coef.data() + c);
 }
 
-// Synchronised training backward: this rank's sums give dgamma and dbeta; their all-reduce gives
-// dx.
+// Synchronised training backward: local sums give dgamma and dbeta; their all-reduce gives dx.
 template <class T>
 void batchnorm_backward_sync(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cpu>& a,
                              const std::vector<double>& local, std::int64_t rows) {
@@ -191,10 +185,8 @@ void batchnorm_backward(const Exec<Cpu>& exec, const BatchNormBackwardArgs<T, Cp
       a.dgamma.data()[k] = static_cast<T>(sums[static_cast<std::size_t>(c + k)]);
   }
   if (a.dx.empty()) return;
-  // dx = k1 * dy + k2 * (x - mean) + k3 per channel, the formula above folded into three
-  // coefficients:
-  //   training: k1 = gamma invstd, k2 = -k1 invstd dgamma / M, k3 = -k1 dbeta / M;  eval: k2 = k3 =
-  //     0.
+  // dx = k1 * dy + k2 * (x - mean) + k3 per channel (the formula above); training:
+  // k1 = gamma invstd, k2 = -k1 invstd dgamma / M, k3 = -k1 dbeta / M; eval: k2 = k3 = 0.
   std::vector<T> k1(static_cast<std::size_t>(c)), k2(static_cast<std::size_t>(c)),
       k3(static_cast<std::size_t>(c));
   for (std::int64_t k = 0; k < c; ++k) {

@@ -1,24 +1,20 @@
 // CPU conv2d forward, backward-data and backward-weight in NHWC/KRSC via im2col + GEMM.
 // SPDX-License-Identifier: MIT
 //
-// How it works. With NHWC input x (N, H, W, C) and KRSC weights w (K, R, S, C), one image's conv is
+// With x (N, H, W, C) and w (K, R, S, C), one image's conv is
 //   y_n (P x K) = col_n (P x RSC) * w^T (RSC x K),    P = H_out * W_out, RSC = R * S * C
-// where row p = (ho, wo) of col_n holds the R*S input pixels under the window, each a run of C
-// contiguous channels: col_n[p][(r * S + s) * C + c] = x[n][ho*sh - ph + r*dh][wo*sw - pw +
-// s*dw][c] (zero outside the image). Gradients are the two other products:
+// where col_n[p][(r * S + s) * C + c] = x[n][ho*sh - ph + r*dh][wo*sw - pw + s*dw][c] (0 outside
+// the image), p = (ho, wo). Gradients are the two other products:
 //   dcol_n (P x RSC) = dy_n (P x K) * w (K x RSC), then col2im adds dcol_n back onto dx_n's pixels
 //   dw (K x RSC)    += dy_n^T (K x P) * col_n (P x RSC)
-// A 1x1 stride-1 unpadded conv needs no col: x itself is (N*P x C), so each product is one GEMM
-// over the whole batch. Example: ResNet's layer1 3x3 conv, x (16, 56, 56, 64), w (64, 3, 3, 64): P
-// = 3136, RSC = 576, per image a 3136x64x576 GEMM (231 MFLOP), 16 of them. col is built a block of
-// rows at a time (col_block_rows) so it stays in cache between im2col and GEMM. A block is rows of
-// the whole batch's col (N*P x RSC), row n * P + p, so it spans images where P is small:
-// ResNet-18's layer4 at 32 px input has P = 1, and a GEMM per image there was a 1 x 4608 x 512
-// product reading the 9 MiB weight once per image (64 times per conv at batch 64); one 64-row block
-// reads it once. y and dy are (N*P x K) row-major, so a block's rows of them are contiguous too.
-// Threads: with N >= threads each thread takes a contiguous block of images with its own col buffer
-// and its own partial dw (summed in block order afterwards, so results do not depend on timing);
-// with fewer images than threads the images run in turn and each GEMM is split across threads.
+// A 1x1 stride-1 unpadded conv needs no col: x itself is (N*P x C), one GEMM for the batch. col is
+// built a block of rows at a time (col_block_rows) so it stays in cache between im2col and GEMM. A
+// block is rows n * P + p of the batch's col, so it spans images where P is small (ResNet-18's
+// layer4 at 32 px has P = 1: one 64-row block reads the 9 MiB weight once, not once per image).
+// y and dy are (N*P x K) row-major, so a block's rows of them are contiguous too.
+// Threads: with N >= threads each thread takes a contiguous block of images with its own col and
+// partial dw (summed in block order, so results do not depend on timing); with fewer images the
+// images run in turn and each GEMM is split across threads.
 #pragma once
 
 #include <algorithm>
@@ -86,11 +82,9 @@ void col2im_add(const ConvGeometry& g, const T* dcol, T* dx, std::int64_t r0, st
   }
 }
 
-// Rows of col per block, out of `rows` (an image block's N*P): col is built and consumed a block at
-// a time so that it stays in cache (one image's whole col is 7 MiB for ResNet's 56x56 3x3 layers);
-// blocks keep >= 64 rows for the GEMM. Measured (1 thread, CPU time, ResNet-18 conv shapes at batch
-// 16): 128 KiB to 2 MiB blocks were within noise of each other and 5-20 % faster than whole-image
-// col (stem and layer1 gain most); 1 MiB it is.
+// Rows of col per block, out of `rows` (an image block's N*P): about 1 MiB, >= 64 rows for the
+// GEMM. 128 KiB to 2 MiB blocks measured alike and 5-20 % faster than whole-image col (7 MiB for
+// ResNet's 56x56 3x3 layers).
 template <class T>
 std::int64_t col_block_rows(const ConvGeometry& g, std::int64_t rows) {
   constexpr std::int64_t kColBlockBytes = std::int64_t{1} << 20;
@@ -162,10 +156,8 @@ template <class T>
 void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a) {
   validate(a);
   if (a.accumulate_dx && !a.dx.empty()) {
-    // dx += gradient, computed apart and then added: a GEMM with beta = 1 would change the rounding
-    // (the portable GEMM accumulates into C product by product, OpenBLAS once per K block), and the
-    // residual block's gradients are to stay bit for bit those of the separate add
-    // (docs/decisions/0061).
+    // Computed apart, then added: a GEMM with beta = 1 would change the rounding, and the residual
+    // block's gradients must stay bit for bit those of the separate add (docs/decisions/0061).
     Tensor<T, Cpu> part(a.dx.shape());
     Conv2dBackwardArgs<T, Cpu> b = a;
     b.dx = part.view();
@@ -191,8 +183,7 @@ void conv2d_backward(const Exec<Cpu>& exec, const Conv2dBackwardArgs<T, Cpu>& a)
       gemm(exec, Trans::Yes, Trans::No, g.k, g.c, g.n * p, T(1), dy, g.k, a.x.data(), g.c, T(0),
            a.dw.data(), g.c);
   } else if (want_dx || want_dw) {
-    // Partial weight gradients of image blocks 1.. (block 0 writes a.dw directly), summed in block
-    // order.
+    // dw of image blocks 1.. (block 0 writes a.dw), summed in block order.
     std::vector<std::vector<T>> partial(
         static_cast<std::size_t>(std::max(num_threads(exec) - 1, 0)));
     const int blocks = detail::for_image_blocks(

@@ -2,28 +2,22 @@
 // token.
 // SPDX-License-Identifier: MIT
 //
-// Same contract as kernels/cpu/embedding.hpp. Forward: one thread per element of y (N, C), a
-// grid-stride loop (for_each_index); element (n, j) reads ids[n] and copies weight[ids[n], j].
-// Backward: several positions may hold the same token, so instead of racing on dweight's rows
-// (atomicAdd, whose order and so last bits vary by run) the positions are sorted by id with CUB's
-// stable radix sort (keys limited to the bits of V), and one thread per (run of a token, column)
-// sums that token's dy rows in position order: the CPU's additions in the CPU's order, so the same
-// bits on every run and as the CPU. dweight rows of unused tokens are zeroed first (a memset). A
-// very frequent token makes its threads loop over all its positions (e.g. the space in
-// character-level text, about a sixth of the batch); every column of it runs in parallel.
+// Same contract as kernels/cpu/embedding.hpp. Forward: one thread per element (n, j) of y (N, C)
+// copies weight[ids[n], j]. Backward: instead of racing on dweight's rows (atomicAdd, whose order
+// and so last bits vary by run) the positions are sorted by id (CUB's stable radix sort, keys
+// limited to the bits of V), and one thread per (token's run, column) sums that token's dy rows in
+// position order: the CPU's additions in the CPU's order, so the same bits on every run and as
+// the CPU. Unused tokens' dweight rows are zeroed first. A very frequent token (the space in
+// character-level text, about a sixth of the batch) makes its threads loop over all its positions.
 // Example: ids (2, 0, 2), dy rows (a, b, c): sorted keys (0, 2, 2), positions (1, 0, 2): dweight
-//   rows 0 = b,
-// 1 = 0, 2 = a + c. Token ids: they are device memory here, so the host cannot check them before
-// the launch (the CPU does). The kernels never read or write outside weight/dweight: an id outside
-// [0, V) makes forward write a zero row and backward skip the position, and the lowest such
-// position is recorded in a device word (atomicMin). After the launch the host reads that word
-// back, which waits for the stream, and throws the CPU's ValueError (embedding_id_out_of_range,
-// naming the op, the id and its position). Cost: one stream synchronisation per call (a few
-// microseconds of idle GPU while the host queues the next kernels); unlike the other layers such a
-// call therefore blocks until its kernel has run. Args::ids_checked skips the device word, the
-// read-back and the wait (the kernels still never touch memory outside weight/dweight):
-// nn::Embedding's backward sets it, since its forward checked the same ids, so a training step
-// waits once, in forward.
+// rows 0 = b, 1 = 0, 2 = a + c.
+// Token ids are device memory, so the host cannot check them before the launch. The kernels never
+// touch memory outside weight/dweight: an id outside [0, V) makes forward write a zero row and
+// backward skip the position, and the lowest such position goes to a device word (atomicMin),
+// which the host reads back after the launch, waiting for the stream, and throws the CPU's
+// ValueError (naming the op, the id and its position). So, unlike the other layers, a call blocks
+// until its kernel has run. Args::ids_checked skips the word and the wait; nn::Embedding's backward
+// sets it, as its forward checked the same ids, so a training step waits once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,8 +42,7 @@ namespace ddp::kernels::cuda {
 namespace detail {
 
 // For element i of an (N, C) array: its row's id in *id_out, and whether it is in [0, num). A bad
-// id's row goes to *bad (lowest wins; not recorded when bad is null), by the row's column-0 element
-// only: one atomic per bad position.
+// id's row goes to *bad unless null (lowest wins; column 0 only: one atomic per bad position).
 __device__ inline bool embedding_id_ok(const std::int64_t* ids, std::size_t i, std::int64_t c,
                                        std::int64_t num, unsigned long long* bad,
                                        std::int64_t* id_out) {
@@ -91,9 +84,9 @@ struct EmbeddingSortKeys {
   }
 };
 
-// Element i = (s, j) of the sorted (N, C) order: if s starts the run of token `key` (< num) in
-// keys, then dweight[key, j] = dy[pos[s], j] + dy[pos[s + 1], j] + ... over the run, added in
-// position order from 0 (the CPU's order, so the same bits). Threads of other s return at once.
+// Element i = (s, j) of the sorted (N, C) order: if s starts the run of token `key` (< num), then
+// dweight[key, j] = dy[pos[s], j] + dy[pos[s + 1], j] + ... over the run, in position order (the
+// CPU's). Threads of other s return at once.
 template <class T>
 struct EmbeddingRunSum {
   const std::int64_t* keys;  // sorted ids, (N)
@@ -112,8 +105,7 @@ struct EmbeddingRunSum {
 };
 
 // Runs launch(bad) with a device word set to n, then reads it back (waiting for the stream) and
-// throws the CPU's ValueError for the first bad id, if any. With `checked` (Args::ids_checked):
-// launch(nullptr), no word, no wait.
+// throws the CPU's ValueError for the first bad id. `checked`: launch(nullptr), no word, no wait.
 template <class Launch>
 void with_embedding_id_check(const Exec<Cuda>& e, TensorView<const std::int64_t, Cuda> ids,
                              std::int64_t num, std::string_view op, bool checked, Launch launch) {

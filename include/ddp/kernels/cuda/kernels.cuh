@@ -1,20 +1,16 @@
 // Kernels<Cuda>: every op on the GPU, each member forwarding to the op's own file in kernels/cuda/.
 // SPDX-License-Identifier: MIT
 //
-// Lists the same members with the same signatures as Kernels<Cpu> (kernels/cpu/kernels.hpp), in the
-// same order, so a module written against Kernels<D> runs on either device; the element-wise ones
-// come from ElementwiseKernels (kernels/kernels.hpp) through for_each_index below. The fused and
-// multi-tensor ops of kernels/fused_args.hpp (batchnorm_act_*, sgd_step_multi, adamw_step_multi,
-// sum_squares_multi, scale_multi) are one pass / one launch here; their CPU versions
-// (kernels/cpu/bn_act.hpp, multi_sgd.hpp, multi_adamw.hpp, multi_norm.hpp) are the references.
-// Convolutions and Linear compute at exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores;
-// tensor/precision.hpp). Contract: members validate their Args on the host (the same ValueError
-// words as the CPU) and then enqueue work on exec.stream and return without waiting, except the
-// losses and sum_squares_multi, which return a value and so wait for the stream, and
-// embedding_forward/backward, which wait to report a token id out of range (ids are device memory;
-// embedding.cuh). Temporary workspaces come from Allocator<Cuda> and are released in stream order
-// (allocator.hpp). Thread-safety: concurrent calls on different streams are safe; one stream's
-// calls are ordered. Compiled only by nvcc (a .cu file linked with ddp::cuda).
+// The same members and signatures as Kernels<Cpu>, in the same order, so a module written against
+// Kernels<D> runs on either device; the element-wise ones come from ElementwiseKernels through
+// for_each_index. The fused and multi-tensor ops (batchnorm_act_*, *_multi) are one pass / one
+// launch here; their CPU versions are the references. Convolutions and Linear compute at
+// exec.precision (Fp32 SIMT, Tf32 or Bf16 tensor cores).
+// Contract: members validate their Args on the host (the CPU's ValueError words), enqueue work on
+// exec.stream and return without waiting, except the losses and sum_squares_multi (they return a
+// value) and embedding_forward/backward (to report a token id out of range). Workspaces come from
+// Allocator<Cuda>, released in stream order. Concurrent calls on different streams are safe; one
+// stream's calls are ordered. Compiled only by nvcc (a .cu file linked with ddp::cuda).
 #pragma once
 
 #include <cstddef>
@@ -57,8 +53,7 @@ template <>
 struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   using D = Cuda;
 
-  // f(i) for i in [0, n) on the GPU (a grid-stride loop; f must be order-independent and
-  // device-callable).
+  // f(i) for i in [0, n), a grid-stride loop; f must be order-independent and device-callable.
   template <class F>
   static void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
     cuda::for_each_index(e, n, f);
@@ -101,10 +96,8 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
   }
 
   // ---- layers. bf16 activations (A = bfloat16, docs/decisions/0072): convs on cuBLAS or cuDNN,
-  //   BatchNorm (+ReLU,
-  // +residual) and pooling run natively on the bf16 tensors; a conv with a bias or on ddp's own
-  // kernels, linear and cross-entropy through kernels/bf16_storage.hpp (widen, float kernel,
-  // round), their host model's path. ----
+  // BatchNorm (+ReLU, +residual) and pooling run natively on bf16; a conv with a bias or on ddp's
+  // own kernels, linear and cross-entropy widen, run the float kernel and round. ----
   template <class T, class A>
   static void conv2d_forward(const Exec<Cuda>& e, const Conv2dForwardArgs<T, D, A>& a) {
     if constexpr (std::is_same_v<A, bfloat16>) {
@@ -143,8 +136,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     const cuda::OpScope scope(e, "bn_backward", "stats");
     cuda::batchnorm_backward(e, a);
   }
-  // relu(bn(x) + residual) in one pass, and its backward with the ReLU mask applied inside bn's
-  // passes.
+  // relu(bn(x) + residual) in one pass; its backward applies the ReLU mask inside bn's passes.
   template <class T, class A>
   static void batchnorm_act_forward(const Exec<Cuda>& e,
                                     const BatchNormActForwardArgs<T, D, A>& a) {
@@ -198,8 +190,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     }
   }
 
-  // ---- causal self-attention on the packed qkv (B, T, 3C): cuBLAS batched GEMMs + causal softmax
-  //   kernels
+  // ---- causal self-attention on the packed qkv (B, T, 3C): batched GEMMs + causal softmax ----
   template <class T>
   static void attention_forward(const Exec<Cuda>& e, const AttentionForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "attention", "forward");
@@ -211,7 +202,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::attention_backward(e, a);
   }
 
-  // ---- transformer layers (issue 19) ----
+  // ---- transformer layers ----
   template <class T>
   static void layer_norm_forward(const Exec<Cuda>& e, const LayerNormForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "layer_norm", "forward");
@@ -222,8 +213,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     const cuda::OpScope scope(e, "layer_norm", "backward");
     cuda::layer_norm_backward(e, a);
   }
-  // Both check the token ids on the device and wait for the stream to report a bad one
-  // (embedding.cuh).
+  // Both check the token ids on the device and wait for the stream to report a bad one.
   template <class T>
   static void embedding_forward(const Exec<Cuda>& e, const EmbeddingForwardArgs<T, D>& a) {
     const cuda::OpScope scope(e, "embedding", "forward");
@@ -235,7 +225,7 @@ struct Kernels<Cuda> : ElementwiseKernels<Cuda> {
     cuda::embedding_backward(e, a);
   }
 
-  // ---- losses (return the mean loss, waiting for the stream; write the gradient when requested)
+  // ---- losses: return the mean loss (waiting for the stream); write the gradient if requested
   template <class T>
   static double cross_entropy(const Exec<Cuda>& e, const CrossEntropyArgs<T, D>& a) {
     if constexpr (std::is_same_v<T, bfloat16>) {

@@ -1,15 +1,11 @@
-// Launch helpers for CUDA kernels: grid sizing, the grid-stride for_each_index kernel, block
-// reductions.
+// CUDA launch helpers: grid sizing, the grid-stride for_each_index kernel, block reductions.
 // SPDX-License-Identifier: MIT
 //
-// for_each_index(exec, n, f) runs the shared element-wise functors of kernels/elementwise.hpp: one
-// thread per index in a grid-stride loop, so any n fits a bounded grid. Example: n = 12,845,056 (a
-// 16x56x56x256 activation) with 256 threads per block gives 50,176 blocks, capped at kMaxBlocks =
-// 65,536, each thread handling one index per pass. Every kernel here is a template (a non-template
-// __global__ in a header breaks the link once two .cu files include it), and every launch is
-// followed by check_launch(name, stream): a bad launch throws at once, and in the debug mode
-// DDP_CUDA_SYNC_CHECK=1 (sync_check.hpp) a fault inside the kernel throws there too, naming the
-// kernel.
+// for_each_index(exec, n, f) runs the element-wise functors of kernels/elementwise.hpp: one thread
+// per index in a grid-stride loop, so any n fits a grid of at most kMaxBlocks. Example: a
+// 16x56x56x256 activation (n = 12,845,056) at 256 threads per block takes 50,176 blocks, one index
+// per thread. Kernels here are templates: a non-template __global__ in a header breaks the link
+// once two .cu files include it. Every launch is followed by check_launch(name, stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -75,11 +71,10 @@ inline std::string kernel_label(std::string_view kernel, std::string_view arg) {
 
 }  // namespace detail
 
-// After every kernel launch on `stream`: a launch that failed (bad configuration, no image for this
-// GPU) throws a CudaError naming `kernel` (and its template argument `arg`, if given) and the
-// stream; with DDP_CUDA_SYNC_CHECK=1 the host also waits for the stream, so a fault inside the
-// kernel throws here instead of at some later synchronising call. Costs one cudaGetLastError when
-// the mode is off.
+// After every kernel launch on `stream`: a failed launch (bad configuration, no image for this GPU)
+// throws a CudaError naming `kernel` (and template argument `arg`, if given) and the stream. With
+// DDP_CUDA_SYNC_CHECK=1 the host also waits for the stream, so a fault inside the kernel throws
+// here, not at a later synchronising call; otherwise it costs one cudaGetLastError.
 inline void check_launch(std::string_view kernel, cudaStream_t stream, std::string_view arg = {}) {
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     throw CudaError(ddp::detail::str("ddp: launch of ", detail::kernel_label(kernel, arg),
@@ -124,8 +119,7 @@ void for_each_index(const Exec<Cuda>& e, std::size_t n, F f) {
   check_launch("for_each_index_kernel", cuda_stream(e), type_name<F>());
 }
 
-// Sum and maximum of v over the warp, valid in every lane (butterfly: the same order in every lane
-// and run).
+// Warp sum and maximum, valid in every lane (butterfly: the same order in every lane and run).
 template <class V>
 __device__ V warp_sum_all(V v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

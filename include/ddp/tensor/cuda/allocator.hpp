@@ -2,23 +2,14 @@
 // cudaMalloc).
 // SPDX-License-Identifier: MIT
 //
-// How it works. Each device has one CachingPool. A Storage<Cuda> takes its block from the cache of
-// this thread's allocation stream (cuda_alloc_stream(): the legacy default stream unless a
-// CudaAllocStream guard names another) and returns it there when destroyed, with no
-// synchronisation: the next request on that stream runs after every earlier use of the block. After
-// the first training step every request is a cache hit (no cudaMalloc, no host wait). Memory also
-// used on another stream must be declared with cuda_record_stream(ptr, stream) before it is freed
-// (the nccl backend does this for every buffer it hands to NCCL): its reuse then waits, on the
-// device, for an event recorded on that stream at the free (what PyTorch does with
-// Tensor.record_stream). Why not cudaMallocAsync on the legacy stream (the previous design): every
-// free then serialised with every blocking stream, which erased the compute/communication overlap,
-// and a non-blocking stream (NCCL's) was not ordered at all, so a bucket freed before its
-// all-reduce finished could be reused while NCCL read it.
-// Example: a 16x56x56x64 float activation (12.25 MiB, size class 12.5 MiB) freed at the end of step
-//   1 is
-// handed back to the same request of step 2 from the cache. cuda_memory_stats() reads the pool's
-// counters: bytes in use now, the high-water mark (resettable), bytes reserved from the driver and
-// how many cudaMalloc calls the pool made (the steady state adds none).
+// One CachingPool per device. A Storage<Cuda> takes its block from the cache of this thread's
+// allocation stream (cuda_alloc_stream(): the legacy default stream unless a CudaAllocStream guard
+// names another) and returns it there when destroyed, without synchronising: the next request on
+// that stream runs after every earlier use of the block. After the first step every request is a
+// cache hit (no cudaMalloc, no host wait). Memory also used on another stream must be declared with
+// cuda_record_stream before it is freed (the nccl backend does so for every buffer it hands NCCL);
+// its reuse then waits on the device for an event recorded there (torch's Tensor.record_stream).
+// Why not cudaMallocAsync: docs/decisions/0022.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -121,9 +112,8 @@ inline cudaStream_t& thread_alloc_stream() noexcept {
 // The stream whose cache this thread's new device tensors come from.
 inline cudaStream_t cuda_alloc_stream() noexcept { return detail::thread_alloc_stream(); }
 
-// Makes `e`'s stream this thread's allocation stream until the guard is destroyed. Use it around
-// code that runs on a non-blocking stream of its own, so that blocks freed there are reused in that
-// stream's order.
+// Makes `e`'s stream this thread's allocation stream until destroyed. Use it around code on a
+// non-blocking stream of its own, so blocks freed there are reused in that stream's order.
 class CudaAllocStream {
  public:
   explicit CudaAllocStream(const Exec<Cuda>& e) noexcept
@@ -143,9 +133,8 @@ inline void cuda_record_stream(const void* p, void* stream) {
   if (p) detail::cuda_pool().record_stream(p, detail::normalised(stream));
 }
 
-// `stream`, which cuda_record_stream named, is about to be destroyed: the blocks it used wait for
-// the work it holds now instead of for a record on it at their free (CachingPool::retire_stream).
-// Call it just before cudaStreamDestroy.
+// Call just before cudaStreamDestroy of a stream cuda_record_stream named: the blocks it used wait
+// for its current work instead of for a record at their free (CachingPool::retire_stream).
 inline void cuda_retire_stream(void* stream) {
   detail::cuda_pool().retire_stream(detail::normalised(stream));
 }
@@ -172,8 +161,7 @@ struct Allocator<Cuda> {
     } catch (...) {  // cudaGetDevice failed (driver shutting down): nothing left to return it to
     }
   }
-  // The current device's pool block holding address p (CachingPool::stamp); nullopt if that pool
-  // did not hand it out.
+  // The current device's pool block holding p; nullopt if that pool did not hand it out.
   static std::optional<BlockStamp> stamp(const void* p) { return detail::cuda_pool().stamp(p); }
 };
 

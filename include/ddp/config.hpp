@@ -89,6 +89,7 @@ void cblas_dgemm_sym(int order, int ta, int tb, int m, int n, int k, double alph
                      int ldc) __asm__("cblas_dgemm");
 // OpenBLAS only; weak, so another CBLAS links too and the call is skipped there.
 void openblas_set_num_threads_sym(int n) __asm__("openblas_set_num_threads") __attribute__((weak));
+char* openblas_get_corename_sym() __asm__("openblas_get_corename") __attribute__((weak));
 #endif
 inline constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 }  // namespace detail
@@ -121,6 +122,30 @@ inline void set_single_threaded() noexcept {
   if (detail::openblas_set_num_threads_sym != nullptr) detail::openblas_set_num_threads_sym(1);
 #endif
 }
+// The kernel set OpenBLAS chose when it loaded ("Prescott", "Haswell", "SkylakeX", ...; it reads
+// OPENBLAS_CORETYPE); nullptr without OpenBLAS.
+inline const char* core_name() noexcept {
+#if DDP_WITH_BLAS
+  return detail::openblas_get_corename_sym != nullptr ? detail::openblas_get_corename_sym()
+                                                      : nullptr;
+#else
+  return nullptr;
+#endif
+}
 }  // namespace blas
+
+// The CPU's vector extensions as the compiler's runtime check reports them (x86-64 host code;
+// none elsewhere).
+struct CpuVectorIsa {
+  bool avx2 = false, avx512f = false;
+};
+inline CpuVectorIsa cpu_vector_isa() noexcept {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+  return {.avx2 = __builtin_cpu_supports("avx2") != 0,
+          .avx512f = __builtin_cpu_supports("avx512f") != 0};
+#else
+  return {};
+#endif
+}
 
 }  // namespace ddp

@@ -163,4 +163,20 @@ TEST_SUITE("kernels") {
     CHECK_THROWS_WITH_AS(cpu::ThreadPool(0), "ddp: ThreadPool needs 1 to 4096 threads, got 0; check --threads",
                          ddp::ValueError);
   }
+  TEST_CASE("blas_core_advice: a generic OpenBLAS kernel set on an AVX2 / AVX-512 CPU is named with the fix") {
+    // OpenBLAS's x86-64 core names (OPENBLAS_CORETYPE values): Prescott is SSE3 only, Haswell and Zen AVX2,
+    // SkylakeX, CooperLake and SapphireRapids AVX-512.
+    using cpu::detail::blas_core_advice;
+    const std::string slow = blas_core_advice("Prescott", true, true);
+    CHECK(slow.find("OpenBLAS chose its 'Prescott' kernels on a CPU with AVX-512") != std::string::npos);
+    CHECK(slow.find("Set OPENBLAS_CORETYPE=SkylakeX") != std::string::npos);
+    CHECK(blas_core_advice("Haswell", true, true).find("OPENBLAS_CORETYPE=SkylakeX") != std::string::npos);
+    CHECK(blas_core_advice("Prescott", true, false).find("on a CPU with AVX2") != std::string::npos);
+    CHECK(blas_core_advice("Sandybridge", true, false).find("OPENBLAS_CORETYPE=Haswell") != std::string::npos);
+    CHECK(blas_core_advice("SkylakeX", true, true).empty());
+    CHECK(blas_core_advice("SapphireRapids", true, true).empty());
+    CHECK(blas_core_advice("Zen", true, true).empty());  // AMD with AVX-512: OpenBLAS's Zen set is its choice
+    CHECK(blas_core_advice("Haswell", true, false).empty());
+    CHECK(blas_core_advice("Prescott", false, false).empty());  // nothing better to pick
+  }
 }

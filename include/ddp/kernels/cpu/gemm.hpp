@@ -17,14 +17,18 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "ddp/config.hpp"
 #include "ddp/core/check.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/log.hpp"
 #include "ddp/core/str.hpp"
 #include "ddp/kernels/cpu/thread_pool.hpp"
 #include "ddp/tensor/device.hpp"
@@ -72,9 +76,42 @@ void gemm_portable(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int6
   }
 }
 
+// OpenBLAS picks its kernels from CPUID when it loads; a VM that hides the CPU model can leave it
+// on a generic set ("Prescott", SSE3) on a CPU with AVX2 or AVX-512, where SGEMM, most of a CPU
+// training step, runs several times slower (docs/decisions/0080). The warning for kernel set
+// `core` on a CPU with those extensions; empty when `core` uses them.
+inline std::string blas_core_advice(std::string_view core, bool avx2, bool avx512f) {
+  constexpr std::array<std::string_view, 4> k512 = {"SkylakeX", "CooperLake", "SapphireRapids",
+                                                    "Zen"};
+  constexpr std::array<std::string_view, 5> k256 = {"Haswell", "Zen", "SkylakeX", "CooperLake",
+                                                    "SapphireRapids"};
+  const auto one_of = [core](const auto& names) {
+    return std::find(names.begin(), names.end(), core) != names.end();
+  };
+  std::string_view want;
+  if (avx512f && !one_of(k512))
+    want = "SkylakeX";
+  else if (avx2 && !one_of(k256))
+    want = "Haswell";
+  if (want.empty()) return {};
+  return ddp::detail::str(
+      "OpenBLAS chose its '", core, "' kernels on a CPU with ", avx512f ? "AVX-512" : "AVX2",
+      " (its CPU detection did not recognise this CPU, common in VMs): CPU GEMMs run several times "
+      "slower. Set OPENBLAS_CORETYPE=",
+      want, " in every rank's environment (export it before starting the launcher)");
+}
+
+// On first use: OpenBLAS single-threaded, and the warning of blas_core_advice when it applies.
 inline void blas_single_threaded_once() {
   static std::once_flag once;
-  std::call_once(once, [] { ddp::blas::set_single_threaded(); });
+  std::call_once(once, [] {
+    ddp::blas::set_single_threaded();
+    if (const char* core = ddp::blas::core_name()) {
+      const CpuVectorIsa isa = cpu_vector_isa();
+      if (std::string advice = blas_core_advice(core, isa.avx2, isa.avx512f); !advice.empty())
+        DDP_LOG_WARN(advice);
+    }
+  });
 }
 
 }  // namespace detail

@@ -218,8 +218,13 @@ def learn(args, work):
     if len(evals) != 2 or not evals[-1] < 2.7:
         sys.exit(f"FAIL: the eval loss did not fall below 2.7 in 80 steps: {evals}")
     prompt = "The Program"
-    text = run([args.mingpt, "generate", "--snapshot_path", snap, "--prompt", prompt, "--max_new_tokens", "300",
-                "--seed", "1"]).rstrip("\n")
+    # The text is generate's stdout; ddp's log lines (e.g. a warning) go to stderr and are not part of it.
+    g = subprocess.run([args.mingpt, "generate", "--snapshot_path", snap, "--prompt", prompt, "--max_new_tokens",
+                        "300", "--seed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
+                       env=dict(os.environ, DDP_TIMEOUT_MS="20000"))
+    if g.returncode != 0:
+        sys.exit(f"FAIL: generate exited {g.returncode}:\n{g.stdout}{g.stderr}")
+    text = g.stdout.rstrip("\n")
     sample = text[len(prompt):]
     spaces = sample.count(" ") / max(1, len(sample))
     print(f"generated: {text!r}\nspaces: {spaces:.1%}")

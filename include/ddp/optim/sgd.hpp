@@ -119,15 +119,23 @@ class SGD : public detail::GroupedOptimizer<T, D, SgdOptions> {
   void clear_momentum_buffers() { have_buffer_.assign(flat_.params.size(), false); }
 
   // The generic state interface (optim/optimizer.hpp) snapshots and copy_state use.
-  Tensor<T, D>* state(std::string_view /*name: momentum_buffer*/, std::size_t i) {
+  Tensor<T, D>* state(std::string_view name, std::size_t i) {
+    require_state_name(name);
     return momentum_buffer(i);
   }
-  Tensor<T, D>& set_state(std::string_view /*name: momentum_buffer*/, std::size_t i) {
+  Tensor<T, D>& set_state(std::string_view name, std::size_t i) {
+    require_state_name(name);
     return set_momentum_buffer(i);
   }
   void clear_state() { clear_momentum_buffers(); }
 
  private:
+  // A name of state_tensors, else a ValueError (as AdamW's).
+  static void require_state_name(std::string_view name) {
+    if (name != state_tensors[0].name)
+      throw ValueError(
+          ddp::detail::str("ddp: SGD has no state '", name, "'; it keeps ", state_tensors[0].name));
+  }
   static detail::FlatGroups<T, D> validated(std::vector<ParamGroup<T, D>> groups,
                                             const SgdOptions& o) {
     if (!(o.lr >= 0.0))

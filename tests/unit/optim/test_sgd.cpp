@@ -84,6 +84,11 @@ TEST_SUITE("optim") {
     REQUIRE(opt.momentum_buffer(0) != nullptr);
     CHECK(opt.momentum_buffer(0)->data()[1] == 2.0f);
     CHECK(opt.steps() == 1);
+    // The generic state interface (snapshots) names it; another name is refused, as AdamW does.
+    CHECK(opt.state("momentum_buffer", 0) == opt.momentum_buffer(0));
+    CHECK_THROWS_WITH_AS(opt.state("exp_avg", 0), "ddp: SGD has no state 'exp_avg'; it keeps momentum_buffer",
+                         ValueError);
+    CHECK_THROWS_AS(opt.set_state("momentum", 0), ValueError);
   }
 
   TEST_CASE("invalid options are ValueErrors") {

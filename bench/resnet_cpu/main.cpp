@@ -7,7 +7,7 @@
 //   --quick: only 2 threads and resnet18 at 224 plus both archs at 32 (for a fast look)
 // Expected output: one JSON object per line, e.g.
 //   {"arch":"resnet18","batch":16,"image_size":224,"threads":2,"ddp_step_s":1.9,"ddp_forward_s":0.6,
-//    "ddp_backward_s":1.2,"ddp_sgd_s":0.03,"torch_step_s":1.5,"ratio_ddp_over_torch":1.27}
+//    "ddp_backward_s":1.2,"ddp_sgd_s":0.03,"blas_core":"SkylakeX","torch_step_s":1.5,"ratio_ddp_over_torch":1.27}
 // Times are medians over --repeats steps after one warm-up step; ratio > 1 means ddp is slower.
 #include <sys/wait.h>
 
@@ -72,8 +72,11 @@ nlohmann::json run_ddp(const Config& c, int repeats) {
     sgd.push_back(seconds(t2, t3));
     total.push_back(seconds(t0, t3));
   }
+  // OpenBLAS's kernel set (its OPENBLAS_CORETYPE): a generic one on an AVX-512 CPU is ~5x slower per GEMM
+  // (docs/decisions/0080), so every row says which one ran.
+  const char* core = blas::core_name();
   return {{"ddp_step_s", median(total)}, {"ddp_forward_s", median(fwd)}, {"ddp_backward_s", median(bwd)},
-          {"ddp_sgd_s", median(sgd)}};
+          {"ddp_sgd_s", median(sgd)}, {"blas_core", core ? core : "none"}};
 }
 
 // Runs the torchvision step in a child python; returns its JSON (or {"torch_error": ...}).

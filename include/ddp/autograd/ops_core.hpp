@@ -29,7 +29,7 @@ using kernels::StridedIndex;
 inline std::vector<std::int64_t> dims_of(const Shape& s) { return {s.begin(), s.end()}; }
 
 inline int norm_dim(int dim, const char* op, const Shape& s) {
-  return wrap_dim(dim, s, ddp::detail::str("autograd: ", op));
+  return wrap_dim(dim, s, "dim", [op] { return ddp::detail::str("autograd: ", op); });
 }
 
 // numpy broadcasting of two shapes, or a ValueError naming the op and both shapes.

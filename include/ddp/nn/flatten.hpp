@@ -45,8 +45,9 @@ class Flatten : public Module<T, D> {
   Shape output_shape(const Shape& in) const {
     // torch's shape of the input
     const Shape t = in.rank() == 4 ? Shape{in[0], in[3], in[1], in[2]} : in;
-    const int r = t.rank(), s = wrap_dim(start_dim_, t, this->where(), "start_dim"),
-              e = wrap_dim(end_dim_, t, this->where(), "end_dim");
+    const auto where = [this] { return this->where(); };
+    const int r = t.rank(), s = wrap_dim(start_dim_, t, "start_dim", where),
+              e = wrap_dim(end_dim_, t, "end_dim", where);
     if (s > e)
       throw ValueError(ddp::detail::str("ddp: ", this->where(), ": start_dim ", start_dim_,
                                         " comes after end_dim ", end_dim_, " for an input of rank ",

@@ -85,12 +85,13 @@ class Shape {
 };
 
 // `dim` of shape s as an index in [0, rank) (negative dims count from the end, as torch's); else a
-// ValueError "ddp: <where>: <what> <dim> is out of range for shape <s> (valid: -r to r-1)".
-inline int wrap_dim(int dim, const Shape& s, std::string_view where,
-                    std::string_view what = "dim") {
+// ValueError "ddp: <where()>: <what> <dim> is out of range for shape <s> (valid: -r to r-1)".
+// `where` is a callable returning the context, called only for the error (it may build a string).
+template <class Where>
+int wrap_dim(int dim, const Shape& s, std::string_view what, const Where& where) {
   const int r = s.rank(), d = dim < 0 ? dim + r : dim;
   if (d < 0 || d >= r)
-    throw ValueError(detail::str("ddp: ", where, ": ", what, " ", dim,
+    throw ValueError(detail::str("ddp: ", where(), ": ", what, " ", dim,
                                  " is out of range for shape ", s, " (valid: ", -r, " to ", r - 1,
                                  ")"));
   return d;
